@@ -1,0 +1,23 @@
+"""retrograd: define-then-run deep learning whose backward pass is a program.
+
+Example::
+
+    import retrograd as rg
+    main, startup = rg.Program(), rg.Program()
+    with rg.program_guard(main, startup):
+        x = rg.data("x", [-1, 8])
+        h = rg.layers.fc(x, 16, act="tanh", name="fc1")
+        loss = rg.mean(h * h)
+        params_grads = rg.append_backward(loss)
+    exe = rg.Executor()
+    exe.run(startup)
+    loss_v, = exe.run(main, feed={"x": xb}, fetch_list=[loss])
+"""
+from .errors import ExecutionError, FeedError, ProgramError, RetrogradError, ShapeError
+from .ir import (Block, Op, Program, Var, block_guard, default_main_program,
+                 default_startup_program, program_guard)
+from .ops import *  # noqa: F401,F403  (the math/tensor/nn builders)
+from .ops import OPS
+from .runtime import Executor, RunStats, Scope, ScopeError
+
+__version__ = "0.1.0"

@@ -1,0 +1,35 @@
+"""Read-only questions about blocks that several passes ask."""
+from __future__ import annotations
+
+from .program import Block, Op
+
+
+def free_reads(block: Block) -> list[str]:
+    """Names a block reads before (or without) writing them, in first-read order.
+
+    Sub-blocks count: what a nested block reads from outside itself and this
+    block does not define is a free read of this block too.
+    """
+    written: set[str] = set()
+    seen: set[str] = set()
+    reads: list[str] = []
+    for op in block.ops:
+        for name in op_reads(op):
+            if name not in written and name not in seen:
+                seen.add(name)
+                reads.append(name)
+        written.update(op.outputs)
+    return reads
+
+
+def op_reads(op: Op) -> list[str]:
+    """Everything an op reads: its inputs, then its sub-blocks' free reads."""
+    names = list(op.inputs)
+    for sub in op.sub_blocks():
+        names.extend(n for n in free_reads(sub) if n not in sub.vars)
+    return names
+
+
+def producers(block: Block) -> dict[str, int]:
+    """For each name written in the block, the index of the last op writing it."""
+    return {name: i for i, op in enumerate(block.ops) for name in op.outputs}

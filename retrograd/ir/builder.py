@@ -1,0 +1,89 @@
+"""Where new ops go: the current main/startup programs and the current block.
+
+Front-end functions (``rg.add``, ``rg.layers.fc``, ...) append ops to the
+current block of the current main program; ``program_guard`` switches
+programs, ``block_guard`` switches to a sub-block while its body is built,
+and ``capture_ops`` collects ops instead of placing them (gradient makers use
+it so a pass can decide where the ops go).
+"""
+from __future__ import annotations
+
+from contextlib import contextmanager
+from typing import Iterator
+
+from .program import Block, Op, Program
+
+
+class _BuildState:
+    def __init__(self):
+        self.main = Program()
+        self.startup = Program()
+        self.block_stack: list[Block] = []
+        self.sinks: list[list[Op]] = []
+
+
+_state = _BuildState()
+
+
+def default_main_program() -> Program:
+    return _state.main
+
+
+def default_startup_program() -> Program:
+    return _state.startup
+
+
+@contextmanager
+def program_guard(main: Program, startup: Program | None = None) -> Iterator[None]:
+    """Build into ``main`` (and put parameter initialisers into ``startup``).
+
+    Example::
+
+        main, startup = rg.Program(), rg.Program()
+        with rg.program_guard(main, startup):
+            x = rg.data("x", [-1, 8])
+    """
+    saved = (_state.main, _state.startup, _state.block_stack)
+    _state.main = main
+    _state.startup = startup if startup is not None else _state.startup
+    _state.block_stack = []
+    try:
+        yield
+    finally:
+        _state.main, _state.startup, _state.block_stack = saved
+
+
+@contextmanager
+def block_guard(block: Block) -> Iterator[Block]:
+    """Make ``block`` the current block while the body runs."""
+    _state.block_stack.append(block)
+    try:
+        yield block
+    finally:
+        _state.block_stack.pop()
+
+
+def current_block() -> Block:
+    if _state.block_stack:
+        return _state.block_stack[-1]
+    return _state.main.global_block()
+
+
+@contextmanager
+def capture_ops() -> Iterator[list[Op]]:
+    """Collect the ops built inside the ``with`` instead of appending them."""
+    sink: list[Op] = []
+    _state.sinks.append(sink)
+    try:
+        yield sink
+    finally:
+        _state.sinks.pop()
+
+
+def emit(op: Op, block: Block) -> Op:
+    """Place a freshly built op: into the innermost capture, else at the end of ``block``."""
+    if _state.sinks:
+        op.block = block
+        _state.sinks[-1].append(op)
+        return op
+    return block.append_op(op)

@@ -1,0 +1,272 @@
+"""The IR: a Program is a list of Blocks; a Block holds Vars and Ops.
+
+Block 0 is the global block. A sub-block (the body of a loop, a branch of a
+cond) has a parent and sees its ancestors' variables (lexical scoping).
+Ops refer to variables by name; attributes may reference sub-blocks.
+"""
+from __future__ import annotations
+
+import itertools
+from typing import Any, Callable, Iterator
+
+from ..errors import ProgramError
+from .dtypes import canonical
+
+# Filled by ``retrograd.ops`` so that ``x + y`` on Vars builds ops while the IR
+# itself depends on nothing above it.
+OPERATORS: dict[str, Callable[..., "Var"]] = {}
+
+_program_serials = itertools.count()
+
+
+def _format_shape(shape: tuple[int, ...]) -> str:
+    return "[" + ", ".join("?" if d < 0 else str(d) for d in shape) + "]"
+
+
+class Var:
+    """A named, typed value in a block. Build them with ``rg.data``, ops, layers.
+
+    Example::
+
+        x = rg.data("x", [-1, 8])      # batch size known only at run time
+        y = rg.tanh(x * 2.0 + 1.0)     # operators build ops
+    """
+
+    # Let ``numpy_scalar * var`` reach Var.__rmul__ instead of NumPy broadcasting.
+    __array_ufunc__ = None
+
+    def __init__(self, block: "Block", name: str, shape, dtype="float32", *,
+                 persistable: bool = False, trainable: bool = False,
+                 stop_gradient: bool = False, is_parameter: bool = False,
+                 is_data: bool = False):
+        self.block = block
+        self.name = name
+        self.shape = tuple(int(d) for d in shape)
+        self.dtype = canonical(dtype)
+        self.persistable = persistable
+        self.trainable = trainable
+        self.stop_gradient = stop_gradient
+        self.is_parameter = is_parameter
+        self.is_data = is_data
+
+    @property
+    def ndim(self) -> int:
+        return len(self.shape)
+
+    def type_str(self) -> str:
+        return f"{self.dtype}{_format_shape(self.shape)}"
+
+    def __repr__(self) -> str:
+        return f"Var({self.name}: {self.type_str()})"
+
+    def __bool__(self):
+        raise ProgramError(
+            f"Var '{self.name}' has no truth value while the program is being built; "
+            "use rg.cond / rg.while_loop for data-dependent control flow")
+
+    # Arithmetic builds ops through the table filled by retrograd.ops.
+    def __add__(self, other): return OPERATORS["add"](self, other)
+    def __radd__(self, other): return OPERATORS["add"](other, self)
+    def __sub__(self, other): return OPERATORS["sub"](self, other)
+    def __rsub__(self, other): return OPERATORS["sub"](other, self)
+    def __mul__(self, other): return OPERATORS["mul"](self, other)
+    def __rmul__(self, other): return OPERATORS["mul"](other, self)
+    def __truediv__(self, other): return OPERATORS["div"](self, other)
+    def __rtruediv__(self, other): return OPERATORS["div"](other, self)
+    def __matmul__(self, other): return OPERATORS["matmul"](self, other)
+    def __rmatmul__(self, other): return OPERATORS["matmul"](other, self)
+    def __pow__(self, other): return OPERATORS["pow"](self, other)
+    def __neg__(self): return OPERATORS["neg"](self)
+    def __lt__(self, other): return OPERATORS["less"](self, other)
+    def __le__(self, other): return OPERATORS["less_equal"](self, other)
+    def __gt__(self, other): return OPERATORS["greater"](self, other)
+    def __ge__(self, other): return OPERATORS["greater_equal"](self, other)
+    __hash__ = object.__hash__
+
+
+class Op:
+    """One operator: ``outputs = type(inputs; attrs)``; names refer to Vars."""
+
+    def __init__(self, type: str, inputs, outputs, attrs: dict[str, Any] | None = None):
+        self.type = type
+        self.inputs = list(inputs)
+        self.outputs = list(outputs)
+        self.attrs = dict(attrs or {})
+        self.block: Block | None = None
+
+    def sub_blocks(self) -> list["Block"]:
+        """The sub-blocks this op's attributes reference, in attribute order."""
+        found = []
+        for value in self.attrs.values():
+            if isinstance(value, Block):
+                found.append(value)
+            elif isinstance(value, (list, tuple)):
+                found.extend(v for v in value if isinstance(v, Block))
+        return found
+
+    def index(self) -> int:
+        """Position of this op in its block (-1 if not yet placed)."""
+        if self.block is None:
+            return -1
+        for i, op in enumerate(self.block.ops):
+            if op is self:
+                return i
+        return -1
+
+    def where(self) -> str:
+        """'op #3 MatMul in block 0' — used by every error message about this op."""
+        block = "?" if self.block is None else self.block.idx
+        return f"op #{self.index()} {self.type} in block {block}"
+
+    def __repr__(self) -> str:
+        return f"Op({self.type}: {self.inputs} -> {self.outputs})"
+
+
+class Block:
+    """An ordered list of ops over the variables it declares (and its ancestors')."""
+
+    def __init__(self, program: "Program", idx: int, parent_idx: int = -1):
+        self.program = program
+        self.idx = idx
+        self.parent_idx = parent_idx
+        self.vars: dict[str, Var] = {}
+        self.ops: list[Op] = []
+
+    @property
+    def parent(self) -> "Block | None":
+        return None if self.parent_idx < 0 else self.program.blocks[self.parent_idx]
+
+    def ancestors(self) -> Iterator["Block"]:
+        """This block, then its parent, up to the global block."""
+        block: Block | None = self
+        while block is not None:
+            yield block
+            block = block.parent
+
+    def find_var(self, name: str) -> Var | None:
+        """The variable ``name`` as seen from this block (lexical lookup), or None."""
+        for block in self.ancestors():
+            var = block.vars.get(name)
+            if var is not None:
+                return var
+        return None
+
+    def var(self, name: str) -> Var:
+        """The variable ``name`` as seen from this block; ProgramError if there is none."""
+        var = self.find_var(name)
+        if var is None:
+            raise ProgramError(f"block {self.idx} has no variable '{name}' (nor do its ancestors)")
+        return var
+
+    def sees(self, var: Var) -> bool:
+        """True when ``var`` is declared in this block or one of its ancestors."""
+        return any(block is var.block for block in self.ancestors())
+
+    def create_var(self, name: str, shape, dtype="float32", **flags) -> Var:
+        if name in self.vars:
+            raise ProgramError(f"block {self.idx} already has a variable named '{name}'")
+        var = Var(self, name, shape, dtype, **flags)
+        self.vars[name] = var
+        self.program.bump()
+        return var
+
+    def append_op(self, op: Op) -> Op:
+        op.block = self
+        self.ops.append(op)
+        self.program.bump()
+        return op
+
+    def insert_op(self, index: int, op: Op) -> Op:
+        op.block = self
+        self.ops.insert(index, op)
+        self.program.bump()
+        return op
+
+    def remove_op(self, index: int) -> Op:
+        op = self.ops.pop(index)
+        self.program.bump()
+        return op
+
+    def __repr__(self) -> str:
+        return f"Block({self.idx}, parent={self.parent_idx}, {len(self.ops)} ops)"
+
+
+class Program:
+    """A whole program: ``blocks[0]`` is the global block.
+
+    Example::
+
+        main, startup = rg.Program(), rg.Program()
+        with rg.program_guard(main, startup):
+            x = rg.data("x", [-1, 4])
+            y = rg.layers.fc(x, 2, name="fc")
+        print(main)
+    """
+
+    def __init__(self, random_seed: int = 0):
+        self.random_seed = int(random_seed)
+        self.blocks: list[Block] = [Block(self, 0)]
+        self.version = 0
+        self.serial = next(_program_serials)
+        self._name_counts: dict[str, int] = {}
+        self._seed_counter = 0
+
+    def bump(self) -> None:
+        """Mark the program changed, so executors recompile their cached plans."""
+        self.version += 1
+
+    def global_block(self) -> Block:
+        return self.blocks[0]
+
+    def block(self, idx: int) -> Block:
+        if not 0 <= idx < len(self.blocks):
+            raise ProgramError(f"program has no block {idx} (it has {len(self.blocks)})")
+        return self.blocks[idx]
+
+    def create_block(self, parent: Block) -> Block:
+        block = Block(self, len(self.blocks), parent.idx)
+        self.blocks.append(block)
+        self.bump()
+        return block
+
+    def has_name(self, name: str) -> bool:
+        return any(name in block.vars for block in self.blocks)
+
+    def unique_name(self, prefix: str) -> str:
+        """A variable name not used anywhere in the program: ``prefix_N``."""
+        while True:
+            count = self._name_counts.get(prefix, 0)
+            self._name_counts[prefix] = count + 1
+            name = f"{prefix}_{count}"
+            if not self.has_name(name):
+                return name
+
+    def next_seed(self) -> int:
+        """A reproducible seed for the next random op (depends on build order only)."""
+        self._seed_counter += 1
+        return (self.random_seed * 1_000_003 + self._seed_counter) % (2**31 - 1)
+
+    def list_vars(self) -> list[Var]:
+        return [var for block in self.blocks for var in block.vars.values()]
+
+    def all_parameters(self) -> list[Var]:
+        return [var for var in self.global_block().vars.values() if var.is_parameter]
+
+    def __str__(self) -> str:
+        from .printer import format_program
+        return format_program(self)
+
+    def to_json(self) -> str:
+        """The program as JSON text; ``Program.from_json`` restores it exactly."""
+        from .serialize import program_to_json
+        return program_to_json(self)
+
+    @staticmethod
+    def from_json(text: str) -> "Program":
+        """Load a program saved by ``to_json`` (never executes code); it is verified."""
+        from .serialize import program_from_json
+        return program_from_json(text)
+
+    def clone(self) -> "Program":
+        """A deep copy (through the JSON form, so nothing is shared)."""
+        return Program.from_json(self.to_json())

@@ -1,0 +1,242 @@
+"""Ops and builders that create values: data, parameters, constants, fills, random init."""
+from __future__ import annotations
+
+import math
+from typing import Sequence
+
+import numpy as np
+
+from .. import backend
+from ..errors import ProgramError, ShapeError
+from ..ir.builder import current_block, default_main_program, default_startup_program
+from ..ir.dtypes import canonical, is_float
+from ..ir.program import Block, Op, Var
+from .registry import append_op, defop
+from .shapes import same_as_first
+
+
+def _attr_shape(ins, attrs):
+    return [(tuple(attrs["shape"]), attrs["dtype"])]
+
+
+def _static_shape(shape: Sequence[int], what: str) -> list[int]:
+    shape = [int(d) for d in shape]
+    if any(d < 0 for d in shape):
+        raise ShapeError(f"{what} needs a fully known shape, got {shape}")
+    return shape
+
+
+# --- Constant -----------------------------------------------------------------
+
+@defop("Constant", inputs=(), infer=_attr_shape)
+def _constant(k):
+    """A value fixed in the program (stored in its attributes)."""
+    return k.xp.asarray(np.asarray(k.attrs["value"], dtype=k.attrs["dtype"]).reshape(k.attrs["shape"]))
+
+
+def constant(value, dtype=None, name: str | None = None) -> Var:
+    """A constant Var holding ``value`` (a number or array).
+
+    Example::
+
+        two = rg.constant(2.0)                    # float32 scalar
+        ids = rg.constant([1, 2, 3])              # int64 vector
+    """
+    array = np.asarray(value)
+    if dtype is None:
+        dtype = _default_dtype(array)
+    dtype = canonical(dtype)
+    array = array.astype(dtype)
+    attrs = {"value": array.tolist(), "shape": list(array.shape), "dtype": dtype}
+    return append_op("Constant", [], attrs, name=name or "const")[0]
+
+
+def _default_dtype(array: np.ndarray) -> str:
+    if array.dtype.kind == "f":
+        return "float32" if array.dtype == np.float64 and array.ndim == 0 else canonical(array.dtype)
+    if array.dtype.kind in "iu":
+        return "int64"
+    if array.dtype.kind == "b":
+        return "bool"
+    raise ProgramError(f"cannot make a constant of dtype {array.dtype}")
+
+
+def scalar_like(value, other: Var) -> Var:
+    """Python scalar as a constant for an op with ``other``.
+
+    Floats follow the other operand's float dtype; ints stay int64 next to
+    integer Vars and follow a float Var's dtype (NumPy's rule for scalars).
+    """
+    if isinstance(value, Var):
+        return value
+    if isinstance(value, (bool, np.bool_)):
+        dtype = "bool"
+    elif isinstance(value, (int, np.integer)):
+        dtype = other.dtype if is_float(other.dtype) else "int64"
+    elif isinstance(value, (float, np.floating)):
+        dtype = other.dtype if is_float(other.dtype) else "float32"
+    else:
+        raise ProgramError(f"cannot combine {type(value).__name__} {value!r} with Var '{other.name}'")
+    return constant(value, dtype)
+
+
+# --- Fill and friends -----------------------------------------------------------
+
+@defop("Fill", inputs=(), infer=_attr_shape)
+def _fill(k):
+    """A tensor of one value with a shape known when the program is built."""
+    return k.xp.full(tuple(k.attrs["shape"]), k.attrs["value"], dtype=backend.dtype_of(k.xp, k.attrs["dtype"]))
+
+
+def fill(shape: Sequence[int], value: float, dtype: str = "float32") -> Var:
+    """A tensor of ``shape`` filled with ``value``.
+
+    Example::
+
+        ones = rg.fill([2, 3], 1.0)
+    """
+    shape = _static_shape(shape, "fill")
+    return append_op("Fill", [], {"shape": shape, "value": float(value) if is_float(canonical(dtype))
+                                  else int(value), "dtype": canonical(dtype)})[0]
+
+
+def _fill_like_rule(ins, attrs):
+    return [(ins[0].shape, attrs.get("dtype") or ins[0].dtype)]
+
+
+@defop("FillLike", infer=_fill_like_rule, nondiff=(0,), grad=lambda g: [None])
+def _fill_like(k, x):
+    """A tensor shaped like ``x`` (at run time) filled with one value."""
+    dtype = k.attrs.get("dtype") or str(x.dtype)
+    return k.xp.full(x.shape, k.attrs["value"], dtype=backend.dtype_of(k.xp, dtype))
+
+
+def fill_like(x: Var, value: float, dtype: str | None = None) -> Var:
+    """A tensor with ``x``'s run-time shape filled with ``value``."""
+    return append_op("FillLike", [x], {"value": value, "dtype": canonical(dtype) if dtype else None})[0]
+
+
+def zeros_like(x: Var) -> Var:
+    return fill_like(x, 0.0 if is_float(x.dtype) else 0)
+
+
+def ones_like(x: Var) -> Var:
+    return fill_like(x, 1.0 if is_float(x.dtype) else 1)
+
+
+@defop("Assign", infer=same_as_first, grad=lambda g: [g.dy])
+def _assign(k, x):
+    """A copy of ``x`` (its own buffer)."""
+    return k.xp.asarray(x, copy=True)
+
+
+def assign(x: Var, output: Var | None = None) -> Var:
+    """Copy ``x``; with ``output``, write the copy into an existing Var."""
+    return append_op("Assign", [x], outputs=None if output is None else [output])[0]
+
+
+# --- Random initialisers (startup program) ---------------------------------------
+
+@defop("UniformRandom", inputs=(), infer=_attr_shape, random=True)
+def _uniform(k):
+    """Uniform(low, high) values from the op's seed: the same program gives the same values."""
+    a = k.attrs
+    return backend.random_uniform(k.xp, a["seed"], a["shape"], a["low"], a["high"], a["dtype"])
+
+
+@defop("GaussianRandom", inputs=(), infer=_attr_shape, random=True)
+def _gaussian(k):
+    """Normal(mean, std) values from the op's seed."""
+    a = k.attrs
+    return backend.random_normal(k.xp, a["seed"], a["shape"], a["mean"], a["std"], a["dtype"])
+
+
+def _init_op(init, shape: list[int], dtype: str, seed: int) -> tuple[str, dict]:
+    """Translate an ``init=`` argument into (op type, attrs) for the startup program."""
+    base = {"shape": shape, "dtype": dtype}
+    if init is None:
+        init = "xavier" if len(shape) >= 2 else "zeros"
+    if isinstance(init, (int, float)) and not isinstance(init, bool):
+        return "Fill", {**base, "value": float(init)}
+    if isinstance(init, np.ndarray):
+        if list(init.shape) != shape:
+            raise ProgramError(f"init array has shape {list(init.shape)}, parameter shape is {shape}")
+        return "Constant", {**base, "value": init.astype(dtype).tolist()}
+    if isinstance(init, str):
+        init = (init,)
+    kind, *args = init
+    if kind in ("zeros", "ones"):
+        return "Fill", {**base, "value": 0.0 if kind == "zeros" else 1.0}
+    if kind == "xavier":
+        fan_in, fan_out = _fans(shape)
+        limit = math.sqrt(6.0 / (fan_in + fan_out))
+        return "UniformRandom", {**base, "low": -limit, "high": limit, "seed": seed}
+    if kind == "uniform":
+        low, high = args if args else (-1.0, 1.0)
+        return "UniformRandom", {**base, "low": float(low), "high": float(high), "seed": seed}
+    if kind == "normal":
+        mean, std = args if args else (0.0, 1.0)
+        return "GaussianRandom", {**base, "mean": float(mean), "std": float(std), "seed": seed}
+    raise ProgramError(f"unknown initializer {init!r}; use a number, an array, 'zeros', 'ones', "
+                       "'xavier', ('uniform', low, high) or ('normal', mean, std)")
+
+
+def _fans(shape: list[int]) -> tuple[int, int]:
+    if len(shape) < 2:
+        return (shape[0] if shape else 1), (shape[0] if shape else 1)
+    receptive = int(np.prod(shape[2:])) if len(shape) > 2 else 1
+    return shape[0] * receptive, shape[1] * receptive
+
+
+def create_parameter(name: str, shape: Sequence[int], dtype: str = "float32", init=None,
+                     trainable: bool = True) -> Var:
+    """A persistable, trainable Var initialised by an op in the startup program.
+
+    ``init`` is None (Xavier-uniform for matrices, zeros otherwise), a number,
+    an array, ``"zeros"``, ``"ones"``, ``"xavier"``, ``("uniform", lo, hi)`` or
+    ``("normal", mean, std)``. Seeds come from the program's ``random_seed``
+    and the build order, so rebuilding gives the same values. Asking again for
+    an existing parameter with the same shape returns it (weight sharing).
+
+    Example::
+
+        w = rg.create_parameter("proj.w", [8, 4], init=("normal", 0.0, 0.02))
+    """
+    shape = _static_shape(shape, f"parameter '{name}'")
+    dtype = canonical(dtype)
+    main_block = default_main_program().global_block()
+    existing = main_block.vars.get(name)
+    if existing is not None:
+        if not existing.is_parameter or list(existing.shape) != shape or existing.dtype != dtype:
+            raise ProgramError(f"'{name}' already exists in block 0 as {existing.type_str()}; "
+                               f"cannot create parameter {dtype}{shape} with that name")
+        return existing
+    flags = dict(persistable=True, trainable=trainable, is_parameter=True)
+    param = main_block.create_var(name, shape, dtype, **flags)
+    startup = default_startup_program()
+    start_block = startup.global_block()
+    if name not in start_block.vars:
+        out = start_block.create_var(name, shape, dtype, **flags)
+        op_type, attrs = _init_op(init, shape, dtype, startup.next_seed())
+        start_block.append_op(Op(op_type, [], [out.name], attrs))
+    return param
+
+
+def data(name: str, shape: Sequence[int], dtype: str = "float32", stop_gradient: bool = True) -> Var:
+    """An input fed at run time; ``-1`` (or None) marks a dimension known only then.
+
+    Example::
+
+        x = rg.data("x", [-1, 8])                  # float32, any batch size
+        labels = rg.data("labels", [-1], dtype="int64")
+    """
+    block = default_main_program().global_block()
+    shape = [-1 if d is None else int(d) for d in shape]
+    return block.create_var(name, shape, dtype, is_data=True, stop_gradient=stop_gradient)
+
+
+def create_var(name: str, shape: Sequence[int], dtype: str = "float32", block: Block | None = None,
+               **flags) -> Var:
+    """Declare a Var in the current block without an op (for ops with ``outputs=``)."""
+    block = block or current_block()
+    return block.create_var(name, shape, dtype, **flags)

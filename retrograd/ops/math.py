@@ -1,0 +1,485 @@
+"""Elementwise arithmetic, comparisons and matmul, each with its gradient beside it.
+
+Binary ops broadcast like NumPy; their gradients are reduced back to each
+input's run-time shape by ``SumTo`` (see ``unbroadcast``).
+"""
+from __future__ import annotations
+
+from ..errors import ShapeError
+from ..ir.program import OPERATORS, Var
+from .creation import fill_like, scalar_like, zeros_like
+from .registry import append_op, defop
+from .shapes import broadcast_rule, broadcast_shapes, compare_rule, same_as_first
+
+
+def _binary(type: str, a, b) -> Var:
+    if not isinstance(a, Var) and not isinstance(b, Var):
+        raise ShapeError(f"{type} needs at least one Var operand, got {a!r} and {b!r}")
+    a = scalar_like(a, b) if not isinstance(a, Var) else a
+    b = scalar_like(b, a) if not isinstance(b, Var) else b
+    return append_op(type, [a, b])[0]
+
+
+# --- Broadcast reduction used by every binary gradient -------------------------
+
+def _sum_to_rule(ins, attrs):
+    return [(ins[1].shape, ins[0].dtype)]
+
+
+@defop("SumTo", inputs=("x", "like"), infer=_sum_to_rule, nondiff=(1,),
+       grad=lambda g: [expand_as(g.dy, g.x[0]), None])
+def _sum_to(k, x, like):
+    """Sum ``x`` over the axes NumPy broadcasting added to reach it from ``like``'s shape."""
+    target = like.shape
+    if tuple(x.shape) == tuple(target):
+        return x
+    lead = x.ndim - len(target)
+    axes = tuple(range(lead)) + tuple(lead + i for i, d in enumerate(target) if d == 1 and x.shape[lead + i] != 1)
+    out = k.xp.sum(x, axis=axes, keepdims=True) if axes else x
+    return k.xp.reshape(out, tuple(target))
+
+
+def sum_to(x: Var, like: Var) -> Var:
+    """Reduce ``x`` to the run-time shape of ``like`` (undoes broadcasting)."""
+    return append_op("SumTo", [x, like])[0]
+
+
+def _expand_as_rule(ins, attrs):
+    return [(ins[1].shape, ins[0].dtype)]
+
+
+def _expand_as_grad(g):
+    dx = g.dy
+    if g.attrs["mean_axes"]:
+        dx = mean(dx, axis=g.attrs["mean_axes"], keepdims=True)
+    if g.attrs["axes"]:
+        dx = sum(dx, axis=g.attrs["axes"])
+    return [sum_to(dx, g.x[0]), None]
+
+
+@defop("ExpandAs", inputs=("x", "like"), infer=_expand_as_rule, nondiff=(1,), grad=_expand_as_grad)
+def _expand_as(k, x, like):
+    """Insert size-1 axes at ``axes``, broadcast to ``like``'s shape, divide by the sizes of ``mean_axes``."""
+    xp = k.xp
+    for axis in k.attrs["axes"]:
+        x = xp.expand_dims(x, axis=axis)
+    out = xp.broadcast_to(x, tuple(like.shape))
+    count = 1
+    for axis in k.attrs["mean_axes"]:
+        count *= like.shape[axis]
+    return out / count if count != 1 else out
+
+
+def expand_as(x: Var, like: Var, axes=(), mean_axes=()) -> Var:
+    """Broadcast ``x`` (size-1 axes inserted at ``axes``) to ``like``'s run-time shape.
+
+    With ``mean_axes`` the result is divided by the run-time sizes of those axes
+    (the gradient of a mean).
+    """
+    return append_op("ExpandAs", [x, like], {"axes": sorted(axes), "mean_axes": sorted(mean_axes)})[0]
+
+
+def unbroadcast(grad: Var, x: Var) -> Var:
+    """``grad`` reduced to ``x``'s shape: a no-op when the shapes are provably equal."""
+    if grad.shape == x.shape and all(d >= 0 for d in x.shape):
+        return grad
+    return sum_to(grad, x)
+
+
+# --- Binary arithmetic -------------------------------------------------------------
+
+def _add_grad(g):
+    a, b = g.x
+    return [unbroadcast(g.dy, a), unbroadcast(g.dy, b)]
+
+
+@defop("Add", inputs=("x", "y"), infer=broadcast_rule, grad=_add_grad)
+def _add(k, x, y):
+    return x + y
+
+
+def _sub_grad(g):
+    a, b = g.x
+    return [unbroadcast(g.dy, a), unbroadcast(neg(g.dy), b)]
+
+
+@defop("Sub", inputs=("x", "y"), infer=broadcast_rule, grad=_sub_grad)
+def _sub(k, x, y):
+    return x - y
+
+
+def _mul_grad(g):
+    a, b = g.x
+    return [unbroadcast(g.dy * b, a), unbroadcast(g.dy * a, b)]
+
+
+@defop("Mul", inputs=("x", "y"), infer=broadcast_rule, grad=_mul_grad)
+def _mul(k, x, y):
+    return x * y
+
+
+def _div_grad(g):
+    a, b = g.x
+    da = g.dy / b
+    return [unbroadcast(da, a), unbroadcast(neg(da * g.y), b)]
+
+
+@defop("Div", inputs=("x", "y"), infer=broadcast_rule, grad=_div_grad)
+def _div(k, x, y):
+    return x / y
+
+
+def _pow_grad(g):
+    a, b = g.x
+    da = g.dy * b * pow(a, b - 1.0)
+    db = g.dy * g.y * log(a)
+    return [unbroadcast(da, a), unbroadcast(db, b)]
+
+
+@defop("Pow", inputs=("x", "y"), infer=broadcast_rule, grad=_pow_grad)
+def _pow(k, x, y):
+    return k.xp.pow(x, y) if hasattr(k.xp, "pow") else x ** y
+
+
+def _minmax_grad(pick_first_where):
+    def grad(g):
+        a, b = g.x
+        # Ties split the gradient evenly, as PyTorch does.
+        first = where(pick_first_where(a, b), fill_like(g.dy, 1.0), fill_like(g.dy, 0.0))
+        first = where(equal(a, b), fill_like(g.dy, 0.5), first)
+        return [unbroadcast(g.dy * first, a), unbroadcast(g.dy * (1.0 - first), b)]
+    return grad
+
+
+@defop("Maximum", inputs=("x", "y"), infer=broadcast_rule, grad=_minmax_grad(lambda a, b: greater(a, b)))
+def _maximum(k, x, y):
+    return k.xp.maximum(x, y)
+
+
+@defop("Minimum", inputs=("x", "y"), infer=broadcast_rule, grad=_minmax_grad(lambda a, b: less(a, b)))
+def _minimum(k, x, y):
+    return k.xp.minimum(x, y)
+
+
+def add(x, y) -> Var:
+    """Elementwise ``x + y`` with NumPy broadcasting. Example: ``rg.add(x, 1.0)``."""
+    return _binary("Add", x, y)
+
+
+def sub(x, y) -> Var:
+    """Elementwise ``x - y``."""
+    return _binary("Sub", x, y)
+
+
+def mul(x, y) -> Var:
+    """Elementwise ``x * y``."""
+    return _binary("Mul", x, y)
+
+
+def div(x, y) -> Var:
+    """Elementwise ``x / y``."""
+    return _binary("Div", x, y)
+
+
+def pow(x, y) -> Var:
+    """Elementwise ``x ** y``. Example: ``rg.pow(x, 3.0)``."""
+    return _binary("Pow", x, y)
+
+
+def maximum(x, y) -> Var:
+    """Elementwise maximum; ties share the gradient equally."""
+    return _binary("Maximum", x, y)
+
+
+def minimum(x, y) -> Var:
+    """Elementwise minimum; ties share the gradient equally."""
+    return _binary("Minimum", x, y)
+
+
+# --- Comparisons and logic (bool outputs, no gradient) ------------------------------
+
+@defop("Less", inputs=("x", "y"), infer=compare_rule)
+def _less(k, x, y):
+    return x < y
+
+
+@defop("LessEqual", inputs=("x", "y"), infer=compare_rule)
+def _less_equal(k, x, y):
+    return x <= y
+
+
+@defop("Greater", inputs=("x", "y"), infer=compare_rule)
+def _greater(k, x, y):
+    return x > y
+
+
+@defop("GreaterEqual", inputs=("x", "y"), infer=compare_rule)
+def _greater_equal(k, x, y):
+    return x >= y
+
+
+@defop("Equal", inputs=("x", "y"), infer=compare_rule)
+def _equal(k, x, y):
+    return x == y
+
+
+def _bool_rule(ins, attrs):
+    if ins[0].dtype != "bool":
+        raise ShapeError(f"'{ins[0].name}' must be bool, got {ins[0].dtype}")
+    return [(ins[0].shape, "bool")]
+
+
+@defop("LogicalNot", infer=_bool_rule)
+def _logical_not(k, x):
+    return k.xp.logical_not(x)
+
+
+def less(x, y) -> Var:
+    """Elementwise ``x < y`` (bool). Also ``x < y`` on Vars."""
+    return _binary("Less", x, y)
+
+
+def less_equal(x, y) -> Var:
+    return _binary("LessEqual", x, y)
+
+
+def greater(x, y) -> Var:
+    return _binary("Greater", x, y)
+
+
+def greater_equal(x, y) -> Var:
+    return _binary("GreaterEqual", x, y)
+
+
+def equal(x, y) -> Var:
+    """Elementwise ``x == y`` (bool); ``==`` on Vars is identity, so use this."""
+    return _binary("Equal", x, y)
+
+
+def logical_not(x: Var) -> Var:
+    return append_op("LogicalNot", [x])[0]
+
+
+# --- Where ---------------------------------------------------------------------------
+
+def _where_rule(ins, attrs):
+    cond, a, b = ins
+    if cond.dtype != "bool":
+        raise ShapeError(f"condition '{cond.name}' must be bool, got {cond.dtype}")
+    if a.dtype != b.dtype:
+        raise ShapeError(f"branches must share a dtype, got {a.dtype} and {b.dtype}")
+    return [(broadcast_shapes(cond.shape, a.shape, b.shape), a.dtype)]
+
+
+def _where_grad(g):
+    cond, a, b = g.x
+    zero = zeros_like(g.dy)
+    return [None, unbroadcast(where(cond, g.dy, zero), a), unbroadcast(where(cond, zero, g.dy), b)]
+
+
+@defop("Where", inputs=("cond", "x", "y"), infer=_where_rule, nondiff=(0,), grad=_where_grad)
+def _where(k, cond, x, y):
+    return k.xp.where(cond, x, y)
+
+
+def where(cond: Var, x, y) -> Var:
+    """``x`` where ``cond`` holds, else ``y`` (broadcasting). Example: ``rg.where(x > 0, x, 0.0)``."""
+    other = x if isinstance(x, Var) else y
+    x = scalar_like(x, other)
+    y = scalar_like(y, other)
+    return append_op("Where", [cond, x, y])[0]
+
+
+# --- Unary ----------------------------------------------------------------------------
+
+def _unary(type: str, x: Var) -> Var:
+    return append_op(type, [x])[0]
+
+
+@defop("Neg", infer=same_as_first, grad=lambda g: [neg(g.dy)])
+def _neg(k, x):
+    return -x
+
+
+@defop("Exp", infer=same_as_first, grad=lambda g: [g.dy * g.y])
+def _exp(k, x):
+    return k.xp.exp(x)
+
+
+@defop("Log", infer=same_as_first, grad=lambda g: [g.dy / g.x[0]])
+def _log(k, x):
+    return k.xp.log(x)
+
+
+@defop("Tanh", infer=same_as_first, grad=lambda g: [g.dy * (1.0 - g.y * g.y)])
+def _tanh(k, x):
+    return k.xp.tanh(x)
+
+
+@defop("Sigmoid", infer=same_as_first, grad=lambda g: [g.dy * g.y * (1.0 - g.y)])
+def _sigmoid(k, x):
+    xp = k.xp
+    # exp of -|x| never overflows; both branches are exact formulas of sigmoid.
+    z = xp.exp(-xp.abs(x))
+    return xp.where(x >= 0, 1.0 / (1.0 + z), z / (1.0 + z))
+
+
+@defop("Relu", infer=same_as_first, grad=lambda g: [where(g.x[0] > 0.0, g.dy, 0.0)])
+def _relu(k, x):
+    return k.xp.where(x > 0, x, k.xp.zeros_like(x))
+
+
+@defop("Square", infer=same_as_first, grad=lambda g: [g.dy * 2.0 * g.x[0]])
+def _square(k, x):
+    return x * x
+
+
+@defop("Sqrt", infer=same_as_first, grad=lambda g: [g.dy * 0.5 / g.y])
+def _sqrt(k, x):
+    return k.xp.sqrt(x)
+
+
+@defop("Abs", infer=same_as_first, grad=lambda g: [g.dy * sign(g.x[0])])
+def _abs(k, x):
+    return k.xp.abs(x)
+
+
+@defop("Sign", infer=same_as_first, grad=lambda g: [zeros_like(g.x[0])])
+def _sign(k, x):
+    return k.xp.sign(x)
+
+
+def neg(x: Var) -> Var:
+    """``-x``."""
+    return _unary("Neg", x)
+
+
+def exp(x: Var) -> Var:
+    return _unary("Exp", x)
+
+
+def log(x: Var) -> Var:
+    """Natural logarithm."""
+    return _unary("Log", x)
+
+
+def tanh(x: Var) -> Var:
+    return _unary("Tanh", x)
+
+
+def sigmoid(x: Var) -> Var:
+    """``1 / (1 + exp(-x))``, computed without overflow."""
+    return _unary("Sigmoid", x)
+
+
+def relu(x: Var) -> Var:
+    return _unary("Relu", x)
+
+
+def square(x: Var) -> Var:
+    return _unary("Square", x)
+
+
+def sqrt(x: Var) -> Var:
+    return _unary("Sqrt", x)
+
+
+def abs(x: Var) -> Var:
+    return _unary("Abs", x)
+
+
+def sign(x: Var) -> Var:
+    return _unary("Sign", x)
+
+
+# --- Clip ---------------------------------------------------------------------------------
+
+def _clip_grad(g):
+    x = g.x[0]
+    inside = (x >= g.attrs["lo"]) if g.attrs["lo"] is not None else None
+    if g.attrs["hi"] is not None:
+        upper = x <= g.attrs["hi"]
+        inside = upper if inside is None else logical_and(inside, upper)
+    return [g.dy if inside is None else where(inside, g.dy, 0.0)]
+
+
+@defop("Clip", infer=same_as_first, grad=_clip_grad)
+def _clip(k, x):
+    lo, hi = k.attrs["lo"], k.attrs["hi"]
+    if lo is not None:
+        x = k.xp.maximum(x, k.xp.asarray(lo, dtype=x.dtype))
+    if hi is not None:
+        x = k.xp.minimum(x, k.xp.asarray(hi, dtype=x.dtype))
+    return x
+
+
+def clip(x: Var, lo: float | None, hi: float | None) -> Var:
+    """Clamp to ``[lo, hi]`` (either may be None); the gradient passes where lo <= x <= hi."""
+    return append_op("Clip", [x], {"lo": None if lo is None else float(lo),
+                                   "hi": None if hi is None else float(hi)})[0]
+
+
+@defop("LogicalAnd", inputs=("x", "y"), infer=compare_rule)
+def _logical_and(k, x, y):
+    return k.xp.logical_and(x, y)
+
+
+def logical_and(x: Var, y: Var) -> Var:
+    return append_op("LogicalAnd", [x, y])[0]
+
+
+# --- MatMul -------------------------------------------------------------------------------
+
+def _matmul_rule(ins, attrs):
+    a, b = ins
+    if a.dtype != b.dtype:
+        raise ShapeError(f"matmul operands must share a dtype, got {a.dtype} and {b.dtype}")
+    if a.ndim < 2 or b.ndim < 2:
+        raise ShapeError("matmul operands need at least 2 dimensions (reshape vectors first)")
+    m, ka = (a.shape[-1], a.shape[-2]) if attrs.get("transpose_x") else a.shape[-2:]
+    kb, n = (b.shape[-1], b.shape[-2]) if attrs.get("transpose_y") else b.shape[-2:]
+    if ka >= 0 and kb >= 0 and ka != kb:
+        raise ShapeError(f"inner dimensions differ: {ka} vs {kb}")
+    batch = broadcast_shapes(a.shape[:-2], b.shape[:-2])
+    return [(batch + (m, n), a.dtype)]
+
+
+def _matmul_grad(g):
+    a, b = g.x
+    ta, tb = g.attrs.get("transpose_x", False), g.attrs.get("transpose_y", False)
+    dy = g.dy
+    # d(A@B): dA = dY @ B^T, dB = A^T @ dY, with the transposes folded into flags.
+    da = matmul(b, dy, transpose_x=tb, transpose_y=True) if ta else matmul(dy, b, transpose_y=not tb)
+    db = matmul(dy, a, transpose_x=True, transpose_y=ta) if tb else matmul(a, dy, transpose_x=not ta)
+    return [unbroadcast(da, a), unbroadcast(db, b)]
+
+
+@defop("MatMul", inputs=("x", "y"), infer=_matmul_rule, grad=_matmul_grad)
+def _matmul(k, x, y):
+    xp = k.xp
+    if k.attrs.get("transpose_x"):
+        x = xp.matrix_transpose(x) if hasattr(xp, "matrix_transpose") else xp.swapaxes(x, -1, -2)
+    if k.attrs.get("transpose_y"):
+        y = xp.matrix_transpose(y) if hasattr(xp, "matrix_transpose") else xp.swapaxes(y, -1, -2)
+    return xp.matmul(x, y)
+
+
+def matmul(x: Var, y: Var, transpose_x: bool = False, transpose_y: bool = False) -> Var:
+    """Batched matrix product (NumPy ``matmul`` broadcasting over leading axes).
+
+    Example::
+
+        h = rg.matmul(x, w)                  # x [N, D], w [D, H] -> [N, H]
+    """
+    attrs = {}
+    if transpose_x:
+        attrs["transpose_x"] = True
+    if transpose_y:
+        attrs["transpose_y"] = True
+    return append_op("MatMul", [x, y], attrs, name="matmul")[0]
+
+
+from .reduce import mean, sum  # noqa: E402  (gradients above use them; reduce imports us)
+
+OPERATORS.update(add=add, sub=sub, mul=mul, div=div, matmul=matmul, pow=pow, neg=neg,
+                 less=less, less_equal=less_equal, greater=greater, greater_equal=greater_equal)

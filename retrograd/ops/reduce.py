@@ -1,0 +1,60 @@
+"""Reductions: sum and mean over axes."""
+from __future__ import annotations
+
+from ..ir.program import Var
+from .registry import append_op, defop
+from .shapes import normalize_axes
+
+
+def _reduce_rule(ins, attrs):
+    x = ins[0]
+    axes = normalize_axes(attrs["axis"], x.ndim)
+    if attrs["keepdims"]:
+        shape = tuple(1 if i in axes else d for i, d in enumerate(x.shape))
+    else:
+        shape = tuple(d for i, d in enumerate(x.shape) if i not in axes)
+    return [(shape, x.dtype)]
+
+
+def _reduce_grad(is_mean: bool):
+    def grad(g):
+        from .math import expand_as
+        x = g.x[0]
+        axes = normalize_axes(g.attrs["axis"], x.ndim)
+        inserted = () if g.attrs["keepdims"] else axes
+        return [expand_as(g.dy, x, axes=inserted, mean_axes=axes if is_mean else ())]
+    return grad
+
+
+@defop("Sum", infer=_reduce_rule, grad=_reduce_grad(False))
+def _sum(k, x):
+    axes = normalize_axes(k.attrs["axis"], x.ndim)
+    return k.xp.sum(x, axis=axes, keepdims=k.attrs["keepdims"], dtype=x.dtype)
+
+
+@defop("Mean", infer=_reduce_rule, grad=_reduce_grad(True))
+def _mean(k, x):
+    axes = normalize_axes(k.attrs["axis"], x.ndim)
+    return k.xp.mean(x, axis=axes, keepdims=k.attrs["keepdims"])
+
+
+def _axis_attr(axis):
+    if axis is None or isinstance(axis, int):
+        return axis
+    return [int(a) for a in axis]
+
+
+def sum(x: Var, axis=None, keepdims: bool = False) -> Var:
+    """Sum over ``axis`` (None: all axes; an int or a list).
+
+    Example::
+
+        total = rg.sum(x)                      # scalar
+        rows = rg.sum(x, axis=1, keepdims=True)
+    """
+    return append_op("Sum", [x], {"axis": _axis_attr(axis), "keepdims": bool(keepdims)})[0]
+
+
+def mean(x: Var, axis=None, keepdims: bool = False) -> Var:
+    """Mean over ``axis`` (None: all axes). Example: ``loss = rg.mean(err * err)``."""
+    return append_op("Mean", [x], {"axis": _axis_attr(axis), "keepdims": bool(keepdims)})[0]

@@ -1,0 +1,168 @@
+"""The op registry: one ``OpDef`` per op type, filled by the ``defop`` decorator.
+
+An op is defined once, in one place::
+
+    @defop("Tanh", infer=same_as_first, grad=lambda g: [g.dy * (1.0 - g.y * g.y)])
+    def _tanh(k, x):
+        return k.xp.tanh(x)
+
+    def tanh(x):                       # the front-end builder users call
+        return append_op("Tanh", [x])[0]
+
+* ``infer(ins, attrs) -> [(shape, dtype), ...]`` is the shape/dtype rule; it
+  sees input Vars (shapes may hold -1) and raises ``ShapeError``.
+* the kernel ``(k, *arrays)`` returns one array, or a tuple for several
+  outputs; ``k.xp`` is the array namespace, ``k.attrs`` the attributes.
+* ``grad(g) -> [Var | None per input]`` builds the gradient with the same
+  builders users call (so gradients of gradients work); ``g.x``/``g.out``/
+  ``g.dout`` hold the forward inputs, outputs and output gradients.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Callable, Sequence
+
+from ..errors import ProgramError, ShapeError
+from ..ir.builder import capture_ops, current_block, emit
+from ..ir.program import Block, Op, Var
+
+Spec = tuple[tuple[int, ...], str]
+
+
+@dataclass(frozen=True)
+class OpDef:
+    type: str
+    kernel: Callable[..., Any]
+    infer: Callable[[list[Var], dict], list[Spec]]
+    grad: Callable[["GradCtx"], list] | None = None
+    inputs: tuple[str, ...] = ("x",)
+    outputs: tuple[str, ...] = ("out",)
+    nondiff_inputs: frozenset[int] = frozenset()
+    random: bool = False
+    doc: str = ""
+    extra: dict = field(default_factory=dict)
+
+    @property
+    def differentiable(self) -> bool:
+        return self.grad is not None
+
+    def input_differentiable(self, index: int) -> bool:
+        return self.grad is not None and index not in self.nondiff_inputs
+
+
+OPS: dict[str, OpDef] = {}
+
+
+def defop(type: str, *, infer, grad=None, inputs: Sequence[str] = ("x",),
+          outputs: Sequence[str] = ("out",), nondiff: Sequence[int] = (),
+          random: bool = False, **extra):
+    """Register the decorated kernel as op ``type`` with its shape rule and gradient."""
+    def register(kernel):
+        if type in OPS:
+            raise ProgramError(f"op type '{type}' is registered twice")
+        OPS[type] = OpDef(type=type, kernel=kernel, infer=infer, grad=grad,
+                          inputs=tuple(inputs), outputs=tuple(outputs),
+                          nondiff_inputs=frozenset(nondiff), random=random,
+                          doc=(kernel.__doc__ or "").strip(), extra=extra)
+        return kernel
+    return register
+
+
+def get_op_def(type: str) -> OpDef:
+    opdef = OPS.get(type)
+    if opdef is None:
+        raise ProgramError(f"op type '{type}' is not registered; known ops: {', '.join(sorted(OPS))}")
+    return opdef
+
+
+def _describe(vars_: Sequence[Var]) -> str:
+    return ", ".join(f"{v.name}: {v.type_str()}" for v in vars_)
+
+
+def infer_specs(type: str, in_vars: list[Var], attrs: dict, block: Block) -> list[Spec]:
+    """Run the op's shape rule, re-raising its complaint with the op, block and inputs named."""
+    opdef = get_op_def(type)
+    try:
+        return opdef.infer(in_vars, attrs)
+    except ShapeError as exc:
+        raise ShapeError(f"{type} in block {block.idx}: {exc} (inputs: {_describe(in_vars)})") from None
+
+
+def append_op(type: str, inputs: Sequence[Var], attrs: dict | None = None, *,
+              outputs: Sequence[Var] | None = None, block: Block | None = None,
+              name: str | None = None) -> list[Var]:
+    """Build one op in the current block and return its output Vars.
+
+    ``outputs`` names existing Vars to write (loop-carried values, optimizer
+    updates); otherwise fresh outputs are created with shapes from the rule.
+    """
+    block = block or current_block()
+    attrs = dict(attrs or {})
+    in_vars = list(inputs)
+    for var in in_vars:
+        if not isinstance(var, Var):
+            raise ProgramError(f"{type} in block {block.idx}: input {var!r} is not a Var")
+        if not block.sees(var):
+            raise ProgramError(f"{type} in block {block.idx}: input '{var.name}' belongs to block "
+                               f"{var.block.idx}, which block {block.idx} cannot see")
+    specs = infer_specs(type, in_vars, attrs, block)
+    if outputs is None:
+        prefix = name or _snake(type)
+        outputs = [block.create_var(block.program.unique_name(prefix), shape, dtype)
+                   for shape, dtype in specs]
+    elif len(outputs) != len(specs):
+        raise ProgramError(f"{type} in block {block.idx}: expects {len(specs)} outputs, got {len(outputs)}")
+    emit(Op(type, [v.name for v in in_vars], [v.name for v in outputs], attrs), block)
+    return list(outputs)
+
+
+def _snake(type: str) -> str:
+    out = []
+    for i, ch in enumerate(type):
+        if ch.isupper() and i and not type[i - 1].isupper():
+            out.append("_")
+        out.append(ch.lower())
+    return "".join(out)
+
+
+class GradCtx:
+    """What a gradient maker sees: the forward op's Vars and its output gradients."""
+
+    def __init__(self, op: Op, block: Block, out_grads: Sequence[Var | None]):
+        self.op = op
+        self.attrs = op.attrs
+        self.block = block
+        self.x = [block.var(n) for n in op.inputs]
+        self.out = [block.var(n) for n in op.outputs]
+        self.dout = list(out_grads)
+
+    @property
+    def y(self) -> Var:
+        return self.out[0]
+
+    @property
+    def dy(self) -> Var:
+        return self.dout[0]
+
+
+def make_grad_ops(op: Op, out_grad_names: Sequence[str | None],
+                  block: Block) -> tuple[list[Op], list[str | None]]:
+    """The Caffe2 ``GetGradientDefs`` contract: ``(grad_ops, input_grad_names)``.
+
+    The ops are built with their Vars declared in ``block`` but not placed in
+    it; the caller (a backward pass) decides where they go.
+    """
+    opdef = get_op_def(op.type)
+    if opdef.grad is None:
+        raise ProgramError(f"{op.where()} has no gradient maker; it cannot be on the path to the loss "
+                           f"(inputs: {', '.join(op.inputs)})")
+    from ..ir.builder import block_guard
+    out_grads = [None if n is None else block.var(n) for n in out_grad_names]
+    with block_guard(block), capture_ops() as grad_ops:
+        in_grads = opdef.grad(GradCtx(op, block, out_grads))
+    if len(in_grads) != len(op.inputs):
+        raise ProgramError(f"gradient maker of {op.type} returned {len(in_grads)} gradients "
+                           f"for {len(op.inputs)} inputs")
+    names = [None if (g is None or not opdef.input_differentiable(i)) else g.name
+             for i, g in enumerate(in_grads)]
+    return grad_ops, names

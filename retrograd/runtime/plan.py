@@ -1,0 +1,67 @@
+"""Compiling a block into a plan: kernels resolved, liveness known, once per program version."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ..ir.analysis import free_reads, op_reads
+from ..ir.program import Block, Op
+from ..ops.registry import get_op_def
+
+
+class KernelCtx:
+    """What a kernel sees besides its arrays: the namespace, attributes, op and run."""
+
+    __slots__ = ("xp", "attrs", "op", "run")
+
+    def __init__(self, xp, op: Op, run):
+        self.xp = xp
+        self.attrs = op.attrs
+        self.op = op
+        self.run = run
+
+
+@dataclass
+class Step:
+    kernel: object
+    k: KernelCtx
+    inputs: tuple[str, ...]
+    outputs: tuple[str, ...]
+    dead: tuple[str, ...]        # names to drop once this step has run
+    op: Op
+    index: int
+
+
+@dataclass
+class Plan:
+    block: Block
+    steps: list[Step]
+    free_reads: list[str]        # values the block needs from outside (feeds, scope, bindings)
+    keep: frozenset[str]
+
+
+def compile_block(block: Block, keep: frozenset[str], xp, run) -> Plan:
+    """Resolve each op to its kernel and decide when every value dies.
+
+    A value dies after the last op that reads it (sub-block reads count), or
+    right after it is written when nothing reads it, unless it is kept
+    (fetched, returned) or persistable (written back to the scope).
+    """
+    reads = [op_reads(op) for op in block.ops]
+    last_read: dict[str, int] = {}
+    for i, names in enumerate(reads):
+        for name in names:
+            last_read[name] = i
+    steps = []
+    for i, op in enumerate(block.ops):
+        candidates = dict.fromkeys(list(reads[i]) + list(op.outputs))
+        dead = tuple(n for n in candidates
+                     if last_read.get(n, -1) <= i and n not in keep and not _persistable(block, n))
+        opdef = get_op_def(op.type)
+        steps.append(Step(opdef.kernel, KernelCtx(xp, op, run), tuple(op.inputs), tuple(op.outputs),
+                          dead, op, i))
+    return Plan(block, steps, free_reads(block), keep)
+
+
+def _persistable(block: Block, name: str) -> bool:
+    var = block.find_var(name)
+    return var is not None and var.persistable

@@ -1,0 +1,46 @@
+"""What a run cost: wall time, ops run, and the peak of live array bytes."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ..backend import buffer_of
+
+
+@dataclass
+class RunStats:
+    time_s: float = 0.0
+    ops_run: int = 0
+    peak_bytes: int = 0
+
+
+class MemoryMeter:
+    """Counts the distinct buffers the executor holds: a view adds nothing new.
+
+    Deterministic for a given program and feed, so memory claims can be tested.
+    """
+
+    def __init__(self):
+        self.live: dict[int, list] = {}   # buffer id -> [bytes, references]
+        self.total = 0
+        self.peak = 0
+
+    def hold(self, array) -> None:
+        key, nbytes = buffer_of(array)
+        entry = self.live.get(key)
+        if entry is None:
+            self.live[key] = [nbytes, 1, array]
+            self.total += nbytes
+            if self.total > self.peak:
+                self.peak = self.total
+        else:
+            entry[1] += 1
+
+    def release(self, array) -> None:
+        key, _ = buffer_of(array)
+        entry = self.live.get(key)
+        if entry is None:
+            return
+        entry[1] -= 1
+        if entry[1] == 0:
+            del self.live[key]
+            self.total -= entry[0]
