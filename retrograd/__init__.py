@@ -21,3 +21,4 @@ from .ops import OPS
 from .runtime import Executor, RunStats, Scope, ScopeError
 
 __version__ = "0.1.0"
+from .autodiff import append_backward, gradients  # noqa: E402

@@ -2,7 +2,7 @@
 from .registry import OPS, OpDef, append_op, defop, get_op_def, make_grad_ops  # noqa: F401
 from .creation import (assign, constant, create_parameter, data, fill, fill_like,  # noqa: F401
                        ones_like, zeros_like)
-from .math import (abs, add, clip, div, equal, exp, greater, greater_equal, less,  # noqa: F401
+from .math import (abs, add, add_n, clip, div, equal, exp, greater, greater_equal, less,  # noqa: F401
                    less_equal, log, logical_and, logical_not, matmul, maximum, minimum,
                    mul, neg, pow, relu, sigmoid, sign, sqrt, square, sub, tanh, where)
 from .reduce import mean, sum  # noqa: F401

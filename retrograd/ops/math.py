@@ -79,18 +79,30 @@ def expand_as(x: Var, like: Var, axes=(), mean_axes=()) -> Var:
     return append_op("ExpandAs", [x, like], {"axes": sorted(axes), "mean_axes": sorted(mean_axes)})[0]
 
 
-def unbroadcast(grad: Var, x: Var) -> Var:
-    """``grad`` reduced to ``x``'s shape: a no-op when the shapes are provably equal."""
-    if grad.shape == x.shape and all(d >= 0 for d in x.shape):
+def unbroadcast(grad: Var, x: Var, *others: Var) -> Var:
+    """``grad`` reduced to ``x``'s run-time shape; no op when broadcasting cannot have grown x.
+
+    ``others`` are the op's other operands: where ``x`` has an unknown dimension
+    and no other operand could stretch it (its dimension there is 1 or absent),
+    that axis needs no reduction.
+    """
+    if grad.shape == x.shape and all(_not_stretched(x, i, others) for i in range(x.ndim)):
         return grad
     return sum_to(grad, x)
+
+
+def _not_stretched(x: Var, axis: int, others) -> bool:
+    if x.shape[axis] >= 0:
+        return True
+    offset = x.ndim - axis
+    return all(o.ndim < offset or o.shape[o.ndim - offset] == 1 for o in others)
 
 
 # --- Binary arithmetic -------------------------------------------------------------
 
 def _add_grad(g):
     a, b = g.x
-    return [unbroadcast(g.dy, a), unbroadcast(g.dy, b)]
+    return [unbroadcast(g.dy, a, b), unbroadcast(g.dy, b, a)]
 
 
 @defop("Add", inputs=("x", "y"), infer=broadcast_rule, grad=_add_grad)
@@ -100,7 +112,7 @@ def _add(k, x, y):
 
 def _sub_grad(g):
     a, b = g.x
-    return [unbroadcast(g.dy, a), unbroadcast(neg(g.dy), b)]
+    return [unbroadcast(g.dy, a, b), unbroadcast(neg(g.dy), b, a)]
 
 
 @defop("Sub", inputs=("x", "y"), infer=broadcast_rule, grad=_sub_grad)
@@ -110,7 +122,7 @@ def _sub(k, x, y):
 
 def _mul_grad(g):
     a, b = g.x
-    return [unbroadcast(g.dy * b, a), unbroadcast(g.dy * a, b)]
+    return [unbroadcast(g.dy * b, a, b), unbroadcast(g.dy * a, b, a)]
 
 
 @defop("Mul", inputs=("x", "y"), infer=broadcast_rule, grad=_mul_grad)
@@ -121,7 +133,7 @@ def _mul(k, x, y):
 def _div_grad(g):
     a, b = g.x
     da = g.dy / b
-    return [unbroadcast(da, a), unbroadcast(neg(da * g.y), b)]
+    return [unbroadcast(da, a, b), unbroadcast(neg(da * g.y), b, a)]
 
 
 @defop("Div", inputs=("x", "y"), infer=broadcast_rule, grad=_div_grad)
@@ -133,7 +145,7 @@ def _pow_grad(g):
     a, b = g.x
     da = g.dy * b * pow(a, b - 1.0)
     db = g.dy * g.y * log(a)
-    return [unbroadcast(da, a), unbroadcast(db, b)]
+    return [unbroadcast(da, a, b), unbroadcast(db, b, a)]
 
 
 @defop("Pow", inputs=("x", "y"), infer=broadcast_rule, grad=_pow_grad)
@@ -147,7 +159,7 @@ def _minmax_grad(pick_first_where):
         # Ties split the gradient evenly, as PyTorch does.
         first = where(pick_first_where(a, b), fill_like(g.dy, 1.0), fill_like(g.dy, 0.0))
         first = where(equal(a, b), fill_like(g.dy, 0.5), first)
-        return [unbroadcast(g.dy * first, a), unbroadcast(g.dy * (1.0 - first), b)]
+        return [unbroadcast(g.dy * first, a, b), unbroadcast(g.dy * (1.0 - first), b, a)]
     return grad
 
 
@@ -274,7 +286,8 @@ def _where_rule(ins, attrs):
 def _where_grad(g):
     cond, a, b = g.x
     zero = zeros_like(g.dy)
-    return [None, unbroadcast(where(cond, g.dy, zero), a), unbroadcast(where(cond, zero, g.dy), b)]
+    return [None, unbroadcast(where(cond, g.dy, zero), a, cond, b),
+            unbroadcast(where(cond, zero, g.dy), b, cond, a)]
 
 
 @defop("Where", inputs=("cond", "x", "y"), infer=_where_rule, nondiff=(0,), grad=_where_grad)
@@ -451,7 +464,9 @@ def _matmul_grad(g):
     # d(A@B): dA = dY @ B^T, dB = A^T @ dY, with the transposes folded into flags.
     da = matmul(b, dy, transpose_x=tb, transpose_y=True) if ta else matmul(dy, b, transpose_y=not tb)
     db = matmul(dy, a, transpose_x=True, transpose_y=ta) if tb else matmul(a, dy, transpose_x=not ta)
-    return [unbroadcast(da, a), unbroadcast(db, b)]
+    if a.ndim == 2 and b.ndim == 2:
+        return [da, db]
+    return [unbroadcast(da, a, b), unbroadcast(db, b, a)]
 
 
 @defop("MatMul", inputs=("x", "y"), infer=_matmul_rule, grad=_matmul_grad)
@@ -483,3 +498,31 @@ from .reduce import mean, sum  # noqa: E402  (gradients above use them; reduce i
 
 OPERATORS.update(add=add, sub=sub, mul=mul, div=div, matmul=matmul, pow=pow, neg=neg,
                  less=less, less_equal=less_equal, greater=greater, greater_equal=greater_equal)
+
+
+# --- AddN: summing gradient contributions ---------------------------------------------------
+
+def _add_n_rule(ins, attrs):
+    if not ins:
+        raise ShapeError("add_n needs at least one input")
+    shape = broadcast_shapes(*(v.shape for v in ins))
+    dtypes = {v.dtype for v in ins}
+    if len(dtypes) > 1:
+        raise ShapeError(f"add_n inputs must share a dtype, got {', '.join(sorted(dtypes))}")
+    return [(shape, ins[0].dtype)]
+
+
+@defop("AddN", inputs=("xs*",), infer=_add_n_rule, grad=lambda g: [unbroadcast(g.dy, x, *(o for o in g.x if o is not x)) for x in g.x])
+def _add_n(k, *xs):
+    """Sum of any number of same-shaped tensors (how fan-out gradients are combined)."""
+    if len(xs) == 1:
+        return k.xp.asarray(xs[0], copy=True)
+    total = xs[0] + xs[1]
+    for x in xs[2:]:
+        total = total + x
+    return total
+
+
+def add_n(xs) -> Var:
+    """Elementwise sum of a list of Vars. Example: ``rg.add_n([a, b, c])``."""
+    return append_op("AddN", list(xs))[0]

@@ -145,12 +145,14 @@ class GradCtx:
         return self.dout[0]
 
 
-def make_grad_ops(op: Op, out_grad_names: Sequence[str | None],
-                  block: Block) -> tuple[list[Op], list[str | None]]:
+def make_grad_ops(op: Op, out_grad_names: Sequence[str | None], block: Block,
+                  wanted: Sequence[bool] | None = None) -> tuple[list[Op], list[str | None]]:
     """The Caffe2 ``GetGradientDefs`` contract: ``(grad_ops, input_grad_names)``.
 
     The ops are built with their Vars declared in ``block`` but not placed in
-    it; the caller (a backward pass) decides where they go.
+    it; the caller (a backward pass) decides where they go. With ``wanted``
+    (one flag per input), only the ops leading to wanted gradients are kept,
+    so makers can stay one-liners that build every input's gradient.
     """
     opdef = get_op_def(op.type)
     if opdef.grad is None:
@@ -163,6 +165,20 @@ def make_grad_ops(op: Op, out_grad_names: Sequence[str | None],
     if len(in_grads) != len(op.inputs):
         raise ProgramError(f"gradient maker of {op.type} returned {len(in_grads)} gradients "
                            f"for {len(op.inputs)} inputs")
-    names = [None if (g is None or not opdef.input_differentiable(i)) else g.name
+    names = [None if (g is None or not opdef.input_differentiable(i)
+                      or (wanted is not None and not wanted[i])) else g.name
              for i, g in enumerate(in_grads)]
-    return grad_ops, names
+    return _ops_leading_to(grad_ops, {n for n in names if n is not None}), names
+
+
+def _ops_leading_to(ops: list[Op], needed: set[str]) -> list[Op]:
+    """The ops among ``ops`` that (transitively) write a name in ``needed``."""
+    from ..ir.analysis import op_reads
+    kept = []
+    needed = set(needed)
+    for op in reversed(ops):
+        if any(n in needed for n in op.outputs):
+            kept.append(op)
+            needed.update(op_reads(op))
+    kept.reverse()
+    return kept

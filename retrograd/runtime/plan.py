@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..ir.analysis import free_reads, op_reads
+from ..ir.analysis import op_reads
 from ..ir.program import Block, Op
 from ..ops.registry import get_op_def
 
@@ -46,20 +46,44 @@ def compile_block(block: Block, keep: frozenset[str], xp, run) -> Plan:
     right after it is written when nothing reads it, unless it is kept
     (fetched, returned) or persistable (written back to the scope).
     """
-    reads = [op_reads(op) for op in block.ops]
+    ops = _needed_ops(block, keep)
+    reads = [op_reads(op) for op in ops]
     last_read: dict[str, int] = {}
     for i, names in enumerate(reads):
         for name in names:
             last_read[name] = i
     steps = []
-    for i, op in enumerate(block.ops):
+    for i, op in enumerate(ops):
         candidates = dict.fromkeys(list(reads[i]) + list(op.outputs))
         dead = tuple(n for n in candidates
                      if last_read.get(n, -1) <= i and n not in keep and not _persistable(block, n))
         opdef = get_op_def(op.type)
         steps.append(Step(opdef.kernel, KernelCtx(xp, op, run), tuple(op.inputs), tuple(op.outputs),
                           dead, op, i))
-    return Plan(block, steps, free_reads(block), keep)
+    return Plan(block, steps, _free_reads_of(ops), keep)
+
+
+def _needed_ops(block: Block, keep: frozenset[str]) -> list[Op]:
+    """Ops whose results are fetched or persist (directly or through later ops): the rest are skipped."""
+    needed = set(keep)
+    kept = []
+    for op in reversed(block.ops):
+        if any(n in needed or _persistable(block, n) for n in op.outputs):
+            kept.append(op)
+            needed.update(op_reads(op))
+    kept.reverse()
+    return kept
+
+
+def _free_reads_of(ops: list[Op]) -> list[str]:
+    written: set[str] = set()
+    reads: dict[str, None] = {}
+    for op in ops:
+        for name in op_reads(op):
+            if name not in written:
+                reads.setdefault(name)
+        written.update(op.outputs)
+    return list(reads)
 
 
 def _persistable(block: Block, name: str) -> bool:

@@ -1,0 +1,106 @@
+"""Numeric gradient checks, for our own tests and for users who write ops.
+
+``check_gradients`` builds ``fn`` over float64 inputs, projects its outputs
+onto fixed random directions (so every element of the Jacobian matters),
+computes the analytic gradient with ``rg.gradients`` and compares it with
+central finite differences.
+"""
+from __future__ import annotations
+
+from typing import Callable, Mapping
+
+import numpy as np
+
+from .autodiff import gradients
+from .errors import RetrogradError
+from .ir.builder import program_guard
+from .ir.program import Program, Var
+from .ops import creation, math as ops_math, reduce as ops_reduce
+from .runtime import Executor
+
+
+class GradientCheckError(RetrogradError):
+    """Analytic and numeric gradients disagree beyond the tolerance."""
+
+
+def check_gradients(fn: Callable[..., Var | list[Var]], inputs: Mapping[str, np.ndarray], *,
+                    wrt: list[str] | None = None, eps: float = 1e-6, rtol: float = 1e-4,
+                    atol: float = 1e-6, seed: int = 0, raise_on_failure: bool = True,
+                    feeds: Mapping[str, np.ndarray] | None = None) -> dict[str, float]:
+    """Compare analytic and numeric gradients of ``fn``; return the worst error per input.
+
+    ``fn`` receives one Var per entry of ``inputs`` (float inputs become
+    float64 Vars; integer inputs keep their dtype and are not differentiated)
+    and returns a Var or a list of Vars. The error reported per input is
+    ``max|analytic - numeric| / (atol + rtol * max|numeric|)``-style: a value
+    above 1 fails. ``feeds`` are extra non-differentiated inputs.
+
+    Example::
+
+        report = rg.testing.check_gradients(
+            lambda x, w: rg.tanh(x @ w),
+            {"x": np.random.randn(3, 4), "w": np.random.randn(4, 2)})
+        # {'x': 0.0003, 'w': 0.0002}
+    """
+    arrays = {name: _as_input(value) for name, value in inputs.items()}
+    wrt = list(wrt) if wrt is not None else [n for n, a in arrays.items() if a.dtype.kind == "f"]
+    main, startup = Program(), Program()
+    with program_guard(main, startup):
+        vars_ = {name: creation.data(name, a.shape, str(a.dtype), stop_gradient=False)
+                 for name, a in arrays.items()}
+        outs = fn(*vars_.values())
+        outs = list(outs) if isinstance(outs, (list, tuple)) else [outs]
+        rng = np.random.default_rng(seed)
+        projections = [rng.standard_normal(size=[max(d, 1) for d in o.shape]) if o.shape else
+                       np.asarray(rng.standard_normal()) for o in outs]
+        terms = [ops_reduce.sum(ops_math.mul(o, creation.constant(p, o.dtype)))
+                 for o, p in zip(outs, projections)]
+        objective = terms[0] if len(terms) == 1 else ops_math.add_n(terms)
+        grads = gradients(objective, [vars_[n] for n in wrt])
+    exe = Executor()
+    exe.run(startup)
+    feed = {**arrays, **(feeds or {})}
+    analytic = exe.run(main, feed=feed, fetch_list=[g for g in grads if g is not None])
+    analytic_by_name = {}
+    it = iter(analytic)
+    for name, g in zip(wrt, grads):
+        analytic_by_name[name] = np.zeros_like(arrays[name]) if g is None else np.asarray(next(it))
+    report = {}
+    for name in wrt:
+        numeric = _numeric_gradient(exe, main, objective, feed, name, eps)
+        report[name] = _error(analytic_by_name[name], numeric, rtol, atol)
+    failed = {n: e for n, e in report.items() if not e <= 1.0}
+    if failed and raise_on_failure:
+        raise GradientCheckError(f"gradients disagree with finite differences (error > 1 fails): {report}")
+    return report
+
+
+def _as_input(value) -> np.ndarray:
+    array = np.asarray(value)
+    return array.astype(np.float64) if array.dtype.kind == "f" else array
+
+
+def _numeric_gradient(exe: Executor, program: Program, objective: Var, feed: dict, name: str,
+                      eps: float) -> np.ndarray:
+    base = feed[name]
+    grad = np.zeros_like(base, dtype=np.float64)
+    flat = grad.reshape(-1)
+    for i in range(base.size):
+        values = []
+        for step in (eps, -eps):
+            moved = base.copy().reshape(-1)
+            moved[i] += step
+            out, = exe.run(program, feed={**feed, name: moved.reshape(base.shape)}, fetch_list=[objective])
+            values.append(float(np.asarray(out)))
+        flat[i] = (values[0] - values[1]) / (2 * eps)
+    return grad
+
+
+def _error(analytic: np.ndarray, numeric: np.ndarray, rtol: float, atol: float) -> float:
+    """Worst elementwise |a - n| / (atol + rtol * |n|): <= 1 passes."""
+    if analytic.shape != numeric.shape:
+        return float("inf")
+    if not np.all(np.isfinite(analytic)):
+        return float("inf")
+    diff = np.abs(analytic - numeric)
+    return float(np.max(diff / (atol + rtol * np.abs(numeric)), initial=0.0))
