@@ -1,30 +1,165 @@
-"""The verifier: rejects ill-formed programs, naming block, op and variable."""
+"""The verifier: rejects ill-formed programs, naming block, op and variable.
+
+Every fault is reported as ``block B, op #I Type: <what is wrong>`` followed by
+the op as the printer shows it, so the message reads next to ``print(program)``.
+Checks, in order, for each block:
+
+1. the block's place in the program (index, parent) and its variables;
+2. per op: the type is registered, every input and output is declared in the
+   block or an ancestor, every sub-block is a child of this block;
+3. per op, in program order: each value read has a value by then (see
+   ``_has_value``);
+4. per op: the op's shape rule, re-run on the declared inputs, agrees with the
+   declared outputs (``-1`` matches any size).
+"""
 from __future__ import annotations
 
-from ..errors import ProgramError
-from .program import Block, Program
+from ..errors import ProgramError, ShapeError
+from .analysis import op_reads
+from .dtypes import canonical
+from .program import Block, Op, Program
 
 
 def verify_program(program: Program) -> None:
-    """Raise ProgramError at the first fault found; return None for a well-formed program."""
+    """Raise ProgramError at the first fault found; return None for a well-formed program.
+
+    Example::
+
+        verify_program(main)       # silent when main is well-formed
+    """
+    for position, block in enumerate(program.blocks):
+        _check_block_place(program, block, position)
     for block in program.blocks:
-        _verify_block(block)
+        _check_vars(block)
+        for i, op in enumerate(block.ops):
+            _check_op_refs(block, i, op)
+    # Reads and shapes assume every name resolves, so they run after the checks above.
+    for block in program.blocks:
+        _check_reads(block)
+        for i, op in enumerate(block.ops):
+            _check_shapes(block, i, op)
 
 
-def _verify_block(block: Block) -> None:
+def _fault(block: Block, i: int, op: Op, message: str, cls: type[ProgramError] = ProgramError):
+    from .printer import format_op
+    return cls(f"block {block.idx}, op #{i} {op.type}: {message}\n    {format_op(op, block)}")
+
+
+# --- 1. Structure ------------------------------------------------------------------------
+
+def _check_block_place(program: Program, block: Block, position: int) -> None:
+    if block.program is not program or block.idx != position:
+        raise ProgramError(f"block at position {position} calls itself block {block.idx}"
+                           + ("" if block.program is program else " of another program"))
+    if position == 0 and block.parent_idx != -1:
+        raise ProgramError(f"block 0 is the global block but has parent {block.parent_idx}")
+    # Parents are created before their children; this also rules out cycles.
+    if position > 0 and not 0 <= block.parent_idx < position:
+        raise ProgramError(f"block {position} has parent {block.parent_idx}, "
+                           f"which is not an earlier block (0..{position - 1})")
+
+
+def _check_vars(block: Block) -> None:
+    for name, var in block.vars.items():
+        if var.name != name or var.block is not block:
+            raise ProgramError(f"block {block.idx}: variable entry '{name}' holds Var '{var.name}' "
+                               f"of block {var.block.idx}")
+        if any(d < -1 for d in var.shape):
+            raise ProgramError(f"block {block.idx}: variable '{name}' has shape {list(var.shape)}; "
+                               "dimensions are sizes or -1 (unknown until run time)")
+
+
+# --- 2. References ------------------------------------------------------------------------
+
+def _check_op_refs(block: Block, i: int, op: Op) -> None:
     from ..ops.registry import OPS
+    if op.type not in OPS:
+        raise _fault(block, i, op, f"op type '{op.type}' is not registered (is the module that "
+                                   "defines it imported?)")
+    for role, names in (("input", op.inputs), ("output", op.outputs)):
+        for name in names:
+            if block.find_var(name) is None:
+                raise _fault(block, i, op, f"{role} '{name}' is not declared in block {block.idx} "
+                                           "or its ancestors")
+    for sub in op.sub_blocks():
+        if sub.program is not block.program or sub.idx >= len(block.program.blocks) \
+                or block.program.blocks[sub.idx] is not sub:
+            raise _fault(block, i, op, f"sub-block {sub.idx} is not a block of this program")
+        if sub.parent_idx != block.idx:
+            raise _fault(block, i, op, f"sub-block {sub.idx} has parent {sub.parent_idx}, "
+                                       f"but its op is in block {block.idx}; a sub-block must be "
+                                       "a child of the block holding its op")
+
+
+# --- 3. Reads before writes ----------------------------------------------------------------
+
+def _check_reads(block: Block) -> None:
+    written: set[str] = set()
+    # Names declared in a sub-block that no op of it writes are bound by the
+    # control-flow op that runs the block (loop variables, step inputs).
+    bound = set(block.vars) - _block_writes(block) if block.parent_idx >= 0 else set()
     for i, op in enumerate(block.ops):
-        where = f"block {block.idx}, op #{i} {op.type}"
-        if op.type not in OPS:
-            raise ProgramError(f"{where}: op type '{op.type}' is not registered")
-        for name in op.inputs:
-            if block.find_var(name) is None:
-                raise ProgramError(f"{where}: input '{name}' is not declared in block {block.idx} "
-                                   "or its ancestors")
-        for name in op.outputs:
-            if block.find_var(name) is None:
-                raise ProgramError(f"{where}: output '{name}' is not declared in block {block.idx} "
-                                   "or its ancestors")
-        for sub in op.sub_blocks():
-            if sub.program is not block.program or sub.parent_idx != block.idx:
-                raise ProgramError(f"{where}: sub-block {sub.idx} must be a child of block {block.idx}")
+        for name in op_reads(op):
+            if name in written or name in bound or _has_value(block, name):
+                continue
+            where = "an input" if name in op.inputs else "read by a sub-block"
+            raise _fault(block, i, op, f"'{name}' ({where}) is read before any op writes it; it is "
+                                       "neither data, persistable, nor declared in an enclosing block")
+        written.update(_op_writes(op))
+
+
+def _has_value(block: Block, name: str) -> bool:
+    """True when ``name`` needs no earlier op of ``block``: fed, kept in the scope, or outer."""
+    var = block.find_var(name)
+    if var is None:  # a sub-block's undeclared read; reported when that block is checked
+        return True
+    return var.is_data or var.persistable or var.block is not block
+
+
+def _op_writes(op: Op) -> set[str]:
+    """What an op writes: its outputs and whatever its sub-blocks write outside themselves."""
+    names = set(op.outputs)
+    for sub in op.sub_blocks():
+        names.update(n for n in _block_writes(sub) if n not in sub.vars)
+    return names
+
+
+def _block_writes(block: Block) -> set[str]:
+    names: set[str] = set()
+    for op in block.ops:
+        names.update(_op_writes(op))
+    return names
+
+
+# --- 4. Shapes and dtypes -------------------------------------------------------------------
+
+def _check_shapes(block: Block, i: int, op: Op) -> None:
+    from ..ops.registry import infer_specs
+    in_vars = [block.var(n) for n in op.inputs]
+    try:
+        specs = infer_specs(op.type, in_vars, op.attrs, block)
+    except ShapeError as exc:
+        raise _fault(block, i, op, f"shape rule: {exc}", ShapeError) from None
+    except (KeyError, IndexError, TypeError, ValueError) as exc:
+        # A hand-made or loaded op may lack attributes or inputs its rule expects.
+        raise _fault(block, i, op, f"shape rule failed ({type(exc).__name__}: {exc}); check the op's "
+                                   "inputs and attributes") from None
+    if len(specs) != len(op.outputs):
+        raise _fault(block, i, op, f"{op.type} produces {len(specs)} outputs, the op lists "
+                                   f"{len(op.outputs)}")
+    for name, (shape, dtype) in zip(op.outputs, specs):
+        var, dtype = block.var(name), canonical(dtype)
+        if var.dtype != dtype:
+            raise _fault(block, i, op, f"output '{name}' is declared {var.dtype}, the shape rule "
+                                       f"gives {dtype}", ShapeError)
+        if not _shapes_compatible(var.shape, tuple(shape)):
+            raise _fault(block, i, op, f"output '{name}' is declared {var.type_str()}, the shape "
+                                       f"rule gives {dtype}{_shape_text(shape)}", ShapeError)
+
+
+def _shapes_compatible(a: tuple[int, ...], b: tuple[int, ...]) -> bool:
+    return len(a) == len(b) and all(x < 0 or y < 0 or x == y for x, y in zip(a, b))
+
+
+def _shape_text(shape) -> str:
+    return "[" + ", ".join("?" if d < 0 else str(d) for d in shape) + "]"
