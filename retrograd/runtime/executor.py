@@ -100,7 +100,7 @@ class Executor:
         for value in env.values():
             run.meter.hold(value)
         self.execute(plan, env)
-        for name in _persistables_written(block):
+        for name in plan.persistable_writes:
             if name in env:
                 scope.set(name, env[name])
         results = []
@@ -114,8 +114,8 @@ class Executor:
 
     def execute(self, plan: Plan, env: dict) -> None:
         """Run a plan's steps over ``env`` (name -> array), freeing dead values."""
-        run = self._run
-        meter = run.meter
+        meter = self._run.meter
+        hold, release = meter.hold, meter.release
         for step in plan.steps:
             try:
                 args = [env[n] for n in step.inputs]
@@ -136,14 +136,14 @@ class Executor:
             for name, value in zip(outputs, result):
                 old = env.get(name)
                 if old is not None:
-                    meter.release(old)
+                    release(old)
                 env[name] = value
-                meter.hold(value)
+                hold(value)
             for name in step.dead:
                 value = env.pop(name, None)
                 if value is not None:
-                    meter.release(value)
-            run.ops_run += 1
+                    release(value)
+        self._run.ops_run += len(plan.steps)
 
     def _initial_env(self, plan: Plan, block: Block, feed: dict, scope: Scope) -> dict:
         env = {}
@@ -172,11 +172,6 @@ def _fetch_name(item, block: Block) -> str:
     if not isinstance(name, str) or block.find_var(name) is None:
         raise FeedError(f"fetch {item!r} is not a variable of block 0")
     return name
-
-
-def _persistables_written(block: Block) -> list[str]:
-    return [n for op in block.ops for n in op.outputs
-            if (v := block.find_var(n)) is not None and v.persistable]
 
 
 def _shape_of(array) -> str:

@@ -37,6 +37,7 @@ class Plan:
     steps: list[Step]
     free_reads: list[str]        # values the block needs from outside (feeds, scope, bindings)
     keep: frozenset[str]
+    persistable_writes: list[str]   # written back to the scope after a run
 
 
 def compile_block(block: Block, keep: frozenset[str], xp, run) -> Plan:
@@ -60,7 +61,8 @@ def compile_block(block: Block, keep: frozenset[str], xp, run) -> Plan:
         opdef = get_op_def(op.type)
         steps.append(Step(opdef.kernel, KernelCtx(xp, op, run), tuple(op.inputs), tuple(op.outputs),
                           dead, op, i))
-    return Plan(block, steps, _free_reads_of(ops), keep)
+    writes = list(dict.fromkeys(n for op in ops for n in op.outputs if _persistable(block, n)))
+    return Plan(block, steps, _free_reads_of(ops), keep, writes)
 
 
 def _needed_ops(block: Block, keep: frozenset[str]) -> list[Op]:

@@ -3,6 +3,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
+
 from ..backend import buffer_of
 
 
@@ -25,7 +27,10 @@ class MemoryMeter:
         self.peak = 0
 
     def hold(self, array) -> None:
-        key, nbytes = buffer_of(array)
+        if type(array) is np.ndarray and array.base is None:   # the common case, kept fast
+            key, nbytes = id(array), array.nbytes
+        else:
+            key, nbytes = buffer_of(array)
         entry = self.live.get(key)
         if entry is None:
             self.live[key] = [nbytes, 1, array]
@@ -36,7 +41,7 @@ class MemoryMeter:
             entry[1] += 1
 
     def release(self, array) -> None:
-        key, _ = buffer_of(array)
+        key = id(array) if type(array) is np.ndarray and array.base is None else buffer_of(array)[0]
         entry = self.live.get(key)
         if entry is None:
             return
