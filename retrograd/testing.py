@@ -31,9 +31,11 @@ def check_gradients(fn: Callable[..., Var | list[Var]], inputs: Mapping[str, np.
 
     ``fn`` receives one Var per entry of ``inputs`` (float inputs become
     float64 Vars; integer inputs keep their dtype and are not differentiated)
-    and returns a Var or a list of Vars. The error reported per input is
-    ``max|analytic - numeric| / (atol + rtol * max|numeric|)``-style: a value
-    above 1 fails. ``feeds`` are extra non-differentiated inputs.
+    and returns a Var or a list of Vars. The error reported per input is the
+    worst elementwise ``|analytic - numeric| / (atol + rtol * |numeric|)``: a
+    value above 1 fails, and the exception names the element. Random ops
+    (dropout) draw the same values in every run of the check. ``feeds`` are
+    extra values for data Vars that ``fn`` declares itself.
 
     Example::
 
@@ -44,35 +46,42 @@ def check_gradients(fn: Callable[..., Var | list[Var]], inputs: Mapping[str, np.
     """
     arrays = {name: _as_input(value) for name, value in inputs.items()}
     wrt = list(wrt) if wrt is not None else [n for n, a in arrays.items() if a.dtype.kind == "f"]
+    feed = {**arrays, **(feeds or {})}
+    exe = Executor()
     main, startup = Program(), Program()
     with program_guard(main, startup):
         vars_ = {name: creation.data(name, a.shape, str(a.dtype), stop_gradient=False)
                  for name, a in arrays.items()}
         outs = fn(*vars_.values())
         outs = list(outs) if isinstance(outs, (list, tuple)) else [outs]
-        rng = np.random.default_rng(seed)
-        projections = [rng.standard_normal(size=[max(d, 1) for d in o.shape]) if o.shape else
-                       np.asarray(rng.standard_normal()) for o in outs]
-        terms = [ops_reduce.sum(ops_math.mul(o, creation.constant(p, o.dtype)))
-                 for o, p in zip(outs, projections)]
+    exe.run(startup)
+    # Project onto random directions of the outputs' run-time shapes (declared ones may hold -1).
+    values = _run(exe, main, feed, outs)
+    rng = np.random.default_rng(seed)
+    with program_guard(main, startup):
+        terms = [ops_reduce.sum(ops_math.mul(o, creation.constant(rng.standard_normal(np.shape(v)), o.dtype)))
+                 for o, v in zip(outs, values)]
         objective = terms[0] if len(terms) == 1 else ops_math.add_n(terms)
         grads = gradients(objective, [vars_[n] for n in wrt])
-    exe = Executor()
-    exe.run(startup)
-    feed = {**arrays, **(feeds or {})}
-    analytic = exe.run(main, feed=feed, fetch_list=[g for g in grads if g is not None])
-    analytic_by_name = {}
-    it = iter(analytic)
-    for name, g in zip(wrt, grads):
-        analytic_by_name[name] = np.zeros_like(arrays[name]) if g is None else np.asarray(next(it))
-    report = {}
+    analytic = iter(_run(exe, main, feed, [g for g in grads if g is not None]))
+    analytic_by_name = {name: np.zeros_like(arrays[name]) if g is None else np.asarray(next(analytic))
+                        for name, g in zip(wrt, grads)}
+    report, details = {}, {}
     for name in wrt:
         numeric = _numeric_gradient(exe, main, objective, feed, name, eps)
-        report[name] = _error(analytic_by_name[name], numeric, rtol, atol)
-    failed = {n: e for n, e in report.items() if not e <= 1.0}
+        report[name], details[name] = _error(analytic_by_name[name], numeric, rtol, atol)
+    failed = [f"{n}: {details[n]}" for n, e in report.items() if not e <= 1.0]
     if failed and raise_on_failure:
-        raise GradientCheckError(f"gradients disagree with finite differences (error > 1 fails): {report}")
+        raise GradientCheckError("gradients disagree with finite differences (error > 1 fails): "
+                                 f"{report}; " + "; ".join(failed))
     return report
+
+
+def _run(exe: Executor, program: Program, feed: dict, fetch: list) -> list:
+    """One run with the random draws of the first: dropout masks depend on the run id,
+    and the numeric gradient must see the same function the analytic one differentiates."""
+    exe._run.run_id = 0
+    return exe.run(program, feed=feed, fetch_list=fetch)
 
 
 def _as_input(value) -> np.ndarray:
@@ -90,17 +99,21 @@ def _numeric_gradient(exe: Executor, program: Program, objective: Var, feed: dic
         for step in (eps, -eps):
             moved = base.copy().reshape(-1)
             moved[i] += step
-            out, = exe.run(program, feed={**feed, name: moved.reshape(base.shape)}, fetch_list=[objective])
+            out, = _run(exe, program, {**feed, name: moved.reshape(base.shape)}, [objective])
             values.append(float(np.asarray(out)))
         flat[i] = (values[0] - values[1]) / (2 * eps)
     return grad
 
 
-def _error(analytic: np.ndarray, numeric: np.ndarray, rtol: float, atol: float) -> float:
-    """Worst elementwise |a - n| / (atol + rtol * |n|): <= 1 passes."""
+def _error(analytic: np.ndarray, numeric: np.ndarray, rtol: float, atol: float) -> tuple[float, str]:
+    """Worst elementwise |a - n| / (atol + rtol * |n|) (<= 1 passes) and where it occurs."""
     if analytic.shape != numeric.shape:
-        return float("inf")
+        return float("inf"), f"analytic gradient has shape {list(analytic.shape)}, expected {list(numeric.shape)}"
     if not np.all(np.isfinite(analytic)):
-        return float("inf")
-    diff = np.abs(analytic - numeric)
-    return float(np.max(diff / (atol + rtol * np.abs(numeric)), initial=0.0))
+        return float("inf"), "analytic gradient is not finite"
+    if analytic.size == 0:
+        return 0.0, "empty"
+    ratio = np.abs(analytic - numeric) / (atol + rtol * np.abs(numeric))
+    worst = np.unravel_index(int(np.argmax(ratio)), ratio.shape)
+    return float(ratio[worst]), (f"worst at index {list(int(i) for i in worst)}: analytic "
+                                 f"{analytic[worst]:.6g}, numeric {numeric[worst]:.6g}")

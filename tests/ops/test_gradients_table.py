@@ -1,0 +1,420 @@
+"""One table-driven gradient test for every registered differentiable op.
+
+``CASES`` maps each op type whose ``OpDef.grad`` is set to builders of test
+cases: ``builder(rng) -> [(fn, inputs), ...]``. Each case is checked against
+central finite differences in float64 with ``rg.testing.check_gradients``;
+the core set is also checked for double backward (the gradient of a function
+that itself calls ``rg.gradients``). ``test_every_differentiable_op_has_a_case``
+fails as soon as an op is registered with a gradient maker and no entry here.
+
+Inputs stay away from kinks and singularities: log/sqrt/div see positive or
+bounded-away values, abs/relu/sign stay away from 0, maximum/minimum away
+from ties, clip away from its bounds.
+"""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import retrograd as rg
+from retrograd.ops.math import expand_as, sum_to
+from retrograd.ops.nn import one_hot_like
+from retrograd.ops.tensor import gather_grad, reshape_as, slice_grad, split_like
+from retrograd.testing import check_gradients
+
+
+# --- input helpers ----------------------------------------------------------------------------
+
+def normal(r, *shape):
+    return r.standard_normal(shape)
+
+
+def positive(r, *shape):
+    return r.uniform(0.5, 2.0, shape)
+
+
+def away_from_zero(r, *shape, margin=0.2):
+    return r.choice([-1.0, 1.0], shape) * r.uniform(margin, 1.5, shape)
+
+
+def apart_from(r, a, margin=0.2):
+    """Values differing from ``a`` by at least ``margin`` elementwise (no ties)."""
+    return a + away_from_zero(r, *np.shape(a), margin=margin)
+
+
+def dims(r, count, low=2, high=5):
+    return [int(d) for d in r.integers(low, high, count)]
+
+
+def away_from_bounds(r, shape, lo=-0.5, hi=0.5, margin=0.15):
+    """Values inside (lo, hi) or outside it, never within ``margin`` of a bound."""
+    pieces = [(lo - 1.0, lo - margin), (lo + margin, hi - margin), (hi + margin, hi + 1.0)]
+    which = r.integers(0, 3, shape)
+    lows = np.array([p[0] for p in pieces])[which]
+    highs = np.array([p[1] for p in pieces])[which]
+    return r.uniform(lows, highs)
+
+
+# --- the table ----------------------------------------------------------------------------------
+
+def _unary(fn, make=normal):
+    def cases(r):
+        m, n = dims(r, 2)
+        return [(fn, {"x": make(r, m, n)}), (fn, {"x": make(r, 3)}), (fn, {"x": make(r)})]
+    return cases
+
+
+def _binary(fn, make_a=normal, make_b=normal):
+    """Same shapes, the broadcasting cases [3,4]+[4], [3,1]*[1,4], and scalar operands."""
+    def cases(r):
+        m, n = dims(r, 2)
+        return [
+            (fn, {"a": make_a(r, m, n), "b": make_b(r, m, n)}),
+            (fn, {"a": make_a(r, 3, 4), "b": make_b(r, 4)}),
+            (fn, {"a": make_a(r, 3, 1), "b": make_b(r, 1, 4)}),
+            (fn, {"a": make_a(r, 2, 3), "b": make_b(r)}),
+            (fn, {"a": make_a(r), "b": make_b(r, 2, 3)}),
+            (fn, {"a": make_a(r, 2, 1, 3), "b": make_b(r, 4, 1)}),
+        ]
+    return cases
+
+
+def _minmax(fn):
+    def cases(r):
+        a = normal(r, 3, 4)
+        a_row = normal(r, 4)
+        return [
+            (fn, {"a": a, "b": apart_from(r, a)}),
+            (fn, {"a": a, "b": apart_from(r, a_row * np.ones((3, 4)))[0]}),   # [3,4] vs [4]
+            (fn, {"a": apart_from(r, np.full((2, 3), 0.3)), "b": np.array(0.3)}),
+        ]
+    return cases
+
+
+def _matmul(r):
+    m, k, n = dims(r, 3)
+    return [
+        (rg.matmul, {"a": normal(r, m, k), "b": normal(r, k, n)}),
+        (lambda a, b: rg.matmul(a, b, transpose_x=True), {"a": normal(r, k, m), "b": normal(r, k, n)}),
+        (lambda a, b: rg.matmul(a, b, transpose_y=True), {"a": normal(r, m, k), "b": normal(r, n, k)}),
+        (lambda a, b: rg.matmul(a, b, transpose_x=True, transpose_y=True),
+         {"a": normal(r, k, m), "b": normal(r, n, k)}),
+        (rg.matmul, {"a": normal(r, 2, m, k), "b": normal(r, k, n)}),          # batch broadcast
+        (rg.matmul, {"a": normal(r, 2, 1, 2, 3), "b": normal(r, 3, 3, 2)}),    # both broadcast
+    ]
+
+
+def _reduce(fn):
+    def cases(r):
+        a, b, c = dims(r, 3)
+        x = normal(r, a, b, c)
+        return [
+            (lambda x: fn(x), {"x": x}),
+            (lambda x: fn(x, axis=1), {"x": x}),
+            (lambda x: fn(x, axis=[0, 2], keepdims=True), {"x": x}),
+            (lambda x: fn(x, axis=-1, keepdims=False), {"x": x}),
+            (lambda x: fn(x), {"x": normal(r)}),
+        ]
+    return cases
+
+
+def _where(r):
+    m, n = dims(r, 2)
+    cond = r.random((m, n)) > 0.5
+    return [
+        (lambda c, a, b: rg.where(c, a, b), {"c": cond, "a": normal(r, m, n), "b": normal(r, m, n)}),
+        (lambda c, a, b: rg.where(c, a, b), {"c": r.random((3, 1)) > 0.5, "a": normal(r, 4),
+                                             "b": normal(r, 3, 4)}),
+        (lambda c, a: rg.where(c, a, 0.0), {"c": cond, "a": normal(r, m, n)}),
+    ]
+
+
+def _clip(r):
+    m, n = dims(r, 2)
+    x = away_from_bounds(r, (m, n))
+    return [
+        (lambda x: rg.clip(x, -0.5, 0.5), {"x": x}),
+        (lambda x: rg.clip(x, None, 0.5), {"x": x}),
+        (lambda x: rg.clip(x, -0.5, None), {"x": x}),
+    ]
+
+
+def _pow(r):
+    m, n = dims(r, 2)
+    return [
+        (rg.pow, {"a": positive(r, m, n), "b": normal(r, m, n)}),
+        (rg.pow, {"a": positive(r, 3, 4), "b": normal(r, 4)}),
+        (lambda a: rg.pow(a, 3.0), {"a": normal(r, 2, 3)}),
+        (lambda a: rg.pow(a, 0.5), {"a": positive(r, 2, 3)}),
+    ]
+
+
+def _add_n(r):
+    return [(lambda a, b, c: rg.add_n([a, b, c]), {"a": normal(r, 3, 4), "b": normal(r, 4),
+                                                    "c": normal(r, 1, 4)}),
+            (lambda a: rg.add_n([a, a]), {"a": normal(r, 2, 3)})]
+
+
+def _cast(r):
+    return [
+        (lambda x: rg.cast(x, "float64"), {"x": normal(r, 2, 3)}),
+        (lambda x, i: rg.cast(i, "float64") * x, {"x": normal(r, 2, 3), "i": r.integers(-3, 3, (2, 3))}),
+        # through float32 and back: linear, so a large step is exact up to float32 rounding
+        (lambda x: rg.cast(rg.cast(x, "float32"), "float64"), {"x": normal(r, 2, 3)},
+         {"eps": 1e-2, "rtol": 1e-3, "atol": 1e-4}),
+    ]
+
+
+def _concat(r):
+    return [
+        (lambda a, b: rg.concat([a, b], 0), {"a": normal(r, 2, 3), "b": normal(r, 1, 3)}),
+        (lambda a, b, c: rg.concat([a, b, c], axis=-1),
+         {"a": normal(r, 2, 1), "b": normal(r, 2, 3), "c": normal(r, 2, 2)}),
+        (lambda a: rg.concat([a, a * 2.0], 1), {"a": normal(r, 2, 2)}),
+    ]
+
+
+def _split(r):
+    return [
+        (lambda x: rg.split(x, 3, axis=0), {"x": normal(r, 6, 2)}),
+        (lambda x: rg.split(x, [1, -1], axis=1), {"x": normal(r, 2, 4)}),
+        (lambda x: rg.split(x, 2, axis=1)[1], {"x": normal(r, 3, 4)}),      # one piece unused
+    ]
+
+
+def _split_like(r):
+    return [(lambda x, a, b: split_like(x, [a, b], 0),
+             {"x": normal(r, 5, 3), "a": normal(r, 2, 3), "b": normal(r, 3, 3)})]
+
+
+def _slice(r):
+    return [
+        (lambda x: rg.slice(x, [0], [1], [3]), {"x": normal(r, 4, 3)}),
+        (lambda x: rg.slice(x, [1, 0], [-2, 0], [2**31, 2]), {"x": normal(r, 3, 5)}),
+        (lambda x: rg.slice(x, [-1], [1], [-1]), {"x": normal(r, 2, 2, 4)}),
+    ]
+
+
+def _slice_grad(r):
+    attrs = {"axes": [0], "starts": [1], "ends": [3]}
+    return [(lambda dy, x: slice_grad(dy, x, attrs), {"dy": normal(r, 2, 3), "x": normal(r, 4, 3)})]
+
+
+def _gather(r):
+    return [
+        (lambda x, ids: rg.gather(x, ids), {"x": normal(r, 5, 3), "ids": np.array([0, 2, 2, 4, 0])}),
+        (lambda x, ids: rg.gather(x, ids), {"x": normal(r, 4, 2, 2), "ids": r.integers(0, 4, (2, 3))}),
+    ]
+
+
+def _gather_grad(r):
+    return [(lambda dy, ids, x: gather_grad(dy, ids, x),
+             {"dy": normal(r, 4, 3), "ids": np.array([1, 3, 1, 0]), "x": normal(r, 5, 3)})]
+
+
+def _reshape(r):
+    return [
+        (lambda x: rg.reshape(x, [-1, 6]), {"x": normal(r, 2, 3, 2)}),
+        (lambda x: rg.reshape(x, [12]), {"x": normal(r, 3, 4)}),
+        (lambda x: rg.reshape(x, [1, 3, 1]), {"x": normal(r, 3)}),
+    ]
+
+
+def _transpose(r):
+    return [
+        (lambda x: rg.transpose(x, [1, 0]), {"x": normal(r, 2, 3)}),
+        (lambda x: rg.transpose(x, [2, 0, 1]), {"x": normal(r, 2, 3, 4)}),
+        (lambda x: rg.transpose(x), {"x": normal(r, 2, 1, 3)}),
+    ]
+
+
+def _softmax(fn):
+    def cases(r):
+        n, c = dims(r, 2)
+        return [(lambda x: fn(x), {"x": normal(r, n, c)}),
+                (lambda x: fn(x, axis=0), {"x": normal(r, n, c)}),
+                (lambda x: fn(x, axis=1), {"x": normal(r, 2, 3, 2) * 3.0})]
+    return cases
+
+
+def _xent(r):
+    n, c = dims(r, 2)
+    return [
+        (rg.softmax_cross_entropy, {"logits": normal(r, n, c), "labels": r.integers(0, c, n)}),
+        (rg.softmax_cross_entropy, {"logits": normal(r, 2, 3, 4) * 4.0, "labels": r.integers(0, 4, (2, 3))}),
+    ]
+
+
+def _one_hot_like(r):
+    return [(lambda labels, like: one_hot_like(labels, like) * like,
+             {"labels": np.array([0, 2, 1]), "like": normal(r, 3, 4)})]
+
+
+def _one_hot(r):
+    return [(lambda labels, x: rg.one_hot(labels, 4, dtype="float64") * x,
+             {"labels": np.array([3, 0, 1]), "x": normal(r, 3, 4)})]
+
+
+def _dropout(r):
+    # check_gradients replays the same mask in every run, so the function is smooth.
+    return [(lambda x: rg.dropout(x, 0.4, seed=7), {"x": normal(r, 4, 5)}),
+            (lambda x: rg.dropout(x * x, 0.5), {"x": normal(r, 3, 3)})]
+
+
+def _expand_as(r):
+    return [
+        (lambda x, like: expand_as(x, like), {"x": normal(r, 3), "like": normal(r, 2, 3)}),
+        (lambda x, like: expand_as(x, like, axes=[1]), {"x": normal(r, 3), "like": normal(r, 3, 4)}),
+        (lambda x, like: expand_as(x, like, axes=[0], mean_axes=[0, 1]),
+         {"x": normal(r, 1), "like": normal(r, 2, 1)}),
+    ]
+
+
+def _sum_to(r):
+    return [(lambda x, like: sum_to(x, like), {"x": normal(r, 2, 3, 4), "like": normal(r, 3, 1)}),
+            (lambda x, like: sum_to(x, like), {"x": normal(r, 3, 4), "like": normal(r, 3, 4)})]
+
+
+def _squeeze(r):
+    return [(lambda x: rg.squeeze(x, 1), {"x": normal(r, 3, 1, 2)}),
+            (lambda x: rg.squeeze(x), {"x": normal(r, 1, 2, 1)})]
+
+
+def _unsqueeze(r):
+    return [(lambda x: rg.unsqueeze(x, -1), {"x": normal(r, 3, 2)}),
+            (lambda x: rg.unsqueeze(x, [0, 2]), {"x": normal(r, 3)})]
+
+
+CASES = {
+    # elementwise binary (broadcasting)
+    "Add": _binary(rg.add),
+    "Sub": _binary(rg.sub),
+    "Mul": _binary(rg.mul),
+    "Div": _binary(rg.div, make_b=away_from_zero),
+    "Pow": _pow,
+    "Maximum": _minmax(rg.maximum),
+    "Minimum": _minmax(rg.minimum),
+    "AddN": _add_n,
+    "Where": _where,
+    # elementwise unary
+    "Neg": _unary(rg.neg),
+    "Exp": _unary(rg.exp),
+    "Log": _unary(rg.log, positive),
+    "Tanh": _unary(rg.tanh),
+    "Sigmoid": _unary(lambda x: rg.sigmoid(x * 3.0)),
+    "Relu": _unary(rg.relu, away_from_zero),
+    "Square": _unary(rg.square),
+    "Sqrt": _unary(rg.sqrt, positive),
+    "Abs": _unary(rg.abs, away_from_zero),
+    "Sign": _unary(lambda x: rg.sign(x) * x, away_from_zero),
+    "Clip": _clip,
+    "Assign": _unary(rg.assign),
+    "Cast": _cast,
+    "FillLike": _unary(lambda x: rg.fill_like(x, 2.0) * x),
+    # linear algebra and reductions
+    "MatMul": _matmul,
+    "Sum": _reduce(rg.sum),
+    "Mean": _reduce(rg.mean),
+    "SumTo": _sum_to,
+    "ExpandAs": _expand_as,
+    # data movement
+    "Reshape": _reshape,
+    "ReshapeAs": lambda r: [(reshape_as, {"x": normal(r, 2, 6), "like": normal(r, 3, 4)})],
+    "Transpose": _transpose,
+    "Concat": _concat,
+    "Split": _split,
+    "SplitLike": _split_like,
+    "Slice": _slice,
+    "SliceGrad": _slice_grad,
+    "Gather": _gather,
+    "GatherGrad": _gather_grad,
+    "Squeeze": _squeeze,
+    "Unsqueeze": _unsqueeze,
+    # neural-network ops
+    "Softmax": _softmax(rg.softmax),
+    "LogSoftmax": _softmax(rg.log_softmax),
+    "SoftmaxCrossEntropy": _xent,
+    "OneHot": _one_hot,
+    "OneHotLike": _one_hot_like,
+    "Dropout": _dropout,
+}
+
+# The core set whose gradients are themselves differentiable (issue 3).
+DOUBLE_BACKWARD = ["MatMul", "Add", "Sub", "Mul", "Div", "Neg", "Exp", "Log", "Tanh", "Sigmoid",
+                   "Relu", "Square", "Sqrt", "Pow", "Sum", "Mean", "Reshape", "Transpose", "Concat",
+                   "Split", "Slice", "Gather", "Where", "Maximum", "Minimum", "Clip", "Softmax",
+                   "LogSoftmax", "SoftmaxCrossEntropy"]
+
+
+def _differentiable_ops() -> set[str]:
+    return {t for t, opdef in rg.OPS.items() if opdef.grad is not None}
+
+
+def _cases(op_type: str):
+    r = np.random.default_rng(sum(map(ord, op_type)))
+    for case in CASES[op_type](r):
+        fn, inputs, options = case if len(case) == 3 else (*case, {})
+        yield fn, inputs, options
+
+
+def _case_ids(types):
+    return [(t, i) for t in types if t in CASES for i, _ in enumerate(_cases(t))]
+
+
+def _builds(op_type: str, fn):
+    """``fn`` wrapped to assert it really builds an op of ``op_type`` (the table cannot lie)."""
+    def wrapped(*vars_):
+        block = rg.default_main_program().global_block()
+        start = len(block.ops)
+        out = fn(*vars_)
+        built = {op.type for op in block.ops[start:]}
+        assert op_type in built, f"the case for {op_type} built only {sorted(built)}"
+        return out
+    return wrapped
+
+
+def test_every_differentiable_op_has_a_case():
+    missing = _differentiable_ops() - set(CASES)
+    assert not missing, f"ops registered with a gradient maker but no gradient-table entry: {sorted(missing)}"
+    stale = set(CASES) - set(rg.OPS)
+    assert not stale, f"gradient-table entries for unregistered ops: {sorted(stale)}"
+
+
+def test_double_backward_set_is_differentiable():
+    assert set(DOUBLE_BACKWARD) <= _differentiable_ops()
+
+
+@pytest.mark.parametrize("op_type,index", _case_ids(sorted(CASES)))
+def test_gradient_matches_finite_differences(op_type, index):
+    fn, inputs, options = list(_cases(op_type))[index]
+    report = check_gradients(_builds(op_type, fn), inputs, **options)
+    float_inputs = {n for n, a in inputs.items() if np.asarray(a).dtype.kind == "f"}
+    assert set(report) == float_inputs
+
+
+def _objective(outs, seed: int):
+    """A scalar mixing every output non-linearly, so second derivatives exercise each op's gradient."""
+    outs = outs if isinstance(outs, (list, tuple)) else [outs]
+    r = np.random.default_rng(seed)
+    terms = []
+    for out in outs:
+        p = rg.constant(r.standard_normal([max(d, 1) for d in out.shape]), dtype="float64")
+        terms.append(rg.sum(out * p + out * out * 0.25))
+    return terms[0] if len(terms) == 1 else rg.add_n(terms)
+
+
+def _first_gradients(fn):
+    """``x -> d(objective(fn(x)))/dx`` for every float input: differentiating it is double backward."""
+    def grads(*vars_):
+        objective = _objective(fn(*vars_), seed=len(vars_))
+        wrt = [v for v in vars_ if v.dtype == "float64"]
+        found = [g for g in rg.gradients(objective, wrt) if g is not None]
+        assert found, "no first-order gradient to differentiate"
+        return found
+    return grads
+
+
+@pytest.mark.parametrize("op_type,index", _case_ids(DOUBLE_BACKWARD))
+def test_double_backward_matches_finite_differences(op_type, index):
+    fn, inputs, options = list(_cases(op_type))[index]
+    check_gradients(_first_gradients(_builds(op_type, fn)), inputs, **options)
