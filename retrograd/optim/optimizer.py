@@ -1,0 +1,165 @@
+"""SGD, Momentum and Adam: ``minimize`` appends the backward pass and the update ops.
+
+Example::
+
+    with rg.program_guard(main, startup):
+        ...
+        loss = rg.mean(rg.square(pred - y))
+        params_grads = rg.optim.Adam(1e-3, clip_norm=5.0).minimize(loss)
+    exe.run(startup)                       # parameters and optimizer state
+    for xb, yb in batches:
+        exe.run(main, feed={"x": xb, "y": yb})   # one training step
+"""
+from __future__ import annotations
+
+from typing import Sequence
+
+from ..autodiff import append_backward
+from ..errors import ProgramError
+from ..ir.builder import default_startup_program, program_guard
+from ..ir.program import Program, Var
+from . import ops
+from .clip import clip_by_global_norm
+from .state import create_state, state_name
+
+
+class Optimizer:
+    """The shared part: backward, optional clipping, one update op per parameter.
+
+    Subclasses implement ``_update(param, grad)``, which appends the update
+    op(s) and creates whatever state they need with ``self._state``.
+    ``clip_norm`` (global-norm clipping, like ``torch.nn.utils.clip_grad_norm_``)
+    and ``weight_decay`` (L2 added to the gradient, as in ``torch.optim``) are
+    available to every optimizer. After ``minimize``, ``grad_norm`` is the Var
+    holding the global gradient norm before clipping (when ``clip_norm`` is set).
+    """
+
+    def __init__(self, lr: float, *, clip_norm: float | None = None, weight_decay: float = 0.0):
+        if not lr > 0:
+            raise ProgramError(f"learning rate must be positive, got {lr}")
+        if clip_norm is not None and not clip_norm > 0:
+            raise ProgramError(f"clip_norm must be positive, got {clip_norm}")
+        if weight_decay < 0:
+            raise ProgramError(f"weight_decay must be >= 0, got {weight_decay}")
+        self.lr = float(lr)
+        self.clip_norm = None if clip_norm is None else float(clip_norm)
+        self.weight_decay = float(weight_decay)
+        self.grad_norm: Var | None = None
+        self._main: Program | None = None
+        self._startup: Program | None = None
+
+    def minimize(self, loss: Var, parameter_list=None, no_grad_set=None, checkpoints=None, *,
+                 startup_program: Program | None = None) -> list[tuple[Var, Var]]:
+        """Append the backward pass of ``loss`` and the updates; return ``[(param, grad)]``.
+
+        The gradients returned are the raw ones (before clipping). The update
+        ops and the optimizer state go into ``loss``'s program; the state's
+        initialisers into ``startup_program`` (default: the current startup
+        program, as set by ``rg.program_guard``).
+
+        Example::
+
+            params_grads = rg.optim.SGD(0.1).minimize(loss)
+        """
+        extra = {} if checkpoints is None else {"checkpoints": checkpoints}
+        params_grads = append_backward(loss, parameter_list, no_grad_set, **extra)
+        self.apply_gradients(params_grads, main_program=loss.block.program,
+                             startup_program=startup_program)
+        return params_grads
+
+    def apply_gradients(self, params_grads: Sequence[tuple[Var, Var]], *,
+                        main_program: Program | None = None,
+                        startup_program: Program | None = None) -> None:
+        """Append clipping (if asked) and one update per ``(param, grad)`` pair.
+
+        Example::
+
+            params_grads = rg.append_backward(loss)
+            rg.optim.Momentum(0.1, 0.9).apply_gradients(params_grads)
+        """
+        if not params_grads:
+            raise ProgramError("nothing to optimize: the loss depends on no trainable parameter")
+        main = main_program if main_program is not None else params_grads[0][0].block.program
+        self._main = main
+        self._startup = startup_program if startup_program is not None else default_startup_program()
+        with program_guard(main, self._startup):
+            grads = [g for _, g in params_grads]
+            if self.clip_norm is not None:
+                grads, self.grad_norm = clip_by_global_norm(grads, self.clip_norm)
+            for (param, _), grad in zip(params_grads, grads):
+                self._update(param, grad)
+
+    def _state(self, param: Var, slot: str, shape=None, dtype: str | None = None) -> Var:
+        """A zero-initialised persistable Var ``<param>.<slot>`` (velocity, moment, step count)."""
+        name = state_name(self._main, param, slot)
+        return create_state(name, param.shape if shape is None else shape, dtype or param.dtype,
+                            main=self._main, startup=self._startup)
+
+    def _update(self, param: Var, grad: Var) -> None:
+        raise NotImplementedError
+
+
+class SGD(Optimizer):
+    """Plain gradient descent: ``p -= lr * g``.
+
+    Example::
+
+        rg.optim.SGD(0.1).minimize(loss)
+    """
+
+    def _update(self, param: Var, grad: Var) -> None:
+        ops.sgd_update(param, grad, self.lr, self.weight_decay)
+
+
+class Momentum(Optimizer):
+    """SGD with momentum, PyTorch's convention: ``v = mu*v + g; p -= lr*v``.
+
+    ``nesterov=True`` uses ``p -= lr * (g + mu*v)`` as ``torch.optim.SGD`` does.
+    State: ``<param>.velocity``.
+
+    Example::
+
+        rg.optim.Momentum(0.05, momentum=0.9).minimize(loss)
+    """
+
+    def __init__(self, lr: float, momentum: float = 0.9, *, nesterov: bool = False,
+                 clip_norm: float | None = None, weight_decay: float = 0.0):
+        super().__init__(lr, clip_norm=clip_norm, weight_decay=weight_decay)
+        if not 0.0 <= momentum < 1.0:
+            raise ProgramError(f"momentum must be in [0, 1), got {momentum}")
+        self.momentum = float(momentum)
+        self.nesterov = bool(nesterov)
+
+    def _update(self, param: Var, grad: Var) -> None:
+        velocity = self._state(param, "velocity")
+        ops.momentum_update(param, grad, velocity, self.lr, self.momentum, self.nesterov,
+                            self.weight_decay)
+
+
+class Adam(Optimizer):
+    """Adam with PyTorch's bias correction (``torch.optim.Adam``, ``amsgrad=False``).
+
+    State: ``<param>.moment1``, ``<param>.moment2`` and ``<param>.step``
+    (int64 count of updates, so bias correction resumes exactly).
+
+    Example::
+
+        rg.optim.Adam(2e-3, clip_norm=5.0).minimize(loss)
+    """
+
+    def __init__(self, lr: float = 1e-3, beta1: float = 0.9, beta2: float = 0.999, eps: float = 1e-8,
+                 *, clip_norm: float | None = None, weight_decay: float = 0.0):
+        super().__init__(lr, clip_norm=clip_norm, weight_decay=weight_decay)
+        for what, beta in (("beta1", beta1), ("beta2", beta2)):
+            if not 0.0 <= beta < 1.0:
+                raise ProgramError(f"{what} must be in [0, 1), got {beta}")
+        if not eps > 0:
+            raise ProgramError(f"eps must be positive, got {eps}")
+        self.beta1, self.beta2, self.eps = float(beta1), float(beta2), float(eps)
+
+    def _update(self, param: Var, grad: Var) -> None:
+        m = self._state(param, "moment1")
+        v = self._state(param, "moment2")
+        step = self._state(param, "step", shape=[1], dtype=ops.STEP_DTYPE)
+        ops.adam_update(param, grad, m, v, step, self.lr, self.beta1, self.beta2, self.eps,
+                        self.weight_decay)

@@ -1,0 +1,211 @@
+"""Optimizers against torch.optim: the same MLP, the same data, several steps, float64."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+import retrograd as rg
+
+NAMES = ["w1", "b1", "w2", "b2"]
+
+
+def _data(seed: int = 0):
+    rng = np.random.default_rng(seed)
+    return rng.standard_normal((16, 5)), rng.standard_normal((16, 3))
+
+
+def _build(opt, loss_scale: float = 1.0):
+    main, startup = rg.Program(random_seed=3), rg.Program(random_seed=3)
+    with rg.program_guard(main, startup):
+        x = rg.data("x", [-1, 5], "float64")
+        y = rg.data("y", [-1, 3], "float64")
+        w1 = rg.create_parameter("w1", [5, 8], "float64")
+        b1 = rg.create_parameter("b1", [8], "float64", init=("normal", 0.0, 0.1))
+        w2 = rg.create_parameter("w2", [8, 3], "float64")
+        b2 = rg.create_parameter("b2", [3], "float64", init=("normal", 0.0, 0.1))
+        pred = rg.matmul(rg.tanh(rg.matmul(x, w1) + b1), w2) + b2
+        loss = rg.mean(rg.square(pred - y)) * loss_scale
+        params_grads = opt.minimize(loss)
+    return main, startup, loss, params_grads
+
+
+def _torch_loss(params, X, Y, loss_scale: float = 1.0):
+    w1, b1, w2, b2 = params
+    pred = torch.tanh(torch.tensor(X) @ w1 + b1) @ w2 + b2
+    return ((pred - torch.tensor(Y)) ** 2).mean() * loss_scale
+
+
+def _compare(opt, make_torch, steps: int = 6, clip: float | None = None, loss_scale: float = 1.0):
+    X, Y = _data()
+    main, startup, loss, _ = _build(opt, loss_scale)
+    exe = rg.Executor()
+    exe.run(startup)
+    params = [torch.tensor(np.array(exe.scope.get(n)), requires_grad=True) for n in NAMES]
+    topt = make_torch(params)
+    norms = []
+    for _ in range(steps):
+        loss_v, = exe.run(main, feed={"x": X, "y": Y}, fetch_list=[loss])
+        topt.zero_grad()
+        t_loss = _torch_loss(params, X, Y, loss_scale)
+        t_loss.backward()
+        if clip is not None:
+            norms.append(float(torch.nn.utils.clip_grad_norm_(params, clip)))
+        topt.step()
+        np.testing.assert_allclose(loss_v, t_loss.item(), rtol=1e-10, atol=1e-12)
+    for name, p in zip(NAMES, params):
+        np.testing.assert_allclose(exe.scope.get(name), p.detach().numpy(), rtol=0, atol=1e-10,
+                                   err_msg=name)
+    return exe, norms
+
+
+def test_sgd_matches_torch():
+    exe, _ = _compare(rg.optim.SGD(0.1), lambda p: torch.optim.SGD(p, lr=0.1))
+    assert exe.scope.get("w1").dtype == np.float64
+
+
+def test_momentum_matches_torch():
+    _compare(rg.optim.Momentum(0.05, momentum=0.9), lambda p: torch.optim.SGD(p, lr=0.05, momentum=0.9))
+
+
+def test_nesterov_and_weight_decay_match_torch():
+    _compare(rg.optim.Momentum(0.05, 0.8, nesterov=True, weight_decay=0.01),
+             lambda p: torch.optim.SGD(p, lr=0.05, momentum=0.8, nesterov=True, weight_decay=0.01))
+
+
+@pytest.mark.parametrize("betas", [(0.9, 0.999), (0.5, 0.9)])
+def test_adam_matches_torch(betas):
+    _compare(rg.optim.Adam(0.02, betas[0], betas[1], eps=1e-6),
+             lambda p: torch.optim.Adam(p, lr=0.02, betas=betas, eps=1e-6), steps=8)
+
+
+def test_adam_weight_decay_matches_torch():
+    _compare(rg.optim.Adam(0.02, weight_decay=0.1),
+             lambda p: torch.optim.Adam(p, lr=0.02, weight_decay=0.1))
+
+
+def test_clip_norm_matches_clip_grad_norm():
+    # The loss is scaled up so the gradient norm is far above the clip and clipping acts.
+    opt = rg.optim.SGD(0.01, clip_norm=0.5)
+    _, norms = _compare(opt, lambda p: torch.optim.SGD(p, lr=0.01), clip=0.5, loss_scale=20.0)
+    assert min(norms) > 0.5
+
+
+def test_clip_norm_below_threshold_is_identity_and_norm_is_fetchable():
+    X, Y = _data()
+    opt = rg.optim.Adam(0.01, clip_norm=1e6)
+    main, startup, loss, params_grads = _build(opt)
+    exe = rg.Executor()
+    exe.run(startup)
+    grads = exe.run(main, feed={"x": X, "y": Y}, fetch_list=[g for _, g in params_grads] + [opt.grad_norm])
+    expected = np.sqrt(sum(float(np.sum(g * g)) for g in grads[:-1]))
+    np.testing.assert_allclose(grads[-1], expected, rtol=1e-12)
+    _compare(rg.optim.Adam(0.01, clip_norm=1e6), lambda p: torch.optim.Adam(p, lr=0.01), clip=1e6)
+
+
+def test_minimize_returns_raw_gradients():
+    X, Y = _data()
+    main, startup, loss, params_grads = _build(rg.optim.SGD(0.1, clip_norm=1e-3))
+    assert [p.name for p, _ in params_grads] == NAMES
+    exe = rg.Executor()
+    exe.run(startup)
+    params = [torch.tensor(np.array(exe.scope.get(n)), requires_grad=True) for n in NAMES]
+    grads = exe.run(main, feed={"x": X, "y": Y}, fetch_list=[g for _, g in params_grads])
+    _torch_loss(params, X, Y).backward()
+    for g, p in zip(grads, params):
+        np.testing.assert_allclose(g, p.grad.numpy(), rtol=1e-10, atol=1e-12)
+
+
+def test_state_is_persistable_and_initialised_by_startup():
+    main, startup, _, _ = _build(rg.optim.Adam(0.01))
+    block = main.global_block()
+    for name in NAMES:
+        for slot in ("moment1", "moment2", "step"):
+            var = block.vars[f"{name}.{slot}"]
+            assert var.persistable and not var.trainable
+    exe = rg.Executor()
+    exe.run(startup)
+    assert np.all(exe.scope.get("w1.moment1") == 0) and exe.scope.get("w1.moment1").shape == (5, 8)
+    assert exe.scope.get("w1.step").tolist() == [0]
+    exe.run(main, feed=dict(zip(["x", "y"], _data())))
+    assert exe.scope.get("w1.step").tolist() == [1]
+
+
+def test_parameter_list_and_no_grad_set_limit_updates():
+    X, Y = _data()
+    main, startup = rg.Program(random_seed=3), rg.Program(random_seed=3)
+    with rg.program_guard(main, startup):
+        x = rg.data("x", [-1, 5], "float64")
+        w = rg.create_parameter("w", [5, 3], "float64")
+        b = rg.create_parameter("b", [3], "float64", init=1.0)
+        loss = rg.mean(rg.square(rg.matmul(x, w) + b))
+        params_grads = rg.optim.SGD(0.1).minimize(loss, parameter_list=[w])
+    assert [p.name for p, _ in params_grads] == ["w"]
+    exe = rg.Executor()
+    exe.run(startup)
+    w0 = np.array(exe.scope.get("w"))
+    exe.run(main, feed={"x": X})
+    assert np.all(exe.scope.get("b") == 1.0)
+    assert not np.allclose(exe.scope.get("w"), w0)
+
+
+def test_update_does_not_mutate_fetched_arrays():
+    X, Y = _data()
+    main, startup, loss, _ = _build(rg.optim.Momentum(0.1, 0.9))
+    exe = rg.Executor()
+    exe.run(startup)
+    before = exe.scope.get("w1")
+    snapshot = np.array(before)
+    exe.run(main, feed={"x": X, "y": Y})
+    np.testing.assert_array_equal(before, snapshot)
+    assert not np.array_equal(exe.scope.get("w1"), snapshot)
+
+
+def test_float32_training_keeps_float32():
+    rng = np.random.default_rng(1)
+    main, startup = rg.Program(), rg.Program()
+    with rg.program_guard(main, startup):
+        x = rg.data("x", [-1, 4])
+        w = rg.create_parameter("w", [4, 2])
+        loss = rg.mean(rg.square(rg.matmul(x, w) - 1.0))
+        rg.optim.Adam(0.05, clip_norm=1.0).minimize(loss)
+    exe = rg.Executor()
+    exe.run(startup)
+    xb = rng.standard_normal((8, 4)).astype("float32")
+    first, = exe.run(main, feed={"x": xb}, fetch_list=[loss])
+    for _ in range(30):
+        last, = exe.run(main, feed={"x": xb}, fetch_list=[loss])
+    assert exe.scope.get("w").dtype == np.float32
+    assert exe.scope.get("w.moment2").dtype == np.float32
+    assert last < 0.5 * first
+
+
+def test_program_with_updates_round_trips_and_verifies():
+    main, startup, _, _ = _build(rg.optim.Adam(0.01, clip_norm=1.0))
+    again = rg.Program.from_json(main.to_json())
+    assert str(again) == str(main)
+    X, Y = _data()
+    exe1, exe2 = rg.Executor(), rg.Executor()
+    exe1.run(startup)
+    exe2.run(startup)
+    exe1.run(main, feed={"x": X, "y": Y})
+    exe2.run(again, feed={"x": X, "y": Y})
+    np.testing.assert_array_equal(exe1.scope.get("w2"), exe2.scope.get("w2"))
+
+
+@pytest.mark.parametrize("make", [lambda: rg.optim.SGD(0.0), lambda: rg.optim.SGD(-1.0),
+                                  lambda: rg.optim.Momentum(0.1, 1.5),
+                                  lambda: rg.optim.Adam(0.1, beta1=1.0),
+                                  lambda: rg.optim.Adam(0.1, clip_norm=0.0)])
+def test_bad_hyperparameters_are_program_errors(make):
+    with pytest.raises(rg.ProgramError):
+        make()
+
+
+def test_loss_without_parameters_is_a_program_error():
+    main, startup = rg.Program(), rg.Program()
+    with rg.program_guard(main, startup):
+        x = rg.data("x", [-1, 3])
+        loss = rg.mean(x)
+        with pytest.raises(rg.ProgramError, match="no trainable parameter"):
+            rg.optim.SGD(0.1).minimize(loss)
