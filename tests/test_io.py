@@ -1,0 +1,203 @@
+"""save_params / load_params: round trip, exact resume, bad files rejected, atomic writes."""
+from __future__ import annotations
+
+import os
+
+import numpy as np
+import pytest
+
+import retrograd as rg
+import retrograd.io as rio
+
+
+def _build(hidden: int = 8, opt=None):
+    main, startup = rg.Program(random_seed=5), rg.Program(random_seed=5)
+    with rg.program_guard(main, startup):
+        x = rg.data("x", [-1, 4], "float64")
+        y = rg.data("y", [-1, 2], "float64")
+        w1 = rg.create_parameter("l1.w", [4, hidden], "float64")
+        b1 = rg.create_parameter("l1.b", [hidden], "float64")
+        w2 = rg.create_parameter("l2.w", [hidden, 2], "float64")
+        pred = rg.matmul(rg.tanh(rg.matmul(x, w1) + b1), w2)
+        loss = rg.mean(rg.square(pred - y))
+        (opt or rg.optim.Adam(0.02, clip_norm=1.0)).minimize(loss)
+    return main, startup, loss
+
+
+def _batch(step: int):
+    rng = np.random.default_rng(100 + step)
+    x = rng.standard_normal((12, 4))
+    return {"x": x, "y": np.stack([np.sin(x[:, 0]), x[:, 1] * x[:, 2]], axis=1)}
+
+
+def _train(exe, main, loss, steps: range) -> list[float]:
+    return [float(exe.run(main, feed=_batch(s), fetch_list=[loss])[0]) for s in steps]
+
+
+def _fresh(startup):
+    exe = rg.Executor()
+    exe.run(startup)
+    return exe
+
+
+def test_round_trip_saves_every_persistable(tmp_path):
+    main, startup, loss = _build()
+    exe = _fresh(startup)
+    _train(exe, main, loss, range(3))
+    path = tmp_path / "ckpt.npz"
+    assert rg.save_params(exe.scope, path, main) == path
+    stored = rg.read_params(path)
+    expected = {v.name for v in main.global_block().vars.values() if v.persistable}
+    assert set(stored) == expected
+    assert {"l1.w.moment1", "l1.w.moment2", "l1.w.step"} <= set(stored)
+    other = rg.Executor()
+    loaded = rg.load_params(other.scope, path, main)
+    assert loaded == sorted(expected)
+    for name in expected:
+        a, b = exe.scope.get(name), other.scope.get(name)
+        assert a.dtype == b.dtype
+        np.testing.assert_array_equal(a, b)
+    assert stored["l1.w.step"].tolist() == [3]
+
+
+def test_resume_equals_straight_training(tmp_path):
+    k = 4
+    main, startup, loss = _build()
+    straight = _fresh(startup)
+    losses_straight = _train(straight, main, loss, range(2 * k))
+
+    first = _fresh(startup)
+    losses_a = _train(first, main, loss, range(k))
+    rg.save_params(first.scope, tmp_path / "half.npz", main)
+
+    main2, startup2, loss2 = _build()          # rebuilt from scratch, as a new process would
+    second = _fresh(startup2)
+    rg.load_params(second.scope, tmp_path / "half.npz", main2)
+    losses_b = _train(second, main2, loss2, range(k, 2 * k))
+
+    assert losses_a + losses_b == losses_straight
+    for name in ("l1.w", "l1.b", "l2.w", "l2.w.moment2", "l2.w.step"):
+        np.testing.assert_array_equal(second.scope.get(name), straight.scope.get(name))
+
+
+def test_load_without_program_checks_existing_values(tmp_path):
+    main, startup, loss = _build(hidden=8)
+    rg.save_params(_fresh(startup).scope, tmp_path / "a.npz", main)
+    _, startup_big, _ = _build(hidden=16)
+    exe = _fresh(startup_big)
+    before = np.array(exe.scope.get("l1.w"))
+    with pytest.raises(rio.ParamFileError, match=r"'l1.w' has shape \[4, 8\] in the file, expected \[4, 16\]"):
+        rg.load_params(exe.scope, tmp_path / "a.npz")
+    np.testing.assert_array_equal(exe.scope.get("l1.w"), before)   # untouched
+    empty = rg.Scope()
+    rg.load_params(empty, tmp_path / "a.npz")
+    assert empty.get("l1.w").shape == (4, 8)
+
+
+def test_mismatched_model_is_rejected_and_scope_untouched(tmp_path):
+    main, startup, _ = _build(hidden=8)
+    rg.save_params(_fresh(startup).scope, tmp_path / "small.npz", main)
+    big_main, big_startup, _ = _build(hidden=16)
+    exe = _fresh(big_startup)
+    before = {n: np.array(exe.scope.get(n)) for n in exe.scope.names()}
+    with pytest.raises(rg.RetrogradError) as info:
+        rg.load_params(exe.scope, tmp_path / "small.npz", big_main)
+    message = str(info.value)
+    assert "'l1.w' has shape [4, 8] in the file, expected [4, 16]" in message
+    assert "'l2.w'" in message and "\n" not in message
+    assert isinstance(info.value, rg.FeedError)
+    for name, value in before.items():
+        np.testing.assert_array_equal(exe.scope.get(name), value)
+
+
+def test_missing_names_and_dtype_mismatch_are_reported(tmp_path):
+    sgd_main, sgd_startup, _ = _build(opt=rg.optim.SGD(0.1))
+    rg.save_params(_fresh(sgd_startup).scope, tmp_path / "sgd.npz", sgd_main)
+    adam_main, adam_startup, _ = _build()
+    with pytest.raises(rio.ParamFileError, match=r"missing 'l1.b.moment1'.*and \d+ more"):
+        rg.load_params(_fresh(adam_startup).scope, tmp_path / "sgd.npz", adam_main)
+    arrays = {k: v.astype(np.float32) if k == "l1.b" else v for k, v in rg.read_params(tmp_path / "sgd.npz").items()}
+    np.savez(tmp_path / "f32.npz", **arrays)
+    with pytest.raises(rio.ParamFileError, match="'l1.b' has dtype float32 in the file, expected float64"):
+        rg.load_params(rg.Scope(), tmp_path / "f32.npz", sgd_main)
+    # A plain np.savez file with the right names loads (the format marker is optional).
+    np.savez(tmp_path / "plain.npz", **rg.read_params(tmp_path / "sgd.npz"))
+    assert "l1.w" in rg.load_params(rg.Scope(), tmp_path / "plain.npz", sgd_main)
+
+
+def test_strict_rejects_extra_entries(tmp_path):
+    main, startup, _ = _build()
+    rg.save_params(_fresh(startup).scope, tmp_path / "adam.npz", main)
+    sgd_main, _, _ = _build(opt=rg.optim.SGD(0.1))
+    assert "l1.w.moment1" in rg.load_params(rg.Scope(), tmp_path / "adam.npz", sgd_main)
+    with pytest.raises(rio.ParamFileError, match="not in the program: 'l1.b.moment1'"):
+        rg.load_params(rg.Scope(), tmp_path / "adam.npz", sgd_main, strict=True)
+
+
+@pytest.mark.parametrize("content", [b"", b"not a zip file at all", b"PK\x03\x04garbage"])
+def test_corrupt_files_are_rejected(tmp_path, content):
+    path = tmp_path / "bad.npz"
+    path.write_bytes(content)
+    with pytest.raises(rio.ParamFileError, match="not a readable parameter file"):
+        rg.load_params(rg.Scope(), path)
+
+
+def test_truncated_file_is_rejected(tmp_path):
+    main, startup, _ = _build()
+    path = tmp_path / "ckpt.npz"
+    rg.save_params(_fresh(startup).scope, path, main)
+    data = path.read_bytes()
+    path.write_bytes(data[: len(data) // 2])
+    with pytest.raises(rio.ParamFileError):
+        rg.load_params(rg.Scope(), path, main)
+
+
+def test_pickled_and_npy_files_are_rejected(tmp_path):
+    np.savez(tmp_path / "obj.npz", w=np.array([{"a": 1}], dtype=object))
+    with pytest.raises(rio.ParamFileError, match="not a readable parameter file"):
+        rg.load_params(rg.Scope(), tmp_path / "obj.npz")
+    np.save(tmp_path / "one.npy", np.zeros(3))
+    with pytest.raises(rio.ParamFileError, match="single array"):
+        rg.load_params(rg.Scope(), tmp_path / "one.npy")
+
+
+def test_missing_file_is_rejected(tmp_path):
+    with pytest.raises(rio.ParamFileError, match="does not exist"):
+        rg.load_params(rg.Scope(), tmp_path / "nope.npz")
+
+
+def test_save_needs_initialised_values_and_an_existing_directory(tmp_path):
+    main, startup, _ = _build()
+    with pytest.raises(rio.ParamFileError, match="run the startup program first"):
+        rg.save_params(rg.Scope(), tmp_path / "x.npz", main)
+    with pytest.raises(rio.ParamFileError, match="does not exist"):
+        rg.save_params(_fresh(startup).scope, tmp_path / "no" / "x.npz", main)
+
+
+def test_failed_write_keeps_the_old_file(tmp_path, monkeypatch):
+    main, startup, loss = _build()
+    exe = _fresh(startup)
+    path = tmp_path / "ckpt.npz"
+    rg.save_params(exe.scope, path, main)
+    old_bytes = path.read_bytes()
+    _train(exe, main, loss, range(2))
+
+    def crash_midway(file, arrays):
+        file.write(b"PK\x03\x04 half of a zip")
+        raise OSError("disk full")
+
+    monkeypatch.setattr(rio, "_write_npz", crash_midway)
+    with pytest.raises(OSError, match="disk full"):
+        rg.save_params(exe.scope, path, main)
+    assert path.read_bytes() == old_bytes
+    assert os.listdir(tmp_path) == ["ckpt.npz"]          # no temporary file left behind
+    monkeypatch.undo()
+    rg.save_params(exe.scope, path, main)
+    np.testing.assert_array_equal(rg.read_params(path)["l1.w"], exe.scope.get("l1.w"))
+
+
+def test_save_writes_exactly_the_given_path(tmp_path):
+    main, startup, _ = _build()
+    rg.save_params(_fresh(startup).scope, tmp_path / "weights.bin", main)
+    assert os.listdir(tmp_path) == ["weights.bin"]
+    assert "l1.w" in rg.read_params(tmp_path / "weights.bin")
