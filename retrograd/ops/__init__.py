@@ -6,3 +6,4 @@ from .math import (abs, add, add_n, clip, div, equal, exp, greater, greater_equa
                    less_equal, log, logical_and, logical_not, matmul, maximum, minimum,
                    mul, neg, pow, relu, sigmoid, sign, sqrt, square, sub, tanh, where)
 from .reduce import mean, sum  # noqa: F401
+from .rnn_cells import gru_unit, lstm_unit, seq_linear  # noqa: F401

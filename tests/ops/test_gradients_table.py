@@ -19,6 +19,7 @@ import pytest
 import retrograd as rg
 from retrograd.ops.math import expand_as, sum_to
 from retrograd.ops.nn import one_hot_like
+from retrograd.ops.rnn_cells import gru_unit_grad, lstm_unit_grad
 from retrograd.ops.tensor import gather_grad, reshape_as, slice_grad, split_like
 from retrograd.testing import check_gradients
 
@@ -285,6 +286,23 @@ def _unsqueeze(r):
             (lambda x: rg.unsqueeze(x, [0, 2]), {"x": normal(r, 3)})]
 
 
+def _rnn_cells(r):
+    """The fused recurrent cells (gates [N, 4H] / projections [N, 3H]) and their fused gradients."""
+    n, h = 2, 3
+    return {
+        "LSTMUnit": [(lambda g, c: list(rg.lstm_unit(g, c, 0.5)), {"g": normal(r, n, 4 * h), "c": normal(r, n, h)})],
+        "LSTMUnitGrad": [(lambda *xs: lstm_unit_grad(*xs, forget_bias=0.5),
+                          {k: normal(r, n, 4 * h if k == "g" else h) for k in ("g", "cp", "c", "dh", "dc")})],
+        "GRUUnit": [(rg.gru_unit, {"x": normal(r, n, 3 * h), "u": normal(r, n, 3 * h), "h": normal(r, n, h)})],
+        "GRUUnitGrad": [(gru_unit_grad, {"x": normal(r, n, 3 * h), "u": normal(r, n, 3 * h),
+                                         "h": normal(r, n, h), "dh": normal(r, n, h)})],
+        "SeqLinear": [(lambda x, w, b: rg.seq_linear(x, w, b), {"x": normal(r, 3, 2, 4), "w": normal(r, 4, 5),
+                                                                 "b": normal(r, 5)}),
+                      (lambda x, w: rg.seq_linear(x, w, transpose_w=True), {"x": normal(r, 3, 4),
+                                                                           "w": normal(r, 5, 4)})],
+    }
+
+
 CASES = {
     # elementwise binary (broadcasting)
     "Add": _binary(rg.add),
@@ -337,13 +355,16 @@ CASES = {
     "OneHot": _one_hot,
     "OneHotLike": _one_hot_like,
     "Dropout": _dropout,
+    # fused recurrent cells
+    **{op_type: (lambda r, t=op_type: _rnn_cells(r)[t]) for op_type in
+       ("LSTMUnit", "LSTMUnitGrad", "GRUUnit", "GRUUnitGrad", "SeqLinear")},
 }
 
 # The core set whose gradients are themselves differentiable (issue 3).
 DOUBLE_BACKWARD = ["MatMul", "Add", "Sub", "Mul", "Div", "Neg", "Exp", "Log", "Tanh", "Sigmoid",
                    "Relu", "Square", "Sqrt", "Pow", "Sum", "Mean", "Reshape", "Transpose", "Concat",
                    "Split", "Slice", "Gather", "Where", "Maximum", "Minimum", "Clip", "Softmax",
-                   "LogSoftmax", "SoftmaxCrossEntropy"]
+                   "LogSoftmax", "SoftmaxCrossEntropy", "LSTMUnit", "GRUUnit", "SeqLinear"]
 
 
 def _differentiable_ops() -> set[str]:

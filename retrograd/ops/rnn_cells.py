@@ -1,0 +1,412 @@
+"""Fused recurrent-cell ops: ``LSTMUnit``, ``GRUUnit`` and the sequence projection ``SeqLinear``.
+
+A recurrent step written with ordinary ops runs a dozen small kernels per
+time step, forward and backward; these ops do the elementwise part of a step
+in one kernel, and their gradient ops (``LSTMUnitGrad``, ``GRUUnitGrad``)
+compute every input gradient in one kernel too. The fused gradient kernels
+are an optimisation only: each has its own gradient maker written with the
+ordinary builders, so gradients of gradients still work.
+
+Gate layouts (the columns of the last axis, each ``H`` wide)::
+
+    LSTMUnit   gates  [N, 4H] = | i | f | g | o |
+               c' = sig(f + forget_bias) * c + sig(i) * tanh(g);  h' = sig(o) * tanh(c')
+
+    GRUUnit    xproj  [N, 3H] = | r | z | n |   (x @ w_ih + b_ih)
+               hproj  [N, 3H] = | r | z | n |   (h @ w_hh + b_hh)
+               r = sig(x_r + h_r), z = sig(x_z + h_z), n = tanh(x_n + r * h_n)
+               h' = (1 - z) * n + z * h
+
+Kernels compute the sigmoids through one ``tanh`` over the whole gate block,
+``sig(a) = 0.5 + 0.5 * tanh(a / 2)``: one transcendental pass instead of four,
+and no overflow for large ``|a|``.
+"""
+from __future__ import annotations
+
+import math
+from typing import Sequence
+
+from ..errors import ShapeError
+from ..ir.program import Var
+from .creation import zeros_like
+from .math import add_n, matmul, sigmoid, tanh
+from .registry import append_op, defop
+from .shapes import require_float
+from .tensor import concat, reshape, split
+
+
+# --- shape-rule helpers ------------------------------------------------------------------
+
+def _merge(a: int, b: int, what: str) -> int:
+    if a >= 0 and b >= 0 and a != b:
+        raise ShapeError(f"{what} differ: {a} vs {b}")
+    return a if a >= 0 else b
+
+
+def _check_cell(gates: Var, state: Var, n_gates: int) -> tuple[int, int]:
+    """(N, H) of a cell whose gate block ``[N, n_gates*H]`` goes with a state ``[N, H]``."""
+    for v in (gates, state):
+        require_float(v)
+        if v.ndim != 2:
+            raise ShapeError(f"'{v.name}' must be 2-D [N, ...], got {v.type_str()}")
+    if gates.dtype != state.dtype:
+        raise ShapeError(f"'{gates.name}' and '{state.name}' must share a dtype, "
+                         f"got {gates.dtype} and {state.dtype}")
+    width, hidden = gates.shape[1], state.shape[1]
+    if width >= 0 and hidden >= 0 and width != n_gates * hidden:
+        raise ShapeError(f"'{gates.name}' has {width} columns, expected {n_gates} x {hidden} = "
+                         f"{n_gates * hidden} ({n_gates} gates as wide as '{state.name}')")
+    if hidden < 0 and width >= 0:
+        hidden = width // n_gates
+    return _merge(gates.shape[0], state.shape[0], "batch sizes"), hidden
+
+
+def _like_inputs(*positions: int):
+    """A shape rule: output k has the shape and dtype of input ``positions[k]``."""
+    def rule(ins, attrs):
+        return [(ins[p].shape, ins[p].dtype) for p in positions]
+    return rule
+
+
+# --- sums and products of optional terms (for the second-order makers) -----------------
+
+def _prod(*factors):
+    """Product of the factors, or None when any is None (a gradient that is absent)."""
+    if any(f is None for f in factors):
+        return None
+    out = factors[0]
+    for f in factors[1:]:
+        out = out * f
+    return out
+
+
+def _total(*terms):
+    """Sum of the terms that are present, or None when none is."""
+    present = [t for t in terms if t is not None]
+    if not present:
+        return None
+    return present[0] if len(present) == 1 else add_n(present)
+
+
+def _pieces(x: Var | None, n: int) -> list:
+    return [None] * n if x is None else split(x, n, axis=-1)
+
+
+def _joined(parts: Sequence, likes: Sequence[Var]) -> Var | None:
+    """Concatenate gradient pieces along the last axis, zeros standing in for absent ones."""
+    if all(p is None for p in parts):
+        return None
+    return concat([p if p is not None else zeros_like(like) for p, like in zip(parts, likes)], axis=-1)
+
+
+# --- array helpers used by the kernels ---------------------------------------------------
+
+_GATE_SCALES: dict = {}
+
+
+def _gate_scale(xp, dtype, hidden: int, kinds: str):
+    """The per-column vector [0.5 for sigmoid gates, 1.0 for tanh gates] (cached).
+
+    ``tanh(scale * a) * scale + (1 - scale)`` is then sig(a) on sigmoid columns
+    and tanh(a) on tanh columns.
+    """
+    key = (id(xp), str(dtype), hidden, kinds)
+    vec = _GATE_SCALES.get(key)
+    if vec is None:
+        vec = xp.concat([xp.full((hidden,), 0.5 if kind == "s" else 1.0, dtype=dtype) for kind in kinds])
+        _GATE_SCALES[key] = vec
+    return vec
+
+
+def _lstm_activations(xp, gates, forget_bias: float):
+    """(t, acts): t = tanh of the scaled pre-activations; acts = [sig(i), sig(f+fb), tanh(g), sig(o)]."""
+    hidden = gates.shape[1] // 4
+    scale = _gate_scale(xp, gates.dtype, hidden, "ssts")
+    pre = gates * scale
+    if forget_bias:
+        pre[:, hidden:2 * hidden] += 0.5 * forget_bias
+    t = xp.tanh(pre)
+    acts = t * scale
+    acts += 1.0 - scale
+    return t, acts
+
+
+# --- LSTMUnit ----------------------------------------------------------------------------
+
+def _lstm_unit_rule(ins, attrs):
+    gates, c_prev = ins
+    n, hidden = _check_cell(gates, c_prev, 4)
+    return [((n, hidden), gates.dtype), ((n, hidden), gates.dtype)]
+
+
+def _lstm_unit_grad_maker(g):
+    gates, c_prev = g.x
+    h, c = g.out
+    dh, dc = g.dout
+    dh = dh if dh is not None else zeros_like(h)
+    dc = dc if dc is not None else zeros_like(c)
+    return lstm_unit_grad(gates, c_prev, c, dh, dc, g.attrs["forget_bias"])
+
+
+@defop("LSTMUnit", inputs=("gates", "c_prev"), outputs=("h", "c"), infer=_lstm_unit_rule,
+       grad=_lstm_unit_grad_maker)
+def _lstm_unit(k, gates, c_prev):
+    """One LSTM step from pre-activation gates [N, 4H] (order i, f, g, o) and c [N, H]."""
+    hidden = c_prev.shape[1]
+    _, acts = _lstm_activations(k.xp, gates, k.attrs["forget_bias"])
+    c = acts[:, hidden:2 * hidden] * c_prev
+    c += acts[:, :hidden] * acts[:, 2 * hidden:3 * hidden]
+    h = k.xp.tanh(c)
+    h *= acts[:, 3 * hidden:]
+    return h, c
+
+
+def lstm_unit(gates: Var, c_prev: Var, forget_bias: float = 0.0) -> tuple[Var, Var]:
+    """One fused LSTM step: ``(h, c)`` from pre-activation gates ``[N, 4H]`` (order i, f, g, o).
+
+    ``c = sig(f + forget_bias) * c_prev + sig(i) * tanh(g)``, ``h = sig(o) * tanh(c)``.
+
+    Example::
+
+        gates = x_proj_t + rg.matmul(h_prev, w_hh)          # [N, 4H]
+        h, c = rg.lstm_unit(gates, c_prev, forget_bias=1.0)
+    """
+    h, c = append_op("LSTMUnit", [gates, c_prev], {"forget_bias": float(forget_bias)},
+                     name="lstm_unit")
+    return h, c
+
+
+def _lstm_unit_grad_grad(g):
+    """Gradient of LSTMUnitGrad, from ordinary ops (derivation in the module docstring layout).
+
+    With i, f, g, o the activations, tc = tanh(c) and dct = dc + dh*o*(1-tc^2),
+    LSTMUnitGrad returns dgates = [dct*g*i', dct*c_prev*f', dct*i*g', dh*tc*o']
+    and dc_prev = dct*f (primes: derivatives of the activations). This maker
+    differentiates those expressions by hand.
+    """
+    gates, cp, c, dh, dc = g.x
+    g_dgates, g_dcp = g.dout
+    a_i, a_f, a_g, a_o = split(gates, 4, axis=-1)
+    i, f, gg, o = sigmoid(a_i), sigmoid(a_f + g.attrs["forget_bias"]), tanh(a_g), sigmoid(a_o)
+    tc = tanh(c)
+    i1, f1, o1 = i * (1.0 - i), f * (1.0 - f), o * (1.0 - o)
+    g1, tc1 = 1.0 - gg * gg, 1.0 - tc * tc
+    dct = dc + dh * o * tc1
+    b_i, b_f, b_g, b_o = _pieces(g_dgates, 4)
+
+    g_dct = _total(_prod(b_i, gg, i1), _prod(b_f, cp, f1), _prod(b_g, i, g1), _prod(g_dcp, f))
+    g_dh = _total(_prod(b_o, tc, o1), _prod(g_dct, o, tc1))
+    g_cp = _prod(b_f, dct, f1)
+    g_tc = _total(_prod(b_o, dh, o1), _prod(g_dct, dh, o, tc, -2.0))
+    g_c = _prod(g_tc, tc1)
+    g_ao = _prod(o1, _total(_prod(b_o, dh, tc, 1.0 - 2.0 * o), _prod(g_dct, dh, tc1)))
+    g_ai = _prod(i1, dct, _total(_prod(b_i, gg, 1.0 - 2.0 * i), _prod(b_g, g1)))
+    g_af = _prod(f1, dct, _total(_prod(b_f, cp, 1.0 - 2.0 * f), g_dcp))
+    g_ag = _prod(g1, dct, _total(_prod(b_i, i1), _prod(b_g, i, gg, -2.0)))
+    g_gates = _joined([g_ai, g_af, g_ag, g_ao], [a_i, a_f, a_g, a_o])
+    return [g_gates, g_cp, g_c, g_dh, g_dct]
+
+
+@defop("LSTMUnitGrad", inputs=("gates", "c_prev", "c", "dh", "dc"), outputs=("dgates", "dc_prev"),
+       infer=_like_inputs(0, 1), grad=_lstm_unit_grad_grad)
+def _lstm_unit_grad(k, gates, c_prev, c, dh, dc):
+    """Both input gradients of LSTMUnit in one kernel (activations recomputed from ``gates``)."""
+    xp = k.xp
+    hidden = c_prev.shape[1]
+    t, acts = _lstm_activations(xp, gates, k.attrs["forget_bias"])
+    scale = _gate_scale(xp, gates.dtype, hidden, "ssts")
+    # Derivative of every activation w.r.t. its pre-activation: scale^2 * (1 - t^2).
+    deriv = t * t
+    deriv -= 1.0
+    deriv *= -(scale * scale)
+    tc = xp.tanh(c)
+    o = acts[:, 3 * hidden:]
+    dct = 1.0 - tc * tc
+    dct *= o
+    dct *= dh
+    dct += dc
+    partner = xp.empty(gates.shape, dtype=gates.dtype)
+    partner[:, :hidden] = dct * acts[:, 2 * hidden:3 * hidden]
+    partner[:, hidden:2 * hidden] = dct * c_prev
+    partner[:, 2 * hidden:3 * hidden] = dct * acts[:, :hidden]
+    partner[:, 3 * hidden:] = dh * tc
+    partner *= deriv
+    dct *= acts[:, hidden:2 * hidden]
+    return partner, dct
+
+
+def lstm_unit_grad(gates: Var, c_prev: Var, c: Var, dh: Var, dc: Var,
+                   forget_bias: float = 0.0) -> list[Var]:
+    """``[dgates, dc_prev]`` of LSTMUnit given its inputs, its output ``c`` and the output gradients."""
+    return append_op("LSTMUnitGrad", [gates, c_prev, c, dh, dc], {"forget_bias": float(forget_bias)},
+                     name="lstm_unit_grad")
+
+
+# --- GRUUnit -----------------------------------------------------------------------------
+
+def _gru_unit_rule(ins, attrs):
+    xproj, hproj, h_prev = ins
+    n, hidden = _check_cell(xproj, h_prev, 3)
+    _check_cell(hproj, h_prev, 3)
+    n = _merge(n, hproj.shape[0], "batch sizes")
+    return [((n, hidden), h_prev.dtype)]
+
+
+def _gru_unit_grad_maker(g):
+    xproj, hproj, h_prev = g.x
+    return gru_unit_grad(xproj, hproj, h_prev, g.dy)
+
+
+def _gru_activations(xp, xproj, hproj, hidden: int):
+    """(r, z, n) of a GRU step."""
+    scale = _gate_scale(xp, xproj.dtype, hidden, "ss")
+    pre = xproj[:, :2 * hidden] + hproj[:, :2 * hidden]
+    pre *= scale
+    rz = xp.tanh(pre)
+    rz *= 0.5
+    rz += 0.5
+    r, z = rz[:, :hidden], rz[:, hidden:]
+    n = r * hproj[:, 2 * hidden:]
+    n += xproj[:, 2 * hidden:]
+    return r, z, xp.tanh(n)
+
+
+@defop("GRUUnit", inputs=("xproj", "hproj", "h_prev"), outputs=("h",), infer=_gru_unit_rule,
+       grad=_gru_unit_grad_maker)
+def _gru_unit(k, xproj, hproj, h_prev):
+    """One GRU step from the input and hidden projections [N, 3H] (order r, z, n) and h [N, H]."""
+    _, z, n = _gru_activations(k.xp, xproj, hproj, h_prev.shape[1])
+    h = h_prev - n
+    h *= z
+    h += n
+    return h
+
+
+def gru_unit(xproj: Var, hproj: Var, h_prev: Var) -> Var:
+    """One fused GRU step (gate order r, z, n, as ``torch.nn.GRU``).
+
+    ``xproj = x @ w_ih + b_ih`` and ``hproj = h_prev @ w_hh + b_hh`` are both
+    ``[N, 3H]``; returns ``h = (1 - z) * n + z * h_prev`` with
+    ``n = tanh(x_n + r * h_n)``.
+
+    Example::
+
+        h = rg.gru_unit(x_proj_t, rg.matmul(h_prev, w_hh) + b_hh, h_prev)
+    """
+    return append_op("GRUUnit", [xproj, hproj, h_prev], name="gru_unit")[0]
+
+
+def _gru_unit_grad_grad(g):
+    """Gradient of GRUUnitGrad, from ordinary ops.
+
+    GRUUnitGrad returns, with dn = dh*(1-z)*(1-n^2) and primes the derivatives
+    of the sigmoids: dxproj = [dn*h_n*r', dh*(h-n)*z', dn],
+    dhproj = [dn*h_n*r', dh*(h-n)*z', dn*r] and dh_prev = dh*z.
+    """
+    xproj, hproj, hp, dh = g.x
+    g_dx, g_du, g_dhp = g.dout
+    xr, xz, xn = split(xproj, 3, axis=-1)
+    ur, uz, un = split(hproj, 3, axis=-1)
+    r, z = sigmoid(xr + ur), sigmoid(xz + uz)
+    n = tanh(xn + r * un)
+    r1, z1, n1 = r * (1.0 - r), z * (1.0 - z), 1.0 - n * n
+    dn = dh * (1.0 - z) * n1
+    bxr, bxz, bxn = _pieces(g_dx, 3)
+    bur, buz, bun = _pieces(g_du, 3)
+    a_r, a_z = _total(bxr, bur), _total(bxz, buz)
+
+    g_dn = _total(_prod(a_r, un, r1), _prod(bun, r), bxn)
+    g_dh = _total(_prod(g_dn, 1.0 - z, n1), _prod(a_z, hp - n, z1), _prod(g_dhp, z))
+    g_z = _total(_prod(g_dn, dh, n1, -1.0), _prod(a_z, dh, hp - n, 1.0 - 2.0 * z), _prod(g_dhp, dh))
+    g_n = _total(_prod(g_dn, dh, 1.0 - z, n, -2.0), _prod(a_z, dh, z1, -1.0))
+    g_hp = _prod(a_z, dh, z1)
+    g_an = _prod(g_n, n1)
+    g_r = _total(_prod(a_r, dn, un, 1.0 - 2.0 * r), _prod(bun, dn), _prod(g_an, un))
+    g_un = _total(_prod(a_r, dn, r1), _prod(g_an, r))
+    g_ar, g_az = _prod(g_r, r1), _prod(g_z, z1)
+    return [_joined([g_ar, g_az, g_an], [xr, xz, xn]), _joined([g_ar, g_az, g_un], [ur, uz, un]),
+            g_hp, g_dh]
+
+
+@defop("GRUUnitGrad", inputs=("xproj", "hproj", "h_prev", "dh"),
+       outputs=("dxproj", "dhproj", "dh_prev"), infer=_like_inputs(0, 1, 2), grad=_gru_unit_grad_grad)
+def _gru_unit_grad(k, xproj, hproj, h_prev, dh):
+    """All three input gradients of GRUUnit in one kernel (r, z, n recomputed)."""
+    xp = k.xp
+    hidden = h_prev.shape[1]
+    r, z, n = _gru_activations(xp, xproj, hproj, hidden)
+    dx = xp.empty(xproj.shape, dtype=xproj.dtype)
+    dn = dx[:, 2 * hidden:]
+    dn[...] = 1.0 - n * n
+    dn *= 1.0 - z
+    dn *= dh
+    dz = dx[:, hidden:2 * hidden]
+    dz[...] = h_prev - n
+    dz *= dh
+    dz *= z * (1.0 - z)
+    dr = dx[:, :hidden]
+    dr[...] = dn * hproj[:, 2 * hidden:]
+    dr *= r * (1.0 - r)
+    du = xp.empty(hproj.shape, dtype=hproj.dtype)
+    du[:, :2 * hidden] = dx[:, :2 * hidden]
+    du[:, 2 * hidden:] = dn * r
+    return dx, du, dh * z
+
+
+def gru_unit_grad(xproj: Var, hproj: Var, h_prev: Var, dh: Var) -> list[Var]:
+    """``[dxproj, dhproj, dh_prev]`` of GRUUnit (``dh_prev`` is the direct path ``dh * z`` only)."""
+    return append_op("GRUUnitGrad", [xproj, hproj, h_prev, dh], name="gru_unit_grad")
+
+
+# --- SeqLinear: one GEMM over every leading axis -------------------------------------------
+
+def _seq_linear_rule(ins, attrs):
+    x, w = ins
+    require_float(x)
+    if x.dtype != w.dtype:
+        raise ShapeError(f"'{x.name}' and '{w.name}' must share a dtype, got {x.dtype} and {w.dtype}")
+    if x.ndim < 1 or w.ndim != 2:
+        raise ShapeError(f"need x [..., D] and a 2-D weight, got {x.type_str()} and {w.type_str()}")
+    d_in, d_out = (w.shape[1], w.shape[0]) if attrs["transpose_w"] else w.shape
+    _merge(x.shape[-1], d_in, "inner dimensions")
+    return [(x.shape[:-1] + (d_out,), x.dtype)]
+
+
+def _seq_linear_grad(g):
+    x, w = g.x
+    transpose_w = g.attrs["transpose_w"]
+    dx = seq_linear(g.dy, w, transpose_w=not transpose_w)
+    d_in, d_out = (w.shape[1], w.shape[0]) if transpose_w else w.shape
+    x2, dy2 = _flat(x, d_in), _flat(g.dy, d_out)
+    dw = matmul(dy2, x2, transpose_x=True) if transpose_w else matmul(x2, dy2, transpose_x=True)
+    return [dx, dw]
+
+
+def _flat(x: Var, width: int) -> Var:
+    """``x [..., width]`` as ``[-1, width]`` (``width`` is the weight's, always known)."""
+    return x if x.ndim == 2 else reshape(x, [-1, width])
+
+
+@defop("SeqLinear", inputs=("x", "w"), infer=_seq_linear_rule, grad=_seq_linear_grad)
+def _seq_linear(k, x, w):
+    """``x [..., D] @ w [D, K]`` as one GEMM over all leading axes (``w.T`` with transpose_w)."""
+    xp = k.xp
+    if k.attrs["transpose_w"]:
+        w = xp.matrix_transpose(w) if hasattr(xp, "matrix_transpose") else xp.swapaxes(w, -1, -2)
+    lead = tuple(x.shape[:-1])
+    out = xp.matmul(xp.reshape(x, (math.prod(lead), x.shape[-1])), w)
+    return xp.reshape(out, lead + (w.shape[-1],))
+
+
+def seq_linear(x: Var, w: Var, b: Var | None = None, transpose_w: bool = False) -> Var:
+    """``x @ w (+ b)`` over the last axis of ``x [..., D]`` as one GEMM, whatever the leading
+    axes (a ``[T, N, D]`` sequence is one ``[T*N, D] x [D, K]`` product; its weight
+    gradient is one GEMM too).
+
+    Example::
+
+        x_proj = rg.seq_linear(x, w_ih, b)       # x [T, N, D], w_ih [D, 4H] -> [T, N, 4H]
+    """
+    out = append_op("SeqLinear", [x, w], {"transpose_w": bool(transpose_w)}, name="seq_linear")[0]
+    return out if b is None else out + b
+
