@@ -42,13 +42,17 @@ def main(argv: Sequence[str] | None = None) -> int:
         main(["show", "model.json"])
     """
     parser = _parser()
-    args = parser.parse_args(argv)
+    # Only `train` takes arguments it does not declare: they belong to the training job.
+    args, extra = parser.parse_known_args(argv)
+    if extra and args.command != "train":
+        parser.error(f"unrecognized arguments: {' '.join(extra)}")
     if args.command is None:
         parser.print_help()
         return EXIT_USAGE
+    args.train_args = extra
     try:
         return args.handler(args) or 0
-    except (CliError, RetrogradError, OSError, UnicodeDecodeError) as exc:
+    except (CliError, RetrogradError, OSError) as exc:
         # Verifier messages add the printed op on a second line; keep the report to one.
         message = " | ".join(line.strip() for line in str(exc).splitlines() if line.strip())
         print(f"retrograd {args.command}: error: {message}", file=sys.stderr)
@@ -63,10 +67,9 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"retrograd {__version__}")
     commands = parser.add_subparsers(dest="command", metavar="COMMAND")
 
-    train = commands.add_parser("train", help="run the main training job",
-                                description="Run the main training job; arguments after "
-                                            "'train' go to it.")
-    train.add_argument("train_args", nargs=argparse.REMAINDER, help=argparse.SUPPRESS)
+    # No options of its own (not even -h): everything after `train` goes to the job.
+    train = commands.add_parser("train", help="run the main training job (train -h: its options)",
+                                add_help=False)
     train.set_defaults(handler=_train)
 
     show = commands.add_parser("show", help="print a saved program (JSON) as text",
@@ -91,24 +94,36 @@ def _train(args: argparse.Namespace) -> int:
     if importlib.util.find_spec("retrograd.cli_train") is not None:
         from . import cli_train
         return cli_train.main(list(args.train_args)) or 0
+    example = Path(__file__).resolve().parent.parent / "examples" / "quickstart.py"
+    if args.train_args in (["-h"], ["--help"]):
+        print("usage: retrograd train\n\nTrains the built-in example "
+              f"({example.name}): a small network fitted by SGD; it takes no options.")
+        return 0
     if args.train_args:
         raise CliError(f"unrecognized arguments: {' '.join(args.train_args)} "
                        "(the built-in example takes none)")
-    example = Path(__file__).resolve().parent.parent / "examples" / "quickstart.py"
     if not example.is_file():
         raise CliError(f"no training job installed: {example} is missing")
     namespace = runpy.run_path(str(example), run_name="retrograd_quickstart")
-    return namespace["main"]() or 0
+    namespace["main"]()  # returns the final loss, which is no exit status
+    return 0
 
 
 # --- show --------------------------------------------------------------------------------
 
 def _load(path: str) -> Program:
     file = Path(path)
-    if not file.is_file():
+    if not file.exists():
         raise CliError(f"{path}: no such file")
+    if not file.is_file():
+        raise CliError(f"{path}: not a file")
     try:
-        return Program.from_json(file.read_text(encoding="utf-8"))
+        text = file.read_text(encoding="utf-8")
+    except UnicodeDecodeError as exc:
+        raise CliError(f"{path}: not a program saved by Program.to_json (not UTF-8 text: {exc.reason} "
+                       f"at byte {exc.start})") from None
+    try:
+        return Program.from_json(text)
     except RetrogradError as exc:
         raise CliError(f"{path}: {exc}") from None
 
@@ -165,7 +180,8 @@ def _dot_block(block: Block, lines: list[str]) -> None:
         lines.append(f"  subgraph cluster_b{block.idx} {{")
         lines.append(f"    label={_q(f'block {block.idx}')}; style=dashed;")
     for var in block.vars.values():
-        style = ', style=filled, fillcolor="#dde8f6"' if var.persistable else ""
+        fill = "#dde8f6" if var.persistable else "#e3f1df" if var.is_data else None
+        style = f', style=filled, fillcolor="{fill}"' if fill else ""
         label = _q(var.name + "\n" + var.type_str())
         lines.append(f"{pad}{_var_id(var.block.idx, var.name)} [label={label}, shape=ellipse{style}];")
     for i, op in enumerate(block.ops):

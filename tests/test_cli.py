@@ -1,0 +1,160 @@
+"""The `retrograd` command, run as a user runs it: a subprocess of `python -m retrograd`."""
+from __future__ import annotations
+
+import importlib.util
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import retrograd as rg
+from retrograd.ir.program import Op, Program
+
+
+def retrograd(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "retrograd", *args], capture_output=True,
+                          text=True, cwd=cwd, timeout=120)
+
+
+def _assert_one_line_error(done: subprocess.CompletedProcess, *fragments: str) -> None:
+    assert done.returncode == 2, done.stderr
+    assert "Traceback" not in done.stderr
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1, done.stderr
+    for fragment in fragments:
+        assert fragment in lines[0], lines[0]
+
+
+@pytest.fixture
+def saved(tmp_path: Path) -> tuple[Path, Program]:
+    main, startup = Program(), Program()
+    with rg.program_guard(main, startup):
+        x = rg.data("x", [-1, 8])
+        w = rg.create_parameter("fc1.w", [8, 16])
+        loss = rg.mean(rg.tanh(rg.matmul(x, w)))
+        rg.append_backward(loss)
+    path = tmp_path / "model.json"
+    path.write_text(main.to_json())
+    return path, main
+
+
+def test_help_lists_the_commands():
+    done = retrograd("--help")
+    assert done.returncode == 0
+    for command in ("train", "show", "graph"):
+        assert command in done.stdout
+
+
+def test_unknown_option_is_a_usage_error(capsys):
+    done = retrograd("--frobnicate")
+    assert done.returncode == 2
+    assert "usage:" in done.stderr and "Traceback" not in done.stderr
+    from retrograd.cli import main
+    for args in (["show", "x.json", "--frobnicate"], ["graph"], ["graph", "a.json", "-o"]):
+        with pytest.raises(SystemExit) as info:
+            main(args)
+        assert info.value.code == 2
+        assert "usage:" in capsys.readouterr().err
+
+
+def test_show_prints_the_saved_program(saved):
+    path, main = saved
+    done = retrograd("show", str(path))
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.rstrip("\n") == str(main)
+    assert "fc1.w.grad: float32[8, 16] = MatMul(" in done.stdout
+
+
+def test_show_of_a_missing_file(tmp_path):
+    _assert_one_line_error(retrograd("show", str(tmp_path / "nope.json")), "nope.json", "no such file")
+
+
+@pytest.mark.parametrize("text, fragment", [
+    ("{", "malformed"),
+    ('{"format": "retrograd.program", "version": 1}', "missing field"),
+    ("\xff\xfe not text", ""),
+])
+def test_show_of_a_bad_file(tmp_path, text, fragment):
+    path = tmp_path / "bad.json"
+    path.write_bytes(text.encode("latin-1"))
+    _assert_one_line_error(retrograd("show", str(path)), "bad.json", fragment)
+
+
+def test_show_of_a_program_the_verifier_rejects(tmp_path):
+    program = Program()
+    g = program.global_block()
+    g.create_var("x", [2], is_data=True)
+    g.create_var("y", [2])
+    g.append_op(Op("Teleport", ["x"], ["y"]))
+    path = tmp_path / "bad.json"
+    path.write_text(program.to_json())
+    _assert_one_line_error(retrograd("show", str(path)), "op #0 Teleport", "not registered")
+
+
+def test_graph_writes_dot(saved, tmp_path):
+    path, main = saved
+    out = tmp_path / "model.dot"
+    done = retrograd("graph", str(path), "-o", str(out))
+    assert done.returncode == 0, done.stderr
+    dot = out.read_text()
+    assert dot.startswith("digraph program {") and dot.rstrip().endswith("}")
+    assert dot.count("{") == dot.count("}")
+    for op in main.global_block().ops:
+        assert f'label="{op.type}"' in dot
+    assert '"b0:fc1.w" -> "b0.op0";' in dot
+    assert retrograd("graph", str(path)).stdout == dot   # no -o: DOT on stdout
+
+
+def test_graph_nests_sub_blocks_in_clusters(tmp_path, call_block):
+    from retrograd.cli import program_to_dot
+    program = Program()
+    g = program.global_block()
+    g.create_var("x", [2], is_data=True)
+    g.create_var("y", [2])
+    body = program.create_block(g)
+    body.create_var("a", [2])
+    body.create_var("b", [2])
+    body.append_op(Op("Exp", ["a"], ["b"]))
+    g.append_op(Op("CallBlock", ["x"], ["y"], {"body": body, "binds": ["a"], "results": ["b"]}))
+    dot = program_to_dot(program)
+    assert "subgraph cluster_b1 {" in dot
+    assert '"b0.op0" -> "b1.anchor"' in dot and '"b1:a" -> "b1.op0";' in dot
+
+
+def test_graph_to_an_image(saved, tmp_path):
+    path, _ = saved
+    out = tmp_path / "model.svg"
+    done = retrograd("graph", str(path), "-o", str(out))
+    if shutil.which("dot") is None:
+        _assert_one_line_error(done, "dot", "model.dot")
+    else:
+        assert done.returncode == 0, done.stderr
+        assert "<svg" in out.read_text()
+
+
+def test_graph_with_an_unknown_output_type(saved, tmp_path):
+    path, _ = saved
+    _assert_one_line_error(retrograd("graph", str(path), "-o", str(tmp_path / "g.xyz")), ".xyz")
+
+
+@pytest.mark.skipif(importlib.util.find_spec("retrograd.cli_train") is not None,
+                    reason="train runs the real job now; its own tests cover it")
+def test_train_runs_the_built_in_example(capsys):
+    done = retrograd("train")
+    assert done.returncode == 0, done.stderr
+    losses = [float(line.split("loss")[1]) for line in done.stdout.splitlines() if "loss" in line]
+    assert len(losses) >= 2 and losses[-1] < losses[0]
+    from retrograd.cli import main
+    assert main(["train", "--help"]) == 0
+    assert "usage: retrograd train" in capsys.readouterr().out
+    assert main(["train", "--epochs", "3"]) == 2
+    assert "--epochs" in capsys.readouterr().err
+
+
+def test_main_is_callable_in_process(saved, capsys):
+    from retrograd.cli import main
+    path, program = saved
+    assert main(["show", str(path)]) == 0
+    assert capsys.readouterr().out.rstrip("\n") == str(program)
