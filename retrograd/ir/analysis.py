@@ -23,10 +23,28 @@ def free_reads(block: Block) -> list[str]:
 
 
 def op_reads(op: Op) -> list[str]:
-    """Everything an op reads: its inputs, then its sub-blocks' free reads."""
+    """Everything an op reads: its inputs, then its sub-blocks' free reads.
+
+    A sub-block may be a deeper descendant of the op's block (a gradient op runs
+    a backward block nested in the forward step block): names declared anywhere
+    between the sub-block and the op's block are inner to the op, not reads.
+    """
     names = list(op.inputs)
     for sub in op.sub_blocks():
-        names.extend(n for n in free_reads(sub) if n not in sub.vars)
+        inner = _declared_below(sub, op.block)
+        names.extend(n for n in free_reads(sub) if n not in inner)
+    return names
+
+
+def _declared_below(sub: Block, outer: Block | None):
+    """Names declared in ``sub`` and its ancestors strictly below ``outer``."""
+    if outer is None or sub.parent_idx == outer.idx:
+        return sub.vars
+    names: set[str] = set()
+    for block in sub.ancestors():
+        if block is outer:
+            break
+        names.update(block.vars)
     return names
 
 

@@ -85,10 +85,16 @@ def _check_op_refs(block: Block, i: int, op: Op) -> None:
         if sub.program is not block.program or sub.idx >= len(block.program.blocks) \
                 or block.program.blocks[sub.idx] is not sub:
             raise _fault(block, i, op, f"sub-block {sub.idx} is not a block of this program")
-        if sub.parent_idx != block.idx:
+        if sub.parent_idx != block.idx and not _descends_from(sub, block):
             raise _fault(block, i, op, f"sub-block {sub.idx} has parent {sub.parent_idx}, "
                                        f"but its op is in block {block.idx}; a sub-block must be "
-                                       "a child of the block holding its op")
+                                       "a child (or a deeper descendant) of the block holding its op")
+
+
+def _descends_from(sub: Block, block: Block) -> bool:
+    """True when ``block`` is a proper ancestor of ``sub`` (a recurrent gradient op runs a
+    backward block nested in the forward step block, which sees the step's values)."""
+    return any(b is block for b in sub.ancestors() if b is not sub)
 
 
 # --- 3. Reads before writes ----------------------------------------------------------------

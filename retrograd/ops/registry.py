@@ -128,13 +128,17 @@ def _snake(type: str) -> str:
 class GradCtx:
     """What a gradient maker sees: the forward op's Vars and its output gradients."""
 
-    def __init__(self, op: Op, block: Block, out_grads: Sequence[Var | None]):
+    def __init__(self, op: Op, block: Block, out_grads: Sequence[Var | None],
+                 wanted: Sequence[bool] | None = None):
         self.op = op
         self.attrs = op.attrs
         self.block = block
         self.x = [block.var(n) for n in op.inputs]
         self.out = [block.var(n) for n in op.outputs]
         self.dout = list(out_grads)
+        # Which inputs' gradients the caller needs: makers of ops that compute all their
+        # input gradients in one kernel (RecurrentNetwork) skip the work for the others.
+        self.wanted = [True] * len(op.inputs) if wanted is None else list(wanted)
 
     @property
     def y(self) -> Var:
@@ -161,7 +165,7 @@ def make_grad_ops(op: Op, out_grad_names: Sequence[str | None], block: Block,
     from ..ir.builder import block_guard
     out_grads = [None if n is None else block.var(n) for n in out_grad_names]
     with block_guard(block), capture_ops() as grad_ops:
-        in_grads = opdef.grad(GradCtx(op, block, out_grads))
+        in_grads = opdef.grad(GradCtx(op, block, out_grads, wanted))
     if len(in_grads) != len(op.inputs):
         raise ProgramError(f"gradient maker of {op.type} returned {len(in_grads)} gradients "
                            f"for {len(op.inputs)} inputs")
