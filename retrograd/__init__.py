@@ -24,3 +24,4 @@ __version__ = "0.1.0"
 from .autodiff import append_backward, gradients  # noqa: E402
 from . import optim  # noqa: E402
 from .io import ParamFileError, load_params, read_params, save_params  # noqa: E402
+from . import layers  # noqa: E402

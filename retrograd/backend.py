@@ -10,9 +10,14 @@ from __future__ import annotations
 import numpy as np
 
 
-def dtype_of(xp, name: str):
-    """The namespace's dtype object for a retrograd dtype name ("float32", ...)."""
-    return getattr(xp, name)
+def dtype_of(xp, name) -> object:
+    """The namespace's dtype object for a dtype name ("float32", ...) or any backend's dtype."""
+    return getattr(xp, dtype_name(name))
+
+
+def dtype_name(dtype) -> str:
+    """The retrograd name ("float32", ...) of any backend's dtype object."""
+    return str(dtype).rsplit(".", 1)[-1]
 
 
 def is_numpy(xp) -> bool:

@@ -6,4 +6,7 @@ from .math import (abs, add, add_n, clip, div, equal, exp, greater, greater_equa
                    less_equal, log, logical_and, logical_not, matmul, maximum, minimum,
                    mul, neg, pow, relu, sigmoid, sign, sqrt, square, sub, tanh, where)
 from .reduce import mean, sum  # noqa: F401
+from .tensor import (cast, concat, gather, reshape, slice, split, squeeze,  # noqa: F401
+                     stop_gradient, transpose, unsqueeze)
+from .nn import dropout, log_softmax, one_hot, softmax, softmax_cross_entropy  # noqa: F401
 from .rnn_cells import gru_unit, lstm_unit, seq_linear  # noqa: F401

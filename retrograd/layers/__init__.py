@@ -1,0 +1,11 @@
+"""Layers: thin builders over ops that create their parameters, named ``<name>.<param>``.
+
+Example::
+
+    h = rg.layers.fc(x, 16, act="tanh", name="fc1")     # params fc1.w [D, 16], fc1.b [16]
+    e = rg.layers.embedding(ids, vocab=1000, dim=32, name="emb")
+"""
+from .common import embedding, fc
+from .rnn import gru, lstm, milstm  # noqa: F401
+
+__all__ = ["embedding", "fc"]

@@ -1,0 +1,227 @@
+"""Neural-network ops: softmax, log_softmax, softmax cross-entropy, one-hot, dropout.
+
+Kernels are the numerically stable forms (the row maximum is subtracted
+before ``exp``); gradients are written with the builders users call, so the
+second derivative of a softmax or a cross-entropy is one more ``gradients``
+call away.
+"""
+from __future__ import annotations
+
+from .. import backend
+from ..errors import ProgramError, ShapeError
+from ..ir.builder import current_block
+from ..ir.dtypes import canonical
+from ..ir.program import Var
+from .creation import assign
+from .math import exp
+from .reduce import sum as reduce_sum
+from .registry import append_op, defop
+from .shapes import normalize_axis, require_float
+from .tensor import INT_DTYPES, check_ids, unsqueeze
+
+
+def _softmax_rule(ins, attrs):
+    x = ins[0]
+    require_float(x)
+    if x.ndim == 0:
+        raise ShapeError(f"softmax needs at least one axis, '{x.name}' is a scalar")
+    normalize_axis(attrs["axis"], x.ndim)
+    return [(x.shape, x.dtype)]
+
+
+def _shifted(xp, x, axis: int):
+    """``x`` minus its maximum along ``axis``: every exp of it is <= 1."""
+    return x - xp.max(x, axis=axis, keepdims=True)
+
+
+# --- Softmax / LogSoftmax ------------------------------------------------------------
+
+def _softmax_grad(g):
+    y, dy, axis = g.y, g.dy, g.attrs["axis"]
+    return [y * (dy - reduce_sum(dy * y, axis=axis, keepdims=True))]
+
+
+@defop("Softmax", infer=_softmax_rule, grad=_softmax_grad)
+def _softmax(k, x):
+    xp, axis = k.xp, k.attrs["axis"]
+    e = xp.exp(_shifted(xp, x, axis))
+    return e / xp.sum(e, axis=axis, keepdims=True)
+
+
+def _log_softmax_grad(g):
+    y, dy, axis = g.y, g.dy, g.attrs["axis"]
+    return [dy - exp(y) * reduce_sum(dy, axis=axis, keepdims=True)]
+
+
+@defop("LogSoftmax", infer=_softmax_rule, grad=_log_softmax_grad)
+def _log_softmax(k, x):
+    xp, axis = k.xp, k.attrs["axis"]
+    shifted = _shifted(xp, x, axis)
+    return shifted - xp.log(xp.sum(xp.exp(shifted), axis=axis, keepdims=True))
+
+
+def softmax(x: Var, axis: int = -1) -> Var:
+    """``exp(x) / sum(exp(x), axis)``, computed without overflow.
+
+    Example::
+
+        probs = rg.softmax(logits)               # over the last axis
+    """
+    return append_op("Softmax", [x], {"axis": int(axis)})[0]
+
+
+def log_softmax(x: Var, axis: int = -1) -> Var:
+    """``x - log(sum(exp(x), axis))``, computed without overflow.
+
+    Example::
+
+        logp = rg.log_softmax(logits)
+    """
+    return append_op("LogSoftmax", [x], {"axis": int(axis)})[0]
+
+
+# --- One-hot -----------------------------------------------------------------------
+
+def _one_hot(xp, labels, depth: int, dtype):
+    check_ids(xp, labels, depth, "label")
+    hot = xp.arange(depth, dtype=labels.dtype) == xp.expand_dims(labels, axis=-1)
+    return xp.astype(hot, dtype)
+
+
+def _one_hot_like_rule(ins, attrs):
+    labels, like = ins
+    _check_labels(labels, like)
+    return [(like.shape, like.dtype)]
+
+
+@defop("OneHotLike", inputs=("labels", "like"), infer=_one_hot_like_rule, nondiff=(0, 1),
+       grad=lambda g: [None, None])
+def _one_hot_like(k, labels, like):
+    """One-hot rows of ``labels`` with as many classes as ``like``'s last axis, in its dtype."""
+    return _one_hot(k.xp, labels, like.shape[-1], like.dtype)
+
+
+def one_hot_like(labels: Var, like: Var) -> Var:
+    """One-hot ``labels`` shaped and typed like ``like`` (classes on its last axis)."""
+    return append_op("OneHotLike", [labels, like])[0]
+
+
+def _one_hot_rule(ins, attrs):
+    labels = ins[0]
+    if labels.dtype not in INT_DTYPES:
+        raise ShapeError(f"labels '{labels.name}' must be int64 or int32, got {labels.dtype}")
+    return [(labels.shape + (attrs["depth"],), attrs["dtype"])]
+
+
+@defop("OneHot", inputs=("labels",), infer=_one_hot_rule, nondiff=(0,), grad=lambda g: [None])
+def _one_hot_op(k, labels):
+    return _one_hot(k.xp, labels, k.attrs["depth"], backend.dtype_of(k.xp, k.attrs["dtype"]))
+
+
+def one_hot(labels: Var, depth: int, dtype: str = "float32") -> Var:
+    """``labels [...]`` as one-hot rows ``[..., depth]``; a label outside ``[0, depth)`` fails the run.
+
+    Example::
+
+        targets = rg.one_hot(labels, 10)
+    """
+    if int(depth) < 1:
+        raise ProgramError(f"one_hot of '{labels.name}': depth must be >= 1, got {depth}")
+    return append_op("OneHot", [labels], {"depth": int(depth), "dtype": canonical(dtype)})[0]
+
+
+# --- Softmax cross-entropy ------------------------------------------------------------
+
+def _check_labels(labels: Var, logits: Var) -> tuple[int, ...]:
+    """Labels ``[...]`` for logits ``[..., C]``: the merged leading shape."""
+    require_float(logits, "logits")
+    if labels.dtype not in INT_DTYPES:
+        raise ShapeError(f"labels '{labels.name}' must be int64 or int32, got {labels.dtype}")
+    if logits.ndim < 1 or labels.ndim != logits.ndim - 1:
+        raise ShapeError(f"labels {labels.type_str()} must have the shape of logits {logits.type_str()} "
+                         "without its last (class) axis; squeeze a trailing size-1 axis of the labels")
+    shape = []
+    for a, b in zip(logits.shape[:-1], labels.shape):
+        if a >= 0 and b >= 0 and a != b:
+            raise ShapeError(f"labels {labels.type_str()} do not match logits {logits.type_str()}")
+        shape.append(a if a >= 0 else b)
+    return tuple(shape)
+
+
+def _xent_rule(ins, attrs):
+    logits, labels = ins
+    return [(_check_labels(labels, logits), logits.dtype)]
+
+
+def _xent_grad(g):
+    logits, labels = g.x
+    return [(softmax(logits) - one_hot_like(labels, logits)) * unsqueeze(g.dy, -1), None]
+
+
+@defop("SoftmaxCrossEntropy", inputs=("logits", "labels"), infer=_xent_rule, nondiff=(1,),
+       grad=_xent_grad)
+def _softmax_cross_entropy(k, logits, labels):
+    """``logsumexp(logits) - logits[label]`` per example, stable for large logits."""
+    xp = k.xp
+    hot = _one_hot(xp, labels, logits.shape[-1], xp.bool)
+    shifted = _shifted(xp, logits, -1)
+    log_total = xp.log(xp.sum(xp.exp(shifted), axis=-1))
+    picked = xp.sum(xp.where(hot, shifted, xp.zeros_like(shifted)), axis=-1)
+    return log_total - picked
+
+
+def softmax_cross_entropy(logits: Var, labels: Var) -> Var:
+    """Per-example loss ``-log softmax(logits)[label]``: logits ``[..., C]`` (float),
+    integer labels ``[...]`` in ``[0, C)``; returns ``[...]``. Labels get no gradient.
+
+    Example::
+
+        loss = rg.mean(rg.softmax_cross_entropy(logits, labels))   # logits [N, C], labels [N]
+    """
+    return append_op("SoftmaxCrossEntropy", [logits, labels], name="xent")[0]
+
+
+# --- Dropout ---------------------------------------------------------------------------
+
+def _dropout_rule(ins, attrs):
+    x = ins[0]
+    require_float(x)
+    return [(x.shape, x.dtype), (x.shape, x.dtype)]
+
+
+def _dropout_grad(g):
+    return [None if g.dy is None else g.dy * g.out[1]]
+
+
+@defop("Dropout", infer=_dropout_rule, outputs=("out", "mask"), grad=_dropout_grad, random=True)
+def _dropout(k, x):
+    """Inverted dropout; ``mask`` holds 0 or 1/(1-p). The mask depends on (seed, run id)
+    only: every run draws a new one, and replaying the op within a run (recompute)
+    gives the same one bit for bit."""
+    xp, keep_prob = k.xp, 1.0 - k.attrs["p"]
+    keep = backend.random_keep_mask(xp, [k.attrs["seed"], k.run.run_id], x.shape, keep_prob)
+    mask = xp.where(keep, xp.full(x.shape, 1.0 / keep_prob, dtype=x.dtype), xp.zeros_like(x))
+    return x * mask, mask
+
+
+def dropout(x: Var, p: float, seed: int | None = None) -> Var:
+    """Zero each element with probability ``p`` and scale the rest by ``1/(1-p)``.
+
+    The mask is drawn anew on every run of the program (from ``seed``, by
+    default one taken from the program, and the run's id); the backward pass
+    and any recomputation reuse the forward's mask. ``p=0`` is a plain copy.
+
+    Example::
+
+        h = rg.dropout(h, 0.1)
+    """
+    p = float(p)
+    if not 0.0 <= p < 1.0:
+        raise ProgramError(f"dropout of '{x.name}': p must be in [0, 1), got {p}")
+    if p == 0.0:
+        return assign(x)
+    if seed is None:
+        seed = current_block().program.next_seed()
+    out, mask = append_op("Dropout", [x], {"p": p, "seed": int(seed)})
+    mask.stop_gradient = True
+    return out
