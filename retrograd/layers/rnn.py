@@ -1,0 +1,189 @@
+"""Recurrent layers: ``lstm``, ``gru`` and ``milstm`` over ``x [T, N, D]``.
+
+Each layer is a thin builder over ``rg.recurrent``:
+
+1. the input projection ``x @ w_ih + b`` does not depend on the recurrence, so
+   it is hoisted out of the step: one ``[T*N, D] x [D, G*H]`` GEMM before the
+   loop (``seq_linear``), and its gradient is one GEMM after it;
+2. the step block is ``h @ w_hh`` plus one fused cell op (``LSTMUnit`` /
+   ``GRUUnit``), whose gradient is one fused kernel;
+3. missing initial states are zeros ``[N, H]`` with ``N`` taken from ``x`` at
+   run time, so one program serves any batch size and sequence length.
+
+Parameters are named ``<name>.<param>``, created in the input's dtype and
+initialised like PyTorch's: ``U(-1/sqrt(H), 1/sqrt(H))``.
+"""
+from __future__ import annotations
+
+import math
+
+from ..errors import ProgramError
+from ..ir.builder import default_main_program
+from ..ir.program import Var
+from ..ops.creation import create_parameter, fill_like
+from ..ops.math import matmul
+from ..ops.rnn_cells import gru_unit, lstm_unit, seq_linear
+from ..ops.tensor import slice, squeeze
+
+
+def _recurrent():
+    # Imported when a layer is built: the recurrent front end lives in ops/recurrent.py.
+    from ..ops.recurrent import recurrent
+    return recurrent
+
+
+def _check_input(x: Var, layer: str) -> int:
+    """The feature size D of ``x [T, N, D]`` (must be known to size the weights)."""
+    if not isinstance(x, Var) or x.ndim != 3:
+        what = x.type_str() if isinstance(x, Var) else type(x).__name__
+        raise ProgramError(f"layers.{layer} needs x [T, N, D] (time-major), got {what}")
+    if x.shape[-1] < 0:
+        raise ProgramError(f"layers.{layer}: the feature size of '{x.name}' ({x.type_str()}) must be "
+                           "known to size the weights")
+    if x.dtype not in ("float32", "float64"):
+        raise ProgramError(f"layers.{layer} needs a float input, '{x.name}' is {x.dtype}")
+    return x.shape[-1]
+
+
+def _params(name: str, hidden: int, dtype: str, shapes: dict, fixed: dict | None = None) -> dict:
+    """Create ``<name>.<param>`` for each entry; uniform(+-1/sqrt(H)) unless a constant is fixed."""
+    bound = 1.0 / math.sqrt(hidden)
+    fixed = fixed or {}
+    return {key: create_parameter(f"{name}.{key}", shape, dtype,
+                                  init=fixed.get(key, ("uniform", -bound, bound)))
+            for key, shape in shapes.items()}
+
+
+def _zero_state(x_proj: Var, hidden: int) -> Var:
+    """Zeros ``[N, H]`` with N read from ``x_proj [T, N, >=H]`` at run time."""
+    first = slice(x_proj, axes=[0, 2], starts=[0, 0], ends=[1, hidden])
+    return fill_like(squeeze(first, 0), 0.0)
+
+
+def _state(given: Var | None, x_proj: Var, hidden: int, what: str, layer: str) -> Var:
+    if given is None:
+        return _zero_state(x_proj, hidden)
+    if not isinstance(given, Var) or given.ndim != 2 or given.shape[1] not in (hidden, -1):
+        shape = given.type_str() if isinstance(given, Var) else type(given).__name__
+        raise ProgramError(f"layers.{layer}: {what} must be [N, {hidden}], got {shape}")
+    if given.dtype != x_proj.dtype:
+        raise ProgramError(f"layers.{layer}: {what} '{given.name}' is {given.dtype}, the input is "
+                           f"{x_proj.dtype}")
+    return given
+
+
+def _name(name: str | None, layer: str) -> str:
+    return name if name is not None else default_main_program().unique_name(layer)
+
+
+def _check_hidden(hidden: int, layer: str) -> int:
+    if not isinstance(hidden, int) or hidden < 1:
+        raise ProgramError(f"layers.{layer}: hidden must be a positive int, got {hidden!r}")
+    return hidden
+
+
+def lstm(x: Var, hidden: int, h0: Var | None = None, c0: Var | None = None,
+         seq_lengths: Var | None = None, forget_bias: float = 0.0, name: str | None = None,
+         recompute=None) -> tuple[Var, Var, Var, Var]:
+    """An LSTM over ``x [T, N, D]``; returns ``(h_all [T,N,H], h_last [N,H], c_all, c_last)``.
+
+    Parameters ``<name>.w_ih [D, 4H]``, ``<name>.w_hh [H, 4H]``, ``<name>.b [4H]``;
+    gate order i, f, g, o: ``c' = sig(f + forget_bias) * c + sig(i) * tanh(g)``,
+    ``h' = sig(o) * tanh(c')``. ``h0``/``c0`` default to zeros; with
+    ``seq_lengths`` (int64 ``[N]``) states stop changing after each example's
+    length and ``h_last``/``c_last`` are taken there. ``recompute`` is passed to
+    ``rg.recurrent`` (None, ``"steps"`` or a byte budget).
+
+    Example::
+
+        x = rg.data("x", [-1, -1, 32])                     # [T, N, D]
+        h_all, h_last, c_all, c_last = rg.layers.lstm(x, 64, name="enc")
+    """
+    hidden = _check_hidden(hidden, "lstm")
+    d_in = _check_input(x, "lstm")
+    name = _name(name, "lstm")
+    p = _params(name, hidden, x.dtype, {"w_ih": [d_in, 4 * hidden], "w_hh": [hidden, 4 * hidden],
+                                        "b": [4 * hidden]})
+    x_proj = seq_linear(x, p["w_ih"], p["b"])
+    h0 = _state(h0, x_proj, hidden, "h0", "lstm")
+    c0 = _state(c0, x_proj, hidden, "c0", "lstm")
+
+    def step(x_t, states):
+        h, c = states
+        return list(lstm_unit(x_t[0] + matmul(h, p["w_hh"]), c, forget_bias))
+
+    all_states, last_states = _recurrent()(step, [x_proj], [h0, c0], seq_lengths=seq_lengths,
+                                           recompute=recompute)
+    return all_states[0], last_states[0], all_states[1], last_states[1]
+
+
+def gru(x: Var, hidden: int, h0: Var | None = None, seq_lengths: Var | None = None,
+        name: str | None = None, recompute=None) -> tuple[Var, Var]:
+    """A GRU over ``x [T, N, D]`` (as ``torch.nn.GRU``); returns ``(h_all [T,N,H], h_last [N,H])``.
+
+    Parameters ``w_ih [D, 3H]``, ``w_hh [H, 3H]``, ``b_ih [3H]``, ``b_hh [3H]``;
+    gate order r, z, n: ``n = tanh(xW_n + b_in + r * (hU_n + b_hn))``,
+    ``h' = (1 - z) * n + z * h``.
+
+    Example::
+
+        h_all, h_last = rg.layers.gru(x, 64, name="gru")
+    """
+    hidden = _check_hidden(hidden, "gru")
+    d_in = _check_input(x, "gru")
+    name = _name(name, "gru")
+    p = _params(name, hidden, x.dtype, {"w_ih": [d_in, 3 * hidden], "w_hh": [hidden, 3 * hidden],
+                                        "b_ih": [3 * hidden], "b_hh": [3 * hidden]})
+    x_proj = seq_linear(x, p["w_ih"], p["b_ih"])
+    h0 = _state(h0, x_proj, hidden, "h0", "gru")
+
+    def step(x_t, states):
+        h, = states
+        return [gru_unit(x_t[0], matmul(h, p["w_hh"]) + p["b_hh"], h)]
+
+    all_states, last_states = _recurrent()(step, [x_proj], [h0], seq_lengths=seq_lengths,
+                                           recompute=recompute)
+    return all_states[0], last_states[0]
+
+
+def milstm(x: Var, hidden: int, h0: Var | None = None, c0: Var | None = None,
+           seq_lengths: Var | None = None, forget_bias: float = 0.0, name: str | None = None,
+           recompute=None) -> tuple[Var, Var, Var, Var]:
+    """A multiplicative-integration LSTM (Wu et al. 2016, arXiv 1606.06630) over ``x [T, N, D]``.
+
+    ``xW = x @ w_ih + b_ih``, ``hU = h @ w_hh + b_hh``,
+    ``gates = alpha * xW * hU + beta1 * hU + beta2 * xW + b``, then as ``lstm``
+    (gate order i, f, g, o). Parameters ``w_ih [D,4H]``, ``b_ih``, ``w_hh [H,4H]``,
+    ``b_hh``, and ``alpha``, ``beta1``, ``beta2``, ``b`` (all ``[4H]``, initialised
+    to 1, 1, 1, 0 as in the paper). Returns ``(h_all, h_last, c_all, c_last)``.
+
+    The step computes ``gates = hU * (alpha * xW + beta1) + (beta2 * xW + b)``:
+    both brackets depend on x only, so they are computed for all T before the loop.
+
+    Example::
+
+        h_all, h_last, c_all, c_last = rg.layers.milstm(x, 64, name="mi")
+    """
+    hidden = _check_hidden(hidden, "milstm")
+    d_in = _check_input(x, "milstm")
+    name = _name(name, "milstm")
+    g = 4 * hidden
+    p = _params(name, hidden, x.dtype,
+                {"w_ih": [d_in, g], "b_ih": [g], "w_hh": [hidden, g], "b_hh": [g],
+                 "alpha": [g], "beta1": [g], "beta2": [g], "b": [g]},
+                fixed={"alpha": 1.0, "beta1": 1.0, "beta2": 1.0, "b": 0.0})
+    x_proj = seq_linear(x, p["w_ih"], p["b_ih"])
+    scale = x_proj * p["alpha"] + p["beta1"]
+    shift = x_proj * p["beta2"] + p["b"]
+    h0 = _state(h0, x_proj, hidden, "h0", "milstm")
+    c0 = _state(c0, x_proj, hidden, "c0", "milstm")
+
+    def step(xs, states):
+        scale_t, shift_t = xs
+        h, c = states
+        h_proj = matmul(h, p["w_hh"]) + p["b_hh"]
+        return list(lstm_unit(h_proj * scale_t + shift_t, c, forget_bias))
+
+    all_states, last_states = _recurrent()(step, [scale, shift], [h0, c0], seq_lengths=seq_lengths,
+                                           recompute=recompute)
+    return all_states[0], last_states[0], all_states[1], last_states[1]
