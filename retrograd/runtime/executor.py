@@ -135,10 +135,10 @@ class Executor:
                 result = (result,)
             for name, value in zip(outputs, result):
                 old = env.get(name)
+                env[name] = value
+                hold(value)            # before releasing the old value: both lived while the op ran
                 if old is not None:
                     release(old)
-                env[name] = value
-                hold(value)
             for name in step.dead:
                 value = env.pop(name, None)
                 if value is not None:
