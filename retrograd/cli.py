@@ -2,21 +2,19 @@
 
 Examples::
 
-    retrograd train                         # the main job (a built-in example until training lands)
+    retrograd train                         # the main job: a character-level LSTM (retrograd/train.py)
     retrograd show model.json               # print a program saved with Program.to_json()
     retrograd graph model.json -o model.svg # draw it (DOT text, or SVG/PNG through Graphviz's `dot`)
 
 User mistakes (a missing file, a malformed program) end with one line on
 stderr and exit status 2; argparse reports bad options the same way.
 
-``retrograd train ARGS...`` hands ``ARGS`` to ``retrograd.cli_train.main(argv)``
-when that module exists; otherwise it runs ``examples/quickstart.py``.
+``retrograd train`` is defined in ``retrograd/train.py`` (``add_train_arguments``,
+``run_train``).
 """
 from __future__ import annotations
 
 import argparse
-import importlib.util
-import runpy
 import shutil
 import subprocess
 import sys
@@ -42,14 +40,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         main(["show", "model.json"])
     """
     parser = _parser()
-    # Only `train` takes arguments it does not declare: they belong to the training job.
-    args, extra = parser.parse_known_args(argv)
-    if extra and args.command != "train":
-        parser.error(f"unrecognized arguments: {' '.join(extra)}")
+    args = parser.parse_args(argv)
     if args.command is None:
         parser.print_help()
         return EXIT_USAGE
-    args.train_args = extra
     try:
         return args.handler(args) or 0
     except (CliError, RetrogradError, OSError) as exc:
@@ -67,10 +61,12 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"retrograd {__version__}")
     commands = parser.add_subparsers(dest="command", metavar="COMMAND")
 
-    # No options of its own (not even -h): everything after `train` goes to the job.
-    train = commands.add_parser("train", help="run the main training job (train -h: its options)",
-                                add_help=False)
-    train.set_defaults(handler=_train)
+    from .train import add_train_arguments, run_train
+    train = commands.add_parser("train", help="train a character-level language model (train -h: options)",
+                                description="Train a character-level language model on the Python "
+                                            "standard library's source, save it, print a sample.")
+    add_train_arguments(train)
+    train.set_defaults(handler=run_train)
 
     show = commands.add_parser("show", help="print a saved program (JSON) as text",
                                description="Print a program saved with Program.to_json().")
@@ -86,27 +82,6 @@ def _parser() -> argparse.ArgumentParser:
                                               "default: DOT on stdout")
     graph.set_defaults(handler=_graph)
     return parser
-
-
-# --- train -------------------------------------------------------------------------------
-
-def _train(args: argparse.Namespace) -> int:
-    if importlib.util.find_spec("retrograd.cli_train") is not None:
-        from . import cli_train
-        return cli_train.main(list(args.train_args)) or 0
-    example = Path(__file__).resolve().parent.parent / "examples" / "quickstart.py"
-    if args.train_args in (["-h"], ["--help"]):
-        print("usage: retrograd train\n\nTrains the built-in example "
-              f"({example.name}): a small network fitted by SGD; it takes no options.")
-        return 0
-    if args.train_args:
-        raise CliError(f"unrecognized arguments: {' '.join(args.train_args)} "
-                       "(the built-in example takes none)")
-    if not example.is_file():
-        raise CliError(f"no training job installed: {example} is missing")
-    namespace = runpy.run_path(str(example), run_name="retrograd_quickstart")
-    namespace["main"]()  # returns the final loss, which is no exit status
-    return 0
 
 
 # --- show --------------------------------------------------------------------------------
