@@ -139,7 +139,7 @@ def test_graph_with_an_unknown_output_type(saved, tmp_path):
     _assert_one_line_error(retrograd("graph", str(path), "-o", str(tmp_path / "g.xyz")), ".xyz")
 
 
-@pytest.mark.skipif(importlib.util.find_spec("retrograd.cli_train") is not None,
+@pytest.mark.skipif(importlib.util.find_spec("retrograd.train") is not None,
                     reason="train runs the real job now; its own tests cover it")
 def test_train_runs_the_built_in_example(capsys):
     done = retrograd("train")
