@@ -104,7 +104,7 @@ def _fill_like_rule(ins, attrs):
     return [(ins[0].shape, attrs.get("dtype") or ins[0].dtype)]
 
 
-@defop("FillLike", infer=_fill_like_rule, nondiff=(0,), grad=lambda g: [None])
+@defop("FillLike", infer=_fill_like_rule, nondiff=(0,), shape_only=(0,), grad=lambda g: [None])
 def _fill_like(k, x):
     """A tensor shaped like ``x`` (at run time) filled with one value."""
     dtype = k.attrs.get("dtype") or str(x.dtype)

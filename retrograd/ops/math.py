@@ -26,7 +26,7 @@ def _sum_to_rule(ins, attrs):
     return [(ins[1].shape, ins[0].dtype)]
 
 
-@defop("SumTo", inputs=("x", "like"), infer=_sum_to_rule, nondiff=(1,),
+@defop("SumTo", inputs=("x", "like"), infer=_sum_to_rule, nondiff=(1,), shape_only=(1,),
        grad=lambda g: [expand_as(g.dy, g.x[0]), None])
 def _sum_to(k, x, like):
     """Sum ``x`` over the axes NumPy broadcasting added to reach it from ``like``'s shape."""
@@ -57,7 +57,8 @@ def _expand_as_grad(g):
     return [sum_to(dx, g.x[0]), None]
 
 
-@defop("ExpandAs", inputs=("x", "like"), infer=_expand_as_rule, nondiff=(1,), grad=_expand_as_grad)
+@defop("ExpandAs", inputs=("x", "like"), infer=_expand_as_rule, nondiff=(1,), shape_only=(1,),
+       grad=_expand_as_grad)
 def _expand_as(k, x, like):
     """Insert size-1 axes at ``axes``, broadcast to ``like``'s shape, divide by the sizes of ``mean_axes``."""
     xp = k.xp

@@ -16,6 +16,9 @@ An op is defined once, in one place::
 * ``grad(g) -> [Var | None per input]`` builds the gradient with the same
   builders users call (so gradients of gradients work); ``g.x``/``g.out``/
   ``g.dout`` hold the forward inputs, outputs and output gradients.
+* extra keywords land in ``OpDef.extra``; ``shape_only=(i, ...)`` marks inputs
+  read only for their run-time shape (the ``like`` of ``SumTo``), so a pass
+  may bind a stand-in of that shape instead of keeping the value.
 """
 from __future__ import annotations
 
