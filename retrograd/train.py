@@ -162,38 +162,12 @@ def build_net(cfg: ModelConfig, seq_len: int, with_states: bool) -> Net:
 def _recurrent_layer(cfg: ModelConfig, x, h0, c0, name: str):
     """One layer: ``(h_all, h_last, c_last or None)``."""
     import retrograd as rg
-    import importlib.util
-    if importlib.util.find_spec("retrograd.ops.recurrent") is None:  # TEMPORARY until rg.recurrent lands
-        return _unrolled_lstm(cfg, x, h0, c0, name)
     if cfg.model == "gru":
         h_all, h_last = rg.layers.gru(x, cfg.hidden, h0=h0, name=name, recompute=cfg.recompute)
         return h_all, h_last, None
     layer = rg.layers.lstm if cfg.model == "lstm" else rg.layers.milstm
     h_all, h_last, _, c_last = layer(x, cfg.hidden, h0=h0, c0=c0, name=name, recompute=cfg.recompute)
     return h_all, h_last, c_last
-
-
-def _unrolled_lstm(cfg, x, h0, c0, name):  # TEMPORARY development stand-in
-    import retrograd as rg
-    H = cfg.hidden
-    w_ih = rg.create_parameter(f"{name}.w_ih", [x.shape[-1], 4 * H])
-    w_hh = rg.create_parameter(f"{name}.w_hh", [H, 4 * H])
-    b = rg.create_parameter(f"{name}.b", [4 * H])
-    T = x.shape[0]
-    hs = []
-    h, c = h0, c0
-    for t in range(T):
-        x_t = rg.squeeze(rg.slice(x, [0], [t], [t + 1]), 0)
-        gates = rg.matmul(x_t, w_ih) + b
-        if h is None:
-            h = rg.zeros_like(rg.slice(gates, [1], [0], [H]))
-            c = h
-        gates = gates + rg.matmul(h, w_hh)
-        i, f, g, o = rg.split(gates, 4, axis=1)
-        c = rg.sigmoid(f) * c + rg.sigmoid(i) * rg.tanh(g)
-        h = rg.sigmoid(o) * rg.tanh(c)
-        hs.append(rg.unsqueeze(h, 0))
-    return (hs[0] if T == 1 else rg.concat(hs, 0)), h, c
 
 
 def _optimizer(name: str, lr: float, clip_norm: float | None):
