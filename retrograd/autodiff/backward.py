@@ -9,6 +9,7 @@ for gradient ops, summing concurrent contributions to one variable with
 """
 from __future__ import annotations
 
+from collections import Counter
 from dataclasses import dataclass, field
 from typing import Callable, Iterable, Sequence
 
@@ -18,7 +19,7 @@ from ..ir.program import Block, Op, Var
 from ..ops.creation import fill_like
 from ..ops.math import add_n
 from ..ops.registry import get_op_def, make_grad_ops
-from ..ir.builder import block_guard
+from ..ir.builder import block_guard, capture_ops
 
 
 @dataclass
@@ -37,15 +38,44 @@ def _can_carry_grad(var: Var, wrt: set[str], no_grad: set[str]) -> bool:
 
 def needs_grad_names(ops: Sequence[Op], block: Block, wrt: Iterable[str], no_grad: set[str]) -> set[str]:
     """Names that depend differentiably on ``wrt`` (forward propagation of 'needs a gradient')."""
+    return _propagate_needs(ops, block, wrt, no_grad)[0]
+
+
+def _propagate_needs(ops: Sequence[Op], block: Block, wrt: Iterable[str],
+                     no_grad: set[str]) -> tuple[set[str], dict[str, tuple[Op, str, str]]]:
+    """``(needs, stuck)``: the names that need a gradient, and the names that would need
+    one but for an op without a gradient maker on the way, mapped to ``(that op, its
+    output, its input that needs a gradient)``. A target among the stuck is an error,
+    not a silent zero."""
     wrt = set(wrt)
     needs = {n for n in wrt if _can_carry_grad(block.var(n), wrt, no_grad)}
+    stuck: dict[str, tuple[Op, str, str]] = {}
     for op in ops:
         opdef = get_op_def(op.type)
-        if any(name in needs and opdef.input_differentiable(i) for i, name in enumerate(op.inputs)):
-            for name in op.outputs:
-                if _can_carry_grad(block.var(name), wrt, no_grad):
-                    needs.add(name)
-    return needs
+        live = [n for i, n in enumerate(op.inputs) if i not in opdef.nondiff_inputs and (n in needs or n in stuck)]
+        if not live:
+            continue
+        origin = next((stuck[n] for n in live if n in stuck), None)
+        for name in op.outputs:
+            if name in needs or not _can_carry_grad(block.var(name), wrt, no_grad):
+                continue
+            if opdef.grad is None:
+                stuck.setdefault(name, (op, name, live[0]))
+                continue
+            if origin is not None:
+                stuck.setdefault(name, origin)
+            if any(n in needs for n in live):
+                needs.add(name)
+    return needs, stuck
+
+
+def _check_not_stuck(targets: Iterable[str], stuck: dict[str, tuple[Op, str, str]]) -> None:
+    for target in targets:
+        if target in stuck:
+            op, out, source = stuck[target]
+            raise ProgramError(f"{op.where()} has no gradient maker, but its output '{out}' depends on "
+                               f"'{source}' and leads to '{target}'; cut the path with rg.stop_gradient "
+                               f"or no_grad_set, or give {op.type} a gradient maker")
 
 
 def path_ops(ops: Sequence[Op], targets: Iterable[str], needs: set[str]) -> list[Op]:
@@ -65,15 +95,28 @@ def path_ops(ops: Sequence[Op], targets: Iterable[str], needs: set[str]) -> list
     return on_path
 
 
-class _GradAccumulator:
-    """Contributions to each variable's gradient, summed when first needed."""
+def _contribution_counts(ops: Sequence[Op], targets: Iterable[str], needs: set[str]) -> Counter:
+    """How many gradient contributions each name can receive (an upper bound)."""
+    counts = Counter(list(targets))  # a dict argument would be read as counts
+    for op in ops:
+        opdef = get_op_def(op.type)
+        counts.update(n for i, n in enumerate(op.inputs) if n in needs and opdef.input_differentiable(i))
+    return counts
 
-    def __init__(self, grad_block: Block, created: set[str], emit: Callable[[Op, str], None]):
-        self.block = grad_block
+
+class _Backward:
+    """One backward build in progress: contributions per forward name, summed with
+    ``AddN`` when first needed, and gradient ops placed (and reported to callbacks)
+    only once their names are final."""
+
+    def __init__(self, block: Block, result: BackwardResult, counts: Counter, callbacks):
+        self.block = block
+        self.result = result
+        self.counts = counts                  # expected contributions per forward name
+        self.callbacks = list(callbacks or ())
         self.pending: dict[str, list[Var]] = {}
         self.final: dict[str, Var | None] = {}
-        self.created = created        # names this backward created (safe to rename)
-        self.emit = emit
+        self.context: dict = {}               # gradient name -> forward Var, for callbacks
 
     def add(self, name: str, grad: Var) -> None:
         self.pending.setdefault(name, []).append(grad)
@@ -87,41 +130,84 @@ class _GradAccumulator:
         if len(parts) == 1:
             grad = parts[0]
         else:
-            with block_guard(self.block):
-                from ..ir.builder import capture_ops
-                with capture_ops() as ops:
-                    grad = add_n(parts)
-            self.created.add(grad.name)
-            for op in ops:
-                self.emit(op, name)
-        grad = self._display_name(grad, name)
+            with block_guard(self.block), capture_ops() as ops:
+                grad = add_n(parts)
+            _rename_new(grad, self._display_name(name), ops)
+            self.place(ops, {grad.name: name})
         self.final[name] = grad
         return grad
 
-    def _display_name(self, grad: Var, forward_name: str) -> Var:
-        """Give a fresh gradient Var a readable name ('w.grad'); never parsed back."""
-        if grad.name not in self.created or any(grad is v for vs in self.pending.values() for v in vs):
-            return grad
-        if any(grad is v for v in self.final.values()):
-            return grad
-        new = f"{forward_name}.grad"
-        if self.block.program.has_name(new):
-            new = self.block.program.unique_name(new)
-        _rename(self.block, grad, new)
-        self.created.discard(grad.name)
-        return grad
+    def add_op_grads(self, op: Op, grad_ops: list[Op], in_grad_names: list[str | None], needs: set[str]) -> None:
+        """Name the gradient maker's results after the forward inputs, place its ops, collect them."""
+        made_here = {n for grad_op in grad_ops for n in grad_op.outputs}
+        uses = Counter(in_grad_names)
+        names: list[str | None] = []
+        gradient_of: dict[str, str] = {}
+        for name, grad_name in zip(op.inputs, in_grad_names):
+            if grad_name is None or name not in needs:
+                names.append(None)
+                continue
+            if grad_name in made_here and uses[grad_name] == 1 and not _named_in_attrs(grad_name, grad_ops):
+                new = self._display_name(name) if self.counts[name] == 1 else self._part_name(name)
+                grad_name = _rename_new(self.block.var(grad_name), new, grad_ops)
+            names.append(grad_name)
+            gradient_of.setdefault(grad_name, name)
+        self.place(grad_ops, gradient_of)
+        for name, grad_name in zip(op.inputs, names):
+            if grad_name is not None:
+                self.add(name, self.block.var(grad_name))
+
+    def place(self, ops: list[Op], gradient_of: dict[str, str]) -> None:
+        """Append ``ops``; call each callback after each one with the gradient -> forward map."""
+        for grad_name, fwd in gradient_of.items():
+            self.result.grad_of.setdefault(grad_name, fwd)
+            self.context.setdefault(grad_name, self.block.find_var(fwd))
+        for op in ops:
+            self.block.append_op(op)
+            self.result.ops.append(op)
+            if self.callbacks:
+                self.context["__current_op__"] = self.context["__current_op_desc__"] = op
+                for cb in self.callbacks:
+                    cb(self.block, self.context)
+
+    def _display_name(self, forward_name: str) -> str:
+        """'w.grad', or 'w.grad_1' when taken (a second backward); never parsed back."""
+        name = f"{forward_name}.grad"
+        return self.block.program.unique_name(name) if self.block.program.has_name(name) else name
+
+    def _part_name(self, forward_name: str) -> str:
+        return self.block.program.unique_name(f"{forward_name}.grad.part")
 
 
-def _rename(block: Block, var: Var, new: str) -> None:
+def _named_in_attrs(name: str, ops: list[Op]) -> bool:
+    """Whether an attribute mentions ``name`` (then renaming it is not safe)."""
+    def mentions(value) -> bool:
+        if isinstance(value, str):
+            return value == name
+        if isinstance(value, (list, tuple)):
+            return any(mentions(v) for v in value)
+        if isinstance(value, dict):
+            return any(mentions(k) or mentions(v) for k, v in value.items())
+        return False
+    return any(mentions(v) for op in ops for v in op.attrs.values())
+
+
+def _rename_new(var: Var, new: str, ops: list[Op]) -> str:
+    """Rename a Var that only the (not yet placed) ``ops`` mention; returns the new name."""
     old = var.name
     del var.block.vars[old]
     var.name = new
     var.block.vars[new] = var
-    for b in block.program.blocks:
-        for op in b.ops:
+
+    def fix(op_list):
+        for op in op_list:
             op.inputs = [new if n == old else n for n in op.inputs]
             op.outputs = [new if n == old else n for n in op.outputs]
-    block.program.bump()
+            for sub in op.sub_blocks():
+                fix(sub.ops)
+    fix(ops)
+    var.block.program.bump()
+    return new
 
 
 def build_backward(fwd_ops: Sequence[Op], fwd_block: Block, grad_block: Block,
@@ -133,50 +219,36 @@ def build_backward(fwd_ops: Sequence[Op], fwd_block: Block, grad_block: Block,
     gradient (visible from ``grad_block``). ``grad_block`` is ``fwd_block``
     itself, or a block that sees it (a child), for sub-block backward.
     Returns the gradient Var of every name in ``wrt`` (None when unreachable).
+    Raises ProgramError when an op without a gradient maker lies on the path.
+
+    Example::
+
+        result = build_backward(block.ops, block, block, {"loss": seed}, ["w"])
+        result.grads["w"]          # the Var holding d loss / d w
     """
     no_grad = set(no_grad or ())
-    needs = needs_grad_names(fwd_ops, fwd_block, wrt, no_grad)
+    needs, stuck = _propagate_needs(fwd_ops, fwd_block, wrt, no_grad)
+    _check_not_stuck(target_grads, stuck)
     ops = path_ops(fwd_ops, target_grads, needs)
     result = BackwardResult(grads={})
-    before = set(grad_block.vars)
-    created: set[str] = set()
-
-    def emit(op: Op, forward_name: str | None) -> None:
-        grad_block.append_op(op)
-        result.ops.append(op)
-        created.update(n for n in op.outputs if n not in before)
-        for cb in callbacks or ():
-            cb(grad_block, _callback_context(result, op))
-
-    acc = _GradAccumulator(grad_block, created, emit)
+    state = _Backward(grad_block, result, _contribution_counts(ops, target_grads, needs), callbacks)
     for name, grad in target_grads.items():
-        acc.add(name, grad)
+        state.add(name, grad)
     for op in reversed(ops):
-        out_grads = [acc.total(n) if n in needs else None for n in op.outputs]
+        out_grads = [state.total(n) if n in needs else None for n in op.outputs]
         if all(g is None for g in out_grads):
             continue
-        wanted = [n in needs and get_op_def(op.type).input_differentiable(i)
-                  for i, n in enumerate(op.inputs)]
+        opdef = get_op_def(op.type)
+        wanted = [n in needs and opdef.input_differentiable(i) for i, n in enumerate(op.inputs)]
         grad_ops, in_grad_names = make_grad_ops(op, [None if g is None else g.name for g in out_grads],
                                                 grad_block, wanted)
-        for grad_op in grad_ops:
-            emit(grad_op, None)
-        for name, grad_name in zip(op.inputs, in_grad_names):
-            if grad_name is not None and name in needs:
-                acc.add(name, grad_block.var(grad_name))
+        state.add_op_grads(op, grad_ops, in_grad_names, needs)
     for name in wrt:
-        grad = acc.total(name) if name in acc.pending else acc.final.get(name)
+        grad = state.total(name) if name in state.pending else state.final.get(name)
         result.grads[name] = grad
         if grad is not None:
-            result.grad_of[grad.name] = name
+            result.grad_of.setdefault(grad.name, name)
     return result
-
-
-def _callback_context(result: BackwardResult, op: Op) -> dict:
-    context: dict = {name: op.block.find_var(fwd) for name, fwd in result.grad_of.items()}
-    context["__current_op__"] = op
-    context["__current_op_desc__"] = op
-    return context
 
 
 # --- front ends -------------------------------------------------------------------------------
@@ -186,23 +258,34 @@ def _as_list(items) -> list:
         return []
     if isinstance(items, (list, tuple)):
         return list(items)
+    if isinstance(items, (set, frozenset)):
+        return sorted(items, key=lambda item: item.name if isinstance(item, Var) else str(item))
     return [items]
 
 
 def _names(items, block: Block, what: str) -> list[str]:
+    """Names of Vars or names in ``items``; each must be a variable that ``block`` sees
+    (a Var must be that very variable, not a namesake from another program)."""
     names = []
     for item in _as_list(items):
         name = item.name if isinstance(item, Var) else item
-        if not isinstance(name, str) or block.find_var(name) is None:
-            raise ProgramError(f"{what} {item!r} is not a variable of block {block.idx}")
+        found = block.find_var(name) if isinstance(name, str) else None
+        if found is None or (isinstance(item, Var) and found is not item):
+            raise ProgramError(f"{what} {item!r} is not a variable of block {block.idx} of this program")
         names.append(name)
     return names
 
 
 def _seed(target: Var, grad) -> Var:
     if grad is None:
-        with block_guard(target.block):
-            return fill_like(target, 1.0)
+        block = target.block
+        with block_guard(block), capture_ops() as ops:
+            seed = fill_like(target, 1.0)
+        name = f"{target.name}.grad"
+        _rename_new(seed, block.program.unique_name(name) if block.program.has_name(name) else name, ops)
+        for op in ops:
+            block.append_op(op)
+        return seed
     if not isinstance(grad, Var):
         raise ProgramError(f"target gradient for '{target.name}' must be a Var, got {type(grad).__name__}")
     return grad
@@ -274,18 +357,18 @@ def append_backward(loss: Var, parameter_list=None, no_grad_set=None, callbacks=
     if block.find_var(loss.name) is not loss:
         raise ProgramError(f"loss '{loss.name}' is not a variable of its program")
     if any(d != 1 for d in loss.shape):
-        raise ProgramError(f"loss '{loss.name}' has shape {list(loss.shape)}; append_backward needs a "
+        raise ProgramError(f"loss '{loss.name}' is {loss.type_str()}; append_backward needs a "
                            "scalar (reduce it with rg.mean / rg.sum, or use rg.gradients with "
                            "target_gradients)")
     params = _parameters(block, parameter_list)
     no_grad = set(_names(no_grad_set, block, "no_grad_set entry"))
     fwd_ops = list(block.ops)
-    checkpoint_names = _names(checkpoints, block, "checkpoint") if checkpoints else []
     seed = _seed(loss, None)
-    if checkpoint_names:
-        raise ProgramError("append_backward(checkpoints=...) is not implemented yet")
     result = build_backward(fwd_ops, block, block, {loss.name: seed}, [p.name for p in params],
                             no_grad, callbacks)
+    if checkpoints is not None:  # memory/recompute.py: recompute segments instead of storing them
+        from ..memory.recompute import recompute_backward
+        recompute_backward(block, len(fwd_ops), loss, checkpoints)
     return [(p, result.grads[p.name]) for p in params if result.grads.get(p.name) is not None]
 
 
@@ -296,7 +379,7 @@ def _parameters(block: Block, parameter_list) -> list[Var]:
     for item in _as_list(parameter_list):
         name = item.name if isinstance(item, Var) else item
         var = block.find_var(name) if isinstance(name, str) else None
-        if var is None or not var.is_parameter:
+        if var is None or not var.is_parameter or (isinstance(item, Var) and var is not item):
             raise ProgramError(f"parameter_list entry {item!r} is not a parameter of the program "
                                "(create it with rg.create_parameter or a layer)")
         params.append(var)
