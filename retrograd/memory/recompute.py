@@ -1,0 +1,249 @@
+"""Recompute at checkpoints: keep few forward values, recompute the rest in the backward.
+
+Two halves, kept apart (STYLE 9):
+
+* the **policy** — ``plan_recompute`` turns checkpoints into a ``RecomputePlan``:
+  segments of forward ops between consecutive checkpoints, and for each
+  value whether the backward gets it from memory (checkpoints, values read by
+  a later segment, inputs, values after the last checkpoint) or recomputes it;
+* the **mechanism** — ``apply_plan`` rewrites the program: for each segment
+  whose values the backward reads, copies of the segment's forward ops that
+  write fresh names are inserted just before the first gradient op that reads
+  one of those values, and the gradient ops read the copies instead.
+
+Nothing else changes: the executor's liveness frees the forward values after
+their last forward read and the copies after their last gradient read.
+Before/after, for ``h1 = tanh(x@w1); h2 = tanh(h1@w2); loss = mean(h2@w3)``
+with checkpoint ``h1``::
+
+    before                                after
+    h1 = Tanh(m1)                         h1 = Tanh(m1)
+    h2 = Tanh(m2)                         h2 = Tanh(m2)
+    ...                                   ...
+    d = Mul(d_h2, 1 - h2*h2)              h2.rc = Tanh(MatMul(h1, w2))   (recompute_of=[h2])
+                                          d = Mul(d_h2, 1 - h2.rc*h2.rc)
+
+Random ops replay exactly: a copy keeps the op's attributes (its seed), and
+random kernels draw from (seed, run id), so it draws the forward's numbers.
+An op with sub-blocks (cond, while_loop, recurrent) is copied like any other:
+its sub-blocks are functions of what the op reads.
+"""
+from __future__ import annotations
+
+import warnings
+from dataclasses import dataclass, field
+from typing import Sequence
+
+from ..errors import ProgramError
+from ..ir.analysis import free_reads, op_reads
+from ..ir.program import Block, Op, Var
+from ..ops.registry import get_op_def
+from .lifetimes import ForwardValues, ancestors
+
+RECOMPUTE_ATTR = "recompute_of"   # on a copy: the forward outputs it recomputes, in output order
+
+
+# --- policy ---------------------------------------------------------------------------------
+
+@dataclass
+class Segment:
+    """Forward ops ``[start, stop)``; the op at ``stop - 1`` writes the segment's checkpoint."""
+    start: int
+    stop: int
+    checkpoint: str
+
+
+@dataclass
+class RecomputePlan:
+    """Which forward values the backward keeps and which it recomputes, segment by segment."""
+    checkpoints: list[str]
+    segments: list[Segment]
+    recompute: dict[str, int] = field(default_factory=dict)   # recomputable value -> its segment
+    cross: list[str] = field(default_factory=list)             # kept: a later segment reads them
+    ignored: list[str] = field(default_factory=list)           # checkpoints that could not be used
+
+    def segment_values(self, s: int) -> set[str]:
+        return {name for name, seg in self.recompute.items() if seg == s}
+
+
+def resolve_checkpoints(info: ForwardValues, loss: str, checkpoints: Sequence) -> tuple[list[str], list[str]]:
+    """Usable checkpoint names sorted by position, and descriptions of the ignored ones.
+
+    A checkpoint is usable when it is a value the forward writes exactly once,
+    not persistable, and the loss depends on it.
+    """
+    on_path, _ = ancestors(info.block, info.n_forward, loss)
+    usable: dict[str, int] = {}
+    ignored: list[str] = []
+    for item in checkpoints:
+        name = item.name if isinstance(item, Var) else item
+        if not isinstance(name, str):
+            ignored.append(f"{item!r} (not a Var or a name)")
+            continue
+        var = info.block.find_var(name)
+        if var is None or (isinstance(item, Var) and var is not item):
+            ignored.append(f"'{name}' (not a variable of this program's block {info.block.idx})")
+        elif not info.is_temporary(name):
+            ignored.append(f"'{name}' (not a value the forward computes once)")
+        elif name not in on_path:
+            ignored.append(f"'{name}' (the loss '{loss}' does not depend on it)")
+        elif name not in usable:
+            usable[name] = info.producer(name)
+    return sorted(usable, key=lambda n: (usable[n], n)), ignored
+
+
+def plan_recompute(info: ForwardValues, checkpoints: Sequence[str]) -> RecomputePlan:
+    """Segments between consecutive checkpoints and what each one recomputes.
+
+    ``checkpoints`` are usable names sorted by position (``resolve_checkpoints``).
+    Ops after the last checkpoint are not recomputed: their backward runs
+    first, right after the forward.
+    """
+    segments: list[Segment] = []
+    start = 0
+    for name in checkpoints:
+        stop = info.producer(name) + 1
+        if stop > start:
+            segments.append(Segment(start, stop, name))
+            start = stop
+    plan = RecomputePlan(list(checkpoints), segments)
+    kept = set(checkpoints)
+    for s, seg in enumerate(segments):
+        for i in range(seg.start, seg.stop):
+            op = info.block.ops[i]
+            if not _recomputable(op, info):
+                continue
+            for name in op.outputs:
+                if name in kept:
+                    continue
+                if info.read_after(name, seg.stop):
+                    plan.cross.append(name)
+                else:
+                    plan.recompute[name] = s
+    return plan
+
+
+def _recomputable(op: Op, info: ForwardValues) -> bool:
+    """An op may run again when its op type allows it and it writes only fresh temporaries."""
+    if not get_op_def(op.type).extra.get("recomputable", True):
+        return False
+    return all(info.is_temporary(n) for n in op.outputs)
+
+
+# --- mechanism ------------------------------------------------------------------------------
+
+def apply_plan(block: Block, info: ForwardValues, plan: RecomputePlan) -> dict[str, str]:
+    """Insert each segment's recompute ops into the backward; return forward name -> copy name."""
+    renamed: dict[str, str] = {}
+    for s in reversed(range(len(plan.segments))):
+        values = plan.segment_values(s)
+        first = _first_reader(block, info.n_forward, values)
+        if first is None:
+            continue
+        needed = {n for op in block.ops[first:] for n in op_reads(op) if n in values}
+        copies, mapping = _copy_segment(block, info, plan.segments[s], values, needed)
+        originals = list(block.ops[first:])
+        for k, op in enumerate(copies):
+            block.insert_op(first + k, op)
+        for op in originals:
+            _rename_reads(op, mapping)
+        renamed.update(mapping)
+    return renamed
+
+
+def _first_reader(block: Block, start: int, names: set[str]) -> int | None:
+    for i in range(start, len(block.ops)):
+        if any(n in names for n in op_reads(block.ops[i])):
+            return i
+    return None
+
+
+def _copy_segment(block: Block, info: ForwardValues, seg: Segment, values: set[str],
+                  needed: set[str]) -> tuple[list[Op], dict[str, str]]:
+    """Copies of the segment ops that (transitively) produce ``needed``, writing fresh names."""
+    chosen: list[Op] = []
+    needed = set(needed)
+    for i in range(seg.stop - 1, seg.start - 1, -1):
+        op = block.ops[i]
+        if any(n in needed for n in op.outputs):
+            chosen.append(op)
+            needed.update(n for n in op_reads(op) if n in values)
+    chosen.reverse()
+    mapping: dict[str, str] = {}
+    copies = []
+    for op in chosen:
+        inputs = [mapping.get(n, n) for n in op.inputs]
+        attrs = {key: _renamed_attr(value, block, mapping) for key, value in op.attrs.items()}
+        attrs[RECOMPUTE_ATTR] = list(op.outputs)
+        for name in op.outputs:
+            mapping[name] = _fresh_var(block, name).name
+        copies.append(Op(op.type, inputs, [mapping[n] for n in op.outputs], attrs))
+    return copies, mapping
+
+
+def _fresh_var(block: Block, name: str) -> Var:
+    var = block.var(name)
+    new = f"{name}.rc"
+    if block.program.has_name(new):
+        new = block.program.unique_name(new)
+    return block.create_var(new, var.shape, var.dtype, stop_gradient=var.stop_gradient)
+
+
+def _rename_reads(op: Op, mapping: dict[str, str]) -> None:
+    op.inputs = [mapping.get(n, n) for n in op.inputs]
+    for key, value in op.attrs.items():
+        op.attrs[key] = _renamed_attr(value, op.block, mapping)
+
+
+def _renamed_attr(value, block: Block, mapping: dict[str, str]):
+    """Sub-blocks reading a renamed outer value are cloned with the read renamed; others kept."""
+    if isinstance(value, Block):
+        if any(n in mapping for n in free_reads(value) if n not in value.vars):
+            return _clone_block(value, block, mapping)
+        return value
+    if isinstance(value, list):
+        return [_renamed_attr(v, block, mapping) for v in value]
+    return value
+
+
+def _clone_block(sub: Block, parent: Block, mapping: dict[str, str]) -> Block:
+    """A copy of ``sub`` (and its nested blocks) under ``parent`` reading renamed outer values."""
+    clone = sub.program.create_block(parent)
+    inner = {k: v for k, v in mapping.items() if k not in sub.vars}
+    for name, var in sub.vars.items():
+        clone.create_var(name, var.shape, var.dtype, persistable=var.persistable,
+                         trainable=var.trainable, stop_gradient=var.stop_gradient,
+                         is_parameter=var.is_parameter, is_data=var.is_data)
+    for op in sub.ops:
+        attrs = {key: _renamed_attr(value, clone, inner) for key, value in op.attrs.items()}
+        clone.append_op(Op(op.type, [inner.get(n, n) for n in op.inputs],
+                           [inner.get(n, n) for n in op.outputs], attrs))
+    return clone
+
+
+# --- entry point used by append_backward ----------------------------------------------------
+
+def recompute_backward(block: Block, n_forward: int, loss: Var, checkpoints,
+                       feed_shapes=None) -> RecomputePlan:
+    """Rewrite the backward already appended after ``block.ops[:n_forward]`` to recompute.
+
+    ``checkpoints`` is a list of Vars or names, or ``"auto"``. Unusable
+    checkpoints are ignored with a warning naming them.
+    """
+    info = ForwardValues.of(block, n_forward)
+    if isinstance(checkpoints, str) and checkpoints == "auto":
+        from .auto import choose_checkpoints
+        names, ignored = choose_checkpoints(info, loss.name, feed_shapes=feed_shapes), []
+    else:
+        if isinstance(checkpoints, (Var, str)):
+            checkpoints = [checkpoints]
+        if not isinstance(checkpoints, (list, tuple)):
+            raise ProgramError(f"checkpoints must be a list of Vars or names, or 'auto'; got "
+                               f"{type(checkpoints).__name__}")
+        names, ignored = resolve_checkpoints(info, loss.name, checkpoints)
+    if ignored:
+        warnings.warn("append_backward ignores checkpoints " + ", ".join(ignored), stacklevel=3)
+    plan = plan_recompute(info, names)
+    plan.ignored = ignored
+    apply_plan(block, info, plan)
+    return plan

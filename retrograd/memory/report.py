@@ -1,0 +1,142 @@
+"""``rg.memory.report``: what the backward of a program keeps from the forward, and at what size."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Mapping, Sequence
+
+from ..ir.analysis import op_reads
+from ..ir.program import Program, Var
+from .lifetimes import ForwardValues, backward_start
+from .recompute import RECOMPUTE_ATTR
+from .sizes import resolve_shapes, value_bytes
+
+
+@dataclass
+class ValueInfo:
+    """One forward value the backward needs."""
+    name: str
+    shape: tuple[int, ...]        # resolved from feed_shapes where possible; -1 = unknown
+    dtype: str
+    nbytes: int | None            # None while a size is unknown
+    status: str                   # "checkpoint" (kept, recomputation starts from it), "kept",
+                                  # "recomputed" or "input" (fed / persistable)
+    readers: int = 0              # backward ops reading it (recompute copies included)
+    recomputed_as: list[str] = field(default_factory=list)
+
+
+@dataclass
+class MemoryReport:
+    """Forward values held for the backward (``kept``), recomputed in it, and fixed inputs.
+
+    ``kept_bytes`` sums what stays in memory from the forward until the
+    backward reads it; ``recomputed_bytes`` sums what is recomputed instead;
+    ``peak_recompute_bytes`` is the largest group recomputed at once (one
+    segment). Byte totals are None while a size depends on run-time shapes
+    that ``feed_shapes`` did not give.
+    """
+    kept: list[ValueInfo]
+    recomputed: list[ValueInfo]
+    inputs: list[ValueInfo]
+    backward_start: int
+    peak_recompute_bytes: int | None = 0
+
+    @property
+    def kept_bytes(self) -> int | None:
+        return _total(self.kept)
+
+    @property
+    def recomputed_bytes(self) -> int | None:
+        return _total(self.recomputed)
+
+    @property
+    def input_bytes(self) -> int | None:
+        return _total(self.inputs)
+
+    def value(self, name: str) -> ValueInfo | None:
+        for row in self.kept + self.recomputed + self.inputs:
+            if row.name == name:
+                return row
+        return None
+
+    def __str__(self) -> str:
+        rows = [("value", "shape", "dtype", "bytes", "status", "recomputed as")]
+        for row in self.kept + self.recomputed + self.inputs:
+            shape = "[" + ", ".join("?" if d < 0 else str(d) for d in row.shape) + "]"
+            rows.append((row.name, shape, row.dtype, _fmt(row.nbytes), row.status,
+                         ", ".join(row.recomputed_as)))
+        widths = [max(len(r[c]) for r in rows) for c in range(len(rows[0]))]
+        lines = ["  ".join(cell.ljust(w) for cell, w in zip(r, widths)).rstrip() for r in rows]
+        lines.insert(1, "  ".join("-" * w for w in widths))
+        lines.append("")
+        lines.append(f"kept {_fmt(self.kept_bytes)} B in {len(self.kept)} values; recomputed "
+                     f"{_fmt(self.recomputed_bytes)} B in {len(self.recomputed)} values (at most "
+                     f"{_fmt(self.peak_recompute_bytes)} B at once); inputs {_fmt(self.input_bytes)} B")
+        return "\n".join(lines)
+
+
+def _total(rows: Sequence[ValueInfo]) -> int | None:
+    if any(r.nbytes is None for r in rows):
+        return None
+    return sum(r.nbytes for r in rows)
+
+
+def _fmt(n: int | None) -> str:
+    return "?" if n is None else f"{n:,}"
+
+
+def report(program: Program, feed_shapes: Mapping[str, Sequence[int]] | None = None,
+           loss: Var | str | None = None) -> MemoryReport:
+    """Which forward values the backward part of ``program`` keeps, recomputes, and their sizes.
+
+    The backward part starts at the op seeding the loss gradient (or after the
+    op writing ``loss`` when given). ``feed_shapes`` maps fed names to shapes
+    so that sizes known only at run time (``-1``) become bytes.
+
+    Example::
+
+        rg.append_backward(loss, checkpoints=[h2])
+        r = rg.memory.report(main, feed_shapes={"x": (64, 784)})
+        print(r)                       # a table: value, shape, bytes, kept / recomputed
+        r.kept_bytes, r.recomputed_bytes
+    """
+    block = program.global_block()
+    start = backward_start(block, loss)
+    info = ForwardValues.of(block, start)
+    shapes = resolve_shapes(block, feed_shapes)
+    recomputed_as: dict[str, list[str]] = {}
+    feeds_recompute: set[str] = set()
+    groups: list[list[str]] = []
+    previous_copy = False
+    for op in block.ops[start:]:
+        originals = op.attrs.get(RECOMPUTE_ATTR)
+        if originals is None:
+            previous_copy = False
+            continue
+        if not previous_copy:
+            groups.append([])
+        previous_copy = True
+        feeds_recompute.update(op_reads(op))
+        for orig, new in zip(originals, op.outputs):
+            recomputed_as.setdefault(orig, []).append(new)
+            groups[-1].append(new)
+
+    def row(name: str, status: str) -> ValueInfo:
+        var = block.var(name)
+        return ValueInfo(name, shapes.get(name, var.shape), var.dtype, value_bytes(var, shapes), status,
+                         info.backward_reads.get(name, 0), recomputed_as.get(name, []))
+
+    kept, inputs = [], []
+    for name in info.backward_reads:
+        if name in info.writers:
+            kept.append(row(name, "checkpoint" if name in feeds_recompute else "kept"))
+        else:
+            inputs.append(row(name, "input"))
+    recomputed = [row(name, "recomputed") for name in recomputed_as if name not in info.backward_reads]
+    peak = 0
+    for group in groups:
+        sizes = [value_bytes(block.var(n), shapes) for n in group]
+        if any(s is None for s in sizes):
+            peak = None
+            break
+        peak = max(peak, sum(sizes))
+    return MemoryReport(kept, recomputed, inputs, start, peak)

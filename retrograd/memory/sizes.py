@@ -1,0 +1,79 @@
+"""How many bytes a value takes: shapes resolved from feed shapes by re-running shape rules.
+
+Declared shapes hold ``-1`` where a size is known only at run time (batch,
+time). Given the shapes of the fed values, ``resolve_shapes`` walks the block
+once and asks every op's own shape rule what it produces, so the sizes the
+memory passes reason about are the ones the executor will meet.
+"""
+from __future__ import annotations
+
+import math
+from typing import Mapping, Sequence
+
+import numpy as np
+
+from ..errors import ProgramError
+from ..ir.program import Block, Var
+from ..ops.registry import get_op_def
+
+Shapes = dict[str, tuple[int, ...]]
+
+
+def resolve_shapes(block: Block, feed_shapes: Mapping[str, Sequence[int]] | None = None) -> Shapes:
+    """The best-known shape of every variable ``block`` sees, ``-1`` where still unknown.
+
+    Example::
+
+        shapes = resolve_shapes(main.global_block(), {"x": (64, 784)})
+        shapes["fc1.out"]                       # (64, 256) instead of (-1, 256)
+    """
+    shapes: Shapes = {}
+    for ancestor in reversed(list(block.ancestors())):
+        shapes.update({name: var.shape for name, var in ancestor.vars.items()})
+    for name, shape in (feed_shapes or {}).items():
+        name = name.name if isinstance(name, Var) else name
+        var = block.find_var(name)
+        if var is None:
+            raise ProgramError(f"feed_shapes names '{name}', which is not a variable of block {block.idx}")
+        shape = tuple(int(d) for d in shape)
+        if len(shape) != len(var.shape) or any(d >= 0 and d != s for d, s in zip(var.shape, shape)):
+            raise ProgramError(f"feed_shapes gives '{name}' the shape {list(shape)}, but it is declared "
+                               f"{var.type_str()}")
+        shapes[name] = shape
+    for op in block.ops:
+        inferred = _infer(op, block, shapes)
+        if inferred is None:
+            continue
+        for name, shape in zip(op.outputs, inferred):
+            declared = shapes.get(name, ())
+            if len(shape) == len(declared):
+                shapes[name] = tuple(d if d >= 0 else s for d, s in zip(declared, shape))
+    return shapes
+
+
+def _infer(op, block: Block, shapes: Shapes) -> list[tuple[int, ...]] | None:
+    """The op's shape rule on concrete input shapes; None when the rule cannot say more."""
+    ins = [block.find_var(n) for n in op.inputs]
+    if any(v is None for v in ins) or all(shapes.get(v.name) == v.shape for v in ins):
+        return None  # nothing more known than what is declared
+    probes = [Var(v.block, v.name, shapes.get(v.name, v.shape), v.dtype) for v in ins]
+    try:
+        specs = get_op_def(op.type).infer(probes, op.attrs)
+    except (ProgramError, KeyError, IndexError, TypeError, ValueError):
+        # A rule that cannot handle the probe leaves the declared shapes in place.
+        return None
+    return [tuple(int(d) for d in shape) for shape, _ in specs]
+
+
+def value_bytes(var: Var, shapes: Shapes | None = None) -> int | None:
+    """Bytes of ``var`` at its resolved shape; None while a size is unknown."""
+    shape = (shapes or {}).get(var.name, var.shape)
+    if any(d < 0 for d in shape):
+        return None
+    return int(math.prod(shape)) * np.dtype(var.dtype).itemsize
+
+
+def estimated_bytes(var: Var, shapes: Shapes | None = None) -> int:
+    """Bytes of ``var`` with every unknown size taken as 1: comparable, not absolute."""
+    shape = (shapes or {}).get(var.name, var.shape)
+    return int(math.prod(max(d, 1) for d in shape)) * np.dtype(var.dtype).itemsize
