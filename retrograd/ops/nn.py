@@ -94,7 +94,7 @@ def _one_hot_like_rule(ins, attrs):
     return [(like.shape, like.dtype)]
 
 
-@defop("OneHotLike", inputs=("labels", "like"), infer=_one_hot_like_rule, nondiff=(0, 1),
+@defop("OneHotLike", inputs=("labels", "like"), infer=_one_hot_like_rule, nondiff=(0, 1), shape_only=(1,),
        grad=lambda g: [None, None])
 def _one_hot_like(k, labels, like):
     """One-hot rows of ``labels`` with as many classes as ``like``'s last axis, in its dtype."""
@@ -210,6 +210,8 @@ def dropout(x: Var, p: float, seed: int | None = None) -> Var:
     The mask is drawn anew on every run of the program (from ``seed``, by
     default one taken from the program, and the run's id); the backward pass
     and any recomputation reuse the forward's mask. ``p=0`` is a plain copy.
+    Inside a loop body or a recurrent step the op draws the same mask at every
+    iteration of one run (as variational dropout does).
 
     Example::
 

@@ -75,7 +75,7 @@ def _reshape_as_rule(ins, attrs):
     return [(like.shape, x.dtype)]
 
 
-@defop("ReshapeAs", inputs=("x", "like"), infer=_reshape_as_rule, nondiff=(1,),
+@defop("ReshapeAs", inputs=("x", "like"), infer=_reshape_as_rule, nondiff=(1,), shape_only=(1,),
        grad=lambda g: [reshape_as(g.dy, g.x[0]), None])
 def _reshape_as(k, x, like):
     """``x`` reshaped to ``like``'s run-time shape (the gradient of Reshape)."""
@@ -186,7 +186,10 @@ def _split_like_grad(g):
     return [concat(parts, g.attrs["axis"])] + [None] * (len(g.x) - 1)
 
 
-@defop("SplitLike", inputs=("x", "likes*"), infer=_split_like_rule, grad=_split_like_grad)
+# shape_only lists positions; SplitLike is variadic, so its likes are listed up to a
+# generous bound (a Concat of more inputs still works, its extra likes are simply kept).
+@defop("SplitLike", inputs=("x", "likes*"), infer=_split_like_rule, grad=_split_like_grad,
+       shape_only=tuple(range(1, 256)))
 def _split_like(k, x, *likes):
     """Cut ``x`` along ``axis`` into pieces as long as each ``like`` is there (Concat's gradient)."""
     axis = k.attrs["axis"] % x.ndim
@@ -335,7 +338,7 @@ def _slice_grad_rule(ins, attrs):
     return [(x.shape, dy.dtype)]
 
 
-@defop("SliceGrad", inputs=("dy", "x"), infer=_slice_grad_rule, nondiff=(1,),
+@defop("SliceGrad", inputs=("dy", "x"), infer=_slice_grad_rule, nondiff=(1,), shape_only=(1,),
        grad=lambda g: [slice(g.dy, g.attrs["axes"], g.attrs["starts"], g.attrs["ends"]), None])
 def _slice_grad(k, dy, x):
     """Zeros shaped like ``x`` with ``dy`` written where Slice read (Slice's gradient)."""
@@ -402,7 +405,7 @@ def _gather_grad_rule(ins, attrs):
     return [(x.shape, dy.dtype)]
 
 
-@defop("GatherGrad", inputs=("dy", "ids", "x"), infer=_gather_grad_rule, nondiff=(1, 2),
+@defop("GatherGrad", inputs=("dy", "ids", "x"), infer=_gather_grad_rule, nondiff=(1, 2), shape_only=(2,),
        grad=lambda g: [gather(g.dy, g.x[1]), None, None])
 def _gather_grad(k, dy, ids, x):
     """Zeros shaped like ``x`` with each row of ``dy`` added into row ``ids[i]`` (repeats add up)."""

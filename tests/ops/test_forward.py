@@ -580,6 +580,22 @@ def test_forward_matches_numpy(op_type, data):
     check(CASES[op_type](Gen(data.draw)))
 
 
+SHAPE_ONLY = sorted(t for t in CASES if rg.OPS[t].extra.get("shape_only"))
+
+
+@pytest.mark.parametrize("op_type", SHAPE_ONLY)
+@settings(max_examples=10, deadline=None)
+@given(data=st.data())
+def test_shape_only_inputs_may_be_zero_stride_stand_ins(op_type, data):
+    """Inputs marked ``shape_only`` are read for their shape (and dtype) alone."""
+    case_ = CASES[op_type](Gen(data.draw))
+    positions = rg.OPS[op_type].extra["shape_only"]
+    stand_ins = [(decl, np.broadcast_to(np.zeros((), a.dtype), a.shape) if i in positions else a)
+                 for i, (decl, a) in enumerate(case_.inputs)]
+    want = case_.ref(*[a for _, a in case_.inputs])
+    check(Case(stand_ins, case_.build, lambda *_: want, case_.rtol))
+
+
 # --- One program, several batch sizes -----------------------------------------------------------------
 
 RERUN = {
