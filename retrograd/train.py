@@ -297,6 +297,12 @@ def _non_negative(text: str) -> float:
     return value
 
 
+def _non_negative_int(text: str) -> int:
+    if not text.strip().isdigit():
+        raise argparse.ArgumentTypeError(f"must be an integer >= 0, got {text}")
+    return int(text)
+
+
 def add_train_arguments(parser: argparse.ArgumentParser) -> None:
     """The options of ``retrograd train`` (defaults: the one-minute demonstration run).
 
@@ -327,7 +333,7 @@ def add_train_arguments(parser: argparse.ArgumentParser) -> None:
     add("--resume", metavar="PATH", default=None,
         help="start from parameters and optimizer state saved by an earlier run with the same model options")
     add("--seed", type=int, default=0, help="seed for initialisation, batches and sampling (default: 0)")
-    add("--sample-len", type=int, default=300, help="characters to generate at the end (default: 300)")
+    add("--sample-len", type=_non_negative_int, default=300, help="characters to generate at the end (default: 300)")
     add("--temperature", type=pos_float, default=0.8, help="sampling temperature (default: 0.8)")
     add("--log-every", type=pos_int, default=None,
         help="print a progress line every N steps (default: 10 lines per run)")
@@ -358,7 +364,12 @@ def run_train(args: argparse.Namespace) -> int:
                              "--optimizer of the run that saved it") from None
     first = int(exe.scope.get(training.step.name)[0])
     out = _Reporter(args, first, len(corpus), files)
-    losses = _train_loop(exe, training, corpus, args, first, out)
+    try:
+        losses = _train_loop(exe, training, corpus, args, first, out)
+    except KeyboardInterrupt:
+        print(f"retrograd train: interrupted; nothing was saved ({save_path} is unchanged)",
+              file=sys.stderr)
+        return 130
     save_params(exe.scope, save_path, training.main)
     sample = generate(exe, cfg, "def ", args.sample_len, args.temperature, args.seed)
     out.finish(losses, save_path, sample)

@@ -61,10 +61,13 @@ class Optimizer:
 
             params_grads = rg.optim.SGD(0.1).minimize(loss)
         """
+        startup = startup_program if startup_program is not None else default_startup_program()
+        if not isinstance(loss, Var):
+            raise ProgramError(f"minimize needs the loss Var, got {type(loss).__name__}")
+        _check_startup(startup, loss.block.program.all_parameters())   # before changing the program
         extra = {} if checkpoints is None else {"checkpoints": checkpoints}
         params_grads = append_backward(loss, parameter_list, no_grad_set, **extra)
-        self.apply_gradients(params_grads, main_program=loss.block.program,
-                             startup_program=startup_program)
+        self.apply_gradients(params_grads, main_program=loss.block.program, startup_program=startup)
         return params_grads
 
     def apply_gradients(self, params_grads: Sequence[tuple[Var, Var]], *,
@@ -82,6 +85,7 @@ class Optimizer:
         main = main_program if main_program is not None else params_grads[0][0].block.program
         self._main = main
         self._startup = startup_program if startup_program is not None else default_startup_program()
+        _check_startup(self._startup, [p for p, _ in params_grads])
         with program_guard(main, self._startup):
             grads = [g for _, g in params_grads]
             if self.clip_norm is not None:
@@ -97,6 +101,16 @@ class Optimizer:
 
     def _update(self, param: Var, grad: Var) -> None:
         raise NotImplementedError
+
+
+def _check_startup(startup: Program, params: list[Var]) -> None:
+    """The state's initialisers go where the parameters' are; refuse to guess otherwise."""
+    inits = startup.global_block().vars
+    if params and not any(p.name in inits for p in params):
+        raise ProgramError(
+            f"the startup program in use does not initialise parameter '{params[0].name}', so it "
+            "cannot initialise the optimizer state either; call minimize inside "
+            "rg.program_guard(main, startup) or pass startup_program=startup")
 
 
 class SGD(Optimizer):

@@ -209,3 +209,22 @@ def test_loss_without_parameters_is_a_program_error():
         loss = rg.mean(x)
         with pytest.raises(rg.ProgramError, match="no trainable parameter"):
             rg.optim.SGD(0.1).minimize(loss)
+
+
+def test_minimize_outside_the_guard_needs_the_startup_program():
+    main, startup = rg.Program(), rg.Program()
+    with rg.program_guard(main, startup):
+        x = rg.data("x", [-1, 2], "float64")
+        w = rg.create_parameter("w", [2, 1], "float64", init=1.0)
+        loss = rg.mean(rg.matmul(x, w))
+    n_ops = len(main.global_block().ops)
+    with pytest.raises(rg.ProgramError, match="startup_program=startup"):
+        rg.optim.Momentum(0.5, 0.5).minimize(loss)
+    assert len(main.global_block().ops) == n_ops          # refused before changing the program
+    rg.optim.Momentum(0.5, 0.5).minimize(loss, startup_program=startup)
+    exe = rg.Executor()
+    exe.run(startup)
+    for _ in range(2):
+        exe.run(main, feed={"x": np.array([[1.0, 2.0]])})
+    # v1 = g = [1, 2]; v2 = 0.5 v1 + g = [1.5, 3]; w = 1 - 0.5 (v1 + v2)
+    np.testing.assert_allclose(exe.scope.get("w")[:, 0], [1 - 0.5 * 2.5, 1 - 0.5 * 5.0])
