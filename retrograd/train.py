@@ -32,6 +32,8 @@ from pathlib import Path
 
 import numpy as np
 
+import retrograd as rg
+
 from .errors import RetrogradError
 from .io import ParamFileError, load_params, read_params, save_params
 
@@ -142,7 +144,6 @@ def build_net(cfg: ModelConfig, seq_len: int, with_states: bool) -> Net:
     ``with_states`` adds per-layer initial-state inputs (``<layer>.h0``/``.c0``),
     used by the one-step sampling program; training starts every window at zero.
     """
-    import retrograd as rg
     ids = rg.data("chars", [seq_len, -1], dtype="int64")
     table = rg.create_parameter("embed.w", [len(VOCAB), cfg.embed], init=("normal", 0.0, 0.1))
     x = rg.gather(table, ids)                                   # [T, N, E]
@@ -161,7 +162,6 @@ def build_net(cfg: ModelConfig, seq_len: int, with_states: bool) -> Net:
 
 def _recurrent_layer(cfg: ModelConfig, x, h0, c0, name: str):
     """One layer: ``(h_all, h_last, c_last or None)``."""
-    import retrograd as rg
     if cfg.model == "gru":
         h_all, h_last = rg.layers.gru(x, cfg.hidden, h0=h0, name=name, recompute=cfg.recompute)
         return h_all, h_last, None
@@ -171,7 +171,6 @@ def _recurrent_layer(cfg: ModelConfig, x, h0, c0, name: str):
 
 
 def _optimizer(name: str, lr: float, clip_norm: float | None):
-    import retrograd as rg
     if name == "adam":
         return rg.optim.Adam(lr, clip_norm=clip_norm)
     if name == "momentum":
@@ -198,7 +197,6 @@ def build_training(cfg: ModelConfig, seq_len: int, optimizer: str, lr: float,
                            clip_norm=5.0, seed=0)
         print(t.main)
     """
-    import retrograd as rg
     main, startup = rg.Program(random_seed=seed), rg.Program(random_seed=seed)
     with rg.program_guard(main, startup):
         net = build_net(cfg, seq_len, with_states=False)
@@ -212,7 +210,6 @@ def build_training(cfg: ModelConfig, seq_len: int, optimizer: str, lr: float,
 
 def build_sampler(cfg: ModelConfig):
     """A forward-only program over one time step, with the training program's parameter names."""
-    import retrograd as rg
     main = rg.Program()
     with rg.program_guard(main, rg.Program()):
         net = build_net(cfg, 1, with_states=True)
@@ -223,34 +220,34 @@ def build_sampler(cfg: ModelConfig):
 def generate(exe, cfg: ModelConfig, prime: str, length: int, temperature: float, seed: int) -> str:
     """``prime`` followed by ``length`` characters drawn from the model, one step at a time.
 
+    The recurrent states go round through the feed: each run fetches every
+    layer's last ``h`` (and ``c``) and feeds them back as the next ``h0``/``c0``.
+
     Example::
 
         print(generate(exe, cfg, "def ", 200, temperature=0.8, seed=0))
     """
     main, net, probs = build_sampler(cfg)
     rng = np.random.default_rng(seed)
-    zeros = np.zeros((1, cfg.hidden), dtype=np.float32)
-    h = [zeros] * cfg.layers
-    c = [zeros] * cfg.layers
-    fetch = [probs] + net.h_last + [v for v in net.c_last if v is not None]
-    out = list(prime)
-    char = encode(prime)
-    ids = list(char)
-    p = None
-    for i in range(len(ids) + length):
-        if i >= len(ids):
-            ids.append(_draw(rng, p, temperature))
-            out.append(VOCAB[ids[-1]])
-        feed = {net.ids: np.array([[ids[i]]], dtype=np.int64)}
-        for layer in range(cfg.layers):
-            feed[net.h0[layer]] = h[layer]
-            if net.c0[layer] is not None:
-                feed[net.c0[layer]] = c[layer]
-        values = exe.run(main, feed={v.name: a for v, a in feed.items()}, fetch_list=fetch)
-        p = values[0][0]
-        h = values[1:1 + cfg.layers]
-        c = values[1 + cfg.layers:] or c
-    return "".join(out)
+    state_in = [v for pair in zip(net.h0, net.c0) for v in pair if v is not None]
+    state_out = [v for pair in zip(net.h_last, net.c_last) for v in pair if v is not None]
+    states = [np.zeros((1, cfg.hidden), dtype=np.float32) for _ in state_in]
+
+    def advance(char_id: int) -> np.ndarray:
+        nonlocal states
+        feed = {net.ids.name: np.array([[char_id]], dtype=np.int64)}
+        feed.update((v.name, value) for v, value in zip(state_in, states))
+        p, *states = exe.run(main, feed=feed, fetch_list=[probs] + state_out)
+        return p[0]
+
+    for char_id in encode(prime[:-1]):
+        advance(int(char_id))
+    drawn = []
+    char_id = int(encode(prime[-1:])[0]) if prime else _INDEX["\n"]
+    for _ in range(length):
+        char_id = _draw(rng, advance(char_id), temperature)
+        drawn.append(char_id)
+    return prime + decode(drawn)
 
 
 def _draw(rng, p: np.ndarray, temperature: float) -> int:
@@ -344,7 +341,6 @@ def run_train(args: argparse.Namespace) -> int:
 
     Raises ``RetrogradError`` subclasses (one-line messages) for bad input.
     """
-    import retrograd as rg
     cfg = ModelConfig(args.model, args.hidden, args.layers, args.embed, args.recompute)
     save_path = Path(args.save if args.save else f"retrograd-{args.model}.npz")
     if not save_path.parent.is_dir():
