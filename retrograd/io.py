@@ -8,6 +8,9 @@
   ``allow_pickle=False`` (no code runs on load), checks names, shapes and
   dtypes, and only then touches the scope: a bad file changes nothing.
 
+The file is a plain ``.npz``: one array per persistable, keyed by its name,
+so ``np.load(path)`` reads it too.
+
 Example::
 
     rg.save_params(exe.scope, "model.npz", main)
@@ -29,10 +32,6 @@ from .backend import to_numpy
 from .errors import FeedError
 from .ir.program import Program, Var
 from .runtime.scope import Scope
-
-# Stored next to the values; a file without it is still loadable (a plain np.savez).
-_FORMAT_KEY = "__retrograd_format__"
-_FORMAT = 1
 
 
 class ParamFileError(FeedError):
@@ -71,7 +70,6 @@ def save_params(scope: Scope, path: str | os.PathLike, program: Program) -> Path
         raise ParamFileError(f"cannot save to {path}: the program has no persistable variables")
     if not path.parent.is_dir():
         raise ParamFileError(f"cannot save to {path}: directory {path.parent} does not exist")
-    arrays[_FORMAT_KEY] = np.asarray(_FORMAT, dtype=np.int64)
     _atomic_write(path, arrays)
     return path
 
@@ -115,10 +113,6 @@ def read_params(path: str | os.PathLike) -> dict[str, np.ndarray]:
     except (zipfile.BadZipFile, ValueError, OSError, EOFError, KeyError) as exc:
         raise ParamFileError(f"{path} is not a readable parameter file (.npz): "
                              f"{type(exc).__name__}: {exc}") from None
-    fmt = arrays.pop(_FORMAT_KEY, None)
-    if fmt is not None and (fmt.shape != () or int(fmt) != _FORMAT):
-        raise ParamFileError(f"{path} has parameter-file format {fmt.tolist()}; this retrograd reads "
-                             f"format {_FORMAT}")
     return arrays
 
 

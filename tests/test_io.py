@@ -49,6 +49,8 @@ def test_round_trip_saves_every_persistable(tmp_path):
     stored = rg.read_params(path)
     expected = {v.name for v in main.global_block().vars.values() if v.persistable}
     assert set(stored) == expected
+    with np.load(path) as raw:                       # a plain .npz, one array per persistable
+        assert set(raw.files) == expected
     assert {"l1.w.moment1", "l1.w.moment2", "l1.w.step"} <= set(stored)
     other = rg.Executor()
     loaded = rg.load_params(other.scope, path, main)
@@ -120,7 +122,7 @@ def test_missing_names_and_dtype_mismatch_are_reported(tmp_path):
     np.savez(tmp_path / "f32.npz", **arrays)
     with pytest.raises(rio.ParamFileError, match="'l1.b' has dtype float32 in the file, expected float64"):
         rg.load_params(rg.Scope(), tmp_path / "f32.npz", sgd_main)
-    # A plain np.savez file with the right names loads (the format marker is optional).
+    # A plain np.savez file with the right names loads.
     np.savez(tmp_path / "plain.npz", **rg.read_params(tmp_path / "sgd.npz"))
     assert "l1.w" in rg.load_params(rg.Scope(), tmp_path / "plain.npz", sgd_main)
 
