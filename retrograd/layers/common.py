@@ -9,6 +9,7 @@ from ..ir.program import Var
 from ..ops.creation import create_parameter
 from ..ops.math import matmul, relu, sigmoid, tanh
 from ..ops.nn import softmax
+from ..ops.rnn_cells import seq_linear
 from ..ops.tensor import gather
 
 ACTIVATIONS: dict[str | None, Callable[[Var], Var] | None] = {
@@ -41,7 +42,8 @@ def fc(x: Var, size: int, act: str | None = None, name: str | None = None) -> Va
     name = _layer_name(name, "fc")
     w = create_parameter(f"{name}.w", [x.shape[-1], int(size)], dtype=x.dtype)
     b = create_parameter(f"{name}.b", [int(size)], dtype=x.dtype, init="zeros")
-    out = matmul(x, w) + b
+    # A [T, N, D] input is one [T*N, D] GEMM (and one GEMM for w's gradient), not T of them.
+    out = (matmul(x, w) if x.ndim == 2 else seq_linear(x, w)) + b
     activation = ACTIVATIONS[act]
     return out if activation is None else activation(out)
 
