@@ -172,8 +172,7 @@ def _copy_segment(block: Block, info: ForwardValues, seg: Segment, values: set[s
     mapping: dict[str, str] = {}
     copies = []
     for op in chosen:
-        inputs = [mapping.get(n, n) for n in op.inputs]
-        attrs = {key: _renamed_attr(value, block, mapping) for key, value in op.attrs.items()}
+        inputs, attrs = _renamed_reads(op, block, mapping)
         attrs[RECOMPUTE_ATTR] = list(op.outputs)
         for name in op.outputs:
             mapping[name] = _fresh_var(block, name).name
@@ -190,20 +189,55 @@ def _fresh_var(block: Block, name: str) -> Var:
 
 
 def _rename_reads(op: Op, mapping: dict[str, str]) -> None:
-    op.inputs = [mapping.get(n, n) for n in op.inputs]
-    for key, value in op.attrs.items():
-        op.attrs[key] = _renamed_attr(value, op.block, mapping)
+    """Make a backward op read the recomputed values (its own sub-blocks are renamed in place)."""
+    op.inputs, op.attrs = _renamed_reads(op, op.block, mapping, owner=op)
+    op.block.program.bump()
 
 
-def _renamed_attr(value, block: Block, mapping: dict[str, str]):
-    """Sub-blocks reading a renamed outer value are cloned with the read renamed; others kept."""
+def _renamed_reads(op: Op, block: Block, mapping: dict[str, str],
+                   owner: Op | None = None) -> tuple[list[str], dict]:
+    """``op``'s inputs and attributes reading ``mapping``'s new names instead of the old ones.
+
+    An op with sub-blocks reads outer values in them by name and binds them
+    by name, through its inputs or its attributes (``If``'s ``binds``): its
+    sub-blocks are renamed too (cloned when another op also runs them, as the
+    forward op does), and so are string attributes naming a renamed value.
+    """
+    inputs = [mapping.get(n, n) for n in op.inputs]
+    local = {n: mapping[n] for n in op_reads(op) if n in mapping} if op.sub_blocks() else {}
+    if not local:
+        return inputs, dict(op.attrs)
+    return inputs, {key: _renamed_attr(value, block, local, owner) for key, value in op.attrs.items()}
+
+
+def _renamed_attr(value, block: Block, mapping: dict[str, str], owner: Op | None):
     if isinstance(value, Block):
-        if any(n in mapping for n in free_reads(value) if n not in value.vars):
-            return _clone_block(value, block, mapping)
-        return value
+        if not any(n in mapping for n in free_reads(value) if n not in value.vars):
+            return value
+        if owner is not None and not _shared(value, owner):
+            _rename_block(value, mapping)
+            return value
+        return _clone_block(value, block, mapping)
+    if isinstance(value, str):
+        return mapping.get(value, value)
     if isinstance(value, list):
-        return [_renamed_attr(v, block, mapping) for v in value]
+        return [_renamed_attr(v, block, mapping, owner) for v in value]
+    if isinstance(value, tuple):
+        return tuple(_renamed_attr(v, block, mapping, owner) for v in value)
+    if isinstance(value, dict):
+        return {k: _renamed_attr(v, block, mapping, owner) for k, v in value.items()}
     return value
+
+
+def _shared(sub: Block, owner: Op) -> bool:
+    """True when an op other than ``owner`` references ``sub``."""
+    return any(sub in op.sub_blocks() for b in sub.program.blocks for op in b.ops if op is not owner)
+
+
+def _rename_block(sub: Block, mapping: dict[str, str]) -> None:
+    inner = {k: v for k, v in mapping.items() if k not in sub.vars}
+    for op in sub.ops:
+        op.inputs, op.attrs = _renamed_reads(op, sub, inner, owner=op)
 
 
 def _clone_block(sub: Block, parent: Block, mapping: dict[str, str]) -> Block:
@@ -215,10 +249,33 @@ def _clone_block(sub: Block, parent: Block, mapping: dict[str, str]) -> Block:
                          trainable=var.trainable, stop_gradient=var.stop_gradient,
                          is_parameter=var.is_parameter, is_data=var.is_data)
     for op in sub.ops:
-        attrs = {key: _renamed_attr(value, clone, inner) for key, value in op.attrs.items()}
-        clone.append_op(Op(op.type, [inner.get(n, n) for n in op.inputs],
-                           [inner.get(n, n) for n in op.outputs], attrs))
+        attrs = {key: _cloned_attr(value, clone, inner) for key, value in op.attrs.items()}
+        if op.sub_blocks():
+            attrs = {key: _renamed_attr(value, clone, inner, None) if not _holds_block(value) else value
+                     for key, value in attrs.items()}
+        clone.append_op(Op(op.type, [inner.get(n, n) for n in op.inputs], list(op.outputs), attrs))
     return clone
+
+
+def _cloned_attr(value, parent: Block, mapping: dict[str, str]):
+    """Every sub-block in an attribute cloned under ``parent`` (a clone's blocks must be its children)."""
+    if isinstance(value, Block):
+        return _clone_block(value, parent, mapping)
+    if isinstance(value, (list, tuple)):
+        return type(value)(_cloned_attr(v, parent, mapping) for v in value)
+    if isinstance(value, dict):
+        return {k: _cloned_attr(v, parent, mapping) for k, v in value.items()}
+    return value
+
+
+def _holds_block(value) -> bool:
+    if isinstance(value, Block):
+        return True
+    if isinstance(value, (list, tuple)):
+        return any(_holds_block(v) for v in value)
+    if isinstance(value, dict):
+        return any(_holds_block(v) for v in value.values())
+    return False
 
 
 # --- entry point used by append_backward ----------------------------------------------------
