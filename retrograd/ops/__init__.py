@@ -10,4 +10,5 @@ from .tensor import (cast, concat, gather, reshape, slice, split, squeeze,  # no
                      stop_gradient, transpose, unsqueeze)
 from .nn import dropout, log_softmax, one_hot, softmax, softmax_cross_entropy  # noqa: F401
 from .rnn_cells import gru_unit, lstm_unit, seq_linear  # noqa: F401
+from .recurrent import recurrent, recurrent_net  # noqa: F401
 from .control_flow import cond, do, while_loop  # noqa: F401
