@@ -609,3 +609,21 @@ def test_training_keeps_only_what_each_iterations_backward_reads():
     assert per_iteration == pytest.approx(2 * row, rel=0.05)
     body_values = 4   # matmul, tanh, 0.1 * tanh, sum
     assert per_iteration < (body_values - 1) * row
+
+
+def test_readme_control_flow_example():
+    from pathlib import Path
+    import re
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    section = readme.split("\n## Control flow\n", 1)[1].split("\n## ", 1)[0]
+    code = re.search(r"```python\n(.*?)```", section, flags=re.S).group(1)
+    ns: dict = {"__name__": "readme"}
+    exec(compile(code, "README.md", "exec"), ns)
+    w = t(ns["exe"].scope.get("w"), True)
+    h = t(np.ones(4))
+    for _ in range(7):
+        h = torch.tanh(h @ w)
+        h = h * 2.0 if h.sum() > 0 else -h
+    loss = (h * h).sum()
+    close(ns["loss_v"], loss.item())
+    close(ns["dw_v"], grads_of(loss, [w])[0])
