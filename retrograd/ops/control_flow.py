@@ -15,13 +15,15 @@ op there ("bound" in the printed program). Layouts::
         j: a gradient the branch that ran does not produce) or None (an empty
         array: a value saved for the backward of the other branch).
     While(init..., consts...; cond, cond_binds, cond_out, body, carry_binds,
-          body_outs, ys, max_iters)                       -> finals..., iters, ys...
+          body_outs, ys, ys_full, max_iters)              -> finals..., iters, ys...
     Scan(n, init..., xs..., consts...; body, carry_binds, body_outs, x_binds,
-         ys, ys_like, reverse)                            -> finals..., ys...
+         ys, ys_like, ys_full, reverse)                   -> finals..., ys...
         a loop over carried values; Scan runs n iterations (i = 0..n-1, or
         n-1..0 when reversed) binding xs[j][i] to x_binds[j]; both stack the
         body's values ``ys`` of every iteration into [iterations, ...] outputs
-        (ys_like[j] = an input index: shaped like that input instead).
+        (ys_like[j] = an input index: shaped like that input instead;
+        ys_full[j] False: the backward reads only its shape, so the output is
+        a zero-stride stand-in that costs no memory).
 
 Gradients are the same kind of op over a derived block (the backward of the
 sub-block, built by ``autodiff.build_backward``): the gradient of If is an If
@@ -96,18 +98,26 @@ def _empty(xp, var: Var):
 
 
 class _Kept:
-    """Per-iteration values kept for a backward, held in the run's memory meter until stacked."""
+    """Per-iteration values kept for a backward, held in the run's memory meter until stacked.
 
-    def __init__(self, k, names: Sequence[str], block: Block):
+    Of a value whose backward reads only its shape (``full`` False) only the
+    shape is kept; its stack is a zero-stride stand-in of the right shape.
+    """
+
+    def __init__(self, k, names: Sequence[str], block: Block, full: Sequence[bool]):
         self.k = k
         self.names = list(names)
         self.block = block
+        self.full = list(full)
         self.values: list[list] = [[] for _ in self.names]
 
     def add(self, values: Sequence) -> None:
-        for kept, value in zip(self.values, values):
-            self.k.run.meter.hold(value)
-            kept.append(value)
+        for kept, value, full in zip(self.values, values, self.full):
+            if full:
+                self.k.run.meter.hold(value)
+                kept.append(value)
+            else:
+                kept.append(_ShapeOf(tuple(value.shape), value.dtype))
 
     def stacks(self, reverse: bool = False) -> list:
         """One [iterations, ...] array per name, in iteration order.
@@ -138,6 +148,8 @@ class _Kept:
                                          "per iteration and needs one rank")
                 shape = tuple(max(a, b) for a, b in zip(shape, value.shape))
                 padded = True
+        if isinstance(values[0], _ShapeOf):
+            return xp.broadcast_to(xp.zeros((), dtype=values[0].dtype), (len(values),) + shape)
         make = xp.zeros if padded else xp.empty
         out = make((len(values),) + shape, dtype=values[0].dtype)
         for i, value in enumerate(values):
@@ -145,6 +157,18 @@ class _Kept:
             meter.release(value)
             values[i] = None
         return out
+
+
+@dataclass(frozen=True)
+class _ShapeOf:
+    """What is kept of a value read only for its shape."""
+    shape: tuple
+    dtype: object
+
+
+def _full_flags(attrs: dict, names: Sequence[str]) -> list[bool]:
+    flags = attrs.get("ys_full")
+    return [True] * len(names) if flags is None else list(flags)
 
 
 def _outputs(values: Sequence):
@@ -394,7 +418,7 @@ def _while(k, *arrays):
     attrs, run, xp, op = k.attrs, k.run, k.xp, k.op
     n = len(attrs["carry_binds"])
     carries, consts = list(arrays[:n]), dict(zip(op.inputs[n:], arrays[n:]))
-    kept = _Kept(k, attrs["ys"], attrs["body"])
+    kept = _Kept(k, attrs["ys"], attrs["body"], _full_flags(attrs, attrs["ys"]))
     fetch = list(attrs["body_outs"]) + list(attrs["ys"])
     max_iters = attrs.get("max_iters")
     iters = 0
@@ -438,7 +462,8 @@ def _scan(k, count, *arrays):
     for out in shaped.values():
         run.meter.hold(out)
     stacked = [j for j, like in enumerate(likes) if like is None]
-    kept = _Kept(k, [attrs["ys"][j] for j in stacked], attrs["body"])
+    full = _full_flags(attrs, attrs["ys"])
+    kept = _Kept(k, [attrs["ys"][j] for j in stacked], attrs["body"], [full[j] for j in stacked])
     fetch = list(attrs["body_outs"]) + list(attrs["ys"])
     for i in (range(n - 1, -1, -1) if attrs["reverse"] else range(n)):
         bindings = {**consts, **dict(zip(attrs["carry_binds"], carries)),
@@ -524,7 +549,7 @@ def while_loop(cond_fn: Callable[..., Var], body_fn: Callable[..., Var | Sequenc
     reads = _unique(_outer_reads(cond_block, [flag.name]) + _outer_reads(body, [v.name for v in new_vars]))
     attrs = {"cond": cond_block, "cond_binds": [v.name for v in cond_vars], "cond_out": flag.name,
              "body": body, "carry_binds": [v.name for v in body_vars], "body_outs": [v.name for v in new_vars],
-             "ys": [], "max_iters": max_iters}
+             "ys": [], "ys_full": [], "max_iters": max_iters}
     outs = append_op("While", inits + [block.var(n) for n in reads], attrs, name="while")
     finals = outs[:len(inits)]
     return finals[0] if kind is None else kind(finals)
@@ -549,12 +574,13 @@ def _recomputable(op: Op) -> bool:
 
 
 def _detach(grad_block: Block, fwd: Block, parent: Block, fetch: Sequence[str],
-            bound: Sequence[str]) -> list[str]:
+            bound: Sequence[str]) -> tuple[list[str], set[str]]:
     """Move ``grad_block`` (built as a child of ``fwd`` to see its values) under ``parent``.
 
     The values of ``fwd`` it reads become variables of its own: constants are
     recomputed there, the rest are bound by the gradient op to values the
-    forward op saves. Returns the names of those saved values. Variables that
+    forward op saves. Returns the names of those saved values, and the subset
+    read only for their shape (the ``like`` of ``SumTo``). Variables that
     gradient makers declared for results nobody wanted (no op writes them) go.
     """
     written = {name for op in grad_block.ops for name in op.outputs}
@@ -581,7 +607,19 @@ def _detach(grad_block: Block, fwd: Block, parent: Block, fetch: Sequence[str],
         grad_block.create_var(name, var.shape, var.dtype)
     grad_block.parent_idx = parent.idx
     grad_block.program.bump()
-    return saved
+    return saved, _read_only_for_shape(grad_block, fetch) & set(saved)
+
+
+def _read_only_for_shape(block: Block, fetch: Sequence[str]) -> set[str]:
+    """Names the ops of ``block`` read only through inputs their op marks ``shape_only``."""
+    full, shape = set(fetch), set()
+    for op in block.ops:
+        only = get_op_def(op.type).extra.get("shape_only", ())
+        for i, name in enumerate(op.inputs):
+            (shape if i in only else full).add(name)
+        for sub in op.sub_blocks():
+            full.update(free_reads(sub))
+    return shape - full
 
 
 @dataclass
@@ -641,7 +679,7 @@ def _derive_call(g: GradCtx, b: int, block: Block, wanted: list[bool]) -> _Deriv
     grads = _run_backward(grad_block, block, parts, list(operand_of))
     per_operand = {j: grads.get(name) for name, j in operand_of.items()}
     fetch = [v.name for v in per_operand.values() if v is not None]
-    saved = _detach(grad_block, block, g.block, fetch, [name for name, _ in dout_binds])
+    saved, _ = _detach(grad_block, block, g.block, fetch, [name for name, _ in dout_binds])
     return _Derived(grad_block, per_operand, fetch, dout_binds, saved)
 
 
@@ -760,10 +798,13 @@ def _loop_grad(g: GradCtx, L: _LoopView) -> list:
         new_accs = [add(acc, grad) for acc, (_, grad) in zip(accs, summed)]
     dxs = [(i, grads[L.x_binds[i]]) for i in xs_diff if grads[L.x_binds[i]] is not None]
     fetch = [v.name for v in new_dcarry + new_accs] + [v.name for _, v in dxs]
-    saved = _detach(G, body, g.block, fetch, [v.name for v in [*dcarry.values(), *dy.values(), *accs]])
+    saved, shape_only = _detach(G, body, g.block, fetch, [v.name for v in [*dcarry.values(), *dy.values(), *accs]])
 
     # Per iteration: the kept values' gradients, then the forward values the backward reads.
-    stacks = _save_loop_values(L, [n for n in saved if n not in L.x_binds])
+    stacks = _save_loop_values(L, [n for n in saved if n not in L.x_binds], shape_only)
+    for name in saved:
+        if name in L.x_binds and name not in shape_only:
+            _need_in_full(x[L.xs_pos[L.x_binds.index(name)]])
     xs_vars = [dys[i] for i in ys_in] + [x[L.xs_pos[L.x_binds.index(n)]] if n in L.x_binds else stacks[n]
                                          for n in saved]
     x_binds = [dy[i].name for i in ys_in] + saved
@@ -778,7 +819,8 @@ def _loop_grad(g: GradCtx, L: _LoopView) -> list:
         ys_like.append(next(p for p, v in enumerate(inputs) if p > len(inits) and v.name == ref.name))
     attrs = {"body": G, "carry_binds": [dcarry[j].name for j in carries] + [a.name for a in accs],
              "body_outs": fetch[:len(carries) + len(accs)], "x_binds": x_binds,
-             "ys": [v.name for _, v in dxs], "ys_like": ys_like, "reverse": not L.reverse}
+             "ys": [v.name for _, v in dxs], "ys_like": ys_like, "ys_full": [True] * len(dxs),
+             "reverse": not L.reverse}
     outs = append_op("Scan", inputs, attrs, name="scan_grad")
     for var, j in zip(outs, carries):
         if diff(L.carry_pos[j]):
@@ -790,16 +832,20 @@ def _loop_grad(g: GradCtx, L: _LoopView) -> list:
     return result
 
 
-def _save_loop_values(L: _LoopView, names: Sequence[str]) -> dict[str, Var]:
-    """Make the loop op also output, stacked over iterations, the body values ``names``."""
+def _save_loop_values(L: _LoopView, names: Sequence[str], shape_only: set[str]) -> dict[str, Var]:
+    """Make the loop op also output, stacked over iterations, the body values ``names``
+    (as zero-stride stand-ins for those in ``shape_only``)."""
     op, attrs = L.op, L.op.attrs
     ys = list(attrs["ys"])
     likes = list(attrs["ys_like"]) if "ys_like" in attrs else None
+    full = _full_flags(attrs, ys)
     found = {}
     for name in names:
         if name in ys:
             found[name] = op.block.var(op.outputs[L.ys_start + ys.index(name)])
+            full[ys.index(name)] |= name not in shape_only
             continue
+        full.append(name not in shape_only)
         inner = L.body.var(name)
         var = op.block.create_var(op.block.program.unique_name(f"{name}.saved"), (-1,) + inner.shape,
                                   inner.dtype)
@@ -809,7 +855,18 @@ def _save_loop_values(L: _LoopView, names: Sequence[str]) -> dict[str, Var]:
             likes.append(None)
         found[name] = var
     attrs["ys"] = ys
+    attrs["ys_full"] = full
     if likes is not None:
         attrs["ys_like"] = likes
     op.block.program.bump()
     return found
+
+
+def _need_in_full(stack: Var) -> None:
+    """A backward reads ``stack`` (a loop's kept values) in full: keep the values, not a stand-in."""
+    for op in stack.block.ops:
+        if stack.name in op.outputs and "ys_full" in op.attrs:
+            index = op.outputs.index(stack.name) - (len(op.outputs) - len(op.attrs["ys"]))
+            if index >= 0 and not op.attrs["ys_full"][index]:
+                op.attrs["ys_full"] = [f or i == index for i, f in enumerate(op.attrs["ys_full"])]
+                stack.block.program.bump()
