@@ -1,0 +1,142 @@
+"""Checkpoint schedules over time steps: optimal advance counts, valid plans, budgets respected."""
+from __future__ import annotations
+
+from functools import lru_cache
+
+import pytest
+
+import retrograd as rg
+from retrograd.memory import schedules as sc
+
+
+@lru_cache(maxsize=None)
+def _brute_cost(n: int, s: int) -> int:
+    """Least advances to reverse n steps with s free slots, by exhaustive recursion (independent)."""
+    if n <= 1:
+        return 0
+    if s == 0:
+        return sum(range(n))                 # reach each step from the start, last to first
+    return min(k + _brute_cost(n - k, s - 1) + _brute_cost(k, s) for k in range(1, n))
+
+
+def test_closed_form_matches_exhaustive_search():
+    for n in range(1, 45):
+        for s in range(0, 7):
+            assert sc.revolve_cost(n, s) == _brute_cost(n, s), (n, s)
+
+
+def test_split_is_optimal():
+    for n in range(2, 45):
+        for s in range(1, 7):
+            k = sc.revolve_split(n, s)
+            assert 1 <= k < n
+            assert k + _brute_cost(n - k, s - 1) + _brute_cost(k, s) == _brute_cost(n, s)
+
+
+def test_known_values():
+    assert sc.beta(2, 3) == 10
+    assert sc.revolve_cost(10, 0) == 45
+    assert sc.revolve_cost(10, 9) == 9         # a slot per step: one advance each
+
+
+class _Toy(sc.StepRunner):
+    """state[t+1] = f(state[t], t), integers; records every step run and checks each reversal."""
+
+    def __init__(self, steps: int):
+        self.truth = [7]
+        for t in range(steps):
+            self.truth.append(self.f(self.truth[-1], t))
+        self.advanced = 0
+        self.taped = 0
+        self.reversed: list[int] = []
+        self.kept = 0
+        self.peak_kept = 0
+
+    @staticmethod
+    def f(x: int, t: int) -> int:
+        return (x * 31 + t * 7 + 3) % 1000003
+
+    def advance(self, state, start, stop):
+        assert state == self.truth[start]
+        for t in range(start, stop):
+            state = self.f(state, t)
+            self.advanced += 1
+        return state
+
+    def reverse(self, state, start, stop):
+        assert state == self.truth[start], "a reversal started from the wrong state"
+        tape = [state]
+        for t in range(start, stop):
+            tape.append(self.f(tape[-1], t))
+            self.taped += 1
+        for t in range(stop - 1, start - 1, -1):
+            assert tape[t - start + 1] == self.truth[t + 1]
+            self.reversed.append(t)
+
+    def keep(self, state):
+        self.kept += 1
+        self.peak_kept = max(self.peak_kept, self.kept)
+        return state
+
+    def drop(self, state):
+        self.kept -= 1
+
+
+def _run(plan: sc.Plan, steps: int) -> _Toy:
+    toy = _Toy(steps)
+    checkpoints = {0: toy.truth[0]}
+    for t in plan.sweep_stores:                   # the forward sweep keeps these on its way
+        checkpoints[t] = toy.keep(toy.truth[t])
+    sc.run_backward(plan, checkpoints, toy)
+    return toy
+
+
+@pytest.mark.parametrize("steps,segment,slots", [(1, 1, 0), (10, 1, 0), (10, 1, 3), (37, 1, 4), (37, 5, 2),
+                                                 (100, 7, 20), (64, 8, 7), (50, 50, 0), (13, 4, 1)])
+def test_plans_reverse_every_step_once_from_the_right_state(steps, segment, slots):
+    plan = sc.make_plan(steps, segment, slots)
+    toy = _run(plan, steps)
+    assert toy.reversed == list(range(steps - 1, -1, -1))
+    assert toy.taped == steps
+    assert toy.advanced == plan.advances
+    assert toy.peak_kept == plan.max_stored() <= slots
+    assert toy.kept == 0                         # every checkpoint dropped at the end
+    if segment == 1:
+        # Along the forward sweep revolve's advances are free: the rest is all the backward does.
+        free = sum(b - a for a, b in zip([0] + plan.sweep_stores, plan.sweep_stores))
+        assert plan.advances == sc.revolve_cost(steps, min(slots, steps - 1)) - free
+
+
+def test_sqrt_plan_recomputes_each_step_once():
+    plan = sc.sqrt_plan(100)
+    assert plan.segment == 10 and plan.advances == 0
+    assert len(plan.sweep_stores) == 9
+    assert _run(plan, 100).reversed == list(range(99, -1, -1))
+
+
+@pytest.mark.parametrize("steps", [50, 1000, 10000])
+@pytest.mark.parametrize("fraction", [0.5, 0.05, 0.005])
+def test_budget_plan_fits_and_recomputes_least(steps, fraction):
+    state, tape = 1000, 4000
+    budget = int(fraction * steps * tape)
+    if budget < tape:
+        with pytest.raises(rg.ProgramError, match=r"minimum budget is 4000 bytes"):
+            sc.budget_plan(steps, budget, state, tape)
+        return
+    plan = sc.budget_plan(steps, budget, state, tape)
+    assert plan.peak_bytes(state, tape) <= budget
+    if steps <= 50:
+        # No plan that fits does fewer advances (every segment length, the most slots that fit).
+        for segment in range(1, steps + 1):
+            n = -(-steps // segment)
+            room = budget - segment * tape
+            if room < 0:
+                break
+            assert sc.make_plan(steps, segment, min(n - 1, room // state)).advances >= plan.advances
+    if steps <= 1000:
+        assert _run(plan, steps).reversed == list(range(steps - 1, -1, -1))
+
+
+def test_budget_plan_at_t1000_five_percent_needs_no_advances():
+    plan = sc.budget_plan(1000, int(0.05 * 1000 * 4 * 1000), 1000, 4 * 1000)
+    assert plan.advances == 0 and plan.recomputed_steps() == 1000
