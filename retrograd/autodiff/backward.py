@@ -189,7 +189,10 @@ def _named_in_attrs(name: str, ops: list[Op]) -> bool:
         if isinstance(value, dict):
             return any(mentions(k) or mentions(v) for k, v in value.items())
         return False
-    return any(mentions(v) for op in ops for v in op.attrs.values())
+    return any(mentions(v) or (isinstance(v, Block) and _named_in_attrs(name, v.ops))
+               or (isinstance(v, (list, tuple)) and any(isinstance(b, Block) and _named_in_attrs(name, b.ops)
+                                                         for b in v))
+               for op in ops for v in op.attrs.values())
 
 
 def _rename_new(var: Var, new: str, ops: list[Op]) -> str:
@@ -208,6 +211,39 @@ def _rename_new(var: Var, new: str, ops: list[Op]) -> str:
     fix(ops)
     var.block.program.bump()
     return new
+
+
+def _later_writes(fwd_ops: Sequence[Op]) -> dict[int, dict[str, Op]]:
+    """For each op (by id), the names it reads or writes that a later op writes again,
+    with that later op. Only non-SSA blocks have any."""
+    writers: dict[str, list[int]] = {}
+    for i, op in enumerate(fwd_ops):
+        for name in op.outputs:
+            writers.setdefault(name, []).append(i)
+    rewritten = {n: idx for n, idx in writers.items() if len(idx) > 1}
+    if not rewritten:
+        return {}
+    result: dict[int, dict[str, Op]] = {}
+    for i, op in enumerate(fwd_ops):
+        for name in set(op.inputs) | set(op.outputs):
+            later = [j for j in rewritten.get(name, ()) if j > i]
+            if later:
+                result.setdefault(id(op), {})[name] = fwd_ops[later[0]]
+    return result
+
+
+def _check_reads_current(op: Op, grad_ops: list[Op], overwritten: dict[str, Op]) -> None:
+    """Gradient ops run after the whole forward: a value they read must not be overwritten
+    after ``op`` used it, or they would see the new value."""
+    if not overwritten:
+        return
+    from ..ir.analysis import op_reads
+    for grad_op in grad_ops:
+        for name in op_reads(grad_op):
+            if name in overwritten:
+                raise ProgramError(f"{op.where()}: its gradient needs the value of '{name}' it used, but "
+                                   f"{overwritten[name].where()} overwrites '{name}' afterwards; write the "
+                                   "new value to a fresh variable instead")
 
 
 def build_backward(fwd_ops: Sequence[Op], fwd_block: Block, grad_block: Block,
@@ -234,6 +270,7 @@ def build_backward(fwd_ops: Sequence[Op], fwd_block: Block, grad_block: Block,
     state = _Backward(grad_block, result, _contribution_counts(ops, target_grads, needs), callbacks)
     for name, grad in target_grads.items():
         state.add(name, grad)
+    overwrites = _later_writes(fwd_ops)
     for op in reversed(ops):
         out_grads = [state.total(n) if n in needs else None for n in op.outputs]
         if all(g is None for g in out_grads):
@@ -242,6 +279,7 @@ def build_backward(fwd_ops: Sequence[Op], fwd_block: Block, grad_block: Block,
         wanted = [n in needs and opdef.input_differentiable(i) for i, n in enumerate(op.inputs)]
         grad_ops, in_grad_names = make_grad_ops(op, [None if g is None else g.name for g in out_grads],
                                                 grad_block, wanted)
+        _check_reads_current(op, grad_ops, overwrites.get(id(op), {}))
         state.add_op_grads(op, grad_ops, in_grad_names, needs)
     for name in wrt:
         grad = state.total(name) if name in state.pending else state.final.get(name)

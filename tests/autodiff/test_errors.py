@@ -134,3 +134,23 @@ def test_unreachable_and_integer_inputs_get_none():
     with rg.program_guard(main, startup):
         params_grads = rg.append_backward(loss, no_grad_set={"w"})
     assert params_grads == []
+
+
+def test_overwritten_forward_value_is_an_error_not_wrong_numbers():
+    """Regression: y = 2x; y <- y*y (written in place); the gradient of y*y read the new y."""
+    main, startup = rg.Program(), rg.Program()
+    with rg.program_guard(main, startup):
+        x = rg.data("x", [3], dtype="float64")
+        y = x * 2.0
+        rg.assign(y * y, output=y)
+        loss = rg.sum(y)
+        with pytest.raises(rg.ProgramError, match=rf"Mul.*'{y.name}'.*Assign.*overwrites"):
+            rg.gradients(loss, x)
+    main, startup = rg.Program(), rg.Program()
+    with rg.program_guard(main, startup):                 # the same computation into a fresh variable
+        x = rg.data("x", [3], dtype="float64")
+        y = x * 2.0
+        loss = rg.sum(rg.assign(y * y))
+        gx, = rg.gradients(loss, x)
+    value, = rg.Executor().run(main, feed={"x": np.array([1.0, 2.0, 3.0])}, fetch_list=[gx])
+    np.testing.assert_allclose(value, 8.0 * np.array([1.0, 2.0, 3.0]))       # d/dx 4x^2

@@ -423,3 +423,25 @@ def test_callbacks_called_once_per_grad_op_with_block_and_context():
         assert context[grad.name] is param_var, "context maps gradient names to forward Vars"
     h_grads = [name for _, _, ctx in calls for name, var in ctx.items() if var is h]
     assert h_grads, "the gradient of the fan-out var h is in the context"
+
+
+def test_gradient_penalty_through_append_backward():
+    """append_backward over a loss that contains a gradient (WGAN-GP style penalty)."""
+    xv, wv = randn(4, 3), randn(3, 2)
+    progs = build()
+    with rg.program_guard(*progs):
+        x = rg.data("x", [-1, 3], dtype="float64")
+        w = param("w", wv)
+        out = rg.sigmoid(x @ w)
+        gx, = rg.gradients(rg.sum(out), x)                       # d out / d x, per example
+        penalty = rg.mean(rg.square(rg.sqrt(rg.sum(gx * gx, axis=1) + 1e-3) - 1.0))
+        loss = rg.reshape(rg.mean(out) + penalty, [1])          # a [1]-shaped loss is fine too
+        (_, grad), = rg.append_backward(loss)
+    got_loss, got = run(progs, {"x": xv}, [loss, grad])
+    tw, tx = t(wv), t(xv)
+    tout = torch.sigmoid(tx @ tw)
+    tgx, = torch.autograd.grad(tout.sum(), tx, create_graph=True)
+    tloss = tout.mean() + ((tgx.pow(2).sum(1) + 1e-3).sqrt() - 1.0).pow(2).mean()
+    tloss.backward()
+    close(got_loss, tloss.reshape(1))
+    close(got, tw.grad)
