@@ -85,8 +85,10 @@ def unbroadcast(grad: Var, x: Var, *others: Var) -> Var:
 
     ``others`` are the op's other operands: where ``x`` has an unknown dimension
     and no other operand could stretch it (its dimension there is 1 or absent),
-    that axis needs no reduction.
+    that axis needs no reduction. ``x`` itself among the others (``x * x``)
+    cannot stretch it.
     """
+    others = tuple(o for o in others if o is not x)
     if grad.shape == x.shape and all(_not_stretched(x, i, others) for i in range(x.ndim)):
         return grad
     return sum_to(grad, x)
