@@ -178,6 +178,61 @@ def test_loop_var_unchanged_by_the_body_and_int_loop_vars():
             close(o, th)
 
 
+def test_condition_on_a_bool_loop_var_and_outer_values_returned_unchanged():
+    """cond_fn returns a loop var; a branch and a body return an outer variable as it is.
+    Run on NumPy and on array_api_strict (kernels use only the Array API)."""
+    def fn():
+        x = rg.data("x", [3], dtype=F64, stop_gradient=False)
+        go0 = rg.data("go", [], dtype="bool")
+        go, y = rg.while_loop(lambda g, y: g, lambda g, y: (rg.sum(y) < 10.0, y * 2.0 + 0.1), (go0, x))
+        z = rg.cond(rg.sum(y) > 0.0, lambda: x, lambda: y)
+        _, w = rg.while_loop(lambda i, v: i < 2, lambda i, v: [i + 1, x], [rg.constant(0), x * 0.0])
+        loss = rg.sum(y * z * z) + rg.sum(w * w * w)
+        dx, = rg.gradients(loss, [x])
+        ddx, = rg.gradients(rg.sum(dx * dx), [x])
+        return y, loss, dx, ddx
+
+    main, startup, outs = build(fn)
+    xv = np.array([0.5, 1.0, 1.5])
+    x = t(xv, True)
+    y, go = x, True
+    while go:
+        go, y = bool(y.sum() < 10), y * 2 + 0.1
+    loss = (y * x * x).sum() + (x ** 3).sum()
+    dx, = torch.autograd.grad(loss, x, create_graph=True)
+    ddx, = torch.autograd.grad((dx * dx).sum(), x)
+    expected = [y.detach().numpy(), loss.item(), dx.detach().numpy(), ddx.numpy()]
+    namespaces = [None]
+    try:
+        import array_api_strict
+        namespaces.append(array_api_strict)
+    except ImportError:
+        pass
+    for xp in namespaces:
+        exe = rg.Executor(xp=xp)
+        exe.run(startup)
+        feed = {"x": xv, "go": np.array(True)}
+        if xp is not None:
+            feed = {k: xp.asarray(v) for k, v in feed.items()}
+        for ours, theirs in zip(exe.run(main, feed=feed, fetch_list=list(outs)), expected):
+            close(np.asarray(ours), theirs)
+
+
+def test_while_loop_returns_the_form_it_was_given():
+    def fn():
+        x = rg.data("x", [2], dtype=F64)
+        one = rg.while_loop(lambda v: rg.sum(v) < 5.0, lambda v: v + 1.0, x)
+        as_list = rg.while_loop(lambda v: rg.sum(v) < 5.0, lambda v: [v + 1.0], [x])
+        as_tuple = rg.while_loop(lambda v: rg.sum(v) < 5.0, lambda v: (v + 1.0,), (x,))
+        return one, as_list, as_tuple
+
+    main, startup, (one, as_list, as_tuple) = build(fn)
+    assert isinstance(one, rg.Var) and isinstance(as_list, list) and isinstance(as_tuple, tuple)
+    values = executor(startup).run(main, feed={"x": np.array([1.0, 0.5])}, fetch_list=[one, *as_list, *as_tuple])
+    for v in values:
+        close(v, [3.0, 2.5])
+
+
 # --- cond --------------------------------------------------------------------------------------------
 
 def _cond_program():
