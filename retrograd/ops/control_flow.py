@@ -171,6 +171,13 @@ def _full_flags(attrs: dict, names: Sequence[str]) -> list[bool]:
     return [True] * len(names) if flags is None else list(flags)
 
 
+def _check_bound(block: Block, names: Sequence[str | None], what: str) -> None:
+    """The names an op binds in ``block`` are variables the block sees (the verifier's view)."""
+    for name in names:
+        if name is not None and block.find_var(name) is None:
+            raise ShapeError(f"{what} '{name}' is not a variable of block {block.idx}")
+
+
 def _outputs(values: Sequence):
     return values[0] if len(values) == 1 else tuple(values)
 
@@ -199,6 +206,10 @@ def _call_rule(operands: Sequence[Var], attrs: dict) -> list:
     if len(blocks) != len(outs) or len(blocks) != len(attrs["binds"]):
         raise ShapeError(f"{len(blocks)} blocks but {len(attrs['binds'])} binds and {len(outs)} outs lists")
     count = len(outs[0])
+    for block, binds in zip(blocks, attrs["binds"]):
+        if len(binds) != len(operands):
+            raise ShapeError(f"block {block.idx} binds {len(binds)} names for {len(operands)} operands")
+        _check_bound(block, binds, "bound name")
     specs = []
     for i in range(count):
         found = []
@@ -395,6 +406,8 @@ def _while_rule(ins: list[Var], attrs: dict) -> list:
     if len(attrs["cond_binds"]) != n or len(attrs["body_outs"]) != n or len(ins) < n:
         raise ShapeError(f"{n} loop vars but {len(attrs['cond_binds'])} condition bindings, "
                          f"{len(attrs['body_outs'])} body results and {len(ins)} inputs")
+    _check_bound(attrs["cond"], attrs["cond_binds"], "loop var")
+    _check_bound(attrs["body"], attrs["carry_binds"], "loop var")
     return (_carry_specs(ins[:n], attrs["body"], attrs["body_outs"]) + [((), "int64")]
             + [_stack_spec(attrs["body"], name) for name in attrs["ys"]])
 
@@ -405,6 +418,7 @@ def _scan_rule(ins: list[Var], attrs: dict) -> list:
         raise ShapeError(f"the trip count '{ins[0].name}' must be an integer scalar, got {ins[0].type_str()}")
     if len(ins) < 1 + c + s or len(attrs["ys_like"]) != len(attrs["ys"]):
         raise ShapeError(f"{c} carries and {s} sliced inputs need at least {1 + c + s} inputs, got {len(ins)}")
+    _check_bound(attrs["body"], list(attrs["carry_binds"]) + list(attrs["x_binds"]), "bound name")
     specs = _carry_specs(ins[1:1 + c], attrs["body"], attrs["body_outs"])
     for name, like in zip(attrs["ys"], attrs["ys_like"]):
         specs.append(_stack_spec(attrs["body"], name) if like is None else (ins[like].shape, ins[like].dtype))
@@ -522,9 +536,9 @@ def while_loop(cond_fn: Callable[..., Var], body_fn: Callable[..., Var | Sequenc
 
     Example::
 
-        i0, x0 = rg.constant(0), rg.data("x", [4], dtype="float64")
-        n = rg.data("n", [], dtype="int64")
-        i, x = rg.while_loop(lambda i, x: i < n, lambda i, x: (i + 1, rg.tanh(x @ w)), [i0, x0])
+        x0 = rg.data("x", [4], dtype="float64")
+        n = rg.data("n", [], dtype="int64")             # the trip count, fed at run time
+        i, x = rg.while_loop(lambda i, x: i < n, lambda i, x: (i + 1, rg.tanh(x * w)), [rg.constant(0), x0])
     """
     block = current_block()
     inits, kind = _loop_vars(loop_vars)

@@ -508,6 +508,58 @@ def test_printer_nests_sub_blocks_and_json_round_trips_with_gradients():
         close(dwv, tdw)
 
 
+GOLDEN = """\
+block 0:
+  data x: float32[?, 2]
+  data n: int64[]
+  const_0: int64[] = Constant(value=0, shape=[], dtype='int64')
+  while_0: int64[], while_1: float32[?, 2], while_2: int64[] = While(const_0, x, n; cond=block 1, \
+cond_binds=['const_0.cur_0', 'x.cur_0'], cond_out='less_0', body=block 2, carry_binds=['const_0.cur_1', 'x.cur_1'], \
+body_outs=['add_0', 'tanh_0'], ys=[], ys_full=[], max_iters=None)
+    block 1 (parent 0):
+      bound const_0.cur_0: int64[]
+      bound x.cur_0: float32[?, 2]
+      less_0: bool[] = Less(const_0.cur_0, n)
+    block 2 (parent 0):
+      bound const_0.cur_1: int64[]
+      bound x.cur_1: float32[?, 2]
+      const_1: int64[] = Constant(value=1, shape=[], dtype='int64')
+      add_0: int64[] = Add(const_0.cur_1, const_1)
+      tanh_0: float32[?, 2] = Tanh(x.cur_1)
+  sum_0: float32[] = Sum(while_1; axis=None, keepdims=False)
+  const_2: float32[] = Constant(value=0.0, shape=[], dtype='float32')
+  greater_0: bool[] = Greater(sum_0, const_2)
+  cond_0: float32[?, 2] = If(greater_0, while_1; blocks=[block 3, block 4], binds=[['while_1'], ['while_1']], \
+outs=[['while_1'], ['neg_0']])
+    block 3 (parent 0):
+    block 4 (parent 0):
+      neg_0: float32[?, 2] = Neg(while_1)
+  do_0: float32[?, 2] = Do(cond_0; blocks=[block 5], binds=[['cond_0.in_0']], outs=[['mul_0']])
+    block 5 (parent 0):
+      bound cond_0.in_0: float32[?, 2]
+      mul_0: float32[?, 2] = Mul(cond_0.in_0, cond_0.in_0)"""
+
+
+def test_printed_program_golden_text():
+    def fn():
+        x = rg.data("x", [-1, 2])
+        n = rg.data("n", [], dtype="int64")
+        _, h = rg.while_loop(lambda i, h: i < n, lambda i, h: (i + 1, rg.tanh(h)), [rg.constant(0), x])
+        y = rg.cond(rg.sum(h) > 0.0, lambda: h, lambda: -h)
+        rg.do(lambda a: a * a, y)
+
+    main, _, _ = build(fn)
+    assert str(main) == GOLDEN
+
+
+def test_verifier_rejects_a_binding_to_an_undeclared_name():
+    main, _, _ = build(_counted_loop)
+    op = next(op for op in main.global_block().ops if op.type == "While")
+    op.attrs["carry_binds"] = ["nowhere"] + op.attrs["carry_binds"][1:]
+    with pytest.raises(rg.ShapeError, match=r"op #\d+ While: shape rule: .*loop var 'nowhere' is not a variable"):
+        verify_program(main)
+
+
 def test_verifier_rejects_a_loop_body_reading_an_undeclared_value():
     main, startup, _ = build(_counted_loop)
     op = next(op for op in main.global_block().ops if op.type == "While")
