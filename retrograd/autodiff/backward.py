@@ -214,21 +214,14 @@ def _rename_new(var: Var, new: str, ops: list[Op]) -> str:
 
 
 def _later_writes(fwd_ops: Sequence[Op]) -> dict[int, dict[str, Op]]:
-    """For each op (by id), the names it reads or writes that a later op writes again,
-    with that later op. Only non-SSA blocks have any."""
-    writers: dict[str, list[int]] = {}
-    for i, op in enumerate(fwd_ops):
-        for name in op.outputs:
-            writers.setdefault(name, []).append(i)
-    rewritten = {n: idx for n, idx in writers.items() if len(idx) > 1}
-    if not rewritten:
-        return {}
+    """For each op (by id), the names it reads or writes that a later op writes
+    (in place: an optimizer update, a non-SSA assign), with the last such op."""
+    last_writer = {name: i for i, op in enumerate(fwd_ops) for name in op.outputs}
     result: dict[int, dict[str, Op]] = {}
     for i, op in enumerate(fwd_ops):
-        for name in set(op.inputs) | set(op.outputs):
-            later = [j for j in rewritten.get(name, ()) if j > i]
-            if later:
-                result.setdefault(id(op), {})[name] = fwd_ops[later[0]]
+        for name in (*op.inputs, *op.outputs):
+            if last_writer.get(name, -1) > i:
+                result.setdefault(id(op), {})[name] = fwd_ops[last_writer[name]]
     return result
 
 
@@ -242,8 +235,10 @@ def _check_reads_current(op: Op, grad_ops: list[Op], overwritten: dict[str, Op])
         for name in op_reads(grad_op):
             if name in overwritten:
                 raise ProgramError(f"{op.where()}: its gradient needs the value of '{name}' it used, but "
-                                   f"{overwritten[name].where()} overwrites '{name}' afterwards; write the "
-                                   "new value to a fresh variable instead")
+                                   f"{overwritten[name].where()} overwrites '{name}' afterwards, and gradient "
+                                   "ops run after it; write the new value to a fresh variable, or build "
+                                   "this backward before that op (every append_backward/gradients call "
+                                   "before optimizer updates)")
 
 
 def build_backward(fwd_ops: Sequence[Op], fwd_block: Block, grad_block: Block,

@@ -154,3 +154,15 @@ def test_overwritten_forward_value_is_an_error_not_wrong_numbers():
         gx, = rg.gradients(loss, x)
     value, = rg.Executor().run(main, feed={"x": np.array([1.0, 2.0, 3.0])}, fetch_list=[gx])
     np.testing.assert_allclose(value, 8.0 * np.array([1.0, 2.0, 3.0]))       # d/dx 4x^2
+
+
+def test_gradient_after_optimizer_update_is_an_error():
+    """The update rewrites w; a later backward through x @ w would read the new w."""
+    main, startup = rg.Program(), rg.Program()
+    with rg.program_guard(main, startup):
+        x = rg.data("x", [-1, 3], dtype="float64")
+        w = rg.create_parameter("w", [3, 2], dtype="float64")
+        loss = rg.mean(rg.tanh(x @ w))
+        rg.optim.SGD(0.1).minimize(loss)
+        with pytest.raises(rg.ProgramError, match=r"MatMul.*'w'.*before optimizer updates"):
+            rg.gradients(loss, x)

@@ -445,3 +445,58 @@ def test_gradient_penalty_through_append_backward():
     tloss.backward()
     close(got_loss, tloss.reshape(1))
     close(got, tw.grad)
+
+
+def test_callbacks_may_append_ops_that_later_gradient_ops_see():
+    """A Paddle-style error-clip callback: clip each gradient of h in place as it appears."""
+    from retrograd.ops.registry import append_op
+    xv, w1v, w2v = randn(4, 3), randn(3, 5), randn(5, 2) * 3.0
+
+    def clip_grads_of(target):
+        def callback(block, context):
+            op = context["__current_op__"]
+            for name in op.outputs:
+                if context.get(name) is target and name not in done:
+                    done.add(name)
+                    append_op("Clip", [block.var(name)], {"lo": -0.05, "hi": 0.05},
+                              outputs=[block.var(name)], block=block)
+        done = set()
+        return callback
+
+    progs = build()
+    with rg.program_guard(*progs):
+        x = rg.data("x", [-1, 3], dtype="float64")
+        w1, w2 = param("w1", w1v), param("w2", w2v)
+        h = rg.tanh(x @ w1)
+        loss = rg.sum(rg.square(h @ w2))
+        params_grads = rg.append_backward(loss, callbacks=[clip_grads_of(h)])
+    got = run(progs, {"x": xv}, [g for _, g in params_grads])
+    tw1, tw2 = t(w1v), t(w2v)
+    th = torch.tanh(t(xv, False) @ tw1)
+    th.register_hook(lambda grad: grad.clamp(-0.05, 0.05))
+    ((th @ tw2) ** 2).sum().backward()
+    close(got[0], tw1.grad)
+    close(got[1], tw2.grad)
+
+
+def test_untrainable_parameters_and_gradients_no_grad_set():
+    xv, w1v, w2v = randn(4, 3), randn(3, 5), randn(5, 2)
+    progs = build()
+    with rg.program_guard(*progs):
+        x = rg.data("x", [-1, 3], dtype="float64")
+        w1 = param("w1", w1v)
+        w2 = rg.create_parameter("w2", [5, 2], dtype="float64", init=w2v, trainable=False)
+        h = rg.sigmoid(x @ w1)
+        loss = rg.sum((h @ w2) * (h @ w2))
+        params_grads = rg.append_backward(loss)
+        g1, g2 = rg.gradients(loss, [w1, w2], no_grad_set=[h.name])
+    assert [p.name for p, _ in params_grads] == ["w1"]
+    assert g1 is None                                  # its only path runs through h
+    got = run(progs, {"x": xv}, [params_grads[0][1], g2])
+    tw1, tw2 = t(w1v), t(w2v)
+    th = torch.sigmoid(t(xv, False) @ tw1)
+    ((th @ tw2) ** 2).sum().backward()
+    close(got[0], tw1.grad)
+    tw2.grad = None
+    ((th.detach() @ tw2) ** 2).sum().backward()
+    close(got[1], tw2.grad)
