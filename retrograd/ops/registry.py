@@ -175,7 +175,23 @@ def make_grad_ops(op: Op, out_grad_names: Sequence[str | None], block: Block,
     names = [None if (g is None or not opdef.input_differentiable(i)
                       or (wanted is not None and not wanted[i])) else g.name
              for i, g in enumerate(in_grads)]
-    return _ops_leading_to(grad_ops, {n for n in names if n is not None}), names
+    kept = _ops_leading_to(grad_ops, {n for n in names if n is not None})
+    _forget_outputs_of_dropped(grad_ops, kept, block)
+    return kept, names
+
+
+def _forget_outputs_of_dropped(built: list[Op], kept: list[Op], block: Block) -> None:
+    """Undeclare the Vars that only dropped ops wrote, so no dangling names remain."""
+    kept_ids = {id(op) for op in kept}
+    still_written = {n for op in kept for n in op.outputs}
+    for op in built:
+        if id(op) in kept_ids:
+            continue
+        for name in op.outputs:
+            var = block.vars.get(name)
+            if var is not None and name not in still_written:
+                del block.vars[name]
+                block.program.bump()
 
 
 def _ops_leading_to(ops: list[Op], needed: set[str]) -> list[Op]:

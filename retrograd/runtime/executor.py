@@ -181,17 +181,17 @@ def _shape_of(array) -> str:
 
 
 def _check_feed(var: Var, value, xp):
-    array = value if hasattr(value, "shape") and hasattr(value, "dtype") and xp is not np else np.asarray(value)
-    dtype = np.dtype(str(array.dtype)) if xp is np else None
-    if xp is np:
-        if array.dtype != np.dtype(var.dtype):
-            if not np.can_cast(array.dtype, var.dtype, casting="same_kind"):
-                raise FeedError(f"feed '{var.name}' has dtype {dtype}, the program declares {var.dtype}")
-            array = array.astype(var.dtype)
+    """The feed as an array of the declared dtype; same-kind casts only (float64 -> float32)."""
+    from ..backend import from_numpy, to_numpy
+    array = to_numpy(value) if hasattr(value, "shape") and hasattr(value, "dtype") else np.asarray(value)
+    if array.dtype != np.dtype(var.dtype):
+        if not np.can_cast(array.dtype, var.dtype, casting="same_kind"):
+            raise FeedError(f"feed '{var.name}' has dtype {array.dtype}, the program declares {var.dtype}")
+        array = array.astype(var.dtype)
     if array.ndim != len(var.shape) or any(d >= 0 and d != a for d, a in zip(var.shape, array.shape)):
         raise FeedError(f"feed '{var.name}' has shape {list(array.shape)}, "
                         f"the program declares {var.type_str()} (? = any size)")
-    return array if xp is np else xp.asarray(array)
+    return from_numpy(xp, array)
 
 
 def _check_persistable(var: Var, value):

@@ -229,8 +229,6 @@ def test_fetched_values_are_arrays_of_the_executors_namespace():
     assert exe.last_stats.peak_bytes > 0
 
 
-@pytest.mark.xfail(reason="Executor._check_feed checks and casts dtypes only when xp is NumPy: "
-                          "a float64 feed of a float32 var flows on as float64")
 def test_feeds_are_checked_and_cast_on_any_namespace():
     main = Program()
     with rg.program_guard(main, Program()):
