@@ -14,6 +14,7 @@ import numpy as np
 from .autodiff import gradients
 from .errors import RetrogradError
 from .ir.builder import program_guard
+from .ir.dtypes import is_float
 from .ir.program import Program, Var
 from .ops import creation, math as ops_math, reduce as ops_reduce
 from .runtime import Executor
@@ -54,6 +55,9 @@ def check_gradients(fn: Callable[..., Var | list[Var]], inputs: Mapping[str, np.
                  for name, a in arrays.items()}
         outs = fn(*vars_.values())
         outs = list(outs) if isinstance(outs, (list, tuple)) else [outs]
+        outs = [o for o in outs if is_float(o.dtype)]        # bool/int outputs carry no gradient
+        if not outs:
+            raise RetrogradError("check_gradients: fn returned no float output to differentiate")
     exe.run(startup)
     # Project onto random directions of the outputs' run-time shapes (declared ones may hold -1).
     values = _run(exe, main, feed, outs)

@@ -39,7 +39,7 @@ BINARY = {
     "minimum": (rg.minimum, torch.minimum),
     "where": (lambda a, b: rg.where(a > b, a * b, b), lambda a, b: torch.where(a > b, a * b, b)),
 }
-# Shape-changing ops: (retrograd, torch, applies-to(shape), result shape).
+# Shape-changing ops: (retrograd, torch); ``_shape_after`` says where each applies and what it gives.
 SHAPED = {
     "sum0": (lambda x: rg.sum(x, axis=0), lambda x: x.sum(0)),
     "mean1k": (lambda x: rg.mean(x, axis=1, keepdims=True), lambda x: x.mean(1, keepdim=True)),
@@ -48,6 +48,9 @@ SHAPED = {
     "transpose": (lambda x: rg.transpose(x, [1, 0]), lambda x: x.transpose(0, 1)),
     "flatten": (lambda x: rg.reshape(x, [-1]), lambda x: x.reshape(-1)),
     "softmax": (lambda x: rg.softmax(x, axis=-1), lambda x: torch.softmax(x, -1)),
+    "log_softmax0": (lambda x: rg.log_softmax(x, axis=0), lambda x: torch.log_softmax(x, 0)),
+    "first_row": (lambda x: rg.slice(x, [0], [0], [1]), lambda x: x[0:1]),
+    "stack_tanh": (lambda x: rg.concat([x, rg.tanh(x)], axis=0), lambda x: torch.cat([x, torch.tanh(x)], 0)),
     "matmul": None,                       # x @ W with a leaf W [cols, cols]
 }
 
@@ -63,8 +66,12 @@ def _shape_after(kind: str, shape: tuple) -> tuple | None:
         return {"mean1k": (shape[0], 1), "transpose": shape[::-1], "matmul": shape}[kind]
     if kind in ("sum_all", "mean_all"):
         return ()
-    if kind == "softmax":
-        return None if ndim == 0 else shape
+    if kind in ("softmax", "log_softmax0", "first_row"):
+        if ndim == 0:
+            return None
+        return (1,) + shape[1:] if kind == "first_row" else shape
+    if kind == "stack_tanh":
+        return None if ndim == 0 else (2 * shape[0],) + shape[1:]
     raise AssertionError(kind)
 
 
