@@ -761,6 +761,17 @@ def _reaching(ops: Sequence[Op], targets: set[str]) -> set[str]:
     return relevant
 
 
+def _active_carries(L: _LoopView, x: list[Var], active: set[int], ys_in: list[int]) -> tuple[list[int], set]:
+    """The loop vars that carry a gradient: those given one, and (to a fixed point) those that
+    reach one through the body. Also every body name reaching a gradient."""
+    while True:
+        reach = _reaching(L.body.ops, {L.body_outs[j] for j in active} | {L.ys[i] for i in ys_in})
+        more = {j for j, name in enumerate(L.carry_binds) if name in reach and is_float(x[L.carry_pos[j]].dtype)}
+        if more <= active:
+            return sorted(active), reach
+        active = active | more
+
+
 def _loop_grad(g: GradCtx, L: _LoopView) -> list:
     """Gradient of While or Scan: a Scan in the other direction over the body's backward block.
 
@@ -778,15 +789,7 @@ def _loop_grad(g: GradCtx, L: _LoopView) -> list:
     def diff(pos: int) -> bool:
         return g.wanted[pos] and is_float(x[pos].dtype)
 
-    # A loop var carries a gradient when it reaches (through the body) one that does.
-    active = {j for j in range(c) if dfinal[j] is not None}
-    while True:
-        reach = _reaching(body.ops, {L.body_outs[j] for j in active} | {L.ys[i] for i in ys_in})
-        more = {j for j in range(c) if L.carry_binds[j] in reach and is_float(x[L.carry_pos[j]].dtype)}
-        if more <= active:
-            break
-        active |= more
-    carries = sorted(active)
+    carries, reach = _active_carries(L, x, {j for j in range(c) if dfinal[j] is not None}, ys_in)
     consts = [i for i, pos in enumerate(L.const_pos) if diff(pos) and x[pos].name in reach]
     xs_diff = [i for i, pos in enumerate(L.xs_pos) if diff(pos) and L.x_binds[i] in reach]
     if not any(diff(L.carry_pos[j]) for j in carries) and not consts and not xs_diff:
