@@ -8,8 +8,8 @@ steps / wall time, after warm-up steps), and their ratio. With ``--write``
 the "Training" section of ``benchmarks/RESULTS.md`` is replaced by the new
 table (other sections are left as they are).
 
-    python benchmarks/train.py --write            # default sizes, 60 timed steps each
-    python benchmarks/train.py --model gru --hidden 256 --steps 30
+    python benchmarks/train.py --write            # default sizes, 6 rounds of 10 steps each
+    python benchmarks/train.py --model gru --hidden 256 --rounds 3
 """
 from __future__ import annotations
 
@@ -32,27 +32,22 @@ from retrograd import train  # noqa: E402
 RESULTS = ROOT / "benchmarks" / "RESULTS.md"
 
 
-def bench_retrograd(args, corpus) -> tuple[float, list[float], int]:
+def retrograd_stepper(args, corpus):
+    """A function running one training step of the `retrograd train` program, and the executor."""
     cfg = train.ModelConfig(args.model, args.hidden, args.layers, args.embed, None)
     t = train.build_training(cfg, args.seq_len, "adam", args.lr, args.clip_norm, seed=0)
     exe = rg.Executor()
     exe.run(t.startup)
-    losses = []
 
-    def step(i):
+    def step(i: int) -> float:
         xs, ys = train.batch_at(corpus, i, args.seq_len, args.batch, 0)
         loss, = exe.run(t.main, feed={"chars": xs, "next_chars": ys}, fetch_list=[t.loss])
-        losses.append(float(loss))
-
-    for i in range(args.warmup):
-        step(i)
-    started = time.perf_counter()
-    for i in range(args.warmup, args.warmup + args.steps):
-        step(i)
-    return time.perf_counter() - started, losses, exe.last_stats.peak_bytes
+        return float(loss)
+    return step, exe
 
 
-def bench_torch(args, corpus) -> tuple[float, list[float]]:
+def torch_stepper(args, corpus):
+    """The same model, optimizer and clipping in PyTorch (torch.nn.LSTM / GRU on the CPU)."""
     import torch
     torch.manual_seed(0)
     vocab = len(train.VOCAB)
@@ -62,9 +57,8 @@ def bench_torch(args, corpus) -> tuple[float, list[float]]:
     head = torch.nn.Linear(args.hidden, vocab)
     params = [*embed.parameters(), *rnn.parameters(), *head.parameters()]
     opt = torch.optim.Adam(params, lr=args.lr)
-    losses = []
 
-    def step(i):
+    def step(i: int) -> float:
         xs, ys = train.batch_at(corpus, i, args.seq_len, args.batch, 0)
         out, _ = rnn(embed(torch.from_numpy(xs)))
         logits = head(out.reshape(-1, args.hidden))
@@ -73,14 +67,29 @@ def bench_torch(args, corpus) -> tuple[float, list[float]]:
         loss.backward()
         torch.nn.utils.clip_grad_norm_(params, args.clip_norm)
         opt.step()
-        losses.append(loss.item())
+        return loss.item()
+    return step
 
-    for i in range(args.warmup):
-        step(i)
-    started = time.perf_counter()
-    for i in range(args.warmup, args.warmup + args.steps):
-        step(i)
-    return time.perf_counter() - started, losses
+
+def interleaved(steppers: dict, args) -> dict:
+    """Warm each up, then alternate rounds of ``--round`` steps; per framework: round times, losses.
+
+    Alternating rounds exposes both frameworks to the same machine load, so
+    their ratio holds even when the machine is busy with other work.
+    """
+    results = {name: {"times": [], "losses": []} for name in steppers}
+    for name, step in steppers.items():
+        for i in range(args.warmup):
+            results[name]["losses"].append(step(i))
+    i = args.warmup
+    for _ in range(args.rounds):
+        for name, step in steppers.items():
+            started = time.perf_counter()
+            for k in range(args.round):
+                results[name]["losses"].append(step(i + k))
+            results[name]["times"].append(time.perf_counter() - started)
+        i += args.round
+    return results
 
 
 def machine() -> str:
@@ -93,8 +102,26 @@ def machine() -> str:
     except OSError:
         pass
     import torch
-    return (f"{cpu}, {os.cpu_count()} cores; Python {platform.python_version()}, "
-            f"NumPy {np.__version__}, PyTorch {torch.__version__} ({torch.get_num_threads()} threads)")
+    load = ", ".join(f"{x:.1f}" for x in os.getloadavg()) if hasattr(os, "getloadavg") else "?"
+    return (f"{cpu}, {os.cpu_count()} cores (load average {load} at the end of the run); "
+            f"Python {platform.python_version()}, NumPy {np.__version__}, "
+            f"PyTorch {torch.__version__} ({torch.get_num_threads()} threads)")
+
+
+def time_cli() -> str:
+    """Wall time of the default `retrograd train`, as a user runs it (output discarded)."""
+    import subprocess
+    import tempfile
+    with tempfile.TemporaryDirectory() as tmp:
+        started = time.perf_counter()
+        done = subprocess.run([sys.executable, "-m", "retrograd", "train"], cwd=tmp,
+                              capture_output=True, text=True, env={**os.environ, "PYTHONPATH": str(ROOT)})
+        seconds = time.perf_counter() - started
+    if done.returncode != 0:
+        raise SystemExit(f"retrograd train failed: {done.stderr.strip()}")
+    summary = [line for line in done.stdout.splitlines() if line.startswith("loss ")]
+    return (f"The default `retrograd train` (no options) took {seconds:.0f} s end to end here"
+            + (f"; {summary[-1]}" if summary else "") + ".\n\n")
 
 
 def write_section(text: str) -> None:
@@ -118,35 +145,40 @@ def main() -> int:
     parser.add_argument("--batch", type=int, default=32)
     parser.add_argument("--lr", type=float, default=3e-3)
     parser.add_argument("--clip-norm", type=float, default=5.0)
-    parser.add_argument("--steps", type=int, default=60, help="timed steps per framework")
-    parser.add_argument("--warmup", type=int, default=5)
+    parser.add_argument("--rounds", type=int, default=6, help="alternating timed rounds")
+    parser.add_argument("--round", type=int, default=10, help="steps per round")
+    parser.add_argument("--warmup", type=int, default=3)
+    parser.add_argument("--time-cli", action="store_true",
+                        help="also time the default `retrograd train` end to end")
     parser.add_argument("--write", action="store_true", help="update benchmarks/RESULTS.md")
     args = parser.parse_args()
 
     corpus, _ = train.load_corpus()
-    chars = args.steps * args.batch * args.seq_len
-    rg_time, rg_losses, peak = bench_retrograd(args, corpus)
-    torch_time, torch_losses = bench_torch(args, corpus)
-    rg_cps, torch_cps = chars / rg_time, chars / torch_time
-    ratio = rg_cps / torch_cps
+    rg_step, exe = retrograd_stepper(args, corpus)
+    results = interleaved({"retrograd": rg_step, "torch": torch_stepper(args, corpus)}, args)
+    chars = args.round * args.batch * args.seq_len
+    cps = {name: chars / float(np.median(r["times"])) for name, r in results.items()}
+    ratio = cps["retrograd"] / cps["torch"]
+    peak = exe.last_stats.peak_bytes
     size = (f"{args.model}, {args.layers} x {args.hidden} hidden, embed {args.embed}, "
             f"batch {args.batch} x {args.seq_len} chars, Adam + clip {args.clip_norm:g}, float32")
-    table = (
-        "| framework | chars/s | ms/step | loss after warm-up + timed steps |\n"
-        "|---|---:|---:|---:|\n"
-        f"| retrograd (`retrograd train`'s program) | {rg_cps:,.0f} | {1000 * rg_time / args.steps:.1f} "
-        f"| {rg_losses[-1]:.3f} |\n"
-        f"| PyTorch (`torch.nn.{args.model.upper()}`, CPU) | {torch_cps:,.0f} | "
-        f"{1000 * torch_time / args.steps:.1f} | {torch_losses[-1]:.3f} |\n")
+    rows = [("retrograd (the `retrograd train` program)", "retrograd"),
+            (f"PyTorch (`torch.nn.{args.model.upper()}`, CPU)", "torch")]
+    table = "| framework | chars/s | ms/step | loss at the end |\n|---|---:|---:|---:|\n" + "".join(
+        f"| {label} | {cps[key]:,.0f} | {1000 * args.batch * args.seq_len / cps[key]:.1f} "
+        f"| {results[key]['losses'][-1]:.3f} |\n" for label, key in rows)
+    steps = args.warmup + args.rounds * args.round
     command = "python benchmarks/train.py" + "".join(f" {a}" for a in sys.argv[1:])
     section = (
         "## Training\n\n"
-        f"Characters per second training the default `retrograd train` model ({size}); "
-        f"{args.steps} timed steps after {args.warmup} warm-up steps, both frameworks in one run "
-        "on the same batches.\n\n"
+        f"Characters per second training the default `retrograd train` model ({size}), "
+        f"both frameworks in one process on the same batches: {args.warmup} warm-up steps each, "
+        f"then {args.rounds} alternating rounds of {args.round} steps; the median round counts. "
+        f"Losses differ only by initialisation ({steps} steps each).\n\n"
         f"{table}\n"
         f"**retrograd / PyTorch = {ratio:.2f}** (retrograd peak memory per step: "
         f"{peak / 2**20:.1f} MB).\n\n"
+        f"{time_cli() if args.time_cli else ''}"
         f"Command: `{command}`  \nMachine: {machine()}\n\n")
     print(section)
     if args.write:
