@@ -115,6 +115,8 @@ def build_backward_step(op: Op, wanted: list[bool]) -> BackwardStep:
     wrt += [n for n in names.states if is_float(step.var(n).dtype)]
     wrt += [n for n, w in zip(names.outers, wanted_outer) if w]
     result = build_backward(list(step.ops), step, block, targets, wrt)
+    # Control-flow ops in the step add outputs (values their backward keeps) while it is built.
+    names.intermediates = _StepNames(op).intermediates
 
     def grad_name(name: str, want: bool = True) -> str | None:
         grad = result.grads.get(name) if want else None
