@@ -250,11 +250,12 @@ def budget_plan(steps: int, budget_bytes: int, state_bytes: int, tape_bytes: int
     if steps <= 1:
         return make_plan(steps, 1, 0)
     segments = range(1, min(steps, budget_bytes // tape_bytes if tape_bytes else steps) + 1)
-    # A checkpoint at every segment start recomputes each step once: take the smallest such plan.
-    fits_all = [((-(-steps // L) - 1) * state_bytes + L * tape_bytes, L) for L in segments
-                if (-(-steps // L) - 1) * state_bytes + L * tape_bytes <= budget_bytes]
+    # A checkpoint at every segment start recomputes each step once. Among such plans take the
+    # longest segments: fewer, larger batched products, and one segment (the store-all backward's
+    # own grouping of sums) when everything fits.
+    fits_all = [L for L in segments if (-(-steps // L) - 1) * state_bytes + L * tape_bytes <= budget_bytes]
     if fits_all:
-        _, segment = min(fits_all)
+        segment = max(fits_all)
         return make_plan(steps, segment, -(-steps // segment) - 1)
     best = None
     for segment in segments:
@@ -289,6 +290,11 @@ class StepRunner:
         return state
 
     def drop(self, state) -> None:
+        """A checkpoint the plan no longer needs."""
+        return None
+
+    def release(self, state) -> None:
+        """A state ``advance`` returned, now replaced or consumed."""
         return None
 
 
@@ -298,12 +304,17 @@ def run_backward(plan: Plan, checkpoints: dict, runner: StepRunner) -> None:
     Checkpoints the plan drops are handed back to ``runner.drop``; the initial
     state (step 0) is the caller's.
     """
-    current, at = None, None
+    current, owned = None, False          # owned: current came from runner.advance
     for action in plan.actions():
         if isinstance(action, Restore):
-            current, at = checkpoints[action.step], action.step
+            if owned:
+                runner.release(current)
+            current, owned = checkpoints[action.step], False
         elif isinstance(action, Advance):
-            current, at = runner.advance(current, action.start, action.stop), action.stop
+            new = runner.advance(current, action.start, action.stop)
+            if owned:
+                runner.release(current)
+            current, owned = new, True
         elif isinstance(action, Store):
             checkpoints[action.step] = runner.keep(current)
         elif isinstance(action, Drop):
@@ -311,4 +322,6 @@ def run_backward(plan: Plan, checkpoints: dict, runner: StepRunner) -> None:
                 runner.drop(checkpoints.pop(action.step))
         else:
             runner.reverse(current, action.start, action.stop)
-            current, at = None, None
+            if owned:
+                runner.release(current)
+            current, owned = None, False

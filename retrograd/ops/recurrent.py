@@ -117,6 +117,9 @@ def _rnn_rule(ins: list[Var], attrs: dict):
     for name in attrs.get("saved", ()):
         var = step.var(name)
         specs.append(((steps,) + var.shape, var.dtype))
+    if attrs.get("budget_outputs"):  # recompute=<bytes>: checkpoints and schedule (memory/rnn_budget.py)
+        from ..memory.rnn_budget import output_specs
+        specs += output_specs(inits, attrs)
     return specs
 
 
@@ -148,6 +151,40 @@ def check_state_shape(op, name: str, value, slot) -> None:
                              f"state slots have shape {list(slot.shape)}; a step must keep each state's shape")
 
 
+class StepRunner:
+    """Runs one block many times (once per time step) with a plan compiled once.
+
+    The bound names (step inputs, state slots, outer values) are kept in the
+    plan, so the executor never frees or counts them: they are views of
+    buffers the caller or the executor already holds, and holding each view
+    per step would only cost time. Fetched values the block computes are
+    released from the memory meter once the caller has them.
+    """
+
+    def __init__(self, op, run, block: Block, bound: Sequence[str], fetch: Sequence[str]):
+        self.run = run
+        self.fetch = list(fetch)
+        bound = set(bound)
+        self.plan = run.executor.plan_for(block, frozenset(self.fetch) | frozenset(bound))
+        missing = [n for n in self.plan.free_reads if n not in bound]
+        if missing:
+            raise ExecutionError(f"{op.where()}: block {block.idx} reads {', '.join(missing)}, which the op "
+                                 "does not bind")
+        self.overwritten = sorted({n for s in self.plan.steps for n in s.outputs if n in bound})
+        self.release = list(dict.fromkeys([n for n in self.fetch if n not in bound] + self.overwritten))
+
+    def __call__(self, bindings: dict) -> list:
+        env = dict(bindings)
+        meter = self.run.meter
+        for name in self.overwritten:      # the executor releases a value it overwrites
+            meter.hold(env[name])
+        self.run.executor.execute(self.plan, env)
+        values = [env[n] for n in self.fetch]
+        for name in self.release:
+            meter.release(env[name])
+        return values
+
+
 class _Held:
     """Buffers a kernel owns while it loops, counted by the run's memory meter."""
 
@@ -169,6 +206,9 @@ class _Held:
 def _rnn_kernel(k, *arrays):
     """Run the step block over time; return per state (all, last) views, then the saved step values."""
     attrs, xp, op, run = k.attrs, k.xp, k.op, k.run
+    if _is_budget(attrs.get("recompute")):   # recompute=<bytes>: memory/rnn_budget.py runs the op
+        from ..memory.rnn_budget import forward_kernel
+        return forward_kernel(k, *arrays)
     lay = RnnLayout.of(attrs, len(arrays))
     seqs, inits, lengths, outers = lay.split(arrays)
     steps = time_steps(op, seqs)
@@ -184,20 +224,22 @@ def _rnn_kernel(k, *arrays):
     bindings = dict(zip(op.inputs[lay.outer_start:], outers))
     fetch = list(attrs["state_outs"]) + saved_names
     n_state, timestep = lay.n_state, attrs.get("timestep")
+    bound = list(bindings) + list(attrs["inputs_t"]) + list(attrs["states"]) + ([timestep] if timestep else [])
+    run_step = StepRunner(op, run, step, bound, fetch)
     for t in range(steps):
         for name, seq in zip(attrs["inputs_t"], seqs):
-            bindings[name] = seq[t]
+            bindings[name] = seq[t, ...]
         for name, buf in zip(attrs["states"], states):
-            bindings[name] = buf[t]
+            bindings[name] = buf[t, ...]
         if timestep:
             bindings[timestep] = timestep_value(xp, step, timestep, t)
-        values = run.run_block(step, bindings, fetch)
+        values = run_step(bindings)
         for i, buf in enumerate(states):
-            new, slot = values[i], buf[t + 1]
+            new, slot = values[i], buf[t + 1, ...]
             if new.shape != slot.shape:
                 check_state_shape(op, fetch[i], new, slot)
             if lengths is not None:
-                new = xp.where(step_mask(xp, lengths, t, buf.ndim - 1), new, buf[t])
+                new = xp.where(step_mask(xp, lengths, t, buf.ndim - 1), new, buf[t, ...])
             slot[...] = new
         for j, value in enumerate(values[n_state:]):
             if saved[j] is None:
@@ -215,8 +257,12 @@ def _rnn_kernel(k, *arrays):
     held.release()
     outputs = []
     for buf in states:
-        outputs += [buf[1:], buf[steps]]
+        outputs += [buf[1:, ...], buf[steps, ...]]
     return tuple(outputs + saved)
+
+
+def _is_budget(recompute) -> bool:
+    return isinstance(recompute, int) and not isinstance(recompute, bool)
 
 
 def _saved_buffer(xp, held: _Held, steps: int, value, full: bool):
@@ -248,8 +294,9 @@ def _check_recompute(recompute) -> None:
     if recompute is None or recompute == "steps" or isinstance(recompute, (list, tuple)):
         return
     if isinstance(recompute, int) and not isinstance(recompute, bool):
-        raise ProgramError("recompute=<bytes budget> (binomial checkpointing over time steps) is not yet "
-                           "implemented; use recompute='steps' or recompute=None")
+        from ..memory.rnn_budget import check_budget  # byte budgets are run by memory/rnn_budget.py
+        check_budget(recompute)
+        return
     raise ProgramError(f"recompute must be None, 'steps' or a byte budget (int), got {recompute!r}")
 
 

@@ -40,8 +40,7 @@ from ..errors import ProgramError, ShapeError
 from ..ir.analysis import op_reads
 from ..ir.dtypes import is_float
 from ..ir.program import Block, Op, Var
-from .recurrent import (RnnLayout, _Held, check_state_shape, fresh_name, step_mask, time_steps,
-                        timestep_value)
+from .recurrent import RnnLayout, StepRunner, _Held, fresh_name, step_mask, time_steps, timestep_value
 from .registry import GradCtx, append_op, defop, get_op_def
 
 
@@ -278,6 +277,9 @@ def _choose_saved(bstep: BackwardStep, names: _StepNames) -> None:
 def rnn_grad_maker(g: GradCtx) -> list[Var | None]:
     """RecurrentNetwork's gradient: one RecurrentNetworkGrad op over a backward step block."""
     op, attrs = g.op, g.attrs
+    if isinstance(attrs.get("recompute"), int) and not isinstance(attrs.get("recompute"), bool):
+        from ..memory.rnn_budget import grad_maker  # recompute=<bytes>: checkpointed over time steps
+        return grad_maker(g)
     lay = RnnLayout.of(attrs, len(op.inputs))
     none = [None] * len(op.inputs)
     k = lay.n_state
@@ -402,10 +404,13 @@ def _rnn_grad_kernel(k, *arrays):
     zeros = [None] * n_state
     step = attrs["backward"].parent
     timestep = attrs.get("timestep")
+    bound = (list(bindings) + attrs["dnext"] + attrs["inputs_t"] + attrs["states"] + attrs["state_outs"]
+             + list(attrs["saved"]) + ([timestep] if timestep else []))
+    run_step = StepRunner(op, run, block, bound, fetch)
     for t in range(steps - 1, -1, -1):
         carry = [None] * n_state
         for i in range(n_state):
-            dn = _add(dcur[i], None if d_all[i] is None else d_all[i][t])
+            dn = _add(dcur[i], None if d_all[i] is None else d_all[i][t, ...])
             if dn is None:
                 if zeros[i] is None:
                     zeros[i] = xp.zeros(inits[i].shape, dtype=inits[i].dtype)
@@ -416,15 +421,15 @@ def _rnn_grad_kernel(k, *arrays):
                 dn = xp.where(mask, dn, xp.zeros_like(dn))
             bindings[attrs["dnext"][i]] = dn
         for name, seq in zip(attrs["inputs_t"], seqs):
-            bindings[name] = seq[t]
+            bindings[name] = seq[t, ...]
         for i, (name, out) in enumerate(zip(attrs["states"], attrs["state_outs"])):
-            bindings[name] = inits[i] if t == 0 else alls[i][t - 1]
-            bindings[out] = alls[i][t]
+            bindings[name] = inits[i] if t == 0 else alls[i][t - 1, ...]
+            bindings[out] = alls[i][t, ...]
         for name, values in zip(attrs["saved"], saved):
-            bindings[name] = values[t]
+            bindings[name] = values[t, ...]
         if timestep:
             bindings[timestep] = timestep_value(xp, step, timestep, t)
-        values = run.run_block(block, bindings, fetch)
+        values = run_step(bindings)
         for i, name in enumerate(fetch_seq):
             if name:
                 dseq[i][t, ...] = values[index[name]]
@@ -493,7 +498,7 @@ class _Collector:
                     continue
                 buf = self.held.add(self.xp.empty((self.steps,) + tuple(value.shape), dtype=value.dtype))
                 if name in self.alias:   # was the same array as d(input_t) so far; no longer
-                    buf[t + 1:, ...] = dseq[self.alias.pop(name)][t + 1:]
+                    buf[t + 1:, ...] = dseq[self.alias.pop(name)][t + 1:, ...]
                 self.buffers[name] = buf
             buf[t, ...] = value
 
@@ -519,10 +524,10 @@ class _Collector:
             width = dstack.shape[-1]
             d2 = xp.reshape(dstack, (-1, width))
             if kind == "prev":   # slot t of the states: the initial state, then all[:-1]
-                first = xp.matmul(inits[ref].T, dstack[0])
+                first = xp.matmul(inits[ref].T, dstack[0, ...])
                 if self.steps > 1:
-                    rest = xp.reshape(alls[ref][:-1], (-1, alls[ref].shape[-1]))
-                    first = first + xp.matmul(rest.T, xp.reshape(dstack[1:], (-1, width)))
+                    rest = xp.reshape(alls[ref][:-1, ...], (-1, alls[ref].shape[-1]))
+                    first = first + xp.matmul(rest.T, xp.reshape(dstack[1:, ...], (-1, width)))
                 yield j, first
                 continue
             if kind == "seq":

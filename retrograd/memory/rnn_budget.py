@@ -1,0 +1,477 @@
+"""Recurrent networks under a memory budget: ``recurrent(..., recompute=<bytes>)``.
+
+With an int ``recompute``, a RecurrentNetwork keeps at most that many bytes
+of step values for its backward, following a binomial checkpoint schedule
+(``schedules.budget_plan``) chosen at run time from the sequence length and
+the measured size of one step:
+
+* the **forward** runs every step once without keeping per-step values; on
+  its way it copies the states at the schedule's checkpoint steps into one
+  ``[C, N, ...]`` tensor per state (``<state>.ckpt``) and writes the plan's
+  parameters to ``<op>.schedule``. The ``(T+1) x N x ...`` states tensor is
+  built only when some op reads ``<state>_all``; otherwise ``_all`` is a
+  zero-stride NaN placeholder that costs nothing (read it in the program
+  to have it computed);
+* the **backward** (``RecurrentNetworkBudgetGrad``) carries out the plan:
+  it advances from checkpoints, re-runs each segment of steps keeping what
+  the backward step block reads (the same block as the store-all backward,
+  so gradients are identical), then runs the block over the segment in
+  reverse. Gradients batched over time (``dW = A^T D``) are batched per
+  segment.
+
+Budget accounting: state checkpoints plus one segment's tape (its states
+and the step values the backward reads). One step's tape is the least a
+budget can be; below that the op raises ProgramError at build time when
+the sizes are known then, else ExecutionError at run time.
+
+The op's own files (``ops/recurrent.py``, ``ops/recurrent_grad.py``) hand
+over to this module when ``recompute`` is an int; everything else about the
+op (layout, step block, backward step block) is theirs.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..errors import ExecutionError, ProgramError, ShapeError
+from ..ir.analysis import op_reads
+from ..ir.dtypes import is_float
+from ..ir.program import Block, Op, Var
+from ..ops.recurrent import RnnLayout, _Held, check_state_shape, fresh_name, step_mask, time_steps, timestep_value
+from ..ops.recurrent_grad import _add, _Collector, _per_state, build_backward_step
+from ..ops.registry import GradCtx, append_op, defop
+from .schedules import Plan, StepRunner, budget_plan, make_plan, minimum_budget, run_backward
+
+SCHEDULE_LEN = 4          # [T, segment, slots, from_alls]
+
+
+def is_budget(recompute) -> bool:
+    """True when ``recompute`` asks for a byte budget (an int, not a bool)."""
+    return isinstance(recompute, int) and not isinstance(recompute, bool)
+
+
+def check_budget(recompute: int) -> None:
+    if recompute < 0:
+        raise ProgramError(f"recompute budget must be >= 0 bytes, got {recompute}")
+
+
+def output_specs(inits: list[Var], attrs: dict) -> list:
+    """Shapes of the outputs a budgeted RecurrentNetwork gets once a gradient is built."""
+    if not attrs.get("budget_outputs"):
+        return []
+    return [((-1,) + tuple(v.shape), v.dtype) for v in inits] + [((SCHEDULE_LEN,), "int64")]
+
+
+# --- running steps ------------------------------------------------------------------------------
+
+class _Steps:
+    """Runs the forward step block of one op: bindings per step, state updates, meter holds."""
+
+    def __init__(self, k, lay: RnnLayout, seqs, lengths, outers, step: Block, attrs: dict):
+        self.k, self.xp, self.run, self.op = k, k.xp, k.run, k.op
+        self.seqs, self.lengths = seqs, lengths
+        self.step = step
+        self.inputs_t, self.states = attrs["inputs_t"], attrs["states"]
+        self.state_outs, self.timestep = attrs["state_outs"], attrs.get("timestep")
+        self.bindings = dict(zip(k.op.inputs[lay.outer_start:lay.n_inputs], outers))
+
+    def bind(self, t: int, state: list) -> dict:
+        b = self.bindings
+        for name, seq in zip(self.inputs_t, self.seqs):
+            b[name] = seq[t]
+        for name, value in zip(self.states, state):
+            b[name] = value
+        if self.timestep:
+            b[self.timestep] = timestep_value(self.xp, self.step, self.timestep, t)
+        return b
+
+    def run_step(self, t: int, state: list, extra: list[str] = ()) -> tuple[list, list]:
+        """Step ``t`` from ``state``: (next state, values of ``extra``)."""
+        values = self.run.run_block(self.step, self.bind(t, state), list(self.state_outs) + list(extra))
+        n = len(state)
+        new = []
+        for i, (value, prev) in enumerate(zip(values[:n], state)):
+            if tuple(value.shape) != tuple(prev.shape):
+                check_state_shape(self.op, self.state_outs[i], value, prev)
+            if self.lengths is not None:
+                value = self.xp.where(step_mask(self.xp, self.lengths, t, prev.ndim), value, prev)
+            new.append(value)
+        return new, values[n:]
+
+    def hold(self, state: list) -> list:
+        for value in state:
+            self.run.meter.hold(value)
+        return state
+
+    def release(self, state: list) -> None:
+        for value in state:
+            self.run.meter.release(value)
+
+
+def _nbytes(arrays) -> int:
+    return int(sum(int(np.prod(a.shape)) * np.dtype(str(a.dtype)).itemsize for a in arrays))
+
+
+def _plan(op: Op, steps: int, budget: int, state_bytes: int, tape_bytes: int, from_alls: bool) -> Plan:
+    try:
+        if from_alls:   # every state is kept anyway: segments of as many steps as the budget holds
+            if budget < tape_bytes:
+                budget_plan(steps, budget, state_bytes, tape_bytes)   # raises with the minimum
+            segment = max(1, min(steps, budget // tape_bytes)) if tape_bytes else max(steps, 1)
+            return make_plan(steps, segment, -(-steps // segment))
+        return budget_plan(steps, budget, state_bytes, tape_bytes)
+    except ProgramError as exc:
+        raise ExecutionError(f"{op.where()}: {exc}") from None
+
+
+def forward_kernel(k, *arrays):
+    """RecurrentNetwork with a byte budget: one pass, states kept only at checkpoints."""
+    attrs, xp, op, run = k.attrs, k.xp, k.op, k.run
+    lay = RnnLayout.of(attrs, len(arrays))
+    seqs, inits, lengths, outers = lay.split(arrays)
+    steps = time_steps(op, seqs)
+    runner = _Steps(k, lay, seqs, lengths, outers, attrs["step"], attrs)
+    graded = bool(attrs.get("budget_outputs"))
+    materialize = list(attrs.get("budget_all") or [True] * lay.n_state)
+    from_alls = all(materialize)
+    held = _Held(run.meter)
+    bufs = []
+    for init, full in zip(inits, materialize):
+        buf = held.add(xp.empty((steps + 1,) + tuple(init.shape), dtype=init.dtype)) if full else None
+        if buf is not None:
+            buf[0, ...] = init
+        bufs.append(buf)
+    state = list(inits)
+    plan, ckpts, where = None, [], {}
+    tape_names = list(attrs.get("budget_tape", ()))
+    for t in range(steps):
+        if t in where:
+            for buf, value in zip(ckpts, state):
+                buf[where[t], ...] = value
+        measure = graded and plan is None
+        new, extra = runner.run_step(t, state, tape_names if measure else ())
+        runner.hold(new)
+        if measure:
+            state_bytes = _nbytes(inits)
+            tape_bytes = _nbytes(extra) + (0 if from_alls else state_bytes)   # kept states are not taped
+            plan = _plan(op, steps, int(attrs["recompute"]), state_bytes, tape_bytes, from_alls)
+            if not from_alls:
+                where = {s: j for j, s in enumerate(plan.sweep_stores)}
+                ckpts = [held.add(xp.empty((len(where),) + tuple(v.shape), dtype=v.dtype)) for v in inits]
+        for buf, value in zip(bufs, new):
+            if buf is not None:
+                buf[t + 1, ...] = value
+        if t > 0:
+            runner.release(state)
+        state = new
+    if plan is None:
+        plan = make_plan(steps, 1, 0)
+    outputs = []
+    for init, buf, last in zip(inits, bufs, state):
+        if buf is not None:
+            outputs += [buf[1:], buf[steps]]
+        else:
+            outputs += [xp.broadcast_to(xp.asarray(np.nan, dtype=init.dtype), (steps,) + tuple(init.shape)),
+                        last if steps > 0 else xp.asarray(init, copy=True)]
+    if steps > 0:
+        runner.release(state)
+    if graded:
+        if not ckpts:
+            ckpts = [xp.empty((0,) + tuple(v.shape), dtype=v.dtype) for v in inits]
+        outputs += ckpts
+        outputs.append(xp.asarray([steps, plan.segment, plan.slots, int(from_alls)], dtype=xp.int64))
+    held.release()
+    return tuple(outputs)
+
+
+# --- the gradient maker -----------------------------------------------------------------------------
+
+def _read_elsewhere(op: Op, name: str) -> bool:
+    """True when an op other than ``op`` (in any block) reads ``name``."""
+    return any(name in op_reads(other) for block in op.block.program.blocks for other in block.ops
+               if other is not op)
+
+
+def _static_bytes(vars_: list[Var]) -> int | None:
+    if any(d < 0 for v in vars_ for d in v.shape):
+        return None
+    return sum(math.prod(v.shape) * np.dtype(v.dtype).itemsize for v in vars_)
+
+
+def grad_maker(g: GradCtx) -> list[Var | None]:
+    """The gradient of a budgeted RecurrentNetwork: one RecurrentNetworkBudgetGrad op."""
+    op, attrs = g.op, g.attrs
+    lay = RnnLayout.of(attrs, len(op.inputs))
+    none = [None] * len(op.inputs)
+    k = lay.n_state
+    owg = attrs.get("outputs_with_grads")
+    douts = [d if owg is None or i in owg else None for i, d in enumerate(g.dout[:2 * k])]
+    wanted = [bool(w) and is_float(x.dtype) for w, x in zip(g.wanted, g.x)]
+    if lay.has_lengths:
+        wanted[lay.n_seq + lay.n_state] = False
+    if all(d is None for d in douts) or not any(wanted):
+        return none
+    if attrs.get("forward_only"):
+        raise ProgramError(f"{op.where()} was built with forward_only=True, but a gradient flows through "
+                           f"it (to '{op.outputs[0]}' ...); build it with forward_only=False")
+    # The store-all backward step block: it reads the tape the budgeted backward re-creates.
+    proxy = Op(op.type, op.inputs, op.outputs, {**attrs, "recompute": None})
+    proxy.block = op.block
+    bstep = build_backward_step(proxy, wanted)
+    _check_static_budget(op, bstep)
+    block = op.block
+    if not attrs.get("budget_outputs"):
+        attrs["budget_all"] = [_read_elsewhere(op, op.outputs[2 * i]) for i in range(k)]
+        attrs["budget_tape"] = list(bstep.saved)
+        attrs["budget_outputs"] = True
+        prefix = op.outputs[0]
+        for name in attrs["states"]:
+            var = attrs["step"].var(name)
+            out = block.create_var(fresh_name(block.program, f"{name}.ckpt"), (-1,) + var.shape, var.dtype)
+            op.outputs.append(out.name)
+        op.outputs.append(block.create_var(fresh_name(block.program, f"{prefix}.schedule"),
+                                           (SCHEDULE_LEN,), "int64").name)
+        block.program.bump()
+    alls = [block.var(n) for n in op.outputs[0:2 * k:2]]
+    extra = [block.var(n) for n in op.outputs[-(k + 1):]]
+    d_all, d_last = douts[0::2], douts[1::2]
+    inputs = list(g.x[:lay.n_inputs]) + alls + extra
+    inputs += [d for d in d_all if d is not None] + [d for d in d_last if d is not None]
+    grad_of = [i for i, w in enumerate(wanted) if w]
+    grad_attrs = {
+        "backward": bstep.block,
+        "inputs_t": list(attrs["inputs_t"]), "states": list(attrs["states"]),
+        "state_outs": list(attrs["state_outs"]), "timestep": attrs.get("timestep"),
+        "has_lengths": lay.has_lengths, "n_outer": lay.n_outer,
+        "tape": list(bstep.saved), "shape_only": list(bstep.saved_shape),
+        "dall_given": [d is not None for d in d_all], "dlast_given": [d is not None for d in d_last],
+        "dnext": bstep.dnext, "fetch_seq": bstep.fetch_seq, "fetch_state": bstep.fetch_state,
+        "fetch_outer": bstep.fetch_outer, "batched": bstep.batched, "grad_of": grad_of,
+    }
+    outs = append_op("RecurrentNetworkBudgetGrad", inputs, grad_attrs, name="rnn_grad")
+    grads: list[Var | None] = list(none)
+    for position, out in zip(grad_of, outs):
+        grads[position] = out
+    return grads
+
+
+def _check_static_budget(op: Op, bstep) -> None:
+    """ProgramError now when the sizes are known and the budget cannot hold one step."""
+    step: Block = op.attrs["step"]
+    states = [step.var(n) for n in op.attrs["states"]]
+    state_bytes = _static_bytes(states)
+    tape_bytes = _static_bytes(states + [step.var(n) for n in bstep.saved])
+    if state_bytes is None or tape_bytes is None:
+        return
+    least = minimum_budget(state_bytes, tape_bytes)
+    if op.attrs["recompute"] < least:
+        raise ProgramError(f"{op.where()}: recompute budget of {op.attrs['recompute']} bytes cannot hold "
+                           f"one step; the minimum budget is {least} bytes (one step's states and the "
+                           "values its backward reads)")
+
+
+# --- RecurrentNetworkBudgetGrad ---------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class _Layout:
+    fwd: RnnLayout
+    n_dall: int
+    n_dlast: int
+
+    @staticmethod
+    def of(attrs: dict) -> "_Layout":
+        fwd = RnnLayout(len(attrs["inputs_t"]), len(attrs["states"]), bool(attrs["has_lengths"]),
+                        int(attrs["n_outer"]))
+        return _Layout(fwd, sum(map(bool, attrs["dall_given"])), sum(map(bool, attrs["dlast_given"])))
+
+    def split(self, items):
+        """(forward inputs, state alls, checkpoints, schedule, d_all given, d_last given)."""
+        n, k = self.fwd.n_inputs, self.fwd.n_state
+        rest = list(items[n:])
+        return (list(items[:n]), rest[:k], rest[k:2 * k], rest[2 * k],
+                rest[2 * k + 1:2 * k + 1 + self.n_dall], rest[2 * k + 1 + self.n_dall:])
+
+
+def _grad_rule(ins: list[Var], attrs: dict):
+    lay = _Layout.of(attrs)
+    expected = lay.fwd.n_inputs + 2 * lay.fwd.n_state + 1 + lay.n_dall + lay.n_dlast
+    if len(ins) != expected:
+        raise ShapeError(f"expects {expected} inputs from its attributes, got {len(ins)}")
+    return [(ins[i].shape, ins[i].dtype) for i in attrs["grad_of"]]
+
+
+@defop("RecurrentNetworkBudgetGrad", inputs=("forward_inputs*", "state_alls*", "checkpoints*", "schedule",
+                                             "d_all*", "d_last*"),
+       outputs=("grads*",), infer=_grad_rule)
+def _budget_grad_kernel(k, *arrays):
+    """Carry out the forward's checkpoint plan: advance, re-run segments with tape, run their backward."""
+    attrs, xp, op, run = k.attrs, k.xp, k.op, k.run
+    lay = _Layout.of(attrs)
+    fwd, alls, ckpts, schedule, d_all, d_last = lay.split(arrays)
+    seqs, inits, lengths, outers = lay.fwd.split(fwd)
+    steps = time_steps(op, seqs)
+    total, segment, slots, from_alls = (int(v) for v in np.asarray(schedule).reshape(-1))
+    if total != steps:
+        raise ExecutionError(f"{op.where()}: the forward planned {total} steps, the sequences have {steps}")
+    plan = make_plan(steps, max(segment, 1), slots)
+    checkpoints = {0: list(inits)}
+    for j, t in enumerate(plan.sweep_stores):
+        checkpoints[t] = [a[t - 1] for a in alls] if from_alls else [c[j] for c in ckpts]
+    back = _Backward(k, lay, seqs, inits, lengths, outers, _per_state(attrs["dall_given"], d_all),
+                     _per_state(attrs["dlast_given"], d_last), plan.segment, alls if from_alls else None)
+    run_backward(plan, checkpoints, back)
+    return back.results()
+
+
+class _Backward(StepRunner):
+    """The backward of one budgeted op: re-runs segments with tape and runs the backward step block."""
+
+    def __init__(self, k, lay: _Layout, seqs, inits, lengths, outers, d_all, d_last, segment: int, alls):
+        attrs, xp = k.attrs, k.xp
+        self.k, self.xp, self.attrs, self.lay = k, xp, attrs, lay
+        self.block: Block = attrs["backward"]
+        self.steps = _Steps(k, lay.fwd, seqs, lengths, outers, self.block.parent, attrs)
+        self.seqs, self.inits, self.lengths = seqs, inits, lengths
+        self.d_all, self.d_last = d_all, d_last
+        self.held = _Held(k.run.meter)
+        self.segment = max(1, min(segment, len(seqs[0]) if seqs else 1))
+        self.grad_of = set(attrs["grad_of"])
+        n_state = lay.fwd.n_state
+        self.dseq = [self.held.add(xp.empty(seq.shape, dtype=seq.dtype) if name else
+                                   xp.zeros(seq.shape, dtype=seq.dtype)) if i in self.grad_of else None
+                     for i, (seq, name) in enumerate(zip(seqs, attrs["fetch_seq"]))]
+        self.fetch_seq = [name if self.dseq[i] is not None else None for i, name in enumerate(attrs["fetch_seq"])]
+        self.tape = list(attrs["tape"])
+        self.shape_only = list(attrs["shape_only"])
+        collected = _Collector(xp, _Held(k.run.meter), 0, attrs["batched"], self.fetch_seq, self.tape).names
+        self.fetch = [n for n in self.fetch_seq + attrs["fetch_state"] + attrs["fetch_outer"] if n] + collected
+        self.index = {name: i for i, name in enumerate(self.fetch)}
+        self.acc: list = [None] * lay.fwd.n_outer
+        self.dcur: list = list(d_last)   # gradient arriving at state t+1 from later steps; None = zero
+        self.zeros = [None] * n_state
+        self.bindings = dict(self.steps.bindings)
+        self.alls = alls                 # the forward's full states when it kept them, else None
+        self.seg_states: list = [None] * n_state
+        self.seg_tape: list = [None] * len(self.tape)
+        self.stand_ins: dict = {}
+
+    # -- StepRunner --------------------------------------------------------------------------
+    def advance(self, state, start: int, stop: int):
+        for t in range(start, stop):
+            new, _ = self.steps.run_step(t, state)
+            self.steps.hold(new)
+            if t > start:
+                self.steps.release(state)
+            state = new
+        return state
+
+    def keep(self, state):
+        return self.steps.hold(list(state))
+
+    def drop(self, state) -> None:
+        self.steps.release(state)
+
+    def release(self, state) -> None:
+        self.steps.release(state)
+
+    def reverse(self, state, start: int, stop: int) -> None:
+        self._tape(state, start, stop)
+        n = stop - start
+        collect = _Collector(self.xp, _Held(self.k.run.meter), n, self.attrs["batched"], self.fetch_seq, self.tape)
+        dseq = [None if d is None else d[start:stop] for d in self.dseq]
+        for t in range(stop - 1, start - 1, -1):
+            values = self._backward_step(t, start, state)
+            collect.store(t - start, values, self.index, dseq)
+        alls = [a[start:stop] for a in self.alls] if self.alls is not None else [s[:n] for s in self.seg_states]
+        saved = [s[:n] for s in self.seg_tape]
+        seqs = [s[start:stop] for s in self.seqs]
+        for j, product in collect.products(seqs, list(state), alls, saved, dseq):
+            self.acc[j] = product if self.acc[j] is None else self.acc[j] + product
+        collect.held.release()
+
+    # -- one segment ---------------------------------------------------------------------------
+    def _tape(self, state, start: int, stop: int) -> None:
+        """Re-run steps start..stop-1 keeping their states and the values the backward block reads."""
+        xp, steps = self.xp, self.steps
+        current = state
+        for t in range(start, stop):
+            new, values = steps.run_step(t, current, self.tape + self.shape_only)
+            for i, value in enumerate(new if self.alls is None else ()):
+                if self.seg_states[i] is None:
+                    self.seg_states[i] = self.held.add(xp.empty((self.segment,) + tuple(value.shape), dtype=value.dtype))
+                self.seg_states[i][t - start, ...] = value
+            for j, value in enumerate(values[:len(self.tape)]):
+                if self.seg_tape[j] is None:
+                    self.seg_tape[j] = self.held.add(xp.empty((self.segment,) + tuple(value.shape), dtype=value.dtype))
+                self.seg_tape[j][t - start, ...] = value
+            for name, value in zip(self.shape_only, values[len(self.tape):]):
+                if name not in self.stand_ins or tuple(self.stand_ins[name].shape) != tuple(value.shape):
+                    self.stand_ins[name] = xp.broadcast_to(xp.zeros((), dtype=value.dtype), tuple(value.shape))
+            current = [self._new_state(i, t, start) for i in range(len(new))]
+
+    def _new_state(self, i: int, t: int, start: int):
+        """State i after step t (t in the segment being reversed)."""
+        return self.alls[i][t] if self.alls is not None else self.seg_states[i][t - start]
+
+    def _backward_step(self, t: int, start: int, state) -> list:
+        """The backward step block at step t (same bindings as the store-all RecurrentNetworkGrad)."""
+        xp, attrs, b = self.xp, self.attrs, self.bindings
+        n_state = self.lay.fwd.n_state
+        carry = [None] * n_state
+        for i in range(n_state):
+            dn = _add(self.dcur[i], None if self.d_all[i] is None else self.d_all[i][t])
+            if dn is None:
+                if self.zeros[i] is None:
+                    self.zeros[i] = xp.zeros(self.inits[i].shape, dtype=self.inits[i].dtype)
+                dn = self.zeros[i]
+            elif self.lengths is not None:
+                mask = step_mask(xp, self.lengths, t, dn.ndim)
+                carry[i] = xp.where(mask, xp.zeros_like(dn), dn)
+                dn = xp.where(mask, dn, xp.zeros_like(dn))
+            b[attrs["dnext"][i]] = dn
+        for name, seq in zip(attrs["inputs_t"], self.seqs):
+            b[name] = seq[t]
+        local = t - start
+        for i, (name, out) in enumerate(zip(attrs["states"], attrs["state_outs"])):
+            b[name] = state[i] if local == 0 else self._new_state(i, t - 1, start)
+            b[out] = self._new_state(i, t, start)
+        for name, values in zip(self.tape, self.seg_tape):
+            b[name] = values[local]
+        for name in self.shape_only:
+            b[name] = self.stand_ins[name]
+        timestep = attrs.get("timestep")
+        if timestep:
+            b[timestep] = timestep_value(xp, self.block.parent, timestep, t)
+        values = self.k.run.run_block(self.block, b, self.fetch)
+        for i, name in enumerate(self.fetch_seq):
+            if name:
+                self.dseq[i][t, ...] = values[self.index[name]]
+        for i, name in enumerate(attrs["fetch_state"]):
+            self.dcur[i] = _add(values[self.index[name]] if name else None, carry[i])
+        for j, name in enumerate(attrs["fetch_outer"]):
+            if name:
+                value = values[self.index[name]]
+                if self.acc[j] is None:
+                    self.acc[j] = self.held.add(xp.asarray(value, copy=True))
+                else:
+                    self.acc[j] += value
+        return values
+
+    def results(self):
+        xp, lay = self.xp, self.lay.fwd
+        self.held.release()
+        out = []
+        for position in self.attrs["grad_of"]:
+            if position < lay.n_seq:
+                out.append(self.dseq[position])
+            elif position < lay.n_seq + lay.n_state:
+                i = position - lay.n_seq
+                d = self.dcur[i]
+                out.append(d if d is not None else xp.zeros(self.inits[i].shape, dtype=self.inits[i].dtype))
+            else:
+                j = position - lay.outer_start
+                outer = self.steps.bindings[self.k.op.inputs[lay.outer_start + j]]
+                out.append(self.acc[j] if self.acc[j] is not None else xp.zeros(outer.shape, dtype=outer.dtype))
+        return out[0] if len(out) == 1 else tuple(out)
