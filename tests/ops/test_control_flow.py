@@ -442,6 +442,38 @@ def test_nested_loops_match_finite_differences():
     check_gradients(fn, {"x": np.array([0.3, -0.6, 0.9]), "w": np.array([0.8, 1.1, -0.4])})
 
 
+def test_cond_and_while_inside_a_recurrent_step():
+    def fn():
+        x = rg.data("x", [4, 2, 3], dtype=F64, stop_gradient=False)
+        h0 = rg.data("h0", [2, 3], dtype=F64, stop_gradient=False)
+        w = rg.create_parameter("w", [3, 3], dtype=F64, init=np.eye(3) * 0.5)
+
+        def step(xs, hs):
+            a = rg.tanh(xs[0] + hs[0] @ w)
+            b = rg.cond(rg.sum(a) > 0.0, lambda: a * 2.0, lambda: a * a)
+            _, c = rg.while_loop(lambda i, v: i < 2, lambda i, v: (i + 1, rg.tanh(v) + b), [rg.constant(0), b])
+            return [c]
+        _, last = rg.recurrent(step, [x], [h0])
+        loss = rg.sum(last[0] * last[0])
+        return loss, rg.gradients(loss, [x, h0, w])
+
+    main, startup, (loss, grads) = build(fn)
+    xv, hv = RNG.standard_normal((4, 2, 3)), RNG.standard_normal((2, 3))
+    ours = executor(startup).run(main, feed={"x": xv, "h0": hv}, fetch_list=[loss, *grads])
+    x, h0, w = t(xv, True), t(hv, True), t(np.eye(3) * 0.5, True)
+    h = h0
+    for step in range(4):
+        a = torch.tanh(x[step] + h @ w)
+        b = a * 2.0 if a.sum() > 0 else a * a
+        h = b
+        for _ in range(2):
+            h = torch.tanh(h) + b
+    tl = (h * h).sum()
+    close(ours[0], tl.item())
+    for o, th in zip(ours[1:], grads_of(tl, [x, h0, w])):
+        close(o, th)
+
+
 # --- double backward through a loop ------------------------------------------------------------------
 
 def test_hessian_vector_product_through_a_loop():
