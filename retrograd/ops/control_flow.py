@@ -481,7 +481,7 @@ def _scan(k, count, *arrays):
     fetch = list(attrs["body_outs"]) + list(attrs["ys"])
     for i in (range(n - 1, -1, -1) if attrs["reverse"] else range(n)):
         bindings = {**consts, **dict(zip(attrs["carry_binds"], carries)),
-                    **{name: x[i] for name, x in zip(attrs["x_binds"], xs)}}
+                    **{name: x[i, ...] for name, x in zip(attrs["x_binds"], xs)}}
         values = run.run_block(attrs["body"], bindings, fetch)
         carries, ys = values[:c], values[c:]
         for j, out in shaped.items():

@@ -184,7 +184,7 @@ def test_condition_on_a_bool_loop_var_and_outer_values_returned_unchanged():
     def fn():
         x = rg.data("x", [3], dtype=F64, stop_gradient=False)
         go0 = rg.data("go", [], dtype="bool")
-        go, y = rg.while_loop(lambda g, y: g, lambda g, y: (rg.sum(y) < 10.0, y * 2.0 + 0.1), (go0, x))
+        go, y = rg.while_loop(lambda g, y: g, lambda g, y: (rg.sum(y) < 10.0, y * 2.0 + rg.tanh(y)), (go0, x))
         z = rg.cond(rg.sum(y) > 0.0, lambda: x, lambda: y)
         _, w = rg.while_loop(lambda i, v: i < 2, lambda i, v: [i + 1, x], [rg.constant(0), x * 0.0])
         loss = rg.sum(y * z * z) + rg.sum(w * w * w)
@@ -197,7 +197,7 @@ def test_condition_on_a_bool_loop_var_and_outer_values_returned_unchanged():
     x = t(xv, True)
     y, go = x, True
     while go:
-        go, y = bool(y.sum() < 10), y * 2 + 0.1
+        go, y = bool(y.sum() < 10), y * 2 + torch.tanh(y)
     loss = (y * x * x).sum() + (x ** 3).sum()
     dx, = torch.autograd.grad(loss, x, create_graph=True)
     ddx, = torch.autograd.grad((dx * dx).sum(), x)
