@@ -198,8 +198,6 @@ def _run(xp, main, startup, fetch, feed):
 
 # Kernels known not to be portable yet, and why; the cases run (xfail) so a fix shows up as XPASS.
 NOT_PORTABLE = {
-    "while_loop_and_its_backward": "Scan indexes x[i] on a 3-D array (ops/control_flow.py); "
-                                   "the Array API needs x[i, ...]",
     "recurrent_network_and_its_backward": "RecurrentNetwork indexes seq[t] / buf[t] (ops/recurrent.py); "
                                           "the Array API needs seq[t, ...]",
 }
