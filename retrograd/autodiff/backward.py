@@ -171,12 +171,16 @@ class _Backward:
                     cb(self.block, self.context)
 
     def _display_name(self, forward_name: str) -> str:
-        """'w.grad', or 'w.grad_1' when taken (a second backward); never parsed back."""
-        name = f"{forward_name}.grad"
+        """'w.grad', or 'w.grad_1' when taken (a second backward); never parsed back.
+        In a sub-block 'w.grad.b3', leaving the plain name to the enclosing backward."""
+        name = f"{forward_name}.grad{self._block_suffix()}"
         return self.block.program.unique_name(name) if self.block.program.has_name(name) else name
 
     def _part_name(self, forward_name: str) -> str:
-        return self.block.program.unique_name(f"{forward_name}.grad.part")
+        return self.block.program.unique_name(f"{forward_name}.grad{self._block_suffix()}.part")
+
+    def _block_suffix(self) -> str:
+        return "" if self.block.parent_idx < 0 else f".b{self.block.idx}"
 
 
 def _named_in_attrs(name: str, ops: list[Op]) -> bool:

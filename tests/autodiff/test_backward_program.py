@@ -72,3 +72,17 @@ def test_second_backward_names_do_not_clash_and_read_well():
     assert (g1.name, g2.name) == ("w.grad", "w.grad_0")
     assert g3.name.startswith("w.grad")
     assert len({g1.name, g2.name, g3.name}) == 3
+
+
+def test_sub_block_gradients_leave_the_plain_name_to_the_outer_backward():
+    """The gradient of a parameter read inside cond branches is 'w.grad' in block 0;
+    the branches' own backward blocks name theirs 'w.grad.b<block>'."""
+    main, startup = rg.Program(), rg.Program()
+    with rg.program_guard(main, startup):
+        x = rg.data("x", [-1, 2], dtype="float64")
+        w = rg.create_parameter("w", [2, 2], dtype="float64")
+        h = rg.cond(rg.sum(x) > 0.0, lambda: rg.tanh(x @ w), lambda: x @ w * 2.0)
+        (_, grad), = rg.append_backward(rg.mean(h * h))
+    assert grad.name == "w.grad" and grad.block.idx == 0
+    inner = [(b.idx, name) for b in main.blocks[1:] for name in b.vars if name.startswith("w.grad")]
+    assert len(inner) == 2 and all(name == f"w.grad.b{idx}" for idx, name in inner), inner
