@@ -105,30 +105,35 @@ _GATE_SCALES: dict = {}
 
 
 def _gate_scale(xp, dtype, hidden: int, kinds: str):
-    """The per-column vector [0.5 for sigmoid gates, 1.0 for tanh gates] (cached).
+    """(scale, offset) per column: scale 0.5 / offset 0.5 for sigmoid gates ("s"), 1 / 0 for tanh.
 
-    ``tanh(scale * a) * scale + (1 - scale)`` is then sig(a) on sigmoid columns
-    and tanh(a) on tanh columns.
+    ``tanh(scale * a) * scale + offset`` is then sig(a) on sigmoid columns and
+    tanh(a) on tanh columns. Cached: kernels call this once per time step.
     """
-    key = (id(xp), str(dtype), hidden, kinds)
-    vec = _GATE_SCALES.get(key)
-    if vec is None:
-        vec = xp.concat([xp.full((hidden,), 0.5 if kind == "s" else 1.0, dtype=dtype) for kind in kinds])
-        _GATE_SCALES[key] = vec
-    return vec
+    key = (id(xp), dtype, hidden, kinds)
+    pair = _GATE_SCALES.get(key)
+    if pair is None:
+        scale = xp.concat([xp.full((hidden,), 0.5 if kind == "s" else 1.0, dtype=dtype) for kind in kinds])
+        pair = _GATE_SCALES[key] = (scale, 1.0 - scale)
+    return pair
 
 
-def _lstm_activations(xp, gates, forget_bias: float):
-    """(t, acts): t = tanh of the scaled pre-activations; acts = [sig(i), sig(f+fb), tanh(g), sig(o)]."""
+def _lstm_activations(xp, gates, forget_bias: float, keep_t: bool = False):
+    """acts = [sig(i), sig(f + forget_bias), tanh(g), sig(o)] of gates [N, 4H]; with ``keep_t``,
+    also t = the tanh of the scaled pre-activations (for the derivatives)."""
     hidden = gates.shape[1] // 4
-    scale = _gate_scale(xp, gates.dtype, hidden, "ssts")
+    scale, offset = _gate_scale(xp, gates.dtype, hidden, "ssts")
     pre = gates * scale
     if forget_bias:
         pre[:, hidden:2 * hidden] += 0.5 * forget_bias
     t = xp.tanh(pre)
-    acts = t * scale
-    acts += 1.0 - scale
-    return t, acts
+    if keep_t:
+        acts = t * scale
+    else:
+        acts = t
+        acts *= scale
+    acts += offset
+    return (t, acts) if keep_t else acts
 
 
 # --- LSTMUnit ----------------------------------------------------------------------------
@@ -153,7 +158,7 @@ def _lstm_unit_grad_maker(g):
 def _lstm_unit(k, gates, c_prev):
     """One LSTM step from pre-activation gates [N, 4H] (order i, f, g, o) and c [N, H]."""
     hidden = c_prev.shape[1]
-    _, acts = _lstm_activations(k.xp, gates, k.attrs["forget_bias"])
+    acts = _lstm_activations(k.xp, gates, k.attrs["forget_bias"])
     c = acts[:, hidden:2 * hidden] * c_prev
     c += acts[:, :hidden] * acts[:, 2 * hidden:3 * hidden]
     h = k.xp.tanh(c)
@@ -213,8 +218,8 @@ def _lstm_unit_grad(k, gates, c_prev, c, dh, dc):
     """Both input gradients of LSTMUnit in one kernel (activations recomputed from ``gates``)."""
     xp = k.xp
     hidden = c_prev.shape[1]
-    t, acts = _lstm_activations(xp, gates, k.attrs["forget_bias"])
-    scale = _gate_scale(xp, gates.dtype, hidden, "ssts")
+    t, acts = _lstm_activations(xp, gates, k.attrs["forget_bias"], keep_t=True)
+    scale, _ = _gate_scale(xp, gates.dtype, hidden, "ssts")
     # Derivative of every activation w.r.t. its pre-activation: scale^2 * (1 - t^2).
     deriv = t * t
     deriv -= 1.0
@@ -259,9 +264,8 @@ def _gru_unit_grad_maker(g):
 
 def _gru_activations(xp, xproj, hproj, hidden: int):
     """(r, z, n) of a GRU step."""
-    scale = _gate_scale(xp, xproj.dtype, hidden, "ss")
     pre = xproj[:, :2 * hidden] + hproj[:, :2 * hidden]
-    pre *= scale
+    pre *= 0.5
     rz = xp.tanh(pre)
     rz *= 0.5
     rz += 0.5

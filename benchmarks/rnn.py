@@ -1,0 +1,344 @@
+"""LSTM forward + backward: retrograd ``layers.lstm`` vs hand-written NumPy vs PyTorch, on CPU.
+
+Every implementation computes the same thing from the same float32 weights:
+the loss ``sum(h_all)`` of a one-layer LSTM over ``x [T, N, D]`` (D = H) and
+the gradients of the input and of every parameter. Before timing, the
+benchmark checks that all of them agree on those gradients.
+
+* ``retrograd``: ``layers.lstm`` + ``rg.gradients``, one compiled program;
+  peak memory is ``exe.last_stats.peak_bytes``.
+* ``numpy``: a hand-written LSTM with manual BPTT (no graph): the input
+  projection hoisted out of the loop (one GEMM), activations stored per step,
+  the weight gradients computed as one GEMM each over all steps; peak memory
+  from ``tracemalloc`` (NumPy reports its buffers to it).
+* ``torch.nn.LSTM`` and a hand-written ``torch`` cell loop (autograd); PyTorch
+  does not report CPU peak memory, so that column says n/a.
+
+Run::
+
+    python benchmarks/rnn.py                    # all three configurations
+    python benchmarks/rnn.py --quick            # a small configuration, for a smoke run
+    python benchmarks/rnn.py --write            # also rewrite the "RNN" section of RESULTS.md
+"""
+from __future__ import annotations
+
+import argparse
+import gc
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import time
+import tracemalloc
+from pathlib import Path
+from typing import Callable
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+import retrograd as rg  # noqa: E402
+
+CONFIGS = [(50, 64, 512), (50, 32, 128), (1000, 16, 256)]     # (T, N, H); D = H
+TARGET_RATIO = 1.25          # retrograd / numpy at the two larger configurations
+RESULTS = Path(__file__).with_name("RESULTS.md")
+
+
+# --- the shared problem ------------------------------------------------------------------
+
+def make_problem(t: int, n: int, h: int, seed: int = 0) -> dict:
+    r = np.random.default_rng(seed)
+    bound = 1.0 / np.sqrt(h)
+
+    def u(*shape):
+        return r.uniform(-bound, bound, shape).astype(np.float32)
+
+    return {"x": r.standard_normal((t, n, h)).astype(np.float32),
+            "w_ih": u(h, 4 * h), "w_hh": u(h, 4 * h), "b": u(4 * h)}
+
+
+GRAD_NAMES = ("x", "w_ih", "w_hh", "b")
+
+
+# --- hand-written NumPy ------------------------------------------------------------------
+
+def _sigmoid(a: np.ndarray) -> np.ndarray:
+    out = np.tanh(a * 0.5)
+    out *= 0.5
+    out += 0.5
+    return out
+
+
+def numpy_lstm(x: np.ndarray, w_ih: np.ndarray, w_hh: np.ndarray, b: np.ndarray) -> tuple:
+    """Loss sum(h_all) and its gradients (dx, dw_ih, dw_hh, db) by manual BPTT."""
+    t_len, n, d = x.shape
+    h = w_hh.shape[0]
+    x2 = x.reshape(t_len * n, d)
+    xw = (x2 @ w_ih + b).reshape(t_len, n, 4 * h)          # hoisted input projection
+    hs = np.zeros((t_len + 1, n, h), np.float32)
+    cs = np.zeros((t_len + 1, n, h), np.float32)
+    acts = np.empty((t_len, n, 4 * h), np.float32)          # i, f, g, o after activation
+    tanh_c = np.empty((t_len, n, h), np.float32)
+    for t in range(t_len):
+        gates = hs[t] @ w_hh
+        gates += xw[t]
+        a = acts[t]
+        a[:, :2 * h] = _sigmoid(gates[:, :2 * h])
+        a[:, 2 * h:3 * h] = np.tanh(gates[:, 2 * h:3 * h])
+        a[:, 3 * h:] = _sigmoid(gates[:, 3 * h:])
+        np.multiply(a[:, h:2 * h], cs[t], out=cs[t + 1])
+        cs[t + 1] += a[:, :h] * a[:, 2 * h:3 * h]
+        np.tanh(cs[t + 1], out=tanh_c[t])
+        np.multiply(a[:, 3 * h:], tanh_c[t], out=hs[t + 1])
+    loss = float(hs[1:].sum(dtype=np.float64))
+
+    dgates = np.empty((t_len, n, 4 * h), np.float32)
+    dh_next = np.zeros((n, h), np.float32)
+    dc = np.zeros((n, h), np.float32)
+    for t in reversed(range(t_len)):
+        a = acts[t]
+        i, f, g, o = a[:, :h], a[:, h:2 * h], a[:, 2 * h:3 * h], a[:, 3 * h:]
+        dh = dh_next + 1.0                                    # d sum(h_all) / dh_t = 1
+        tc = tanh_c[t]
+        dc += dh * o * (1.0 - tc * tc)
+        dg = dgates[t]
+        dg[:, :h] = dc * g * i * (1.0 - i)
+        dg[:, h:2 * h] = dc * cs[t] * f * (1.0 - f)
+        dg[:, 2 * h:3 * h] = dc * i * (1.0 - g * g)
+        dg[:, 3 * h:] = dh * tc * o * (1.0 - o)
+        dc *= f
+        dh_next = dg @ w_hh.T
+    dg2 = dgates.reshape(t_len * n, 4 * h)
+    dw_hh = hs[:-1].reshape(t_len * n, h).T @ dg2             # one GEMM over all steps
+    dw_ih = x2.T @ dg2
+    db = dg2.sum(axis=0)
+    dx = (dg2 @ w_ih.T).reshape(t_len, n, d)
+    return loss, (dx, dw_ih, dw_hh, db)
+
+
+def numpy_runner(problem: dict) -> tuple[Callable[[], tuple], Callable[[], int]]:
+    def run():
+        return numpy_lstm(problem["x"], problem["w_ih"], problem["w_hh"], problem["b"])
+
+    def peak():
+        gc.collect()
+        tracemalloc.start()
+        run()
+        _, peak_bytes = tracemalloc.get_traced_memory()
+        tracemalloc.stop()
+        return peak_bytes
+    return run, peak
+
+
+# --- retrograd ---------------------------------------------------------------------------
+
+def retrograd_runner(problem: dict, recompute=None) -> tuple[Callable[[], tuple], Callable[[], int]]:
+    main, startup = rg.Program(), rg.Program()
+    t_len, n, d = problem["x"].shape
+    h = problem["w_hh"].shape[0]
+    with rg.program_guard(main, startup):
+        x = rg.data("x", [-1, -1, d], stop_gradient=False)
+        h_all, _, _, _ = rg.layers.lstm(x, h, name="lstm", recompute=recompute)
+        loss = rg.sum(h_all)
+        params = [main.global_block().var(f"lstm.{k}") for k in ("w_ih", "w_hh", "b")]
+        grads = rg.gradients(loss, [x] + params)
+    exe = rg.Executor()
+    exe.run(startup)
+    for k in ("w_ih", "w_hh", "b"):
+        exe.scope.set(f"lstm.{k}", problem[k])
+    feed = {"x": problem["x"]}
+
+    def run():
+        loss_v, *grad_vs = exe.run(main, feed=feed, fetch_list=[loss] + grads)
+        return float(loss_v), tuple(grad_vs)
+
+    def peak():
+        run()
+        return exe.last_stats.peak_bytes
+    return run, peak
+
+
+# --- PyTorch -----------------------------------------------------------------------------
+
+def torch_runners(problem: dict):
+    try:
+        import torch
+    except ImportError:
+        return {}
+    h = problem["w_hh"].shape[0]
+    t_len, n, d = problem["x"].shape
+    w_ih = torch.tensor(problem["w_ih"], requires_grad=True)
+    w_hh = torch.tensor(problem["w_hh"], requires_grad=True)
+    b = torch.tensor(problem["b"], requires_grad=True)
+    x = torch.tensor(problem["x"], requires_grad=True)
+    module = torch.nn.LSTM(d, h)
+    with torch.no_grad():
+        module.weight_ih_l0.copy_(w_ih.T)
+        module.weight_hh_l0.copy_(w_hh.T)
+        module.bias_ih_l0.copy_(b)
+        module.bias_hh_l0.zero_()
+    module_params = [module.weight_ih_l0, module.weight_hh_l0, module.bias_ih_l0]
+
+    def run_module():
+        out, _ = module(x)
+        loss = out.sum()
+        gx, gw_ih, gw_hh, gb = torch.autograd.grad(loss, [x] + module_params)
+        return float(loss.detach()), (gx.numpy(), gw_ih.T.numpy(), gw_hh.T.numpy(), gb.numpy())
+
+    def run_loop():
+        xw = (x.reshape(t_len * n, d) @ w_ih + b).reshape(t_len, n, 4 * h)
+        hs = []
+        h_t = torch.zeros(n, h)
+        c_t = torch.zeros(n, h)
+        for t in range(t_len):
+            gates = xw[t] + h_t @ w_hh
+            i, f, g, o = gates.chunk(4, dim=1)
+            c_t = torch.sigmoid(f) * c_t + torch.sigmoid(i) * torch.tanh(g)
+            h_t = torch.sigmoid(o) * torch.tanh(c_t)
+            hs.append(h_t)
+        loss = torch.stack(hs).sum()
+        grads = torch.autograd.grad(loss, [x, w_ih, w_hh, b])
+        return float(loss.detach()), tuple(g.numpy() for g in grads)
+
+    return {"torch.nn.LSTM": (run_module, None), "torch cell loop": (run_loop, None)}
+
+
+# --- measuring ---------------------------------------------------------------------------
+
+def median_times(runs: dict[str, Callable[[], object]], repeats: int) -> dict[str, float]:
+    """Median wall time of each run; the runs are interleaved (one of each per round), so a
+    change in the machine's load during the benchmark affects every implementation alike."""
+    for run in runs.values():
+        run()                               # warm up: compile plans, fault in pages
+    times: dict[str, list[float]] = {name: [] for name in runs}
+    for _ in range(repeats):
+        for name, run in runs.items():
+            started = time.perf_counter()
+            run()
+            times[name].append(time.perf_counter() - started)
+    return {name: statistics.median(ts) for name, ts in times.items()}
+
+
+def check_agreement(results: dict[str, tuple], reference: str = "numpy") -> None:
+    """Every implementation's gradients match the NumPy reference (float32 tolerances)."""
+    ref_loss, ref_grads = results[reference]
+    for name, (loss, grads) in results.items():
+        if not np.isclose(loss, ref_loss, rtol=1e-4):
+            raise SystemExit(f"{name}: loss {loss} differs from {reference}'s {ref_loss}")
+        for gname, got, want in zip(GRAD_NAMES, grads, ref_grads):
+            scale = float(np.abs(want).max()) or 1.0
+            err = float(np.abs(np.asarray(got) - want).max()) / scale
+            if err > 2e-3:
+                raise SystemExit(f"{name}: gradient of {gname} differs from {reference}'s "
+                                 f"(max error {err:.2e} of the largest entry)")
+
+
+def bench_config(t_len: int, n: int, h: int, repeats: int) -> list[dict]:
+    problem = make_problem(t_len, n, h)
+    runners = {"retrograd": retrograd_runner(problem), "numpy": numpy_runner(problem),
+               **torch_runners(problem)}
+    check_agreement({name: run() for name, (run, _) in runners.items()})
+    medians = median_times({name: run for name, (run, _) in runners.items()}, repeats)
+    rows = [{"impl": name, "T": t_len, "N": n, "H": h, "seconds": medians[name],
+             "peak": peak() if peak is not None else None} for name, (_, peak) in runners.items()]
+    numpy_time = next(r["seconds"] for r in rows if r["impl"] == "numpy")
+    for row in rows:
+        row["vs_numpy"] = row["seconds"] / numpy_time
+    return rows
+
+
+# --- reporting -----------------------------------------------------------------------------
+
+def machine() -> dict:
+    model = platform.processor() or "unknown"
+    try:
+        out = subprocess.run(["lscpu"], capture_output=True, text=True, check=True).stdout
+        for line in out.splitlines():
+            if line.startswith("Model name:"):
+                model = line.split(":", 1)[1].strip()
+    except (OSError, subprocess.CalledProcessError):
+        pass
+    try:
+        import torch
+        torch_version = f"{torch.__version__} ({torch.get_num_threads()} threads)"
+    except ImportError:
+        torch_version = "not installed"
+    return {"cpu": model, "cores": os.cpu_count(), "python": platform.python_version(),
+            "numpy": np.__version__, "torch": torch_version}
+
+
+def _mb(value) -> str:
+    return "n/a" if value is None else f"{value / 2**20:.1f}"
+
+
+def print_table(rows: list[dict]) -> None:
+    from rich.console import Console
+    from rich.table import Table
+    table = Table(title="LSTM forward + backward (float32, CPU): median time and peak memory")
+    for col in ("T", "N", "H", "implementation", "median ms", "x numpy", "peak MB"):
+        table.add_column(col, justify="left" if col == "implementation" else "right")
+    for row in rows:
+        table.add_row(str(row["T"]), str(row["N"]), str(row["H"]), row["impl"],
+                      f"{row['seconds'] * 1e3:.1f}", f"{row['vs_numpy']:.2f}", _mb(row["peak"]))
+    Console().print(table)
+
+
+def markdown(rows: list[dict], command: str, info: dict, repeats: int) -> str:
+    lines = [
+        "## RNN",
+        "",
+        "LSTM forward + backward (loss `sum(h_all)`, gradients of x and every parameter), float32, "
+        "CPU, D = H. `retrograd` is `layers.lstm` + `rg.gradients`; `numpy` is a hand-written LSTM "
+        "with manual BPTT (input projection hoisted, weight gradients as one GEMM over all steps); "
+        "PyTorch does not report CPU peak memory (n/a). All implementations are checked to agree on "
+        f"the gradients before timing; times are the median of {repeats} runs after a warm-up.",
+        "",
+        f"Command: `{command}`",
+        "",
+        f"Machine: {info['cpu']}, {info['cores']} cores; Python {info['python']}, NumPy {info['numpy']}, "
+        f"PyTorch {info['torch']}.",
+        "",
+        "| T | N | H | implementation | median ms | x numpy | peak MB |",
+        "|--:|--:|--:|:--|--:|--:|--:|",
+    ]
+    for row in rows:
+        lines.append(f"| {row['T']} | {row['N']} | {row['H']} | {row['impl']} | {row['seconds'] * 1e3:.1f} "
+                     f"| {row['vs_numpy']:.2f} | {_mb(row['peak'])} |")
+    lines.append("")
+    return "\n".join(lines)
+
+
+def write_section(text: str) -> None:
+    """Replace (or append) the '## RNN' section of RESULTS.md, leaving other sections alone."""
+    old = RESULTS.read_text() if RESULTS.exists() else "# Benchmark results\n\n"
+    start = old.find("## RNN\n")
+    if start < 0:
+        new = old.rstrip("\n") + "\n\n" + text
+    else:
+        end = old.find("\n## ", start + 1)
+        new = old[:start] + text + ("" if end < 0 else "\n" + old[end + 1:])
+    RESULTS.write_text(new)
+
+
+def main(argv: list[str] | None = None) -> list[dict]:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--quick", action="store_true", help="one small configuration (smoke run)")
+    parser.add_argument("--write", action="store_true", help="rewrite the RNN section of RESULTS.md")
+    args = parser.parse_args(argv)
+    configs = [(10, 4, 32)] if args.quick else CONFIGS
+    rows = []
+    for t_len, n, h in configs:
+        rows.extend(bench_config(t_len, n, h, args.repeats))
+    print_table(rows)
+    info = machine()
+    print(f"{info['cpu']}, {info['cores']} cores; numpy {info['numpy']}; torch {info['torch']}")
+    if args.write:
+        command = "python benchmarks/rnn.py " + " ".join(a for a in (argv if argv is not None else sys.argv[1:]))
+        write_section(markdown(rows, command.strip(), info, args.repeats))
+        print(f"wrote the RNN section of {RESULTS}")
+    return rows
+
+
+if __name__ == "__main__":
+    main()
