@@ -39,7 +39,9 @@ from ..errors import ExecutionError, ProgramError, ShapeError
 from ..ir.analysis import op_reads
 from ..ir.dtypes import is_float
 from ..ir.program import Block, Op, Var
-from ..ops.recurrent import RnnLayout, _Held, check_state_shape, fresh_name, step_mask, time_steps, timestep_value
+from ..ops.recurrent import StepRunner as BlockRunner
+from ..ops.recurrent import (RnnLayout, _Held, check_state_shape, fresh_name, step_mask, time_steps,
+                             timestep_value)
 from ..ops.recurrent_grad import _add, _Collector, _per_state, build_backward_step
 from ..ops.registry import GradCtx, append_op, defop
 from .schedules import Plan, StepRunner, budget_plan, make_plan, minimum_budget, run_backward
@@ -76,6 +78,15 @@ class _Steps:
         self.inputs_t, self.states = attrs["inputs_t"], attrs["states"]
         self.state_outs, self.timestep = attrs["state_outs"], attrs.get("timestep")
         self.bindings = dict(zip(k.op.inputs[lay.outer_start:lay.n_inputs], outers))
+        self.runners: dict[tuple, BlockRunner] = {}
+
+    def runner(self, block: Block, bound, fetch) -> BlockRunner:
+        """A compiled runner of ``block`` binding ``bound`` and fetching ``fetch`` (made once)."""
+        key = (block.idx, tuple(fetch))
+        runner = self.runners.get(key)
+        if runner is None:
+            runner = self.runners[key] = BlockRunner(self.op, self.run, block, bound, fetch)
+        return runner
 
     def bind(self, t: int, state: list) -> dict:
         b = self.bindings
@@ -89,7 +100,8 @@ class _Steps:
 
     def run_step(self, t: int, state: list, extra: list[str] = ()) -> tuple[list, list]:
         """Step ``t`` from ``state``: (next state, values of ``extra``)."""
-        values = self.run.run_block(self.step, self.bind(t, state), list(self.state_outs) + list(extra))
+        bound = list(self.bindings) + list(self.inputs_t) + list(self.states) + ([self.timestep] if self.timestep else [])
+        values = self.runner(self.step, bound, list(self.state_outs) + list(extra))(self.bind(t, state))
         n = len(state)
         new = []
         for i, (value, prev) in enumerate(zip(values[:n], state)):
@@ -444,7 +456,7 @@ class _Backward(StepRunner):
         timestep = attrs.get("timestep")
         if timestep:
             b[timestep] = timestep_value(xp, self.block.parent, timestep, t)
-        values = self.k.run.run_block(self.block, b, self.fetch)
+        values = self.steps.runner(self.block, list(b), self.fetch)(b)
         for i, name in enumerate(self.fetch_seq):
             if name:
                 self.dseq[i][t, ...] = values[self.index[name]]
