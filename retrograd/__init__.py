@@ -26,3 +26,4 @@ from . import optim  # noqa: E402
 from .io import ParamFileError, load_params, read_params, save_params  # noqa: E402
 from . import layers  # noqa: E402
 from . import memory  # noqa: E402
+from . import testing  # noqa: E402
