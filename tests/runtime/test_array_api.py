@@ -197,10 +197,7 @@ def _run(xp, main, startup, fetch, feed):
 
 
 # Kernels known not to be portable yet, and why; the cases run (xfail) so a fix shows up as XPASS.
-NOT_PORTABLE = {
-    "recurrent_network_and_its_backward": "RecurrentNetwork indexes seq[t] / buf[t] (ops/recurrent.py); "
-                                          "the Array API needs seq[t, ...]",
-}
+NOT_PORTABLE: dict[str, str] = {}
 
 
 @pytest.mark.parametrize("name", [pytest.param(n, marks=pytest.mark.xfail(reason=NOT_PORTABLE[n]))
