@@ -325,3 +325,19 @@ def run_backward(plan: Plan, checkpoints: dict, runner: StepRunner) -> None:
             if owned:
                 runner.release(current)
             current, owned = None, False
+
+
+def sweep(plan: Plan, state, runner: StepRunner) -> dict:
+    """Advance from step 0 through ``plan.sweep_stores``, keeping those states (for a plan whose
+    forward did not keep them itself); returns the checkpoints ``run_backward`` starts from."""
+    checkpoints, at = {0: state}, 0
+    for t in plan.sweep_stores:
+        new = runner.advance(state, at, t)
+        if at:
+            runner.release(state)
+        state, at = new, t
+        checkpoints[t] = runner.keep(state)
+    if at:
+        runner.release(state)
+    return checkpoints
+

@@ -408,8 +408,12 @@ def _while_rule(ins: list[Var], attrs: dict) -> list:
                          f"{len(attrs['body_outs'])} body results and {len(ins)} inputs")
     _check_bound(attrs["cond"], attrs["cond_binds"], "loop var")
     _check_bound(attrs["body"], attrs["carry_binds"], "loop var")
-    return (_carry_specs(ins[:n], attrs["body"], attrs["body_outs"]) + [((), "int64")]
-            + [_stack_spec(attrs["body"], name) for name in attrs["ys"]])
+    specs = (_carry_specs(ins[:n], attrs["body"], attrs["body_outs"]) + [((), "int64")]
+             + [_stack_spec(attrs["body"], name) for name in attrs["ys"]])
+    if attrs.get("budget_outputs"):  # recompute=<bytes>: checkpoints and schedule (memory/while_budget.py)
+        from ..memory.while_budget import output_specs
+        specs += output_specs(ins[:n], attrs)
+    return specs
 
 
 def _scan_rule(ins: list[Var], attrs: dict) -> list:
@@ -425,11 +429,25 @@ def _scan_rule(ins: list[Var], attrs: dict) -> list:
     return specs
 
 
+def _while_grad(g: GradCtx) -> list:
+    if _budgeted(g.attrs):   # recompute=<bytes>: memory/while_budget.py swaps the Scan for its own op
+        from ..memory.while_budget import grad_maker
+        return grad_maker(g, lambda g: _loop_grad(g, _LoopView.of_while(g)))
+    return _loop_grad(g, _LoopView.of_while(g))
+
+
+def _budgeted(attrs: dict) -> bool:
+    return isinstance(attrs.get("recompute"), int) and not isinstance(attrs.get("recompute"), bool)
+
+
 @defop("While", inputs=("init*", "consts*"), outputs=("finals*", "iters", "ys*"), infer=_while_rule,
-       grad=lambda g: _loop_grad(g, _LoopView.of_while(g)))
+       grad=_while_grad)
 def _while(k, *arrays):
     """Run ``body`` while ``cond`` holds; the final loop vars, the trip count, the kept values."""
     attrs, run, xp, op = k.attrs, k.run, k.xp, k.op
+    if _budgeted(attrs):     # recompute=<bytes>: checkpoints instead of kept values (memory/while_budget.py)
+        from ..memory.while_budget import forward_kernel
+        return forward_kernel(k, *arrays, truth=_truth, check_stable=_check_stable)
     n = len(attrs["carry_binds"])
     carries, consts = list(arrays[:n]), dict(zip(op.inputs[n:], arrays[n:]))
     kept = _Kept(k, attrs["ys"], attrs["body"], _full_flags(attrs, attrs["ys"]))
@@ -521,7 +539,7 @@ def _check_body(block: Block, inits: list[Var], new: list[Var]) -> None:
 
 
 def while_loop(cond_fn: Callable[..., Var], body_fn: Callable[..., Var | Sequence[Var]], loop_vars,
-               max_iters: int | None = None):
+               max_iters: int | None = None, recompute: int | None = None):
     """Repeat ``vars = body_fn(*vars)`` while ``cond_fn(*vars)`` holds: a ``While`` op.
 
     ``loop_vars`` is a Var or a list/tuple of Vars; the result has the same
@@ -533,6 +551,8 @@ def while_loop(cond_fn: Callable[..., Var], body_fn: Callable[..., Var | Sequenc
     to any order: gradients reach the initial loop vars and every outer
     variable the body reads, summed over iterations; only what each
     iteration's backward reads is kept, and nothing when no gradient is built.
+    ``recompute=<bytes>`` bounds what is kept: loop vars at checkpoints, the
+    rest recomputed in the backward (``retrograd/memory/while_budget.py``).
 
     Example::
 
@@ -548,6 +568,9 @@ def while_loop(cond_fn: Callable[..., Var], body_fn: Callable[..., Var | Sequenc
                                f"{var.block.idx}, which block {block.idx} cannot see")
     if max_iters is not None and (isinstance(max_iters, bool) or not isinstance(max_iters, int) or max_iters < 0):
         raise ProgramError(f"While in block {block.idx}: max_iters must be None or an int >= 0, got {max_iters!r}")
+    if recompute is not None and not (_budgeted({"recompute": recompute}) and recompute >= 0):
+        raise ProgramError(f"While in block {block.idx}: recompute must be None or a byte budget (an int "
+                           f">= 0), got {recompute!r}")
     program = block.program
     cond_block = program.create_block(block)
     cond_vars = [_bound_var(cond_block, f"{v.name}.cur", v) for v in inits]
@@ -564,6 +587,8 @@ def while_loop(cond_fn: Callable[..., Var], body_fn: Callable[..., Var | Sequenc
     attrs = {"cond": cond_block, "cond_binds": [v.name for v in cond_vars], "cond_out": flag.name,
              "body": body, "carry_binds": [v.name for v in body_vars], "body_outs": [v.name for v in new_vars],
              "ys": [], "ys_full": [], "max_iters": max_iters}
+    if recompute is not None:   # keep at most this many bytes for the backward (memory/while_budget.py)
+        attrs["recompute"] = int(recompute)
     outs = append_op("While", inits + [block.var(n) for n in reads], attrs, name="while")
     finals = outs[:len(inits)]
     return finals[0] if kind is None else kind(finals)

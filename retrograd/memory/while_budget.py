@@ -1,0 +1,272 @@
+"""``while_loop(..., recompute=<bytes>)``: a While that keeps at most that many bytes for its backward.
+
+The trip count is known only when the loop ends, so the forward checkpoints
+online: it keeps the loop vars of every k-th iteration (k = 1, 2, 4, ...),
+and when half the budget is full it doubles k and drops every other
+checkpoint. The backward (``WhileBudgetGrad``, which takes the place of the
+reversed ``Scan`` the While's gradient maker builds) then reverses the loop
+one checkpointed stretch at a time, last first; within a stretch it follows
+a binomial plan (``schedules.budget_plan``) fitted to what the budget has
+left: re-run iterations from the checkpoint, keep what the body's backward
+reads (the values the Scan would have read from the forward's stacks), and
+run the Scan's body over them in reverse. Its gradients are the Scan's: the
+same block run on the same values in the same order.
+
+The kept-values outputs of the While become zero-stride stand-ins; they and
+the checkpoints cost nothing beyond the budget. Double backward through a
+budgeted loop is not supported (ProgramError).
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from ..errors import ExecutionError, ProgramError
+from ..ir.builder import capture_ops, emit
+from ..ir.program import Block, Op, Var
+from ..ops.registry import GradCtx, defop
+from .rnn_budget import is_budget
+from .schedules import StepRunner, budget_plan, run_backward, sweep
+
+SCHEDULE_LEN = 5          # [iterations, stride k, checkpoints, bytes per loop-var set, bytes per taped iteration]
+
+
+def output_specs(inits: list[Var], attrs: dict) -> list:
+    """Shapes of the extra outputs of a budgeted While once a gradient is built."""
+    if not attrs.get("budget_outputs"):
+        return []
+    return [((-1,) + tuple(v.shape), v.dtype) for v in inits] + [((SCHEDULE_LEN,), "int64")]
+
+
+def _nbytes(arrays) -> int:
+    return int(sum(int(np.prod(a.shape)) * np.dtype(str(a.dtype)).itemsize for a in arrays))
+
+
+# --- forward -----------------------------------------------------------------------------------------
+
+def forward_kernel(k, *arrays, truth, check_stable):
+    """Run the loop keeping loop vars at online checkpoints; kept-value stacks are stand-ins."""
+    attrs, run, xp, op = k.attrs, k.run, k.xp, k.op
+    n = len(attrs["carry_binds"])
+    carries, consts = list(arrays[:n]), dict(zip(op.inputs[n:], arrays[n:]))
+    ys = list(attrs["ys"])
+    full = list(attrs.get("ys_full") or [True] * len(ys))
+    graded = bool(attrs.get("budget_outputs"))
+    budget = int(attrs["recompute"])
+    fetch = list(attrs["body_outs"]) + (ys if graded else [])
+    max_iters = attrs.get("max_iters")
+    meter = run.meter
+    stride, kept = 1, []            # kept: (iteration, loop vars), iteration > 0
+    carry_bytes = tape_bytes = capacity = 0
+    shapes: list = [None] * len(ys)
+    iters = 0
+    while True:
+        flag, = run.run_block(attrs["cond"], {**consts, **dict(zip(attrs["cond_binds"], carries))},
+                              [attrs["cond_out"]])
+        if not truth(xp, flag):
+            break
+        if max_iters is not None and iters >= max_iters:
+            raise ExecutionError(f"{op.where()}: the loop ran {iters} iterations and its condition still "
+                                 f"holds, exceeding max_iters={max_iters}")
+        if graded and iters and iters % stride == 0:
+            for value in carries:
+                meter.hold(value)
+            kept.append((iters, list(carries)))
+            if len(kept) > capacity:
+                stride *= 2
+                for it, values in [e for e in kept if e[0] % stride]:
+                    for value in values:
+                        meter.release(value)
+                kept = [e for e in kept if e[0] % stride == 0]
+        values = run.run_block(attrs["body"], {**consts, **dict(zip(attrs["carry_binds"], carries))},
+                               fetch if iters == 0 else fetch[:n])
+        if graded:
+            check_stable(op, arrays[:n], values[:n])
+        if graded and iters == 0:
+            carry_bytes = _nbytes(carries)
+            tape_bytes = _nbytes([v for v, f in zip(values[n:], full) if f]) + carry_bytes
+            shapes = [tuple(v.shape) for v in values[n:]]
+            if budget < tape_bytes:
+                raise ExecutionError(f"{op.where()}: a recompute budget of {budget} bytes cannot hold one "
+                                     f"iteration; the minimum budget is {tape_bytes} bytes")
+            capacity = (budget // 2) // carry_bytes if carry_bytes else 1 << 30
+        carries = values[:n]
+        iters += 1
+    outputs = list(carries) + [xp.asarray(iters, dtype=xp.int64)]
+    for name, shape in zip(ys, shapes):
+        var = attrs["body"].var(name)
+        shape = shape if shape is not None else tuple(max(d, 0) for d in var.shape)
+        outputs.append(xp.broadcast_to(xp.zeros((), dtype=getattr(xp, var.dtype)), (iters,) + tuple(shape)))
+    if graded:
+        for j, init in enumerate(arrays[:n]):
+            stack = xp.empty((len(kept),) + tuple(init.shape), dtype=init.dtype)
+            for i, (_, values) in enumerate(kept):
+                stack[i, ...] = values[j]
+            outputs.append(stack)
+        for _, values in kept:
+            for value in values:
+                meter.release(value)
+        outputs.append(xp.asarray([iters, stride, len(kept), carry_bytes, tape_bytes], dtype=xp.int64))
+    return tuple(outputs)
+
+
+# --- the gradient maker ------------------------------------------------------------------------------
+
+def grad_maker(g: GradCtx, loop_grad) -> list:
+    """The While's own gradient (a reversed Scan), with the Scan replaced by a WhileBudgetGrad."""
+    op, attrs = g.op, g.attrs
+    n = len(attrs["carry_binds"])
+    if any(d is not None for d in g.dout[n + 1:n + 1 + len(attrs["ys"])]):
+        raise ProgramError(f"{op.where()}: double backward through a while_loop with a recompute budget "
+                           "is not supported; build it with recompute=None")
+    with capture_ops() as ops:
+        result = loop_grad(g)
+    scans = [o for o in ops if o.type == "Scan" and o.attrs.get("body") is not None
+             and o.attrs["body"].parent_idx == op.block.idx and o.inputs[:1] == [op.outputs[n]]]
+    if len(scans) != 1:
+        raise ProgramError(f"{op.where()}: expected the While's gradient to be one reversed Scan, got "
+                           f"{len(scans)}")
+    scan = scans[0]
+    _add_budget_outputs(op)
+    for o in ops:
+        emit(_budget_op(o, op) if o is scan else o, g.block)
+    return result
+
+
+def _add_budget_outputs(op: Op) -> None:
+    """Give the While its checkpoint and schedule outputs, last (after any kept values added since)."""
+    attrs, block = op.attrs, op.block
+    if not attrs.get("budget_outputs"):
+        attrs["budget_outputs"] = True
+        names = []
+        for name in op.inputs[:len(attrs["carry_binds"])]:
+            var = block.var(name)
+            names.append(block.create_var(block.program.unique_name(f"{name}.ckpt"), (-1,) + var.shape,
+                                          var.dtype).name)
+        names.append(block.create_var(block.program.unique_name(f"{op.outputs[0]}.schedule"),
+                                      (SCHEDULE_LEN,), "int64").name)
+        attrs["budget_names"] = names
+    names = attrs["budget_names"]
+    op.outputs = [o for o in op.outputs if o not in names] + list(names)
+    block.program.bump()
+
+
+def _budget_op(scan: Op, loop: Op) -> Op:
+    """The WhileBudgetGrad doing ``scan``'s work without the stacks ``loop`` would have kept."""
+    a = scan.attrs
+    c, s = len(a["carry_binds"]), len(a["x_binds"])
+    if a.get("ys"):
+        raise ProgramError(f"{loop.where()}: a recompute budget cannot serve a gradient with per-iteration "
+                           "outputs")
+    n = len(loop.attrs["carry_binds"])
+    ys = list(loop.attrs["ys"])
+    full = list(loop.attrs.get("ys_full") or [True] * len(ys))
+    for name, x in zip(a["x_binds"], scan.inputs[1 + c:1 + c + s]):
+        if name not in ys or x != loop.outputs[n + 1 + ys.index(name)]:
+            raise ProgramError(f"{loop.where()}: its gradient reads '{name}' other than from the loop's "
+                               "kept values; a recompute budget cannot serve it")
+    inputs = ([scan.inputs[0]] + scan.inputs[1:1 + c] + scan.inputs[1 + c + s:] + list(loop.inputs)
+              + list(loop.attrs["budget_names"]))
+    attrs = {"body": a["body"], "carry_binds": list(a["carry_binds"]), "body_outs": list(a["body_outs"]),
+             "x_binds": list(a["x_binds"]), "shape_only": [x for x in a["x_binds"] if not full[ys.index(x)]],
+             "n_consts": len(scan.inputs) - 1 - c - s, "n_loop_vars": n,
+             "fwd_body": loop.attrs["body"], "fwd_carry_binds": list(loop.attrs["carry_binds"]),
+             "fwd_body_outs": list(loop.attrs["body_outs"]), "budget": int(loop.attrs["recompute"])}
+    return Op("WhileBudgetGrad", inputs, list(scan.outputs), attrs)
+
+
+# --- WhileBudgetGrad ---------------------------------------------------------------------------------
+
+def _budget_grad_rule(ins: list[Var], attrs: dict):
+    c = len(attrs["carry_binds"])
+    return [(v.shape, v.dtype) for v in ins[1:1 + c]]
+
+
+@defop("WhileBudgetGrad", inputs=("iterations", "init*", "consts*", "loop_inputs*", "checkpoints*",
+                                  "schedule"),
+       outputs=("finals*",), infer=_budget_grad_rule, nondiff=(0,))
+def _while_budget_grad(k, count, *arrays):
+    """Reverse a budgeted loop stretch by stretch from its checkpoints, running the Scan body per iteration."""
+    attrs, op = k.attrs, k.op
+    c, m, n = len(attrs["carry_binds"]), int(attrs["n_consts"]), int(attrs["n_loop_vars"])
+    carries = list(arrays[:c])
+    consts = dict(zip(op.inputs[1 + c:1 + c + m], arrays[c:c + m]))
+    loop_in = arrays[c + m:len(arrays) - n - 1]
+    ckpts, schedule = arrays[len(arrays) - n - 1:-1], arrays[-1]
+    iters, stride, held, carry_bytes, tape_bytes = (int(v) for v in np.asarray(schedule).reshape(-1))
+    loop_names = op.inputs[1 + c + m:1 + c + m + len(loop_in)]
+    runner = _Iterations(k, dict(zip(loop_names[n:], loop_in[n:])), consts, carries)
+    starts = [0] + [stride * (i + 1) for i in range(held)]
+    for j in range(len(starts) - 1, -1, -1):
+        start, stop = starts[j], starts[j + 1] if j + 1 < len(starts) else iters
+        if stop <= start:
+            continue
+        state = list(loop_in[:n]) if j == 0 else [ck[j - 1] for ck in ckpts]
+        room = attrs["budget"] - held * carry_bytes     # the checkpoint stack is held throughout
+        try:
+            plan = budget_plan(stop - start, room, carry_bytes, tape_bytes)
+        except ProgramError as exc:
+            raise ExecutionError(f"{op.where()}: {exc}") from None
+        run_backward(plan, sweep(plan, state, runner), runner)
+    return runner.carries[0] if c == 1 else tuple(runner.carries)
+
+
+class _Iterations(StepRunner):
+    """Runs loop iterations (the forward body) and the Scan body's backward over them."""
+
+    def __init__(self, k, loop_consts: dict, consts: dict, carries: list):
+        self.k, self.run, self.xp, self.attrs = k, k.run, k.xp, k.attrs
+        self.loop_consts, self.consts, self.carries = loop_consts, consts, carries
+        self.taped = [x for x in self.attrs["x_binds"] if x not in set(self.attrs["shape_only"])]
+
+    def _body(self, state, fetch):
+        bindings = {**self.loop_consts, **dict(zip(self.attrs["fwd_carry_binds"], state))}
+        return self.run.run_block(self.attrs["fwd_body"], bindings, fetch)
+
+    def advance(self, state, start: int, stop: int):
+        n = len(state)
+        for _ in range(start, stop):
+            new = self._body(state, self.attrs["fwd_body_outs"])[:n]
+            for value in new:
+                self.run.meter.hold(value)
+            if _ > start:
+                self.release(state)
+            state = new
+        return state
+
+    def keep(self, state):
+        for value in state:
+            self.run.meter.hold(value)
+        return state
+
+    def drop(self, state) -> None:
+        self.release(state)
+
+    def release(self, state) -> None:
+        for value in state:
+            self.run.meter.release(value)
+
+    def reverse(self, state, start: int, stop: int) -> None:
+        xp, attrs, meter = self.xp, self.attrs, self.run.meter
+        n = len(state)
+        x_binds = attrs["x_binds"]
+        tape = []
+        for _ in range(start, stop):
+            values = self._body(state, list(attrs["fwd_body_outs"]) + x_binds)
+            kept = {}
+            for name, value in zip(x_binds, values[n:]):
+                if name in attrs["shape_only"]:
+                    value = xp.broadcast_to(xp.zeros((), dtype=value.dtype), tuple(value.shape))
+                else:
+                    meter.hold(value)
+                kept[name] = value
+            tape.append(kept)
+            state = values[:n]
+        for kept in reversed(tape):
+            bindings = {**self.consts, **dict(zip(attrs["carry_binds"], self.carries)), **kept}
+            self.carries = list(self.run.run_block(attrs["body"], bindings, attrs["body_outs"]))
+            for name in self.taped:
+                meter.release(kept[name])
+
+
+def is_budgeted(attrs: dict) -> bool:
+    return is_budget(attrs.get("recompute"))
