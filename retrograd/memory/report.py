@@ -30,8 +30,9 @@ class MemoryReport:
 
     ``kept_bytes`` sums what stays in memory from the forward until the
     backward reads it; ``recomputed_bytes`` sums what is recomputed instead;
-    ``peak_recompute_bytes`` is the largest group recomputed at once (one
-    segment). Byte totals are None while a size depends on run-time shapes
+    ``peak_recompute_bytes`` sums what the largest segment recomputes (its
+    values are freed one by one as the backward moves on, so this bounds
+    what that segment holds). Byte totals are None while a size depends on run-time shapes
     that ``feed_shapes`` did not give.
     """
     kept: list[ValueInfo]
@@ -69,8 +70,8 @@ class MemoryReport:
         lines.insert(1, "  ".join("-" * w for w in widths))
         lines.append("")
         lines.append(f"kept {_fmt(self.kept_bytes)} B in {len(self.kept)} values; recomputed "
-                     f"{_fmt(self.recomputed_bytes)} B in {len(self.recomputed)} values (at most "
-                     f"{_fmt(self.peak_recompute_bytes)} B at once); inputs {_fmt(self.input_bytes)} B")
+                     f"{_fmt(self.recomputed_bytes)} B in {len(self.recomputed)} values (largest segment "
+                     f"{_fmt(self.peak_recompute_bytes)} B); inputs {_fmt(self.input_bytes)} B")
         return "\n".join(lines)
 
 
