@@ -197,6 +197,11 @@ class _Held:
         self.arrays.append(array)
         return array
 
+    def drop(self, array) -> None:
+        """Stop holding ``array`` before the loop ends (it was replaced)."""
+        self.meter.release(array)
+        self.arrays = [a for a in self.arrays if a is not array]
+
     def release(self) -> None:
         for array in self.arrays:
             self.meter.release(array)
@@ -242,14 +247,18 @@ def _rnn_kernel(k, *arrays):
                 new = xp.where(step_mask(xp, lengths, t, buf.ndim - 1), new, buf[t, ...])
             slot[...] = new
         for j, value in enumerate(values[n_state:]):
-            if saved[j] is None:
-                saved[j] = _saved_buffer(xp, held, steps, value, saved_full[j])
-            elif tuple(value.shape) != tuple(saved[j].shape[1:]):
-                raise ExecutionError(f"{op.where()}: step value '{saved_names[j]}' changes shape over time "
-                                     f"({list(saved[j].shape[1:])} then {list(value.shape)}); the backward "
-                                     "stores it per step and needs one shape")
-            if saved_full[j]:
-                saved[j][t, ...] = value
+            buf = saved[j]
+            if buf is None:
+                buf = saved[j] = _saved_buffer(xp, held, steps, tuple(value.shape), value.dtype, saved_full[j])
+            elif value.shape != buf.shape[1:]:
+                buf = saved[j] = _widened(xp, held, op, saved_names[j], buf, value, saved_full[j])
+            if not saved_full[j]:
+                continue
+            if value.shape == buf.shape[1:]:
+                buf[t, ...] = value
+            else:       # zero-padded: its readers look only at the part that was written
+                buf[t, ...] = 0
+                buf[(t,) + tuple(slice(0, d) for d in value.shape)] = value
     for j, name in enumerate(saved_names):
         if saved[j] is None:  # zero steps: nothing was produced
             var = step.var(name)
@@ -265,12 +274,28 @@ def _is_budget(recompute) -> bool:
     return isinstance(recompute, int) and not isinstance(recompute, bool)
 
 
-def _saved_buffer(xp, held: _Held, steps: int, value, full: bool):
+def _saved_buffer(xp, held: _Held, steps: int, row: tuple, dtype, full: bool, zeros: bool = False):
     """A [T, ...] buffer for a step value: real storage, or a zero-stride stand-in when only its shape is read."""
-    shape = (steps,) + tuple(value.shape)
     if full:
-        return held.add(xp.empty(shape, dtype=value.dtype))
-    return xp.broadcast_to(xp.zeros((), dtype=value.dtype), shape)
+        return held.add((xp.zeros if zeros else xp.empty)((steps,) + row, dtype=dtype))
+    return xp.broadcast_to(xp.zeros((), dtype=dtype), (steps,) + row)
+
+
+def _widened(xp, held: _Held, op, name: str, buf, value, full: bool):
+    """The buffer of a step value whose shape changes over time (the empty stand-in of a branch
+    that did not run, an inner loop's varying length): rows zero-padded to the largest shape."""
+    old, new = tuple(buf.shape[1:]), tuple(value.shape)
+    if len(old) != len(new):
+        raise ExecutionError(f"{op.where()}: step value '{name}' changes rank over time ({list(old)} then "
+                             f"{list(new)}); the backward stores it per step and needs one rank")
+    row = tuple(max(a, b) for a, b in zip(old, new))
+    if row == old:
+        return buf
+    wide = _saved_buffer(xp, held, buf.shape[0], row, buf.dtype, full, zeros=True)
+    if full:
+        wide[(slice(None),) + tuple(slice(0, d) for d in old)] = buf
+        held.drop(buf)
+    return wide
 
 
 def _rnn_grad(g):

@@ -94,8 +94,14 @@ class _StepNames:
         self.intermediates = {n for n in self.step.vars if n not in bound}
 
 
-def build_backward_step(op: Op, wanted: list[bool]) -> BackwardStep:
-    """Build the backward step block of RecurrentNetwork ``op`` for the wanted input gradients."""
+def build_backward_step(op: Op, wanted: list[bool], parent: Block | None = None) -> BackwardStep:
+    """Build the backward step block of RecurrentNetwork ``op`` for the wanted input gradients.
+
+    The block is built as a child of the step block (so gradient makers see
+    the step's values); with ``parent`` it is then moved under ``parent`` (the
+    block the gradient op goes into, which need not see the step block: a
+    while loop's backward), declaring the step values it uses as its own.
+    """
     from ..autodiff.backward import build_backward
     names = _StepNames(op)
     step, lay = names.step, names.lay
@@ -130,7 +136,23 @@ def build_backward_step(op: Op, wanted: list[bool]) -> BackwardStep:
     _insert_recompute(bstep, names, op.attrs.get("recompute"), batched_a)
     _choose_saved(bstep, names)
     _drop_unused_vars(block, set(dnext))
+    if parent is not None:
+        _move_under(block, step, parent)
     return bstep
+
+
+def _move_under(block: Block, step: Block, parent: Block) -> None:
+    """Re-parent ``block`` under ``parent``; the step values it reads or writes become its own Vars
+    (bound by the gradient op, or written by its recompute copies)."""
+    names: dict[str, None] = {}
+    for op in block.ops:
+        names.update(dict.fromkeys(op_reads(op) + list(op.outputs)))
+    for name in names:
+        var = step.vars.get(name)
+        if var is not None and name not in block.vars:
+            block.create_var(name, var.shape, var.dtype)
+    block.parent_idx = parent.idx
+    block.program.bump()
 
 
 def _drop_unused_vars(block: Block, keep: set[str]) -> None:
@@ -293,7 +315,7 @@ def rnn_grad_maker(g: GradCtx) -> list[Var | None]:
     if attrs.get("forward_only"):
         raise ProgramError(f"{op.where()} was built with forward_only=True, but a gradient flows through "
                            f"it (to '{op.outputs[0]}' ...); build it with forward_only=False")
-    bstep = build_backward_step(op, wanted)
+    bstep = build_backward_step(op, wanted, parent=g.block)
     saved_vars = _keep_saved(op, bstep)
     alls = [g.block.var(n) for n in op.outputs[0:2 * k:2]]
     d_all, d_last = douts[0::2], douts[1::2]
@@ -402,8 +424,9 @@ def _rnn_grad_kernel(k, *arrays):
     bindings = dict(zip(op.inputs[lay.fwd.outer_start:lay.fwd.n_inputs], outers))
     dcur: list = list(d_last)   # gradient arriving at slot t+1 from later steps; None = zero
     zeros = [None] * n_state
-    step = attrs["backward"].parent
     timestep = attrs.get("timestep")
+    if timestep and timestep not in block.vars:
+        timestep = None        # the backward step does not read it
     bound = (list(bindings) + attrs["dnext"] + attrs["inputs_t"] + attrs["states"] + attrs["state_outs"]
              + list(attrs["saved"]) + ([timestep] if timestep else []))
     run_step = StepRunner(op, run, block, bound, fetch)
@@ -428,7 +451,7 @@ def _rnn_grad_kernel(k, *arrays):
         for name, values in zip(attrs["saved"], saved):
             bindings[name] = values[t, ...]
         if timestep:
-            bindings[timestep] = timestep_value(xp, step, timestep, t)
+            bindings[timestep] = timestep_value(xp, block, timestep, t)
         values = run_step(bindings)
         for i, name in enumerate(fetch_seq):
             if name:

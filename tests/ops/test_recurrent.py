@@ -520,3 +520,72 @@ def test_finite_differences_with_lengths_and_two_inputs():
 
     check_gradients(fn, {"x": r.standard_normal((3, 2, 2)), "y": r.standard_normal((3, 2, 3)),
                                     "h0": r.standard_normal((2, 3)), "w": r.standard_normal((2, 3))})
+
+
+def test_cond_in_the_step_and_a_second_layer_sharing_a_weight():
+    r = _rng(12)
+    t, n, d, h = 4, 3, 2, 3
+    feed = {"x": r.standard_normal((t, n, d)), "h0": r.standard_normal((n, h)),
+            "w": r.standard_normal((d, h)), "u": r.standard_normal((h, h)) * 0.5,
+            "v": r.standard_normal((h, h)) * 0.5}
+    main = rg.Program()
+    with rg.program_guard(main, rg.Program()):
+        x, h0, w, u, v = (rg.data(k, [-1] * (a.ndim - 1) + [a.shape[-1]] if k in ("x", "h0") else list(a.shape),
+                                  F64, stop_gradient=False) for k, a in feed.items())
+
+        def step1(xs, hs):
+            a = xs[0] @ w + hs[0] @ u
+            return [rg.cond(rg.sum(a) > 0.0, lambda: rg.tanh(a), lambda: rg.tanh(a) * 0.5)]
+
+        (h1,), _ = rg.recurrent(step1, [x], [h0])
+        (h2,), (h2_last,) = rg.recurrent(lambda xs, hs: [rg.tanh(xs[0] @ v + hs[0] @ u)], [h1], [h0])
+        loss = rg.sum(h2 * h2) + rg.sum(h2_last)
+        grads = rg.gradients(loss, [x, h0, w, u, v])
+    ours = rg.Executor().run(main, feed=feed, fetch_list=[loss] + grads)
+    tv = {k: _t(a) for k, a in feed.items()}
+    hh, hs = tv["h0"], []
+    for i in range(t):
+        a = tv["x"][i] @ tv["w"] + hh @ tv["u"]
+        hh = torch.tanh(a) if a.sum() > 0 else torch.tanh(a) * 0.5
+        hs.append(hh)
+    h1_t, hh, hs = torch.stack(hs), tv["h0"], []
+    for i in range(t):
+        hh = torch.tanh(h1_t[i] @ tv["v"] + hh @ tv["u"])
+        hs.append(hh)
+    loss_t = (torch.stack(hs) ** 2).sum() + hh.sum()
+    loss_t.backward()
+    _close(ours[0], loss_t)
+    for mine, k in zip(ours[1:], ["x", "h0", "w", "u", "v"]):
+        _close(mine, tv[k].grad)
+
+
+def test_recurrent_inside_a_while_loop_body():
+    """The RNN's gradient op lands in the loop's backward block, which cannot see the step block."""
+    r = _rng(13)
+    t, n, h = 3, 2, 3
+    feed = {"x": r.standard_normal((t, n, h)), "h0": r.standard_normal((n, h)),
+            "u": r.standard_normal((h, h)) * 0.5}
+    main = rg.Program()
+    with rg.program_guard(main, rg.Program()):
+        x = rg.data("x", [-1, -1, h], F64, stop_gradient=False)
+        h0 = rg.data("h0", [-1, h], F64, stop_gradient=False)
+        u = rg.data("u", [h, h], F64, stop_gradient=False)
+
+        def body(i, state):
+            _, (last,) = rg.recurrent(lambda xs, hs: [rg.tanh(xs[0] + hs[0] @ u)], [x], [state])
+            return [i + 1, last]
+
+        _, h_final = rg.while_loop(lambda i, state: i < 2, body, [rg.constant(0), h0])
+        loss = rg.sum(h_final * h_final)
+        grads = rg.gradients(loss, [x, u, h0])
+    ours = rg.Executor().run(main, feed=feed, fetch_list=[loss] + grads)
+    tv = {k: _t(a) for k, a in feed.items()}
+    hh = tv["h0"]
+    for _ in range(2):
+        for i in range(t):
+            hh = torch.tanh(tv["x"][i] + hh @ tv["u"])
+    loss_t = (hh * hh).sum()
+    loss_t.backward()
+    _close(ours[0], loss_t)
+    for mine, k in zip(ours[1:], ["x", "u", "h0"]):
+        _close(mine, tv[k].grad)
