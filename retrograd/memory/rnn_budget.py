@@ -36,7 +36,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..errors import ExecutionError, ProgramError, ShapeError
-from ..ir.analysis import op_reads
+from ..ir.analysis import free_reads, op_reads
 from ..ir.dtypes import is_float
 from ..ir.program import Block, Op, Var
 from ..ops.recurrent import StepRunner as BlockRunner
@@ -201,9 +201,21 @@ def forward_kernel(k, *arrays):
 # --- the gradient maker -----------------------------------------------------------------------------
 
 def _read_elsewhere(op: Op, name: str) -> bool:
-    """True when an op other than ``op`` (in any block) reads ``name``."""
-    return any(name in op_reads(other) for block in op.block.program.blocks for other in block.ops
-               if other is not op)
+    """True when an op other than ``op`` (in any block) reads ``name`` or names it in an attribute
+    (a control-flow op returning it from a sub-block), or the value persists."""
+    var = op.block.find_var(name)
+    if var is not None and var.persistable:
+        return True
+    return any(name in op_reads(other) or _names_in(other.attrs.values(), name)
+               for block in op.block.program.blocks for other in block.ops if other is not op)
+
+
+def _names_in(values, name: str) -> bool:
+    for value in values:
+        if value == name if isinstance(value, str) else (
+                isinstance(value, (list, tuple)) and _names_in(value, name)):
+            return True
+    return False
 
 
 def _static_bytes(vars_: list[Var]) -> int | None:
@@ -231,7 +243,7 @@ def grad_maker(g: GradCtx) -> list[Var | None]:
     # The store-all backward step block: it reads the tape the budgeted backward re-creates.
     proxy = Op(op.type, op.inputs, op.outputs, {**attrs, "recompute": None})
     proxy.block = op.block
-    bstep = build_backward_step(proxy, wanted)
+    bstep = build_backward_step(proxy, wanted, parent=g.block)
     _check_static_budget(op, bstep)
     block = op.block
     if not attrs.get("budget_outputs"):
@@ -253,7 +265,7 @@ def grad_maker(g: GradCtx) -> list[Var | None]:
     inputs += [d for d in d_all if d is not None] + [d for d in d_last if d is not None]
     grad_of = [i for i, w in enumerate(wanted) if w]
     grad_attrs = {
-        "backward": bstep.block,
+        "backward": bstep.block, "step": _step_seen_from(attrs["step"], g.block),
         "inputs_t": list(attrs["inputs_t"]), "states": list(attrs["states"]),
         "state_outs": list(attrs["state_outs"]), "timestep": attrs.get("timestep"),
         "has_lengths": lay.has_lengths, "n_outer": lay.n_outer,
@@ -267,6 +279,21 @@ def grad_maker(g: GradCtx) -> list[Var | None]:
     for position, out in zip(grad_of, outs):
         grads[position] = out
     return grads
+
+
+def _step_seen_from(step: Block, block: Block) -> Block:
+    """The forward step block, or a copy of it under ``block`` when ``block`` does not contain it
+    (the gradient op of a recurrent op inside a cond branch sits in the branch's backward block).
+    The copy declares what the step reads from outside: the op binds all of it by name."""
+    if any(b is block for b in step.ancestors()):
+        return step
+    from .recompute import _clone_block
+    clone = _clone_block(step, block, {})
+    for name in free_reads(step):
+        var = step.find_var(name)
+        if name not in clone.vars and var is not None:
+            clone.create_var(name, var.shape, var.dtype)
+    return clone
 
 
 def _check_static_budget(op: Op, bstep) -> None:
@@ -344,7 +371,7 @@ class _Backward(StepRunner):
         attrs, xp = k.attrs, k.xp
         self.k, self.xp, self.attrs, self.lay = k, xp, attrs, lay
         self.block: Block = attrs["backward"]
-        self.steps = _Steps(k, lay.fwd, seqs, lengths, outers, self.block.parent, attrs)
+        self.steps = _Steps(k, lay.fwd, seqs, lengths, outers, attrs["step"], attrs)
         self.seqs, self.inits, self.lengths = seqs, inits, lengths
         self.d_all, self.d_last = d_all, d_last
         self.held = _Held(k.run.meter)
@@ -455,7 +482,7 @@ class _Backward(StepRunner):
             b[name] = self.stand_ins[name]
         timestep = attrs.get("timestep")
         if timestep:
-            b[timestep] = timestep_value(xp, self.block.parent, timestep, t)
+            b[timestep] = timestep_value(xp, self.block, timestep, t)
         values = self.steps.runner(self.block, list(b), self.fetch)(b)
         for i, name in enumerate(self.fetch_seq):
             if name:

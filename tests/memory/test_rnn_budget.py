@@ -177,3 +177,25 @@ def test_too_small_budget_is_an_error_naming_the_minimum():
         _lstm_model(100, static_t=5)                        # sizes known when the program is built
     with pytest.raises(rg.ProgramError, match=">= 0"):
         _lstm_model(-1)
+
+
+def test_budgeted_lstm_inside_a_cond_branch():
+    def build(recompute):
+        main, startup = Program(), Program()
+        with rg.program_guard(main, startup):
+            x = rg.data("x", [-1, -1, D], dtype="float64")
+            p = rg.data("p", [], dtype="bool")
+            out = rg.cond(p, lambda: rg.layers.lstm(x, H, name="l", recompute=recompute)[1] * 1.0,
+                          lambda: rg.layers.lstm(x, H, name="m")[1])
+            loss = rg.mean(out * out)
+            grads = [g for _, g in rg.append_backward(loss)]
+        return main, startup, [loss] + grads
+
+    xb = np.random.RandomState(8).randn(60, N, D)
+    results = []
+    for recompute in (None, 1500):
+        main, startup, fetch = build(recompute)
+        exe = rg.Executor()
+        exe.run(startup)
+        results.append(exe.run(main, feed={"x": xb, "p": np.array(True)}, fetch_list=fetch))
+    _assert_close(results[1], results[0])
