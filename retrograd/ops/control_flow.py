@@ -23,7 +23,12 @@ op there ("bound" in the printed program). Layouts::
         body's values ``ys`` of every iteration into [iterations, ...] outputs
         (ys_like[j] = an input index: shaped like that input instead;
         ys_full[j] False: the backward reads only its shape, so the output is
-        a zero-stride stand-in that costs no memory).
+        a zero-stride stand-in that costs no memory; an output the running
+        plan does not read, as in a forward-only run, is an empty stand-in).
+        With ``rng_id`` (the body draws random numbers) iteration i runs in
+        the random stream (rng_id, i); a Scan that is a loop's gradient has
+        the forward's rng_id, so its i replays forward iteration i
+        (``streams.py``).
 
 Gradients are the same kind of op over a derived block (the backward of the
 sub-block, built by ``autodiff.build_backward``): the gradient of If is an If
@@ -47,6 +52,7 @@ from ..ir.dtypes import is_float
 from ..ir.program import Block, Op, Var
 from .creation import zeros_like
 from .math import add, add_n
+from . import streams
 from .registry import GradCtx, append_op, defop, get_op_def
 
 
@@ -450,25 +456,42 @@ def _while(k, *arrays):
         return forward_kernel(k, *arrays, truth=_truth, check_stable=_check_stable)
     n = len(attrs["carry_binds"])
     carries, consts = list(arrays[:n]), dict(zip(op.inputs[n:], arrays[n:]))
-    kept = _Kept(k, attrs["ys"], attrs["body"], _full_flags(attrs, attrs["ys"]))
-    fetch = list(attrs["body_outs"]) + list(attrs["ys"])
+    ys, full = attrs["ys"], _full_flags(attrs, attrs["ys"])
+    live = _live(k, n + 1, ys)      # kept values this plan reads (not when only the forward runs)
+    kept = _Kept(k, [ys[j] for j in live], attrs["body"], [full[j] for j in live])
+    fetch = list(attrs["body_outs"]) + kept.names
     max_iters = attrs.get("max_iters")
     iters = 0
     while True:
+        stream = streams.stream(attrs, iters)
         flag, = run.run_block(attrs["cond"], {**consts, **dict(zip(attrs["cond_binds"], carries))},
-                              [attrs["cond_out"]])
+                              [attrs["cond_out"]], stream)
         if not _truth(xp, flag):
             break
         if max_iters is not None and iters >= max_iters:
             raise ExecutionError(f"{op.where()}: the loop ran {iters} iterations and its condition still "
                                  f"holds, exceeding max_iters={max_iters}")
-        values = run.run_block(attrs["body"], {**consts, **dict(zip(attrs["carry_binds"], carries))}, fetch)
-        if kept.names:
+        values = run.run_block(attrs["body"], {**consts, **dict(zip(attrs["carry_binds"], carries))}, fetch,
+                               stream)
+        if ys:
             _check_stable(op, arrays[:n], values[:n])
         carries = values[:n]
         kept.add(values[n:])
         iters += 1
-    return tuple(carries) + (xp.asarray(iters, dtype=backend.dtype_of(xp, "int64")),) + tuple(kept.stacks())
+    stacks = _or_stand_ins(k, n + 1, len(ys), dict(zip(live, kept.stacks())))
+    return tuple(carries) + (xp.asarray(iters, dtype=backend.dtype_of(xp, "int64")),) + tuple(stacks)
+
+
+def _live(k, first: int, names: Sequence[str]) -> list[int]:
+    """Indices j of ``names`` whose outputs (op output ``first + j``) the running plan reads."""
+    return [j for j in range(len(names)) if first + j in k.live_outputs]
+
+
+def _or_stand_ins(k, first: int, count: int, computed: dict) -> list:
+    """Outputs ``first .. first+count-1``: the ``computed`` ones by index, for the rest (which
+    nothing reads in this plan) an empty stand-in of the right rank and dtype."""
+    return [computed[j] if j in computed else _empty(k.xp, k.op.block.var(k.op.outputs[first + j]))
+            for j in range(count)]
 
 
 def _check_stable(op: Op, inits: Sequence, carries: Sequence) -> None:
@@ -490,29 +513,28 @@ def _scan(k, count, *arrays):
     consts = dict(zip(op.inputs[1 + c + s:], arrays[c + s:]))
     inputs = (count,) + arrays
     likes = attrs["ys_like"]
-    shaped = {j: xp.zeros_like(inputs[like]) for j, like in enumerate(likes) if like is not None}
+    live = _live(k, c, attrs["ys"])
+    shaped = {j: xp.zeros_like(inputs[likes[j]]) for j in live if likes[j] is not None}
     for out in shaped.values():
         run.meter.hold(out)
-    stacked = [j for j, like in enumerate(likes) if like is None]
+    stacked = [j for j in live if likes[j] is None]
     full = _full_flags(attrs, attrs["ys"])
     kept = _Kept(k, [attrs["ys"][j] for j in stacked], attrs["body"], [full[j] for j in stacked])
-    fetch = list(attrs["body_outs"]) + list(attrs["ys"])
+    fetch = list(attrs["body_outs"]) + [attrs["ys"][j] for j in live]
     for i in (range(n - 1, -1, -1) if attrs["reverse"] else range(n)):
         bindings = {**consts, **dict(zip(attrs["carry_binds"], carries)),
                     **{name: x[i, ...] for name, x in zip(attrs["x_binds"], xs)}}
-        values = run.run_block(attrs["body"], bindings, fetch)
-        carries, ys = values[:c], values[c:]
+        # i indexes the forward's iterations whichever way this Scan runs: its random stream
+        values = run.run_block(attrs["body"], bindings, fetch, streams.stream(attrs, i))
+        carries, ys = values[:c], dict(zip(live, values[c:]))
         for j, out in shaped.items():
             out[(i,) + tuple(slice(0, d) for d in ys[j].shape)] = ys[j]
         kept.add([ys[j] for j in stacked])
     for out in shaped.values():
         run.meter.release(out)
-    results = [None] * len(likes)
-    for j, stack in zip(stacked, kept.stacks(reverse=attrs["reverse"])):
-        results[j] = stack
-    for j, out in shaped.items():
-        results[j] = out
-    return _outputs(list(carries) + results)
+    computed = dict(zip(stacked, kept.stacks(reverse=attrs["reverse"])))
+    computed.update(shaped)
+    return _outputs(list(carries) + _or_stand_ins(k, c, len(likes), computed))
 
 
 def _loop_vars(loop_vars) -> tuple[list[Var], type | None]:
@@ -589,6 +611,7 @@ def while_loop(cond_fn: Callable[..., Var], body_fn: Callable[..., Var | Sequenc
              "ys": [], "ys_full": [], "max_iters": max_iters}
     if recompute is not None:   # keep at most this many bytes for the backward (memory/while_budget.py)
         attrs["recompute"] = int(recompute)
+    attrs.update(streams.stream_attrs(cond_block, body))   # a loop key when the loop draws random numbers
     outs = append_op("While", inits + [block.var(n) for n in reads], attrs, name="while")
     finals = outs[:len(inits)]
     return finals[0] if kind is None else kind(finals)
@@ -863,6 +886,7 @@ def _loop_grad(g: GradCtx, L: _LoopView) -> list:
              "body_outs": fetch[:len(carries) + len(accs)], "x_binds": x_binds,
              "ys": [v.name for _, v in dxs], "ys_like": ys_like, "ys_full": [True] * len(dxs),
              "reverse": not L.reverse}
+    streams.copy_stream(L.op.attrs, attrs)   # iteration i replays the forward's iteration i
     outs = append_op("Scan", inputs, attrs, name="scan_grad")
     for var, j in zip(outs, carries):
         if diff(L.carry_pos[j]):

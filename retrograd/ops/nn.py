@@ -17,6 +17,7 @@ from .math import exp
 from .reduce import sum as reduce_sum
 from .registry import append_op, defop
 from .shapes import normalize_axis, require_float
+from .streams import random_key
 from .tensor import INT_DTYPES, check_ids, unsqueeze
 
 
@@ -195,11 +196,12 @@ def _dropout_grad(g):
 
 @defop("Dropout", infer=_dropout_rule, outputs=("out", "mask"), grad=_dropout_grad, random=True)
 def _dropout(k, x):
-    """Inverted dropout; ``mask`` holds 0 or 1/(1-p). The mask depends on (seed, run id)
-    only: every run draws a new one, and replaying the op within a run (recompute)
-    gives the same one bit for bit."""
+    """Inverted dropout; ``mask`` holds 0 or 1/(1-p). The mask depends on (seed, run id,
+    loop iterations the op runs in) only: every run and every iteration draws a new
+    one, and replaying the op for the same iteration within a run (recompute) gives
+    the same one bit for bit (``streams.py``)."""
     xp, keep_prob = k.xp, 1.0 - k.attrs["p"]
-    keep = backend.random_keep_mask(xp, [k.attrs["seed"], k.run.run_id], x.shape, keep_prob)
+    keep = backend.random_keep_mask(xp, random_key(k, k.attrs["seed"]), x.shape, keep_prob)
     mask = xp.where(keep, xp.full(x.shape, 1.0 / keep_prob, dtype=x.dtype), xp.zeros_like(x))
     return x * mask, mask
 
@@ -210,8 +212,11 @@ def dropout(x: Var, p: float, seed: int | None = None) -> Var:
     The mask is drawn anew on every run of the program (from ``seed``, by
     default one taken from the program, and the run's id); the backward pass
     and any recomputation reuse the forward's mask. ``p=0`` is a plain copy.
-    Inside a loop body or a recurrent step the op draws the same mask at every
-    iteration of one run (as variational dropout does).
+    Inside a loop body or a recurrent step the op draws a new mask at every
+    iteration (time step), and recomputing that iteration in the backward
+    draws the same one. For one mask shared by all time steps (variational
+    dropout), apply dropout to a tensor of ones outside the loop and multiply
+    by it inside.
 
     Example::
 

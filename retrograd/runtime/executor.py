@@ -2,7 +2,8 @@
 from __future__ import annotations
 
 import time
-from typing import Sequence
+from contextlib import contextmanager
+from typing import Iterator, Sequence
 
 import numpy as np
 
@@ -14,7 +15,15 @@ from .stats import MemoryMeter, RunStats
 
 
 class RunContext:
-    """State of the run in progress, shared by every kernel (``k.run``)."""
+    """State of the run in progress, shared by every kernel (``k.run``).
+
+    ``rng_path`` says which iteration of which enclosing loops is running:
+    ``(loop key, iteration, inner loop key, iteration, ...)``, empty at the
+    top level. Random kernels draw from ``(seed, run_id, *rng_path)``, so a
+    loop body draws new numbers at every iteration, and running the same
+    iteration again (a recompute in the backward) draws the same ones. Ops
+    that run a block repeatedly extend it with ``random_stream``.
+    """
 
     def __init__(self, executor: "Executor"):
         self.executor = executor
@@ -22,11 +31,25 @@ class RunContext:
         self.meter = MemoryMeter()
         self.ops_run = 0
         self.scope: Scope | None = None
+        self.rng_path: tuple[int, ...] = ()
 
-    def run_block(self, block: Block, bindings: dict, fetch: Sequence[str]) -> list:
+    @contextmanager
+    def random_stream(self, stream: tuple[int, int] | None) -> Iterator[None]:
+        """Inside, ``rng_path`` ends with ``stream`` = (loop key, iteration); None leaves it as it is."""
+        outer = self.rng_path
+        if stream is not None:
+            self.rng_path = outer + tuple(stream)
+        try:
+            yield
+        finally:
+            self.rng_path = outer
+
+    def run_block(self, block: Block, bindings: dict, fetch: Sequence[str],
+                  stream: tuple[int, int] | None = None) -> list:
         """Run a sub-block with ``bindings`` for its free reads; return the ``fetch`` values.
 
         Control-flow kernels call this; the sub-block's plan is compiled once.
+        A loop passes ``stream`` = (its key, the iteration) (see ``random_stream``).
         """
         executor = self.executor
         plan = executor.plan_for(block, frozenset(fetch))
@@ -36,7 +59,11 @@ class RunContext:
         env = dict(bindings)
         for value in env.values():
             self.meter.hold(value)
-        executor.execute(plan, env)
+        if stream is None:
+            executor.execute(plan, env)
+        else:
+            with self.random_stream(stream):
+                executor.execute(plan, env)
         try:
             results = [env[n] for n in fetch]
         except KeyError as exc:
@@ -96,6 +123,7 @@ class Executor:
         run.meter = MemoryMeter()
         run.ops_run = 0
         run.scope = scope
+        run.rng_path = ()
         env = self._initial_env(plan, block, feed or {}, scope)
         for value in env.values():
             run.meter.hold(value)

@@ -9,15 +9,23 @@ from ..ops.registry import get_op_def
 
 
 class KernelCtx:
-    """What a kernel sees besides its arrays: the namespace, attributes, op and run."""
+    """What a kernel sees besides its arrays: the namespace, attributes, op and run.
 
-    __slots__ = ("xp", "attrs", "op", "run")
+    ``live_outputs`` holds the positions of the op's outputs that this plan
+    reads later, fetches or keeps (all of them unless the plan says less): a
+    kernel may return a cheap stand-in of the right rank and dtype for the
+    others (a loop need not stack per-iteration values nobody reads), and the
+    executor drops it at once.
+    """
 
-    def __init__(self, xp, op: Op, run):
+    __slots__ = ("xp", "attrs", "op", "run", "live_outputs")
+
+    def __init__(self, xp, op: Op, run, live_outputs: frozenset[int] | None = None):
         self.xp = xp
         self.attrs = op.attrs
         self.op = op
         self.run = run
+        self.live_outputs = frozenset(range(len(op.outputs))) if live_outputs is None else live_outputs
 
 
 @dataclass
@@ -45,7 +53,8 @@ def compile_block(block: Block, keep: frozenset[str], xp, run) -> Plan:
 
     A value dies after the last op that reads it (sub-block reads count), or
     right after it is written when nothing reads it, unless it is kept
-    (fetched, returned) or persistable (written back to the scope).
+    (fetched, returned) or persistable (written back to the scope). An
+    output that dies as it is written is not live (``KernelCtx.live_outputs``).
     """
     ops = _needed_ops(block, keep)
     reads = [op_reads(op) for op in ops]
@@ -58,8 +67,9 @@ def compile_block(block: Block, keep: frozenset[str], xp, run) -> Plan:
         candidates = dict.fromkeys(list(reads[i]) + list(op.outputs))
         dead = tuple(n for n in candidates
                      if last_read.get(n, -1) <= i and n not in keep and not _persistable(block, n))
+        live = frozenset(j for j, n in enumerate(op.outputs) if n not in dead)
         opdef = get_op_def(op.type)
-        steps.append(Step(opdef.kernel, KernelCtx(xp, op, run), tuple(op.inputs), tuple(op.outputs),
+        steps.append(Step(opdef.kernel, KernelCtx(xp, op, run, live), tuple(op.inputs), tuple(op.outputs),
                           dead, op, i))
     writes = list(dict.fromkeys(n for op in ops for n in op.outputs if _persistable(block, n)))
     return Plan(block, steps, _free_reads_of(ops), keep, writes)

@@ -1,0 +1,254 @@
+"""Random ops inside loops (ops/streams.py): a new mask per iteration, the same mask whenever
+that iteration runs again in the same run, and gradients that agree with PyTorch given the
+masks the forward drew."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+import retrograd as rg
+from retrograd.ir.verify import verify_program
+from retrograd.testing import check_gradients
+
+F64 = "float64"
+P = 0.5
+RNG = np.random.default_rng(7)
+X0 = RNG.standard_normal((3, 5))
+W0 = RNG.standard_normal((5, 5)) * 0.5
+
+
+def t(a, grad=False):
+    return torch.tensor(np.asarray(a, dtype=np.float64), requires_grad=grad)
+
+
+def close(a, b):
+    np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-10, atol=1e-12)
+
+
+def build(fn, seed=0):
+    main, startup = rg.Program(random_seed=seed), rg.Program()
+    with rg.program_guard(main, startup):
+        out = fn()
+    verify_program(main)
+    return main, startup, out
+
+
+def executor(startup):
+    exe = rg.Executor()
+    exe.run(startup)
+    return exe
+
+
+def loops(block, op_type="While"):
+    return [op for op in block.ops if op.type == op_type]
+
+
+def dropout_mask_name(block) -> str:
+    """The mask output of the (single) Dropout op of ``block``."""
+    op, = [op for op in block.ops if op.type == "Dropout"]
+    return op.outputs[1]
+
+
+def kept_stack(op, body_name: str) -> str:
+    """The outer name of ``body_name`` stacked over the iterations of While ``op`` (kept for the backward)."""
+    return op.outputs[len(op.attrs["carry_binds"]) + 1 + op.attrs["ys"].index(body_name)]
+
+
+def check_masks(masks: np.ndarray, count: int) -> None:
+    """``count`` masks of inverted dropout, pairwise different."""
+    assert masks.shape[0] == count
+    assert set(np.unique(masks)) <= {0.0, 1.0 / (1.0 - P)}
+    flat = masks.reshape(count, -1)
+    for i in range(count):
+        for j in range(i):
+            assert not np.array_equal(flat[i], flat[j]), f"iterations {j} and {i} drew the same mask"
+
+
+# --- while_loop ----------------------------------------------------------------------------------
+
+def _dropout_loop(recompute=None):
+    """h <- dropout(tanh(h @ w)), n times (n fed); loss = sum(tanh(h @ w2)^2)."""
+    x = rg.data("x", [3, 5], dtype=F64, stop_gradient=False)
+    n = rg.data("n", [], dtype="int64")
+    w = rg.create_parameter("w", [5, 5], dtype=F64, init=W0)
+    w2 = rg.create_parameter("w2", [5, 5], dtype=F64, init=W0.T.copy())
+    h1 = rg.tanh(x @ w2)
+    _, h = rg.while_loop(lambda i, h: i < n, lambda i, h: (i + 1, rg.dropout(rg.tanh(h @ w), P)),
+                         [rg.constant(0), h1], recompute=recompute)
+    h2 = rg.tanh(h @ w2)
+    loss = rg.sum(h2 * h2)
+    dx, dw, dw2 = rg.gradients(loss, [x, w, w2])
+    return loss, dx, dw, dw2
+
+
+def _torch_loop(masks):
+    x, w, w2 = t(X0, True), t(W0, True), t(W0.T, True)
+    h = torch.tanh(x @ w2)
+    for mask in masks:
+        h = torch.tanh(h @ w) * t(mask)
+    h2 = torch.tanh(h @ w2)
+    loss = (h2 * h2).sum()
+    return [loss.detach().numpy()] + [g.numpy() for g in torch.autograd.grad(loss, [x, w, w2])]
+
+
+@pytest.mark.parametrize("n", [1, 4])
+def test_while_body_draws_a_new_mask_per_iteration_and_gradients_match_torch(n):
+    main, startup, outs = build(_dropout_loop)
+    op, = loops(main.global_block())
+    masks_name = kept_stack(op, dropout_mask_name(op.attrs["body"]))
+    exe = executor(startup)
+    *ours, masks = exe.run(main, feed={"x": X0, "n": np.array(n)}, fetch_list=list(outs) + [masks_name])
+    check_masks(masks, n)
+    for a, b in zip(ours, _torch_loop(masks)):
+        close(a, b)
+
+
+def test_while_masks_change_between_runs():
+    main, startup, outs = build(_dropout_loop)
+    op, = loops(main.global_block())
+    masks_name = kept_stack(op, dropout_mask_name(op.attrs["body"]))
+    exe = executor(startup)
+    first, = exe.run(main, feed={"x": X0, "n": np.array(3)}, fetch_list=[masks_name])
+    second, = exe.run(main, feed={"x": X0, "n": np.array(3)}, fetch_list=[masks_name])
+    check_masks(np.concatenate([first, second]), 6)
+
+
+def test_loops_without_random_ops_get_no_stream_key():
+    def fn():
+        x = rg.data("x", [3], dtype=F64)
+        return rg.while_loop(lambda h: rg.sum(h) < 10.0, lambda h: h + 1.0, x)
+
+    main, _, _ = build(fn)
+    assert "rng_id" not in loops(main.global_block())[0].attrs
+
+
+def test_gradient_scan_carries_the_forward_loops_key():
+    main, _, _ = build(_dropout_loop)
+    op, = loops(main.global_block())
+    scan, = loops(main.global_block(), "Scan")
+    assert isinstance(op.attrs["rng_id"], int) and scan.attrs["rng_id"] == op.attrs["rng_id"]
+    assert scan.attrs["reverse"] is True
+
+
+def test_nested_loops_draw_a_mask_per_inner_and_outer_iteration():
+    """The outer body keeps the inner loop's stack of masks: [outer, inner, 3, 5]."""
+    def fn():
+        x = rg.data("x", [3, 5], dtype=F64, stop_gradient=False)
+        w = rg.create_parameter("w", [5, 5], dtype=F64, init=W0)
+
+        def outer(i, h):
+            _, g = rg.while_loop(lambda j, g: j < 2, lambda j, g: (j + 1, rg.dropout(rg.tanh(g @ w), P)),
+                                 [rg.constant(0), h])
+            return i + 1, g * 0.5 + h
+
+        _, h = rg.while_loop(lambda i, h: i < 3, outer, [rg.constant(0), x])
+        loss = rg.sum(h * h)
+        return (loss,) + tuple(rg.gradients(loss, [x, w]))
+
+    main, startup, outs = build(fn)
+    op, = loops(main.global_block())
+    inner, = loops(op.attrs["body"])
+    name = kept_stack(op, kept_stack(inner, dropout_mask_name(inner.attrs["body"])))
+    exe = executor(startup)
+    *ours, masks = exe.run(main, feed={"x": X0}, fetch_list=list(outs) + [name])
+    assert masks.shape == (3, 2, 3, 5)
+    check_masks(masks.reshape(6, 3, 5), 6)
+    x, w = t(X0, True), t(W0, True)
+    h = x
+    for i in range(3):
+        g = h
+        for j in range(2):
+            g = torch.tanh(g @ w) * t(masks[i, j])
+        h = g * 0.5 + h
+    loss = (h * h).sum()
+    for a, b in zip(ours, [loss.detach().numpy()] + [v.numpy() for v in torch.autograd.grad(loss, [x, w])]):
+        close(a, b)
+
+
+def test_while_with_dropout_passes_a_finite_difference_check():
+    """check_gradients reruns the program with one run id: the masks of each iteration repeat."""
+    def fn(x, w):
+        _, h = rg.while_loop(lambda i, h: i < 3, lambda i, h: (i + 1, rg.dropout(rg.tanh(h @ w), 0.3)),
+                             [rg.constant(0), x])
+        return h
+
+    check_gradients(fn, {"x": X0, "w": W0}, rtol=1e-5)
+
+
+def test_second_order_through_a_loop_with_dropout_matches_torch():
+    """d/dw of |d loss/d x|^2: the double backward runs the gradient Scan's backward (a Scan again)."""
+    def fn():
+        x = rg.data("x", [3, 5], dtype=F64, stop_gradient=False)
+        w = rg.create_parameter("w", [5, 5], dtype=F64, init=W0)
+        _, h = rg.while_loop(lambda i, h: i < 3, lambda i, h: (i + 1, rg.dropout(rg.tanh(h @ w), P)),
+                             [rg.constant(0), x])
+        dx, = rg.gradients(rg.sum(h * h * h), [x])
+        dw, = rg.gradients(rg.sum(dx * dx), [w])
+        return dx, dw
+
+    main, startup, (dx, dw) = build(fn)
+    op, = loops(main.global_block())
+    name = kept_stack(op, dropout_mask_name(op.attrs["body"]))
+    exe = executor(startup)
+    dxv, dwv, masks = exe.run(main, feed={"x": X0}, fetch_list=[dx, dw, name])
+    check_masks(masks, 3)
+    x, w = t(X0, True), t(W0, True)
+    h = x
+    for mask in masks:
+        h = torch.tanh(h @ w) * t(mask)
+    tdx, = torch.autograd.grad((h ** 3).sum(), [x], create_graph=True)
+    tdw, = torch.autograd.grad((tdx * tdx).sum(), [w])
+    close(dxv, tdx.detach().numpy())
+    close(dwv, tdw.numpy())
+
+
+def _checkpointed_loop():
+    """A while loop between two checkpoints: the backward recomputes the whole loop (a copy of the op)."""
+    x = rg.data("x", [3, 5], dtype=F64, stop_gradient=False)
+    n = rg.data("n", [], dtype="int64")
+    w = rg.create_parameter("w", [5, 5], dtype=F64, init=W0)
+    w2 = rg.create_parameter("w2", [5, 5], dtype=F64, init=W0.T.copy())
+    h1 = rg.tanh(x @ w2)
+    _, h = rg.while_loop(lambda i, h: i < n, lambda i, h: (i + 1, rg.dropout(rg.tanh(h @ w), P)),
+                         [rg.constant(0), h1])
+    h2 = rg.tanh(h @ w2)
+    loss = rg.sum(h2 * h2)
+    grads = dict((p.name, g) for p, g in rg.append_backward(loss, checkpoints=[h1, h2]))
+    return loss, grads["w"], grads["w2"]
+
+
+def test_checkpoint_recompute_of_a_loop_replays_every_iterations_mask():
+    main, startup, outs = build(_checkpointed_loop)
+    forward, copy = loops(main.global_block())
+    assert "recompute_of" in copy.attrs and copy.attrs["rng_id"] == forward.attrs["rng_id"]
+    body_mask = dropout_mask_name(forward.attrs["body"])
+    exe = executor(startup)
+    feed = {"x": X0, "n": np.array(4)}
+    *ours, fwd_masks, rc_masks = exe.run(main, feed=feed, fetch_list=list(outs) + [
+        kept_stack(forward, body_mask), kept_stack(copy, dropout_mask_name(copy.attrs["body"]))])
+    check_masks(fwd_masks, 4)
+    np.testing.assert_array_equal(rc_masks, fwd_masks)
+    loss, _, dw, dw2 = _torch_loop(fwd_masks)
+    for a, b in zip(ours, [loss, dw, dw2]):
+        close(a, b)
+
+
+def test_budgeted_while_recomputes_the_masks_the_stored_loop_draws():
+    """recompute=<bytes> re-runs iterations in the backward, from checkpoints; built in the same
+    order and run as the same run of a fresh executor, the program draws the masks the
+    store-all one does, so the gradients agree with it and with torch given its masks."""
+    budget = 3 * 15 * 8 * 6
+    results = {}
+    for recompute in (None, budget):
+        main, startup, outs = build(lambda: _dropout_loop(recompute=recompute))
+        op, = loops(main.global_block())
+        extra = [] if recompute else [kept_stack(op, dropout_mask_name(op.attrs["body"]))]
+        results[recompute] = executor(startup).run(main, feed={"x": X0, "n": np.array(9)},
+                                                   fetch_list=list(outs) + extra)
+    *stored, masks = results[None]
+    check_masks(masks, 9)
+    for a, b in zip(results[budget], stored):
+        close(a, b)
+    for a, b in zip(stored, _torch_loop(masks)):
+        close(a, b)
