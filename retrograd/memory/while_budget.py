@@ -23,6 +23,7 @@ import numpy as np
 from ..errors import ExecutionError, ProgramError
 from ..ir.builder import capture_ops, emit
 from ..ir.program import Block, Op, Var
+from ..ops import streams
 from ..ops.registry import GradCtx, defop
 from .rnn_budget import is_budget
 from .schedules import StepRunner, budget_plan, run_backward, sweep
@@ -60,8 +61,9 @@ def forward_kernel(k, *arrays, truth, check_stable):
     shapes: list = [None] * len(ys)
     iters = 0
     while True:
+        stream = streams.stream(attrs, iters)    # random ops draw per iteration (ops/streams.py)
         flag, = run.run_block(attrs["cond"], {**consts, **dict(zip(attrs["cond_binds"], carries))},
-                              [attrs["cond_out"]])
+                              [attrs["cond_out"]], stream)
         if not truth(xp, flag):
             break
         if max_iters is not None and iters >= max_iters:
@@ -78,7 +80,7 @@ def forward_kernel(k, *arrays, truth, check_stable):
                         meter.release(value)
                 kept = [e for e in kept if e[0] % stride == 0]
         values = run.run_block(attrs["body"], {**consts, **dict(zip(attrs["carry_binds"], carries))},
-                               fetch if iters == 0 else fetch[:n])
+                               fetch if iters == 0 else fetch[:n], stream)
         if graded:
             check_stable(op, arrays[:n], values[:n])
         if graded and iters == 0:
@@ -171,6 +173,7 @@ def _budget_op(scan: Op, loop: Op) -> Op:
              "n_consts": len(scan.inputs) - 1 - c - s, "n_loop_vars": n,
              "fwd_body": loop.attrs["body"], "fwd_carry_binds": list(loop.attrs["carry_binds"]),
              "fwd_body_outs": list(loop.attrs["body_outs"]), "budget": int(loop.attrs["recompute"])}
+    streams.copy_stream(loop.attrs, attrs)   # re-run iterations draw the forward's random numbers
     return Op("WhileBudgetGrad", inputs, list(scan.outputs), attrs)
 
 
@@ -206,6 +209,7 @@ def _while_budget_grad(k, count, *arrays):
             plan = budget_plan(stop - start, room, carry_bytes, tape_bytes)
         except ProgramError as exc:
             raise ExecutionError(f"{op.where()}: {exc}") from None
+        runner.first = start     # the plan counts iterations from the stretch's start
         run_backward(plan, sweep(plan, state, runner), runner)
     return runner.carries[0] if c == 1 else tuple(runner.carries)
 
@@ -217,18 +221,21 @@ class _Iterations(StepRunner):
         self.k, self.run, self.xp, self.attrs = k, k.run, k.xp, k.attrs
         self.loop_consts, self.consts, self.carries = loop_consts, consts, carries
         self.taped = [x for x in self.attrs["x_binds"] if x not in set(self.attrs["shape_only"])]
+        self.first = 0           # the loop iteration the current stretch starts at
 
-    def _body(self, state, fetch):
+    def _body(self, state, fetch, i: int):
+        """Iteration ``i`` of the stretch from ``state``, in the random stream the forward ran it in."""
         bindings = {**self.loop_consts, **dict(zip(self.attrs["fwd_carry_binds"], state))}
-        return self.run.run_block(self.attrs["fwd_body"], bindings, fetch)
+        return self.run.run_block(self.attrs["fwd_body"], bindings, fetch,
+                                  streams.stream(self.attrs, self.first + i))
 
     def advance(self, state, start: int, stop: int):
         n = len(state)
-        for _ in range(start, stop):
-            new = self._body(state, self.attrs["fwd_body_outs"])[:n]
+        for i in range(start, stop):
+            new = self._body(state, self.attrs["fwd_body_outs"], i)[:n]
             for value in new:
                 self.run.meter.hold(value)
-            if _ > start:
+            if i > start:
                 self.release(state)
             state = new
         return state
@@ -250,8 +257,8 @@ class _Iterations(StepRunner):
         n = len(state)
         x_binds = attrs["x_binds"]
         tape = []
-        for _ in range(start, stop):
-            values = self._body(state, list(attrs["fwd_body_outs"]) + x_binds)
+        for i in range(start, stop):
+            values = self._body(state, list(attrs["fwd_body_outs"]) + x_binds, i)
             kept = {}
             for name, value in zip(x_binds, values[n:]):
                 if name in attrs["shape_only"]:
@@ -261,9 +268,10 @@ class _Iterations(StepRunner):
                 kept[name] = value
             tape.append(kept)
             state = values[:n]
-        for kept in reversed(tape):
+        for i, kept in reversed(list(enumerate(tape, start))):
             bindings = {**self.consts, **dict(zip(attrs["carry_binds"], self.carries)), **kept}
-            self.carries = list(self.run.run_block(attrs["body"], bindings, attrs["body_outs"]))
+            self.carries = list(self.run.run_block(attrs["body"], bindings, attrs["body_outs"],
+                                                   streams.stream(attrs, self.first + i)))
             for name in self.taped:
                 meter.release(kept[name])
 
