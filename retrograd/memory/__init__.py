@@ -6,9 +6,13 @@ Example::
     rg.append_backward(loss, checkpoints=ckpts)
     print(rg.memory.report(main, feed_shapes={"x": (64, 784)}))
 """
+from . import schedules
+from . import rnn_budget, while_budget  # noqa: F401  (register the budgeted loops' gradient ops)
 from .auto import auto_checkpoints
 from .recompute import RecomputePlan, Segment, plan_recompute, recompute_backward
 from .report import MemoryReport, ValueInfo, report
+from .schedules import Plan, budget_plan, make_plan, revolve_cost, sqrt_plan
 
-__all__ = ["MemoryReport", "RecomputePlan", "Segment", "ValueInfo", "auto_checkpoints",
-           "plan_recompute", "recompute_backward", "report"]
+__all__ = ["MemoryReport", "Plan", "RecomputePlan", "Segment", "ValueInfo", "auto_checkpoints",
+           "budget_plan", "make_plan", "plan_recompute", "recompute_backward", "report", "revolve_cost",
+           "schedules", "sqrt_plan"]

@@ -199,3 +199,14 @@ def test_budgeted_lstm_inside_a_cond_branch():
         exe.run(startup)
         results.append(exe.run(main, feed={"x": xb, "p": np.array(True)}, fetch_list=fetch))
     _assert_close(results[1], results[0])
+
+
+def test_budgeted_programs_round_trip_through_json():
+    xb = np.random.RandomState(9).randn(40, N, D)
+    built = _lstm_model(2000)
+    out, _, exe = _run(built, xb)
+    again = Program.from_json(built[0].to_json())
+    fetch = [built[2].name, built[4].name] + [g.name for _, g in built[3]]
+    out2 = exe.run(again, feed={"x": xb}, fetch_list=fetch)
+    for a, b in zip(out2, out):
+        np.testing.assert_array_equal(a, b)

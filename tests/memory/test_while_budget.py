@@ -84,3 +84,17 @@ def test_too_small_budget_names_the_minimum():
 def test_recompute_must_be_a_byte_count(bad):
     with pytest.raises(rg.ProgramError, match="recompute"):
         _model(bad)
+
+
+def test_budgeted_loop_round_trips_through_json():
+    rng = np.random.RandomState(3)
+    xb, wv = rng.randn(3, H), rng.randn(H, H) * 0.4
+    main, fetch = _model(900)
+    again = Program.from_json(main.to_json())
+    results = []
+    for program in (main, again):
+        exe = rg.Executor()
+        exe.scope.set("w", wv)
+        results.append(exe.run(program, feed={"x": xb, "n": np.array(9)}, fetch_list=[v.name for v in fetch]))
+    for a, b in zip(*results):
+        np.testing.assert_array_equal(a, b)
