@@ -1,0 +1,131 @@
+"""Live outputs (``KernelCtx.live_outputs``): a plan tells each kernel which of its outputs are read
+later, fetched or kept, and loops do not keep per-iteration values for outputs nobody reads -- so a
+program built with a gradient and run for inference costs what the forward alone costs."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+import retrograd as rg
+from retrograd.ir.verify import verify_program
+
+F64 = "float64"
+RNG = np.random.default_rng(3)
+X0 = RNG.standard_normal((8, 32)) * 0.5
+W0 = RNG.standard_normal((32, 32)) * 0.2
+
+
+def t(a, grad=False):
+    return torch.tensor(np.asarray(a, dtype=np.float64), requires_grad=grad)
+
+
+def close(a, b):
+    np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-10, atol=1e-12)
+
+
+def build(fn):
+    main, startup = rg.Program(), rg.Program()
+    with rg.program_guard(main, startup):
+        out = fn()
+    verify_program(main)
+    exe = rg.Executor()
+    exe.run(startup)
+    return main, exe, out
+
+
+def peak(exe, main, feed, fetch):
+    values = exe.run(main, feed=feed, fetch_list=fetch)
+    return values, exe.last_stats.peak_bytes
+
+
+# --- the plan ---------------------------------------------------------------------------------------
+
+def test_plan_marks_outputs_that_nothing_reads_later():
+    def fn():
+        x = rg.data("x", [4], dtype=F64)
+        w = rg.create_parameter("w", [4], dtype=F64, init=1.0)
+        y = rg.dropout(x, 0.5)                      # outputs (out, mask)
+        z = y * w
+        rg.optim.SGD(0.1).minimize(rg.sum(z))       # writes w (persistable) in place
+        return y, z
+
+    main, exe, (y, z) = build(fn)
+    block = main.global_block()
+
+    def live(keep, op_type):
+        plan = exe.plan_for(block, frozenset(keep))
+        return [s.k.live_outputs for s in plan.steps if s.op.type == op_type]
+
+    mask = next(op for op in block.ops if op.type == "Dropout").outputs[1]
+    assert live([z.name], "Dropout") == [frozenset({0})]      # the mask is read by no op of the plan
+    assert live([z.name, mask], "Dropout") == [frozenset({0, 1})]
+    update, = [op for op in block.ops if op.type not in ("Dropout",) and "w" in op.outputs]
+    assert live([], update.type) == [frozenset({update.outputs.index("w")})]   # persistable: written back
+
+
+# --- while_loop ---------------------------------------------------------------------------------------
+
+def _loop(grad: str | None):
+    """h <- h + 0.1 tanh(h @ w), n times; loss = mean(h * h); with no, first or second order gradients."""
+    def fn():
+        x = rg.data("x", [8, 32], dtype=F64, stop_gradient=False)
+        n = rg.data("n", [], dtype="int64")
+        w = rg.create_parameter("w", [32, 32], dtype=F64, init=W0)
+        _, h = rg.while_loop(lambda i, h: i < n, lambda i, h: (i + 1, h + 0.1 * rg.tanh(h @ w)),
+                             [rg.constant(0), x])
+        loss = rg.mean(h * h)
+        grads = []
+        if grad is not None:
+            grads = rg.gradients(loss, [x, w])
+        if grad == "second":
+            grads += rg.gradients(rg.sum(grads[0] * grads[0]), [w])
+        return loss, grads
+    return build(fn)
+
+
+def _torch_loop(n):
+    x, w = t(X0, True), t(W0, True)
+    h = x
+    for _ in range(n):
+        h = h + 0.1 * torch.tanh(h @ w)
+    loss = (h * h).mean()
+    dx, dw = torch.autograd.grad(loss, [x, w], create_graph=True)
+    ddw, = torch.autograd.grad((dx * dx).sum(), [w])
+    return loss.detach().numpy(), dx.detach().numpy(), dw.detach().numpy(), ddw.numpy()
+
+
+def test_while_with_a_gradient_run_for_inference_keeps_nothing_per_iteration():
+    plain, plain_exe, (plain_loss, _) = _loop(None)
+    main, exe, (loss, (dx, dw)) = _loop("first")
+    peaks = {}
+    for n in (10, 10_000):
+        feed = {"x": X0, "n": np.array(n)}
+        (ref,), ref_peak = peak(plain_exe, plain, feed, [plain_loss])
+        (ours,), peaks[n] = peak(exe, main, feed, [loss])
+        assert ours == ref
+        assert peaks[n] == ref_peak
+    assert peaks[10] == peaks[10_000]
+    # The same executor then trains: its plan keeps what each iteration's backward reads.
+    lv, dxv, dwv = exe.run(main, feed={"x": X0, "n": np.array(30)}, fetch_list=[loss, dx, dw])
+    assert exe.last_stats.peak_bytes > peaks[10] + 30 * X0.nbytes
+    tl, tdx, tdw, _ = _torch_loop(30)
+    close(lv, tl)
+    close(dxv, tdx)
+    close(dwv, tdw)
+
+
+def test_a_first_order_run_of_a_twice_differentiated_loop_costs_what_first_order_costs():
+    """The second-order backward makes the loops keep more per iteration (the forward While and
+    the gradient Scan); a run fetching only first-order gradients keeps none of it."""
+    first, first_exe, (_, (dx1, dw1)) = _loop("first")
+    second, exe, (_, (dx, dw, ddw)) = _loop("second")
+    feed = {"x": X0, "n": np.array(20)}
+    (rdx, rdw), ref_peak = peak(first_exe, first, feed, [dx1, dw1])
+    (odx, odw), ours = peak(exe, second, feed, [dx, dw])
+    close(odx, rdx)
+    close(odw, rdw)
+    assert ours == ref_peak
+    (full,), full_peak = peak(exe, second, feed, [ddw])
+    assert full_peak > ours
+    close(full, _torch_loop(20)[3])
