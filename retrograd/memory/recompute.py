@@ -98,6 +98,12 @@ def plan_recompute(info: ForwardValues, checkpoints: Sequence[str]) -> Recompute
     ``checkpoints`` are usable names sorted by position (``resolve_checkpoints``).
     Ops after the last checkpoint are not recomputed: their backward runs
     first, right after the forward.
+
+    Example::
+
+        info = ForwardValues.of(block, n_forward)
+        plan = plan_recompute(info, ["tanh_3", "tanh_7"])
+        plan.segments, plan.recompute, plan.cross
     """
     segments: list[Segment] = []
     start = 0
@@ -285,7 +291,12 @@ def recompute_backward(block: Block, n_forward: int, loss: Var, checkpoints,
     """Rewrite the backward already appended after ``block.ops[:n_forward]`` to recompute.
 
     ``checkpoints`` is a list of Vars or names, or ``"auto"``. Unusable
-    checkpoints are ignored with a warning naming them.
+    checkpoints are ignored with a warning naming them. ``append_backward``
+    calls it; use that.
+
+    Example::
+
+        rg.append_backward(loss, checkpoints=[h3, h7])     # -> recompute_backward(block, n, loss, [h3, h7])
     """
     info = ForwardValues.of(block, n_forward)
     if isinstance(checkpoints, str) and checkpoints == "auto":

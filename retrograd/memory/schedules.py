@@ -53,7 +53,13 @@ def beta(s: int, r: int) -> int:
 
 @lru_cache(maxsize=65536)
 def revolve_cost(n: int, s: int) -> int:
-    """Least advances needed to reverse ``n`` steps from a held start state with ``s`` free slots."""
+    """Least advances needed to reverse ``n`` steps from a held start state with ``s`` free slots.
+
+    Example::
+
+        revolve_cost(10, 9)     # 9: a slot per step, each step advanced once
+        revolve_cost(10, 2)     # 15
+    """
     if n <= 1:
         return 0
     if s == 0:
@@ -148,7 +154,14 @@ class Plan:
 
 
 def make_plan(steps: int, segment: int, slots: int) -> Plan:
-    """The binomial schedule of ``steps`` steps in segments of ``segment`` with ``slots`` checkpoints."""
+    """The binomial schedule of ``steps`` steps in segments of ``segment`` with ``slots`` checkpoints.
+
+    Example::
+
+        plan = make_plan(10, 1, 3)
+        plan.sweep_stores       # [1, 4, 7]: states the forward sweep keeps
+        plan.actions()[:3]      # [Restore(step=7), Advance(start=7, stop=9), Reverse(start=9, stop=10)]
+    """
     if steps < 0 or segment < 1 or slots < 0:
         raise ProgramError(f"bad schedule parameters: steps={steps}, segment={segment}, slots={slots}")
     plan = Plan(steps, segment, slots)
@@ -242,6 +255,11 @@ def budget_plan(steps: int, budget_bytes: int, state_bytes: int, tape_bytes: int
     and the step values its backward reads). Searches every segment length;
     for each, the slots the rest of the budget holds decide the advances.
     Raises ProgramError when even one step's tape does not fit.
+
+    Example::
+
+        plan = budget_plan(1000, budget_bytes=200_000, state_bytes=1000, tape_bytes=4000)
+        plan.segment, plan.slots, plan.advances      # (44, 22, 0): each step recomputed once
     """
     if budget_bytes < minimum_budget(state_bytes, tape_bytes):
         raise ProgramError(f"a memory budget of {budget_bytes} bytes cannot hold one step of this loop: "
