@@ -104,66 +104,73 @@ def _joined(parts: Sequence, likes: Sequence[Var]) -> Var | None:
 _GATE_SCALES: dict = {}
 
 
-def _gate_scale(xp, dtype, hidden: int, kinds: str):
-    """(scale, offset) per column: scale 0.5 / offset 0.5 for sigmoid gates ("s"), 1 / 0 for tanh.
+def _gate_scale(xp, dtype, hidden: int):
+    """Per-column vectors (scale, offset, tanh_cols) for the LSTM gate block | i | f | g | o |.
 
-    ``tanh(scale * a) * scale + offset`` is then sig(a) on sigmoid columns and
-    tanh(a) on tanh columns. Cached: kernels call this once per time step.
+    scale is 0.5 on sigmoid columns and 1 on the tanh column, offset 0.5 and 0,
+    tanh_cols 0 and 1: ``tanh(scale * a) * scale + offset`` is sig(a) on sigmoid
+    columns and tanh(a) on the tanh column, and ``(1 - s) * (s + tanh_cols)`` is
+    the slope of either activation from its value s (s(1-s), or 1-s^2). Cached:
+    kernels ask once per time step.
     """
-    key = (id(xp), dtype, hidden, kinds)
-    pair = _GATE_SCALES.get(key)
-    if pair is None:
-        scale = xp.concat([xp.full((hidden,), 0.5 if kind == "s" else 1.0, dtype=dtype) for kind in kinds])
-        pair = _GATE_SCALES[key] = (scale, 1.0 - scale)
-    return pair
+    key = (id(xp), dtype, hidden)
+    vectors = _GATE_SCALES.get(key)
+    if vectors is None:
+        scale = xp.concat([xp.full((hidden,), 0.5 if kind == "s" else 1.0, dtype=dtype) for kind in "ssts"])
+        vectors = _GATE_SCALES[key] = (scale, 1.0 - scale, 2.0 * scale - 1.0)
+    return vectors
 
 
-def _lstm_activations(xp, gates, forget_bias: float, keep_t: bool = False):
-    """acts = [sig(i), sig(f + forget_bias), tanh(g), sig(o)] of gates [N, 4H]; with ``keep_t``,
-    also t = the tanh of the scaled pre-activations (for the derivatives)."""
+def _lstm_activations(xp, gates, forget_bias: float):
+    """[sig(i), sig(f + forget_bias), tanh(g), sig(o)] of gates [N, 4H], in one tanh pass."""
     hidden = gates.shape[1] // 4
-    scale, offset = _gate_scale(xp, gates.dtype, hidden, "ssts")
+    scale, offset, _ = _gate_scale(xp, gates.dtype, hidden)
     pre = gates * scale
     if forget_bias:
         pre[:, hidden:2 * hidden] += 0.5 * forget_bias
-    t = xp.tanh(pre)
-    if keep_t:
-        acts = t * scale
-    else:
-        acts = t
-        acts *= scale
+    acts = xp.tanh(pre)
+    acts *= scale
     acts += offset
-    return (t, acts) if keep_t else acts
+    return acts
 
 
 # --- LSTMUnit ----------------------------------------------------------------------------
+#
+# LSTMUnit's third output ``acts`` holds the gate activations [i, f, g, o] (after sigmoid /
+# tanh). The gradient kernel reads them instead of recomputing them from the gates, so a
+# recurrent network keeps acts per step (as large as the gates, which it no longer needs).
 
 def _lstm_unit_rule(ins, attrs):
     gates, c_prev = ins
     n, hidden = _check_cell(gates, c_prev, 4)
-    return [((n, hidden), gates.dtype), ((n, hidden), gates.dtype)]
+    return [((n, hidden), gates.dtype), ((n, hidden), gates.dtype), ((n, 4 * hidden), gates.dtype)]
 
 
 def _lstm_unit_grad_maker(g):
     gates, c_prev = g.x
-    h, c = g.out
-    dh, dc = g.dout
-    dh = dh if dh is not None else zeros_like(h)
-    dc = dc if dc is not None else zeros_like(c)
-    return lstm_unit_grad(gates, c_prev, c, dh, dc, g.attrs["forget_bias"])
+    h, c, acts = g.out
+    dh, dc, dacts = g.dout
+    dgates, dc_prev = lstm_unit_grad(acts, c_prev, c, dh if dh is not None else zeros_like(h),
+                                     dc if dc is not None else zeros_like(c))
+    if dacts is not None:      # only in higher-order gradients, where LSTMUnitGrad read acts
+        i, f, gg, o = split(acts, 4, axis=-1)
+        slopes = concat([i * (1.0 - i), f * (1.0 - f), 1.0 - gg * gg, o * (1.0 - o)], axis=-1)
+        dgates = dgates + dacts * slopes
+    return [dgates, dc_prev]
 
 
-@defop("LSTMUnit", inputs=("gates", "c_prev"), outputs=("h", "c"), infer=_lstm_unit_rule,
+@defop("LSTMUnit", inputs=("gates", "c_prev"), outputs=("h", "c", "acts"), infer=_lstm_unit_rule,
        grad=_lstm_unit_grad_maker)
 def _lstm_unit(k, gates, c_prev):
-    """One LSTM step from pre-activation gates [N, 4H] (order i, f, g, o) and c [N, H]."""
+    """One LSTM step from pre-activation gates [N, 4H] (order i, f, g, o) and c [N, H];
+    also returns the gate activations for the gradient."""
     hidden = c_prev.shape[1]
     acts = _lstm_activations(k.xp, gates, k.attrs["forget_bias"])
     c = acts[:, hidden:2 * hidden] * c_prev
     c += acts[:, :hidden] * acts[:, 2 * hidden:3 * hidden]
     h = k.xp.tanh(c)
     h *= acts[:, 3 * hidden:]
-    return h, c
+    return h, c, acts
 
 
 def lstm_unit(gates: Var, c_prev: Var, forget_bias: float = 0.0) -> tuple[Var, Var]:
@@ -176,23 +183,22 @@ def lstm_unit(gates: Var, c_prev: Var, forget_bias: float = 0.0) -> tuple[Var, V
         gates = x_proj_t + rg.matmul(h_prev, w_hh)          # [N, 4H]
         h, c = rg.lstm_unit(gates, c_prev, forget_bias=1.0)
     """
-    h, c = append_op("LSTMUnit", [gates, c_prev], {"forget_bias": float(forget_bias)},
-                     name="lstm_unit")
+    h, c, _ = append_op("LSTMUnit", [gates, c_prev], {"forget_bias": float(forget_bias)},
+                        name="lstm_unit")
     return h, c
 
 
 def _lstm_unit_grad_grad(g):
-    """Gradient of LSTMUnitGrad, from ordinary ops (derivation in the module docstring layout).
+    """Gradient of LSTMUnitGrad, from ordinary ops.
 
-    With i, f, g, o the activations, tc = tanh(c) and dct = dc + dh*o*(1-tc^2),
-    LSTMUnitGrad returns dgates = [dct*g*i', dct*c_prev*f', dct*i*g', dh*tc*o']
-    and dc_prev = dct*f (primes: derivatives of the activations). This maker
-    differentiates those expressions by hand.
+    With acts = [i, f, g, o], tc = tanh(c), dct = dc + dh*o*(1-tc^2) and the
+    slopes i' = i(1-i), f' = f(1-f), g' = 1-g^2, o' = o(1-o), LSTMUnitGrad
+    returns dgates = [dct*g*i', dct*c_prev*f', dct*i*g', dh*tc*o'] and
+    dc_prev = dct*f. This maker differentiates those expressions by hand.
     """
-    gates, cp, c, dh, dc = g.x
+    acts, cp, c, dh, dc = g.x
     g_dgates, g_dcp = g.dout
-    a_i, a_f, a_g, a_o = split(gates, 4, axis=-1)
-    i, f, gg, o = sigmoid(a_i), sigmoid(a_f + g.attrs["forget_bias"]), tanh(a_g), sigmoid(a_o)
+    i, f, gg, o = split(acts, 4, axis=-1)
     tc = tanh(c)
     i1, f1, o1 = i * (1.0 - i), f * (1.0 - f), o * (1.0 - o)
     g1, tc1 = 1.0 - gg * gg, 1.0 - tc * tc
@@ -202,49 +208,42 @@ def _lstm_unit_grad_grad(g):
     g_dct = _total(_prod(b_i, gg, i1), _prod(b_f, cp, f1), _prod(b_g, i, g1), _prod(g_dcp, f))
     g_dh = _total(_prod(b_o, tc, o1), _prod(g_dct, o, tc1))
     g_cp = _prod(b_f, dct, f1)
-    g_tc = _total(_prod(b_o, dh, o1), _prod(g_dct, dh, o, tc, -2.0))
-    g_c = _prod(g_tc, tc1)
-    g_ao = _prod(o1, _total(_prod(b_o, dh, tc, 1.0 - 2.0 * o), _prod(g_dct, dh, tc1)))
-    g_ai = _prod(i1, dct, _total(_prod(b_i, gg, 1.0 - 2.0 * i), _prod(b_g, g1)))
-    g_af = _prod(f1, dct, _total(_prod(b_f, cp, 1.0 - 2.0 * f), g_dcp))
-    g_ag = _prod(g1, dct, _total(_prod(b_i, i1), _prod(b_g, i, gg, -2.0)))
-    g_gates = _joined([g_ai, g_af, g_ag, g_ao], [a_i, a_f, a_g, a_o])
-    return [g_gates, g_cp, g_c, g_dh, g_dct]
+    g_c = _prod(_total(_prod(b_o, dh, o1), _prod(g_dct, dh, o, tc, -2.0)), tc1)
+    g_i = _prod(dct, _total(_prod(b_i, gg, 1.0 - 2.0 * i), _prod(b_g, g1)))
+    g_f = _prod(dct, _total(_prod(b_f, cp, 1.0 - 2.0 * f), g_dcp))
+    g_g = _prod(dct, _total(_prod(b_i, i1), _prod(b_g, i, gg, -2.0)))
+    g_o = _total(_prod(b_o, dh, tc, 1.0 - 2.0 * o), _prod(g_dct, dh, tc1))
+    return [_joined([g_i, g_f, g_g, g_o], [i, f, gg, o]), g_cp, g_c, g_dh, g_dct]
 
 
-@defop("LSTMUnitGrad", inputs=("gates", "c_prev", "c", "dh", "dc"), outputs=("dgates", "dc_prev"),
+@defop("LSTMUnitGrad", inputs=("acts", "c_prev", "c", "dh", "dc"), outputs=("dgates", "dc_prev"),
        infer=_like_inputs(0, 1), grad=_lstm_unit_grad_grad)
-def _lstm_unit_grad(k, gates, c_prev, c, dh, dc):
-    """Both input gradients of LSTMUnit in one kernel (activations recomputed from ``gates``)."""
+def _lstm_unit_grad(k, acts, c_prev, c, dh, dc):
+    """Both input gradients of LSTMUnit in one kernel, from the stored gate activations."""
     xp = k.xp
     hidden = c_prev.shape[1]
-    t, acts = _lstm_activations(xp, gates, k.attrs["forget_bias"], keep_t=True)
-    scale, _ = _gate_scale(xp, gates.dtype, hidden, "ssts")
-    # Derivative of every activation w.r.t. its pre-activation: scale^2 * (1 - t^2).
-    deriv = t * t
-    deriv -= 1.0
-    deriv *= -(scale * scale)
     tc = xp.tanh(c)
     o = acts[:, 3 * hidden:]
     dct = 1.0 - tc * tc
     dct *= o
     dct *= dh
     dct += dc
-    partner = xp.empty(gates.shape, dtype=gates.dtype)
+    partner = xp.empty(acts.shape, dtype=acts.dtype)
     partner[:, :hidden] = dct * acts[:, 2 * hidden:3 * hidden]
     partner[:, hidden:2 * hidden] = dct * c_prev
     partner[:, 2 * hidden:3 * hidden] = dct * acts[:, :hidden]
     partner[:, 3 * hidden:] = dh * tc
-    partner *= deriv
+    _, _, tanh_cols = _gate_scale(xp, acts.dtype, hidden)
+    partner *= 1.0 - acts              # times the slope (1 - s) * (s + tanh_cols)
+    partner *= acts + tanh_cols
     dct *= acts[:, hidden:2 * hidden]
     return partner, dct
 
 
-def lstm_unit_grad(gates: Var, c_prev: Var, c: Var, dh: Var, dc: Var,
-                   forget_bias: float = 0.0) -> list[Var]:
-    """``[dgates, dc_prev]`` of LSTMUnit given its inputs, its output ``c`` and the output gradients."""
-    return append_op("LSTMUnitGrad", [gates, c_prev, c, dh, dc], {"forget_bias": float(forget_bias)},
-                     name="lstm_unit_grad")
+def lstm_unit_grad(acts: Var, c_prev: Var, c: Var, dh: Var, dc: Var) -> list[Var]:
+    """``[dgates, dc_prev]`` of LSTMUnit from its gate activations ``acts``, ``c_prev``, its
+    output ``c`` and the gradients of ``h`` and ``c``."""
+    return append_op("LSTMUnitGrad", [acts, c_prev, c, dh, dc], name="lstm_unit_grad")
 
 
 # --- GRUUnit -----------------------------------------------------------------------------

@@ -294,8 +294,8 @@ def _rnn_cells(r):
     n, h = 2, 3
     return {
         "LSTMUnit": [(lambda g, c: list(rg.lstm_unit(g, c, 0.5)), {"g": normal(r, n, 4 * h), "c": normal(r, n, h)})],
-        "LSTMUnitGrad": [(lambda *xs: lstm_unit_grad(*xs, forget_bias=0.5),
-                          {k: normal(r, n, 4 * h if k == "g" else h) for k in ("g", "cp", "c", "dh", "dc")})],
+        "LSTMUnitGrad": [(lstm_unit_grad, {"acts": r.uniform(0.05, 0.95, (n, 4 * h)),
+                                           **{k: normal(r, n, h) for k in ("cp", "c", "dh", "dc")}})],
         "GRUUnit": [(rg.gru_unit, {"x": normal(r, n, 3 * h), "u": normal(r, n, 3 * h), "h": normal(r, n, h)})],
         "GRUUnitGrad": [(gru_unit_grad, {"x": normal(r, n, 3 * h), "u": normal(r, n, 3 * h),
                                          "h": normal(r, n, h), "dh": normal(r, n, h)})],

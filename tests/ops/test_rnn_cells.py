@@ -109,12 +109,29 @@ def test_lstm_unit_gradients_match_finite_differences():
 
 def test_lstm_unit_grad_gradients_match_finite_differences():
     r = np.random.default_rng(3)
-    inputs = {"g": r.standard_normal((2, 4 * H)), "cp": r.standard_normal((2, H)),
+    inputs = {"acts": r.uniform(0.05, 0.95, (2, 4 * H)), "cp": r.standard_normal((2, H)),
               "c": r.standard_normal((2, H)), "dh": r.standard_normal((2, H)),
               "dc": r.standard_normal((2, H))}
-    check_gradients(lambda *xs: lstm_unit_grad(*xs, forget_bias=0.3), inputs)
+    check_gradients(lambda *xs: lstm_unit_grad(*xs), inputs)
     check_gradients(lambda *xs: lstm_unit_grad(*xs)[0], inputs)
     check_gradients(lambda *xs: lstm_unit_grad(*xs)[1], inputs)
+
+
+def test_lstm_unit_keeps_the_activations_for_its_gradient():
+    r = np.random.default_rng(10)
+    gates, c_prev = r.standard_normal((N, 4 * H)), r.standard_normal((N, H))
+    main = rg.Program()
+    with rg.program_guard(main, rg.Program()):
+        g = rg.data("g", [-1, 4 * H], "float64", stop_gradient=False)
+        c = rg.data("c", [-1, H], "float64", stop_gradient=False)
+        rg.lstm_unit(g, c, 2.0)
+    unit = main.global_block().ops[-1]
+    acts_name = unit.outputs[2]
+    acts, = rg.Executor().run(main, feed={"g": gates, "c": c_prev}, fetch_list=[acts_name])
+    sig = lambda a: 1.0 / (1.0 + np.exp(-a))   # noqa: E731
+    i, f, gg, o = np.split(gates, 4, axis=1)
+    np.testing.assert_allclose(acts, np.concatenate([sig(i), sig(f + 2.0), np.tanh(gg), sig(o)], axis=1),
+                               rtol=1e-12, atol=1e-14)
 
 
 def _torch_gru(xproj, h_prev, w_hh, b_hh):
