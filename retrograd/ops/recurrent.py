@@ -33,6 +33,7 @@ from ..ir.analysis import free_reads
 from ..ir.builder import block_guard, current_block
 from ..ir.dtypes import is_float
 from ..ir.program import Block, Program, Var
+from . import streams
 from .creation import assign
 from .registry import append_op, defop
 
@@ -173,12 +174,17 @@ class StepRunner:
         self.overwritten = sorted({n for s in self.plan.steps for n in s.outputs if n in bound})
         self.release = list(dict.fromkeys([n for n in self.fetch if n not in bound] + self.overwritten))
 
-    def __call__(self, bindings: dict) -> list:
+    def __call__(self, bindings: dict, stream: tuple[int, int] | None = None) -> list:
+        """Run the block once; ``stream`` = (the op's rng_id, time step) for its random ops (streams.py)."""
         env = dict(bindings)
         meter = self.run.meter
         for name in self.overwritten:      # the executor releases a value it overwrites
             meter.hold(env[name])
-        self.run.executor.execute(self.plan, env)
+        if stream is None:
+            self.run.executor.execute(self.plan, env)
+        else:
+            with self.run.random_stream(stream):
+                self.run.executor.execute(self.plan, env)
         values = [env[n] for n in self.fetch]
         for name in self.release:
             meter.release(env[name])
@@ -219,32 +225,37 @@ def _rnn_kernel(k, *arrays):
     steps = time_steps(op, seqs)
     step: Block = attrs["step"]
     held = _Held(run.meter)
+    n_state, timestep = lay.n_state, attrs.get("timestep")
+    keep_all = [2 * i in k.live_outputs for i in range(n_state)]   # does this plan read all_i?
     states = []
-    for init in inits:
-        buf = held.add(xp.empty((steps + 1,) + tuple(init.shape), dtype=init.dtype))
+    for init, full in zip(inits, keep_all):   # step t reads row t % rows: two rows when all_i is unread
+        rows = steps + 1 if full else 2
+        buf = held.add(xp.empty((rows,) + tuple(init.shape), dtype=init.dtype))
         buf[0, ...] = init
         states.append(buf)
-    saved_names, saved_full = list(attrs.get("saved", ())), list(attrs.get("saved_full", ()))
+    all_saved = list(attrs.get("saved", ()))
+    live_saved = [j for j in range(len(all_saved)) if 2 * n_state + j in k.live_outputs]  # for a backward here
+    saved_names = [all_saved[j] for j in live_saved]
+    saved_full = [list(attrs.get("saved_full", ()))[j] for j in live_saved]
     saved: list = [None] * len(saved_names)
     bindings = dict(zip(op.inputs[lay.outer_start:], outers))
     fetch = list(attrs["state_outs"]) + saved_names
-    n_state, timestep = lay.n_state, attrs.get("timestep")
     bound = list(bindings) + list(attrs["inputs_t"]) + list(attrs["states"]) + ([timestep] if timestep else [])
     run_step = StepRunner(op, run, step, bound, fetch)
     for t in range(steps):
         for name, seq in zip(attrs["inputs_t"], seqs):
             bindings[name] = seq[t, ...]
         for name, buf in zip(attrs["states"], states):
-            bindings[name] = buf[t, ...]
+            bindings[name] = buf[t % buf.shape[0], ...]
         if timestep:
             bindings[timestep] = timestep_value(xp, step, timestep, t)
-        values = run_step(bindings)
+        values = run_step(bindings, streams.stream(attrs, t))
         for i, buf in enumerate(states):
-            new, slot = values[i], buf[t + 1, ...]
+            new, slot = values[i], buf[(t + 1) % buf.shape[0], ...]
             if new.shape != slot.shape:
                 check_state_shape(op, fetch[i], new, slot)
             if lengths is not None:
-                new = xp.where(step_mask(xp, lengths, t, buf.ndim - 1), new, buf[t, ...])
+                new = xp.where(step_mask(xp, lengths, t, buf.ndim - 1), new, buf[t % buf.shape[0], ...])
             slot[...] = new
         for j, value in enumerate(values[n_state:]):
             buf = saved[j]
@@ -265,9 +276,14 @@ def _rnn_kernel(k, *arrays):
             saved[j] = xp.zeros((0,) + tuple(max(d, 0) for d in var.shape), dtype=getattr(xp, var.dtype))
     held.release()
     outputs = []
-    for buf in states:
-        outputs += [buf[1:, ...], buf[steps, ...]]
-    return tuple(outputs + saved)
+    for buf, full in zip(states, keep_all):   # an unread all_i is an empty stand-in (dropped at once)
+        outputs += [buf[1:, ...] if full else xp.zeros((0,) + buf.shape[1:], dtype=buf.dtype),
+                    buf[steps % buf.shape[0], ...]]
+    kept = [xp.zeros((0,) * (1 + step.var(name).ndim), dtype=getattr(xp, step.var(name).dtype))
+            for name in all_saved]
+    for j, buf in zip(live_saved, saved):
+        kept[j] = buf
+    return tuple(outputs + kept)
 
 
 def _is_budget(recompute) -> bool:
@@ -374,6 +390,7 @@ def build_recurrent_op(step: Block, sequences: list[tuple[Var, Var]], states: li
         "saved": [],
         "saved_full": [],
     }
+    attrs.update(streams.stream_attrs(step))   # rng_id: step t runs in random stream (rng_id, t)
     program = parent.program
     specs_block = parent
     from .registry import infer_specs

@@ -40,6 +40,7 @@ from ..errors import ProgramError, ShapeError
 from ..ir.analysis import op_reads
 from ..ir.dtypes import is_float
 from ..ir.program import Block, Op, Var
+from . import streams
 from .recurrent import RnnLayout, StepRunner, _Held, fresh_name, step_mask, time_steps, timestep_value
 from .registry import GradCtx, append_op, defop, get_op_def
 
@@ -266,7 +267,7 @@ def _insert_recompute(bstep: BackwardStep, names: _StepNames, policy, batched_a:
     clones = []
     for op in reversed(names.step.ops):
         outs = set(op.outputs)
-        if not outs & need & allowed or op.sub_blocks() or get_op_def(op.type).random:
+        if not outs & need & allowed or op.sub_blocks():   # random ops replay: same stream (rng_id, t)
             continue
         clones.append(Op(op.type, list(op.inputs), list(op.outputs), dict(op.attrs)))
         need -= outs
@@ -332,6 +333,7 @@ def rnn_grad_maker(g: GradCtx) -> list[Var | None]:
         "dnext": bstep.dnext, "fetch_seq": bstep.fetch_seq, "fetch_state": bstep.fetch_state,
         "fetch_outer": bstep.fetch_outer, "batched": bstep.batched, "grad_of": grad_of,
     }
+    streams.copy_stream(attrs, grad_attrs)   # step t of the backward replays forward step t's draws
     outs = append_op("RecurrentNetworkGrad", inputs, grad_attrs, name="rnn_grad")
     grads: list[Var | None] = list(none)
     for position, out in zip(grad_of, outs):
@@ -452,7 +454,7 @@ def _rnn_grad_kernel(k, *arrays):
             bindings[name] = values[t, ...]
         if timestep:
             bindings[timestep] = timestep_value(xp, block, timestep, t)
-        values = run_step(bindings)
+        values = run_step(bindings, streams.stream(attrs, t))   # forward step t's random stream
         for i, name in enumerate(fetch_seq):
             if name:
                 dseq[i][t, ...] = values[index[name]]

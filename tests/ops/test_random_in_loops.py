@@ -252,3 +252,118 @@ def test_budgeted_while_recomputes_the_masks_the_stored_loop_draws():
         close(a, b)
     for a, b in zip(stored, _torch_loop(masks)):
         close(a, b)
+
+
+# --- recurrent networks ---------------------------------------------------------------------------
+
+T, N, D, H = 6, 3, 4, 5
+XS = RNG.standard_normal((T, N, D))
+H0 = RNG.standard_normal((N, H)) * 0.5
+WX = RNG.standard_normal((D, H)) * 0.5
+WH = RNG.standard_normal((H, H)) * 0.5
+RNN_FEED = {"x": XS, "h0": H0}
+
+
+def _rnn_inputs():
+    x = rg.data("x", [-1, N, D], dtype=F64, stop_gradient=False)
+    h0 = rg.data("h0", [N, H], dtype=F64, stop_gradient=False)
+    wx = rg.create_parameter("wx", [D, H], dtype=F64, init=WX)
+    wh = rg.create_parameter("wh", [H, H], dtype=F64, init=WH)
+    return x, h0, wx, wh
+
+
+def _rnn_loss(h_all, h_last, inputs):
+    loss = rg.sum(h_all * h_all) + rg.sum(h_last)
+    return [loss] + rg.gradients(loss, list(inputs))
+
+
+def _dropout_rnn(recompute=None):
+    """h_t = dropout(tanh(x_t @ wx + h_{t-1} @ wh)); loss = sum(h_all^2) + sum(h_last)."""
+    x, h0, wx, wh = inputs = _rnn_inputs()
+    (h_all,), (h_last,) = rg.recurrent(lambda xs, hs: [rg.dropout(rg.tanh(xs[0] @ wx + hs[0] @ wh), P)],
+                                       [x], [h0], recompute=recompute)
+    return _rnn_loss(h_all, h_last, inputs)
+
+
+def _torch_rnn(masks):
+    x, h0, wx, wh = ins = [t(a, True) for a in (XS, H0, WX, WH)]
+    h, hs = h0, []
+    for step in range(T):
+        h = torch.tanh(x[step] @ wx + h @ wh) * t(masks[step])
+        hs.append(h)
+    loss = (torch.stack(hs) ** 2).sum() + h.sum()
+    return [loss.detach().numpy()] + [g.numpy() for g in torch.autograd.grad(loss, ins)]
+
+
+def _rnn_op(main):
+    op, = [op for op in main.global_block().ops if op.type == "RecurrentNetwork"]
+    return op
+
+
+def _saved_mask(op) -> str:
+    """The outer [T, ...] name of the step's dropout mask, stored for the backward."""
+    mask = dropout_mask_name(op.attrs["step"])
+    return op.outputs[2 * len(op.attrs["states"]) + op.attrs["saved"].index(mask)]
+
+
+def _run_rnn(builder, fetch_masks=False):
+    """Build with ``builder``, run (startup is run 1, this is run 2 of a fresh executor)."""
+    main, startup, outs = build(builder)
+    extra = [_saved_mask(_rnn_op(main))] if fetch_masks else []
+    return main, executor(startup).run(main, feed=RNN_FEED, fetch_list=list(outs) + extra)
+
+
+def test_recurrent_step_draws_a_mask_per_time_step_and_gradients_match_torch():
+    main, (*ours, masks) = _run_rnn(_dropout_rnn, fetch_masks=True)
+    assert masks.shape == (T, N, H)
+    check_masks(masks, T)
+    grad_op, = [op for op in main.global_block().ops if op.type == "RecurrentNetworkGrad"]
+    assert grad_op.attrs["rng_id"] == _rnn_op(main).attrs["rng_id"]
+    for a, b in zip(ours, _torch_rnn(masks)):
+        close(a, b)
+
+
+@pytest.mark.parametrize("recompute", ["steps", 2000])
+def test_recurrent_recompute_replays_each_steps_mask(recompute):
+    """recompute="steps" recomputes the dropout of step t in the backward (its mask is not stored);
+    a byte budget re-runs whole steps from checkpoints. Either way step t draws in stream
+    (rng_id, t) again, so the gradients are the store-all program's (built and run alike)."""
+    _, (*stored, masks) = _run_rnn(_dropout_rnn, fetch_masks=True)
+    main, ours = _run_rnn(lambda: _dropout_rnn(recompute=recompute))
+    op = _rnn_op(main)
+    if recompute == "steps":
+        assert dropout_mask_name(op.attrs["step"]) not in op.attrs["saved"]
+    else:
+        assert any(o.type == "RecurrentNetworkBudgetGrad" for o in main.global_block().ops)
+    for a, b in zip(ours, stored):
+        close(a, b)
+    for a, b in zip(ours, _torch_rnn(masks)):
+        close(a, b)
+
+
+def _dropout_recurrent_net(recompute_mask: bool):
+    """The same network through the Caffe2-style recurrent_net, recomputing the mask on request."""
+    x, h0, wx, wh = inputs = _rnn_inputs()
+    main = x.block.program
+    cell = main.create_block(main.global_block())
+    with rg.block_guard(cell):
+        x_t = cell.create_var("x_t", [N, D], F64)
+        h_prev = cell.create_var("h_prev", [N, H], F64)
+        h = rg.dropout(rg.tanh(x_t @ wx + h_prev @ wh), P)
+    recompute = [dropout_mask_name(cell), h.name] if recompute_mask else None
+    h_all, h_last = rg.recurrent_net(cell, inputs=[(x_t, x)], initial_cell_inputs=[(h_prev, h0)],
+                                     links={h_prev: h}, outputs_with_grads=(0, 1),
+                                     recompute_blobs_on_backward=recompute)
+    return _rnn_loss(h_all, h_last, inputs)
+
+
+def test_recompute_blobs_on_backward_replays_the_mask():
+    _, (*stored, masks) = _run_rnn(lambda: _dropout_recurrent_net(False), fetch_masks=True)
+    check_masks(masks, T)
+    main, ours = _run_rnn(lambda: _dropout_recurrent_net(True))
+    op = _rnn_op(main)
+    assert dropout_mask_name(op.attrs["step"]) not in op.attrs["saved"]
+    for a, b in zip(ours, _torch_rnn(masks)):
+        close(a, b)
+    for a, b in zip(ours, stored):
+        close(a, b)

@@ -129,3 +129,84 @@ def test_a_first_order_run_of_a_twice_differentiated_loop_costs_what_first_order
     (full,), full_peak = peak(exe, second, feed, [ddw])
     assert full_peak > ours
     close(full, _torch_loop(20)[3])
+
+
+# --- recurrent networks ---------------------------------------------------------------------------
+
+RN, RD, RH = 4, 3, 64
+RWX = RNG.standard_normal((RD, RH)) * 0.3
+RWH = RNG.standard_normal((RH, RH)) * 0.1
+RX_ROW = RNG.standard_normal((1, RN, RD))
+RH0 = RNG.standard_normal((RN, RH)) * 0.1
+
+
+def _tanh_rnn(grad: bool):
+    """h_t = tanh(x_t @ wx + h_{t-1} @ wh); loss = mean(h_T^2) (the last state only)."""
+    def fn():
+        x = rg.data("x", [-1, RN, RD], dtype=F64, stop_gradient=False)
+        h0 = rg.data("h0", [RN, RH], dtype=F64)
+        wx = rg.create_parameter("wx", [RD, RH], dtype=F64, init=RWX)
+        wh = rg.create_parameter("wh", [RH, RH], dtype=F64, init=RWH)
+        _, (h_last,) = rg.recurrent(lambda xs, hs: [rg.tanh(xs[0] @ wx + hs[0] @ wh)], [x], [h0])
+        loss = rg.mean(h_last * h_last)
+        return loss, (rg.gradients(loss, [x, wx, wh]) if grad else [])
+    return build(fn)
+
+
+def _rnn_feed(steps):
+    # A zero-stride view: the fed sequence costs the same for any T, so the peak shows what the op keeps.
+    return {"x": np.broadcast_to(RX_ROW, (steps, RN, RD)), "h0": RH0}
+
+
+def test_recurrent_with_a_gradient_run_for_inference_keeps_nothing_per_step():
+    plain, plain_exe, (plain_loss, _) = _tanh_rnn(grad=False)
+    main, exe, (loss, grads) = _tanh_rnn(grad=True)
+    peaks = {}
+    for steps in (10, 1000):
+        (ref,), ref_peak = peak(plain_exe, plain, _rnn_feed(steps), [plain_loss])
+        (ours,), peaks[steps] = peak(exe, main, _rnn_feed(steps), [loss])
+        assert ours == ref and peaks[steps] == ref_peak
+    assert peaks[10] == peaks[1000]
+    # The parameters and a few [N, H] values (two state rows, h0, matmuls, their sum):
+    assert peaks[10] < RWX.nbytes + RWH.nbytes + 8 * RH0.nbytes
+    # Training in the same executor: gradients against torch.
+    feed = {"x": np.ascontiguousarray(_rnn_feed(7)["x"]) + RNG.standard_normal((7, RN, RD)), "h0": RH0}
+    lv, dx, dwx, dwh = exe.run(main, feed=feed, fetch_list=[loss] + grads)
+    x, wx, wh = t(feed["x"], True), t(RWX, True), t(RWH, True)
+    h = t(RH0)
+    for step in range(7):
+        h = torch.tanh(x[step] @ wx + h @ wh)
+    tloss = (h * h).mean()
+    close(lv, tloss.detach().numpy())
+    for ours, theirs in zip([dx, dwx, dwh], torch.autograd.grad(tloss, [x, wx, wh])):
+        close(ours, theirs.numpy())
+
+
+@pytest.mark.parametrize("layer", ["lstm", "gru"])
+def test_a_layer_with_a_gradient_run_for_inference_costs_what_its_forward_costs(layer):
+    """The layers hoist x @ w_ih out of the loop ([T, N, 4H] either way); beyond that, the graded
+    program run for the loss holds what the forward-only program holds."""
+    def make(grad):
+        def fn():
+            x = rg.data("x", [-1, RN, RD], dtype=F64)
+            outs = getattr(rg.layers, layer)(x, 16, name="rnn")
+            loss = rg.mean(outs[1] * outs[1])
+            if grad:
+                rg.append_backward(loss)
+            return loss
+        main, startup = rg.Program(), rg.Program()
+        with rg.program_guard(main, startup):
+            loss = fn()
+        return main, startup, loss
+
+    feed = {"x": RNG.standard_normal((200, RN, RD))}
+    (plain, plain_startup, plain_loss), (main, startup, loss) = make(False), make(True)
+    results = []
+    for program, start, var in ((plain, plain_startup, plain_loss), (main, startup, loss)):
+        exe = rg.Executor()
+        exe.run(start)
+        results.append(peak(exe, program, feed, [var]))
+    (ref,), ref_peak = results[0]
+    (ours,), our_peak = results[1]
+    assert ours == ref
+    assert our_peak == ref_peak
