@@ -43,6 +43,7 @@ from ..ops.recurrent import StepRunner as BlockRunner
 from ..ops.recurrent import (RnnLayout, _Held, check_state_shape, fresh_name, step_mask, time_steps,
                              timestep_value)
 from ..ops.recurrent_grad import _add, _Collector, _per_state, build_backward_step
+from ..ops import streams
 from ..ops.registry import GradCtx, append_op, defop
 from .schedules import Plan, StepRunner, budget_plan, make_plan, minimum_budget, run_backward
 
@@ -101,7 +102,8 @@ class _Steps:
     def run_step(self, t: int, state: list, extra: list[str] = ()) -> tuple[list, list]:
         """Step ``t`` from ``state``: (next state, values of ``extra``)."""
         bound = list(self.bindings) + list(self.inputs_t) + list(self.states) + ([self.timestep] if self.timestep else [])
-        values = self.runner(self.step, bound, list(self.state_outs) + list(extra))(self.bind(t, state))
+        values = self.runner(self.step, bound, list(self.state_outs) + list(extra))(
+            self.bind(t, state), streams.stream(self.k.attrs, t))   # forward step t's random stream
         n = len(state)
         new = []
         for i, (value, prev) in enumerate(zip(values[:n], state)):
@@ -274,6 +276,7 @@ def grad_maker(g: GradCtx) -> list[Var | None]:
         "dnext": bstep.dnext, "fetch_seq": bstep.fetch_seq, "fetch_state": bstep.fetch_state,
         "fetch_outer": bstep.fetch_outer, "batched": bstep.batched, "grad_of": grad_of,
     }
+    streams.copy_stream(attrs, grad_attrs)   # re-run steps draw the forward's random numbers
     outs = append_op("RecurrentNetworkBudgetGrad", inputs, grad_attrs, name="rnn_grad")
     grads: list[Var | None] = list(none)
     for position, out in zip(grad_of, outs):
@@ -483,7 +486,7 @@ class _Backward(StepRunner):
         timestep = attrs.get("timestep")
         if timestep:
             b[timestep] = timestep_value(xp, self.block, timestep, t)
-        values = self.steps.runner(self.block, list(b), self.fetch)(b)
+        values = self.steps.runner(self.block, list(b), self.fetch)(b, streams.stream(attrs, t))
         for i, name in enumerate(self.fetch_seq):
             if name:
                 self.dseq[i][t, ...] = values[self.index[name]]
