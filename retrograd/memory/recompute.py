@@ -24,9 +24,10 @@ with checkpoint ``h1``::
                                           d = Mul(d_h2, 1 - h2.rc*h2.rc)
 
 Random ops replay exactly: a copy keeps the op's attributes (its seed), and
-random kernels draw from (seed, run id), so it draws the forward's numbers.
-An op with sub-blocks (cond, while_loop, recurrent) is copied like any other:
-its sub-blocks are functions of what the op reads.
+random kernels draw from (seed, run id, loop iterations), so it draws the
+forward's numbers. An op with sub-blocks (cond, while_loop, recurrent) is
+copied like any other: its sub-blocks are functions of what the op reads, and
+a loop's copy keeps its ``rng_id``, so each iteration replays its draws.
 """
 from __future__ import annotations
 
