@@ -367,3 +367,17 @@ def test_recompute_blobs_on_backward_replays_the_mask():
         close(a, b)
     for a, b in zip(ours, stored):
         close(a, b)
+
+
+def test_loop_keys_survive_json_and_show_in_the_printed_program():
+    main, startup, outs = build(_dropout_loop)
+    op, = loops(main.global_block())
+    assert f"rng_id={op.attrs['rng_id']}" in str(main)
+    again = rg.Program.from_json(main.to_json())
+    names = [v.name for v in outs] + [kept_stack(op, dropout_mask_name(op.attrs["body"]))]
+    feed = {"x": X0, "n": np.array(5)}
+    first = executor(startup).run(main, feed=feed, fetch_list=names)
+    second = executor(startup).run(again, feed=feed, fetch_list=names)
+    check_masks(first[-1], 5)
+    for a, b in zip(first, second):
+        np.testing.assert_array_equal(a, b)
