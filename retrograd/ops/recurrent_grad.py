@@ -134,7 +134,7 @@ def build_backward_step(op: Op, wanted: list[bool], parent: Block | None = None)
         fetch_state=[grad_name(n) for n in names.states],
         fetch_outer=[grad_name(n, w) for n, w in zip(names.outers, wanted_outer)])
     batched_a = _batch_over_time(bstep, names)
-    _insert_recompute(bstep, names, op.attrs.get("recompute"), batched_a)
+    _insert_recompute(bstep, names, recomputable(op.attrs.get("recompute"), names), batched_a)
     _choose_saved(bstep, names)
     _drop_unused_vars(block, set(dnext))
     if parent is not None:
@@ -255,13 +255,19 @@ def _value_reads(block: Block) -> dict[str, bool]:
     return reads
 
 
-def _insert_recompute(bstep: BackwardStep, names: _StepNames, policy, batched_a: set[str]) -> None:
-    """Put copies of the forward ops producing recomputed step values at the start of the block.
+def recomputable(policy, names: _StepNames) -> set[str]:
+    """The policy: which step values the backward recomputes rather than reads stored.
 
-    Values made from nothing (constants, fills) are always recomputed: storing T copies is waste.
+    ``"steps"``: every intermediate; a list: those named (``recompute_blobs_on_backward``);
+    None: none. Values made from nothing (constants, fills) always are: storing T copies is waste.
     """
     allowed = set(names.intermediates) if policy == "steps" else set(policy or ())
-    allowed |= {n for op in names.step.ops if not op.inputs for n in op.outputs}
+    return allowed | {n for op in names.step.ops if not op.inputs for n in op.outputs}
+
+
+def _insert_recompute(bstep: BackwardStep, names: _StepNames, allowed: set[str], batched_a: set[str]) -> None:
+    """The mechanism: copies of the forward ops producing the ``allowed`` values the backward
+    needs go at the start of the block (ops with sub-blocks are never copied)."""
     reads = _value_reads(bstep.block)
     need = {n for n, full in reads.items() if full and n in names.intermediates} | batched_a
     clones = []
