@@ -3,7 +3,9 @@
 Both train the default character-level model of ``retrograd train`` (embedding
 64 -> 1-layer LSTM 128 -> softmax over 96 characters; batch 32 x 64
 characters; Adam lr 3e-3 with global-norm clipping at 5) on the same batches,
-in float32 on the CPU. Reported: characters per second (batch x seq-len x
+in float32 on the CPU, with the same number of threads (``--threads``, default 1:
+multithreaded BLAS on small per-step GEMMs collapses when other processes
+compete for the cores, for NumPy and PyTorch alike). Reported: characters per second (batch x seq-len x
 steps / wall time, after warm-up steps), and their ratio. With ``--write``
 the "Training" section of ``benchmarks/RESULTS.md`` is replaced by the new
 table (other sections are left as they are).
@@ -21,7 +23,24 @@ import sys
 import time
 from pathlib import Path
 
-import numpy as np
+
+def _threads_option(argv: list[str]) -> str:
+    """``--threads N`` read before NumPy loads: BLAS fixes its thread count at import."""
+    for i, arg in enumerate(argv):
+        if arg == "--threads" and i + 1 < len(argv):
+            return argv[i + 1]
+        if arg.startswith("--threads="):
+            return arg.split("=", 1)[1]
+    return "1"
+
+
+THREAD_VARS = ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS")
+USER_ENV = dict(os.environ)          # the end-to-end timing runs with the user's own settings
+THREADS = _threads_option(sys.argv[1:])
+for _var in THREAD_VARS:
+    os.environ[_var] = THREADS
+
+import numpy as np  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
@@ -49,6 +68,7 @@ def retrograd_stepper(args, corpus):
 def torch_stepper(args, corpus):
     """The same model, optimizer and clipping in PyTorch (torch.nn.LSTM / GRU on the CPU)."""
     import torch
+    torch.set_num_threads(int(THREADS))
     torch.manual_seed(0)
     vocab = len(train.VOCAB)
     rnn_class = {"lstm": torch.nn.LSTM, "gru": torch.nn.GRU}[args.model]
@@ -104,8 +124,9 @@ def machine() -> str:
     import torch
     load = ", ".join(f"{x:.1f}" for x in os.getloadavg()) if hasattr(os, "getloadavg") else "?"
     return (f"{cpu}, {os.cpu_count()} cores (load average {load} at the end of the run); "
+            f"{THREADS} BLAS/PyTorch thread(s) per framework; "
             f"Python {platform.python_version()}, NumPy {np.__version__}, "
-            f"PyTorch {torch.__version__} ({torch.get_num_threads()} threads)")
+            f"PyTorch {torch.__version__}")
 
 
 def time_cli() -> str:
@@ -115,12 +136,13 @@ def time_cli() -> str:
     with tempfile.TemporaryDirectory() as tmp:
         started = time.perf_counter()
         done = subprocess.run([sys.executable, "-m", "retrograd", "train"], cwd=tmp,
-                              capture_output=True, text=True, env={**os.environ, "PYTHONPATH": str(ROOT)})
+                              capture_output=True, text=True, env={**USER_ENV, "PYTHONPATH": str(ROOT)})
         seconds = time.perf_counter() - started
     if done.returncode != 0:
         raise SystemExit(f"retrograd train failed: {done.stderr.strip()}")
     summary = [line for line in done.stdout.splitlines() if line.startswith("loss ")]
-    return (f"The default `retrograd train` (no options) took {seconds:.0f} s end to end here"
+    return (f"The default `retrograd train` (no options, default threads) took {seconds:.0f} s end to end "
+            "here"
             + (f"; {summary[-1]}" if summary else "") + ".\n\n")
 
 
@@ -148,6 +170,9 @@ def main() -> int:
     parser.add_argument("--rounds", type=int, default=6, help="alternating timed rounds")
     parser.add_argument("--round", type=int, default=10, help="steps per round")
     parser.add_argument("--warmup", type=int, default=3)
+    parser.add_argument("--threads", type=int, default=1,
+                        help="BLAS / PyTorch threads for both frameworks (default: 1, which keeps "
+                             "the comparison steady on a machine shared with other work)")
     parser.add_argument("--time-cli", action="store_true",
                         help="also time the default `retrograd train` end to end")
     parser.add_argument("--write", action="store_true", help="update benchmarks/RESULTS.md")

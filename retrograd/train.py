@@ -316,7 +316,7 @@ def add_train_arguments(parser: argparse.ArgumentParser) -> None:
     add("--embed", type=pos_int, default=64, help="character embedding size (default: 64)")
     add("--seq-len", type=pos_int, default=64, help="characters per training window (default: 64)")
     add("--batch", type=pos_int, default=32, help="windows per step (default: 32)")
-    add("--steps", type=pos_int, default=400, help="training steps to run (default: 400)")
+    add("--steps", type=pos_int, default=600, help="training steps to run (default: 600)")
     add("--lr", type=pos_float, default=3e-3, help="learning rate (default: 0.003)")
     add("--optimizer", choices=("adam", "momentum", "sgd"), default="adam",
         help="optimizer (default: adam; momentum uses 0.9)")
