@@ -35,7 +35,7 @@ from ..ir.dtypes import is_float
 from ..ir.program import Block, Program, Var
 from . import streams
 from .creation import assign
-from .registry import append_op, defop
+from .registry import append_op, defop, infer_specs
 
 
 # --- The op's input layout ------------------------------------------------------------------
@@ -392,9 +392,7 @@ def build_recurrent_op(step: Block, sequences: list[tuple[Var, Var]], states: li
     }
     attrs.update(streams.stream_attrs(step))   # rng_id: step t runs in random stream (rng_id, t)
     program = parent.program
-    specs_block = parent
-    from .registry import infer_specs
-    specs = infer_specs("RecurrentNetwork", inputs, attrs, specs_block)
+    specs = infer_specs("RecurrentNetwork", inputs, attrs, parent)   # named outputs, so typed here
     outputs = [parent.create_var(fresh_name(program, name), shape, dtype)
                for name, (shape, dtype) in zip(output_names, specs)]
     return append_op("RecurrentNetwork", inputs, attrs, outputs=outputs, block=parent)
