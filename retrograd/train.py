@@ -294,6 +294,32 @@ def _non_negative(text: str) -> float:
     return value
 
 
+def set_blas_threads(n: int) -> bool:
+    """Ask NumPy's OpenBLAS to use ``n`` threads; False when that BLAS cannot be found.
+
+    The per-time-step GEMMs of a recurrent network are small (batch x hidden);
+    OpenBLAS's threads gain little on them and, when other processes compete
+    for the cores, make each one 10x slower. NumPy offers no call for this,
+    so the library's own ``*_set_num_threads`` is called through ctypes.
+    """
+    import ctypes
+    import glob
+    import os
+    libs_dir = os.path.join(os.path.dirname(np.__file__), os.pardir, "numpy.libs")
+    for path in sorted(glob.glob(os.path.join(libs_dir, "*openblas*"))):
+        try:
+            lib = ctypes.CDLL(path)
+        except OSError:
+            continue
+        for symbol in ("scipy_openblas_set_num_threads64_", "scipy_openblas_set_num_threads",
+                       "openblas_set_num_threads64_", "openblas_set_num_threads"):
+            setter = getattr(lib, symbol, None)
+            if setter is not None:
+                setter(int(n))
+                return True
+    return False
+
+
 def _non_negative_int(text: str) -> int:
     if not text.strip().isdigit():
         raise argparse.ArgumentTypeError(f"must be an integer >= 0, got {text}")
@@ -329,6 +355,9 @@ def add_train_arguments(parser: argparse.ArgumentParser) -> None:
         help="where to write the parameters (default: retrograd-<model>.npz)")
     add("--resume", metavar="PATH", default=None,
         help="start from parameters and optimizer state saved by an earlier run with the same model options")
+    add("--threads", type=pos_int, default=1,
+        help="BLAS threads (default: 1; more help only with a large --hidden or --batch, and "
+             "slow everything down when other programs share the cores)")
     add("--seed", type=int, default=0, help="seed for initialisation, batches and sampling (default: 0)")
     add("--sample-len", type=_non_negative_int, default=300, help="characters to generate at the end (default: 300)")
     add("--temperature", type=pos_float, default=0.8, help="sampling temperature (default: 0.8)")
@@ -347,6 +376,7 @@ def run_train(args: argparse.Namespace) -> int:
         raise TrainError(f"cannot save to {save_path}: directory {save_path.parent} does not exist")
     if args.resume:
         read_params(args.resume)                # a missing or corrupt file fails before any work
+    set_blas_threads(args.threads)
     corpus, files = load_corpus()
     training = build_training(cfg, args.seq_len, args.optimizer, args.lr, args.clip_norm or None,
                               args.seed)
