@@ -141,8 +141,7 @@ def time_cli() -> str:
     if done.returncode != 0:
         raise SystemExit(f"retrograd train failed: {done.stderr.strip()}")
     summary = [line for line in done.stdout.splitlines() if line.startswith("loss ")]
-    return (f"The default `retrograd train` (no options, default threads) took {seconds:.0f} s end to end "
-            "here"
+    return (f"The default `retrograd train` (no options) took {seconds:.0f} s end to end here"
             + (f"; {summary[-1]}" if summary else "") + ".\n\n")
 
 
@@ -199,7 +198,9 @@ def main() -> int:
         f"Characters per second training the default `retrograd train` model ({size}), "
         f"both frameworks in one process on the same batches: {args.warmup} warm-up steps each, "
         f"then {args.rounds} alternating rounds of {args.round} steps; the median round counts. "
-        f"Losses differ only by initialisation ({steps} steps each).\n\n"
+        f"Losses differ only by initialisation ({steps} steps each). Alternating rounds expose "
+        "both to the same background load; on a shared machine (see the load average) repeated "
+        "runs still vary by about +-25%.\n\n"
         f"{table}\n"
         f"**retrograd / PyTorch = {ratio:.2f}** (retrograd peak memory per step: "
         f"{peak / 2**20:.1f} MB).\n\n"
