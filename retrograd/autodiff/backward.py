@@ -355,6 +355,7 @@ def gradients(targets, inputs, target_gradients=None, no_grad_set=None) -> list[
     fwd_ops = list(block.ops)
     target_grads = _combine_seeds(targets, seeds, block)
     result = build_backward(fwd_ops, block, block, target_grads, wrt, no_grad)
+    _bind_shape_stand_ins(block, len(fwd_ops))
     return [result.grads[n] for n in wrt]
 
 
@@ -403,10 +404,19 @@ def append_backward(loss: Var, parameter_list=None, no_grad_set=None, callbacks=
     seed = _seed(loss, None)
     result = build_backward(fwd_ops, block, block, {loss.name: seed}, [p.name for p in params],
                             no_grad, callbacks)
+    n_forward = len(fwd_ops) + _bind_shape_stand_ins(block, len(fwd_ops))
     if checkpoints is not None:  # memory/recompute.py: recompute segments instead of storing them
         from ..memory.recompute import recompute_backward
-        recompute_backward(block, len(fwd_ops), loss, checkpoints)
+        recompute_backward(block, n_forward, loss, checkpoints)
     return [(p, result.grads[p.name]) for p in params if result.grads.get(p.name) is not None]
+
+
+def _bind_shape_stand_ins(block: Block, n_forward: int) -> int:
+    """memory/shape_reads.py: gradient ops reading a forward value only for its shape read a
+    one-element stand-in, so the value dies at its last real use. Returns the ops inserted
+    into the forward part (before ``block.ops[n_forward]``)."""
+    from ..memory.shape_reads import bind_shape_stand_ins
+    return bind_shape_stand_ins(block, n_forward)
 
 
 def _parameters(block: Block, parameter_list) -> list[Var]:

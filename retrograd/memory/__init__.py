@@ -11,8 +11,9 @@ from . import rnn_budget, while_budget  # noqa: F401  (register the budgeted loo
 from .auto import auto_checkpoints
 from .recompute import RecomputePlan, Segment, plan_recompute, recompute_backward
 from .report import MemoryReport, ValueInfo, report
+from .shape_reads import bind_shape_stand_ins
 from .schedules import Plan, budget_plan, make_plan, revolve_cost, sqrt_plan
 
 __all__ = ["MemoryReport", "Plan", "RecomputePlan", "Segment", "ValueInfo", "auto_checkpoints",
-           "budget_plan", "make_plan", "plan_recompute", "recompute_backward", "report", "revolve_cost",
-           "schedules", "sqrt_plan"]
+           "bind_shape_stand_ins", "budget_plan", "make_plan", "plan_recompute", "recompute_backward",
+           "report", "revolve_cost", "schedules", "sqrt_plan"]

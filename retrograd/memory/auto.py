@@ -25,10 +25,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Mapping, Sequence
 
+import numpy as np
+
 from ..errors import ProgramError
 from ..ir.analysis import op_reads
 from ..ir.program import Var
 from .lifetimes import ForwardValues, ancestors
+from .shape_reads import stand_in_names
 from .sizes import estimated_bytes, resolve_shapes, value_bytes
 
 _MAX_CUTS = 400   # the dynamic program is quadratic in cuts; longer chains are thinned evenly
@@ -150,8 +153,12 @@ def _names(model: ChainModel, cuts: Sequence[int]) -> list[str]:
 def _sizes(info: ForwardValues, feed_shapes, exact: bool) -> dict[str, int]:
     shapes = resolve_shapes(info.block, feed_shapes)
     sizes, unknown = {}, []
+    stand_ins = stand_in_names(info.block)
     for name in info.writers:
         var = info.block.find_var(name)
+        if name in stand_ins:        # one element, whatever the shape it stands in for
+            sizes[name] = np.dtype(var.dtype).itemsize
+            continue
         size = value_bytes(var, shapes)
         if size is None:
             unknown.append(name)
@@ -206,8 +213,10 @@ def auto_checkpoints(loss: Var, budget_bytes: int, feed_shapes: Mapping | None =
     program = loss.block.program
     scratch = program.clone()
     scratch_loss = scratch.global_block().var(loss.name)
-    n_forward = len(scratch.global_block().ops)
-    append_backward(scratch_loss)
-    info = ForwardValues.of(scratch.global_block(), n_forward)
+    block = scratch.global_block()
+    last_forward = block.ops[-1]
+    append_backward(scratch_loss)      # may insert shape stand-ins into the forward (shape_reads.py)
+    n_forward = next(i for i, op in enumerate(block.ops) if op is last_forward) + 1
+    info = ForwardValues.of(block, n_forward)
     names = choose_checkpoints(info, loss.name, int(budget_bytes), feed_shapes)
     return [loss.block.var(n) for n in names]

@@ -4,10 +4,13 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Mapping, Sequence
 
+import numpy as np
+
 from ..ir.analysis import op_reads
 from ..ir.program import Program, Var
 from .lifetimes import ForwardValues, backward_start
 from .recompute import RECOMPUTE_ATTR
+from .shape_reads import stand_in_names
 from .sizes import resolve_shapes, value_bytes
 
 
@@ -19,7 +22,8 @@ class ValueInfo:
     dtype: str
     nbytes: int | None            # None while a size is unknown
     status: str                   # "checkpoint" (kept, recomputation starts from it), "kept",
-                                  # "recomputed" or "input" (fed / persistable)
+                                  # "recomputed", "input" (fed / persistable) or "shape only"
+                                  # (a one-element stand-in for a value read for its shape)
     readers: int = 0              # backward ops reading it (recompute copies included)
     recomputed_as: list[str] = field(default_factory=list)
 
@@ -28,6 +32,8 @@ class ValueInfo:
 class MemoryReport:
     """Forward values held for the backward (``kept``), recomputed in it, and fixed inputs.
 
+    Values the backward reads only for their shape are not kept: it reads a
+    one-element stand-in instead (``stand_ins``, ``memory/shape_reads.py``).
     ``kept_bytes`` sums what stays in memory from the forward until the
     backward reads it; ``recomputed_bytes`` sums what is recomputed instead;
     ``peak_recompute_bytes`` sums what the largest segment recomputes (its
@@ -40,6 +46,7 @@ class MemoryReport:
     inputs: list[ValueInfo]
     backward_start: int
     peak_recompute_bytes: int | None = 0
+    stand_ins: list[ValueInfo] = field(default_factory=list)
 
     @property
     def kept_bytes(self) -> int | None:
@@ -54,14 +61,14 @@ class MemoryReport:
         return _total(self.inputs)
 
     def value(self, name: str) -> ValueInfo | None:
-        for row in self.kept + self.recomputed + self.inputs:
+        for row in self.kept + self.recomputed + self.inputs + self.stand_ins:
             if row.name == name:
                 return row
         return None
 
     def __str__(self) -> str:
         rows = [("value", "shape", "dtype", "bytes", "status", "recomputed as")]
-        for row in self.kept + self.recomputed + self.inputs:
+        for row in self.kept + self.recomputed + self.inputs + self.stand_ins:
             shape = "[" + ", ".join("?" if d < 0 else str(d) for d in row.shape) + "]"
             rows.append((row.name, shape, row.dtype, _fmt(row.nbytes), row.status,
                          ", ".join(row.recomputed_as)))
@@ -71,7 +78,8 @@ class MemoryReport:
         lines.append("")
         lines.append(f"kept {_fmt(self.kept_bytes)} B in {len(self.kept)} values; recomputed "
                      f"{_fmt(self.recomputed_bytes)} B in {len(self.recomputed)} values (largest segment "
-                     f"{_fmt(self.peak_recompute_bytes)} B); inputs {_fmt(self.input_bytes)} B")
+                     f"{_fmt(self.peak_recompute_bytes)} B); inputs {_fmt(self.input_bytes)} B"
+                     + (f"; {len(self.stand_ins)} read for their shape only" if self.stand_ins else ""))
         return "\n".join(lines)
 
 
@@ -126,9 +134,13 @@ def report(program: Program, feed_shapes: Mapping[str, Sequence[int]] | None = N
         return ValueInfo(name, shapes.get(name, var.shape), var.dtype, value_bytes(var, shapes), status,
                          info.backward_reads.get(name, 0), recomputed_as.get(name, []))
 
-    kept, inputs = [], []
+    kept, inputs, stand_ins = [], [], []
+    shape_only = stand_in_names(block)
     for name in info.backward_reads:
-        if name in info.writers:
+        if name in shape_only:
+            stand_ins.append(row(name, "shape only"))
+            stand_ins[-1].nbytes = np.dtype(block.var(name).dtype).itemsize
+        elif name in info.writers:
             kept.append(row(name, "checkpoint" if name in feeds_recompute else "kept"))
         else:
             inputs.append(row(name, "input"))
@@ -140,4 +152,4 @@ def report(program: Program, feed_shapes: Mapping[str, Sequence[int]] | None = N
             peak = None
             break
         peak = max(peak, sum(sizes))
-    return MemoryReport(kept, recomputed, inputs, start, peak)
+    return MemoryReport(kept, recomputed, inputs, start, peak, stand_ins)

@@ -116,6 +116,34 @@ def fill_like(x: Var, value: float, dtype: str | None = None) -> Var:
     return append_op("FillLike", [x], {"value": value, "dtype": canonical(dtype) if dtype else None})[0]
 
 
+@defop("ShapeStandIn", infer=same_as_first, nondiff=(0,), shape_only=(0,), recomputable=False,
+       stand_in=True)
+def _shape_stand_in(k, x):
+    """``x``'s run-time shape and dtype at the cost of one element: a zero-stride view of a zero.
+
+    Ops that read a value only for its shape (``shape_only``) can read this
+    instead, so the value itself may be freed (``memory/shape_reads.py``).
+    Keeping it is cheaper than recomputing it (``recomputable=False``). No
+    gradient flows through it: nothing depends on the value behind a shape.
+    """
+    return k.xp.broadcast_to(k.xp.zeros((), dtype=x.dtype), tuple(x.shape))
+
+
+def shape_stand_in(x: Var) -> Var:
+    """A one-element stand-in with ``x``'s run-time shape and dtype, for ops reading ``x`` only
+    for its shape.
+
+    Example::
+
+        like = shape_stand_in(h)     # 'h.shape': h may be freed, like has h's shape at run time
+    """
+    block = current_block()
+    name = f"{x.name}.shape"
+    name = block.program.unique_name(name) if block.program.has_name(name) else name
+    out = block.create_var(name, x.shape, x.dtype, stop_gradient=True)
+    return append_op("ShapeStandIn", [x], outputs=[out], block=block)[0]
+
+
 def zeros_like(x: Var) -> Var:
     return fill_like(x, 0.0 if is_float(x.dtype) else 0)
 

@@ -16,12 +16,13 @@ GOLDEN_MLP = textwrap.dedent("""\
       add_0: float32[?, 2] = Add(matmul_0, fc.b)
       tanh_0: float32[?, 2] = Tanh(add_0)
       mul_0: float32[?, 2] = Mul(tanh_0, tanh_0)
+      mul_0.shape: float32[?, 2] = ShapeStandIn(mul_0)
       mean_0: float32[] = Mean(mul_0; axis=None, keepdims=False)
       mean_1: float32[] = Mean(tanh_0; axis=None, keepdims=False)
       add_1: float32[] = Add(mean_0, mean_1)
       add_1.grad: float32[] = FillLike(add_1; value=1.0, dtype=None)
       tanh_0.grad.part_0: float32[?, 2] = ExpandAs(add_1.grad, tanh_0; axes=[0, 1], mean_axes=[0, 1])
-      mul_0.grad: float32[?, 2] = ExpandAs(add_1.grad, mul_0; axes=[0, 1], mean_axes=[0, 1])
+      mul_0.grad: float32[?, 2] = ExpandAs(add_1.grad, mul_0.shape; axes=[0, 1], mean_axes=[0, 1])
       tanh_0.grad.part_1: float32[?, 2] = Mul(mul_0.grad, tanh_0)
       tanh_0.grad.part_2: float32[?, 2] = Mul(mul_0.grad, tanh_0)
       tanh_0.grad: float32[?, 2] = AddN(tanh_0.grad.part_0, tanh_0.grad.part_1, tanh_0.grad.part_2)
@@ -35,7 +36,9 @@ GOLDEN_MLP = textwrap.dedent("""\
 
 def test_printed_backward_of_a_small_mlp_is_golden():
     """Gradient names follow the forward ones: the seed is '<loss>.grad', a summed
-    gradient '<x>.grad' with its contributions '<x>.grad.part_N'."""
+    gradient '<x>.grad' with its contributions '<x>.grad.part_N'. A gradient reading a forward
+    value only for its shape reads a stand-in written right after it ('mul_0.shape'), so the
+    value itself can be freed after the forward's last use (memory/shape_reads.py)."""
     main, startup = rg.Program(), rg.Program()
     with rg.program_guard(main, startup):
         x = rg.data("x", [-1, 4])

@@ -18,13 +18,18 @@ def test_store_all_report_lists_the_activations_the_gradients_read(mm):
     r = rg.memory.report(main, feed_shapes={"x": (N, W)})
     assert r.recomputed == []
     # Tanh gradients read their outputs; MatMul gradients read their inputs (x, h0, h1, weights).
-    # mul_0 and mean_0 are read by the loss gradient for their shapes.
-    assert _names(r.kept) == sorted([h.name for h in hidden] + ["mul_0", "mean_0"])
+    # mul_0 (h*h) and mean_0 are read by the loss gradient for their shapes: mul_0 through a
+    # one-element stand-in, so it is not kept; mean_0 is a scalar (a stand-in would save nothing).
+    assert _names(r.kept) == sorted([h.name for h in hidden] + ["mean_0"])
     assert _names(r.inputs) == ["w1", "w2", "x"]    # dx is not needed, so w0 is not read
     for row in r.kept:
         if row.name != "mean_0":
             assert row.shape == (N, W) and row.nbytes == N * W * 8 and row.status == "kept"
-    assert r.kept_bytes == 4 * N * W * 8 + 8
+    assert r.kept_bytes == 3 * N * W * 8 + 8
+    stand_in, = r.stand_ins
+    assert (stand_in.name, stand_in.shape, stand_in.nbytes, stand_in.status) == ("mul_0.shape", (N, W), 8,
+                                                                                 "shape only")
+    assert "1 read for their shape only" in str(r)
     assert r.input_bytes == N * W * 8 + 2 * W * W * 8
     assert r.value("tanh_0").readers >= 2          # Tanh's and the next MatMul's gradients
 

@@ -23,6 +23,7 @@ from hypothesis.extra import numpy as hnp
 import retrograd as rg
 from retrograd import backend
 from retrograd.ops import math as ops_math
+from retrograd.ops.creation import shape_stand_in
 from retrograd.ops import nn as ops_nn
 from retrograd.ops import tensor as ops_tensor
 from retrograd.ops.registry import append_op
@@ -317,6 +318,12 @@ def _fill_like(g: Gen, type_: str) -> Case:
     dtype = g.pick([None, "float64", "int64"])
     return Case([(g.declare(s), g.floats(s, "float32"))], lambda x: rg.fill_like(x, 3, dtype),
                 lambda x: np.full(x.shape, 3, dtype or x.dtype))
+
+
+@case("ShapeStandIn")
+def _shape_stand_in(g: Gen, type_: str) -> Case:
+    s = g.shape()
+    return Case([(g.declare(s), g.floats(s, g.pick(FLOATS)))], shape_stand_in, np.zeros_like)
 
 
 @case("Assign")
