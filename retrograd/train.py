@@ -372,8 +372,7 @@ def run_train(args: argparse.Namespace) -> int:
     """
     cfg = ModelConfig(args.model, args.hidden, args.layers, args.embed, args.recompute)
     save_path = Path(args.save if args.save else f"retrograd-{args.model}.npz")
-    if not save_path.parent.is_dir():
-        raise TrainError(f"cannot save to {save_path}: directory {save_path.parent} does not exist")
+    _check_writable(save_path)
     if args.resume:
         read_params(args.resume)                # a missing or corrupt file fails before any work
     set_blas_threads(args.threads)
@@ -400,6 +399,18 @@ def run_train(args: argparse.Namespace) -> int:
     sample = generate(exe, cfg, "def ", args.sample_len, args.temperature, args.seed)
     out.finish(losses, save_path, sample)
     return 0
+
+
+def _check_writable(path: Path) -> None:
+    """Fail before training, not after, when the parameters could not be saved."""
+    import os
+    where = path.parent
+    if not where.is_dir():
+        raise TrainError(f"cannot save to {path}: directory {where} does not exist; pass another --save")
+    if path.is_dir():
+        raise TrainError(f"cannot save to {path}: it is a directory; pass a file name to --save")
+    if not os.access(where, os.W_OK):
+        raise TrainError(f"cannot save to {path}: directory {where} is not writable; pass another --save")
 
 
 def _train_loop(exe, training: Training, corpus: np.ndarray, args, first: int,

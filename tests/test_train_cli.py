@@ -133,9 +133,10 @@ def test_learning_rate_that_diverges_stops_without_saving(saved_small):
     _one_line_error(done, "loss became nan", "lower --lr")
 
 
-def test_save_into_a_missing_directory_fails_before_training(tmp_path):
-    done = retrograd_train(*SMALL, "--steps", "2", "--save", str(tmp_path / "no" / "x.npz"))
-    _one_line_error(done, "does not exist")
+@pytest.mark.parametrize("target, fragment", [("no/x.npz", "does not exist"), (".", "is a directory")])
+def test_unusable_save_path_fails_before_training(tmp_path, target, fragment):
+    done = retrograd_train(*SMALL, "--steps", "2", "--save", str(tmp_path / target))
+    _one_line_error(done, fragment, "--save")
     assert "step" not in done.stdout
 
 
