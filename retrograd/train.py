@@ -22,11 +22,15 @@ run, so a failed run never overwrites it.
 from __future__ import annotations
 
 import argparse
+import ctypes
+import glob
 import math
+import os
 import re
 import sys
 import sysconfig
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -302,9 +306,6 @@ def set_blas_threads(n: int) -> bool:
     for the cores, make each one 10x slower. NumPy offers no call for this,
     so the library's own ``*_set_num_threads`` is called through ctypes.
     """
-    import ctypes
-    import glob
-    import os
     libs_dir = os.path.join(os.path.dirname(np.__file__), os.pardir, "numpy.libs")
     for path in sorted(glob.glob(os.path.join(libs_dir, "*openblas*"))):
         try:
@@ -403,7 +404,6 @@ def run_train(args: argparse.Namespace) -> int:
 
 def _check_writable(path: Path) -> None:
     """Fail before training, not after, when the parameters could not be saved."""
-    import os
     where = path.parent
     if not where.is_dir():
         raise TrainError(f"cannot save to {path}: directory {where} does not exist; pass another --save")
@@ -453,7 +453,6 @@ class _Reporter:
             f"corpus: {corpus_chars:,} characters of the standard library ({', '.join(files[:4])}, ...)")
 
     def progress(self):
-        from contextlib import contextmanager
         from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
         @contextmanager
