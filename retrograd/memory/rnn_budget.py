@@ -9,9 +9,9 @@ the measured size of one step:
   its way it copies the states at the schedule's checkpoint steps into one
   ``[C, N, ...]`` tensor per state (``<state>.ckpt``) and writes the plan's
   parameters to ``<op>.schedule``. The ``(T+1) x N x ...`` states tensor is
-  built only when some op reads ``<state>_all``; otherwise ``_all`` is a
-  zero-stride NaN placeholder that costs nothing (read it in the program
-  to have it computed);
+  built only when the running plan reads or fetches ``<state>_all``
+  (``KernelCtx.live_outputs``); otherwise ``_all`` is an empty stand-in the
+  executor drops at once;
 * the **backward** (``RecurrentNetworkBudgetGrad``) carries out the plan:
   it advances from checkpoints, re-runs each segment of steps keeping what
   the backward step block reads (the same block as the store-all backward,
@@ -147,9 +147,11 @@ def forward_kernel(k, *arrays):
     seqs, inits, lengths, outers = lay.split(arrays)
     steps = time_steps(op, seqs)
     runner = _Steps(k, lay, seqs, lengths, outers, attrs["step"], attrs)
+    k_state = lay.n_state
+    # The backward reads the states tensors instead of checkpoints when every _all is read elsewhere.
     graded = bool(attrs.get("budget_outputs"))
-    materialize = list(attrs.get("budget_all") or [True] * lay.n_state)
-    from_alls = all(materialize)
+    from_alls = graded and all(attrs["budget_all"])
+    materialize = [from_alls or 2 * i in k.live_outputs for i in range(k_state)]
     held = _Held(run.meter)
     bufs = []
     for init, full in zip(inits, materialize):
@@ -186,18 +188,22 @@ def forward_kernel(k, *arrays):
     for init, buf, last in zip(inits, bufs, state):
         if buf is not None:
             outputs += [buf[1:], buf[steps]]
-        else:
-            outputs += [xp.broadcast_to(xp.asarray(np.nan, dtype=init.dtype), (steps,) + tuple(init.shape)),
-                        last if steps > 0 else xp.asarray(init, copy=True)]
+        else:   # not live: nothing reads or fetches it in this plan, and the executor drops it at once
+            outputs += [_empty(xp, init), last if steps > 0 else xp.asarray(init, copy=True)]
     if steps > 0:
         runner.release(state)
-    if graded:
-        if not ckpts:
-            ckpts = [xp.empty((0,) + tuple(v.shape), dtype=v.dtype) for v in inits]
+    if attrs.get("budget_outputs"):
+        if not ckpts:    # no checkpoints taken (none planned, or not live in this plan)
+            ckpts = [_empty(xp, v) for v in inits]
         outputs += ckpts
         outputs.append(xp.asarray([steps, plan.segment, plan.slots, int(from_alls)], dtype=xp.int64))
     held.release()
     return tuple(outputs)
+
+
+def _empty(xp, like):
+    """A [0, ...] stand-in of ``like``'s row shape and dtype for an output that is not live."""
+    return xp.empty((0,) + tuple(like.shape), dtype=like.dtype)
 
 
 # --- the gradient maker -----------------------------------------------------------------------------
@@ -260,7 +266,10 @@ def grad_maker(g: GradCtx) -> list[Var | None]:
         op.outputs.append(block.create_var(fresh_name(block.program, f"{prefix}.schedule"),
                                            (SCHEDULE_LEN,), "int64").name)
         block.program.bump()
-    alls = [block.var(n) for n in op.outputs[0:2 * k:2]]
+    # The backward reads the full states tensors only when the program reads them all anyway
+    # (the forward then keeps them and takes no checkpoints); else checkpoints and the schedule.
+    alls_given = all(attrs["budget_all"])
+    alls = [block.var(n) for n in op.outputs[0:2 * k:2]] if alls_given else []
     extra = [block.var(n) for n in op.outputs[-(k + 1):]]
     d_all, d_last = douts[0::2], douts[1::2]
     inputs = list(g.x[:lay.n_inputs]) + alls + extra
@@ -270,7 +279,7 @@ def grad_maker(g: GradCtx) -> list[Var | None]:
         "backward": bstep.block, "step": _step_seen_from(attrs["step"], g.block),
         "inputs_t": list(attrs["inputs_t"]), "states": list(attrs["states"]),
         "state_outs": list(attrs["state_outs"]), "timestep": attrs.get("timestep"),
-        "has_lengths": lay.has_lengths, "n_outer": lay.n_outer,
+        "has_lengths": lay.has_lengths, "n_outer": lay.n_outer, "alls_given": alls_given,
         "tape": list(bstep.saved), "shape_only": list(bstep.saved_shape),
         "dall_given": [d is not None for d in d_all], "dlast_given": [d is not None for d in d_last],
         "dnext": bstep.dnext, "fetch_seq": bstep.fetch_seq, "fetch_state": bstep.fetch_state,
@@ -319,6 +328,7 @@ def _check_static_budget(op: Op, bstep) -> None:
 @dataclass(frozen=True)
 class _Layout:
     fwd: RnnLayout
+    n_alls: int          # the states tensors (all states, or none: ``alls_given``)
     n_dall: int
     n_dlast: int
 
@@ -326,19 +336,20 @@ class _Layout:
     def of(attrs: dict) -> "_Layout":
         fwd = RnnLayout(len(attrs["inputs_t"]), len(attrs["states"]), bool(attrs["has_lengths"]),
                         int(attrs["n_outer"]))
-        return _Layout(fwd, sum(map(bool, attrs["dall_given"])), sum(map(bool, attrs["dlast_given"])))
+        n_alls = fwd.n_state if attrs.get("alls_given", True) else 0
+        return _Layout(fwd, n_alls, sum(map(bool, attrs["dall_given"])), sum(map(bool, attrs["dlast_given"])))
 
     def split(self, items):
-        """(forward inputs, state alls, checkpoints, schedule, d_all given, d_last given)."""
-        n, k = self.fwd.n_inputs, self.fwd.n_state
+        """(forward inputs, state alls or [], checkpoints, schedule, d_all given, d_last given)."""
+        n, a, k = self.fwd.n_inputs, self.n_alls, self.fwd.n_state
         rest = list(items[n:])
-        return (list(items[:n]), rest[:k], rest[k:2 * k], rest[2 * k],
-                rest[2 * k + 1:2 * k + 1 + self.n_dall], rest[2 * k + 1 + self.n_dall:])
+        return (list(items[:n]), rest[:a], rest[a:a + k], rest[a + k],
+                rest[a + k + 1:a + k + 1 + self.n_dall], rest[a + k + 1 + self.n_dall:])
 
 
 def _grad_rule(ins: list[Var], attrs: dict):
     lay = _Layout.of(attrs)
-    expected = lay.fwd.n_inputs + 2 * lay.fwd.n_state + 1 + lay.n_dall + lay.n_dlast
+    expected = lay.fwd.n_inputs + lay.n_alls + lay.fwd.n_state + 1 + lay.n_dall + lay.n_dlast
     if len(ins) != expected:
         raise ShapeError(f"expects {expected} inputs from its attributes, got {len(ins)}")
     return [(ins[i].shape, ins[i].dtype) for i in attrs["grad_of"]]
@@ -357,6 +368,10 @@ def _budget_grad_kernel(k, *arrays):
     total, segment, slots, from_alls = (int(v) for v in np.asarray(schedule).reshape(-1))
     if total != steps:
         raise ExecutionError(f"{op.where()}: the forward planned {total} steps, the sequences have {steps}")
+    if from_alls and (len(alls) != lay.fwd.n_state or any(int(a.shape[0]) != steps for a in alls)):
+        raise ExecutionError(f"{op.where()}: the forward kept its states tensors for this backward, but it "
+                             f"received {[list(a.shape) for a in alls]} for {steps} steps (a stand-in "
+                             "of an output the forward's plan did not keep)")
     plan = make_plan(steps, max(segment, 1), slots)
     checkpoints = {0: list(inits)}
     for j, t in enumerate(plan.sweep_stores):
