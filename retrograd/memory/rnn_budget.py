@@ -11,7 +11,9 @@ the measured size of one step:
   parameters to ``<op>.schedule``. The ``(T+1) x N x ...`` states tensor is
   built only when the running plan reads or fetches ``<state>_all``
   (``KernelCtx.live_outputs``); otherwise ``_all`` is an empty stand-in the
-  executor drops at once;
+  executor drops at once. A run that does not need the gradient (the plan
+  reads neither checkpoints nor schedule, e.g. one fetching only the loss)
+  keeps no checkpoints either: it holds what the forward alone holds;
 * the **backward** (``RecurrentNetworkBudgetGrad``) carries out the plan:
   it advances from checkpoints, re-runs each segment of steps keeping what
   the backward step block reads (the same block as the store-all backward,
@@ -148,8 +150,11 @@ def forward_kernel(k, *arrays):
     steps = time_steps(op, seqs)
     runner = _Steps(k, lay, seqs, lengths, outers, attrs["step"], attrs)
     k_state = lay.n_state
-    # The backward reads the states tensors instead of checkpoints when every _all is read elsewhere.
-    graded = bool(attrs.get("budget_outputs"))
+    # Checkpoints only when this plan runs the backward (it reads them and the schedule); the
+    # backward reads the states tensors instead when every _all is read elsewhere anyway.
+    n_out = len(op.outputs)       # ..., <state>.ckpt per state, <op>.schedule: the last k + 1
+    graded = bool(attrs.get("budget_outputs")) and any(
+        n_out - 1 - j in k.live_outputs for j in range(k_state + 1))
     from_alls = graded and all(attrs["budget_all"])
     materialize = [from_alls or 2 * i in k.live_outputs for i in range(k_state)]
     held = _Held(run.meter)

@@ -13,7 +13,9 @@ run the Scan's body over them in reverse. Its gradients are the Scan's: the
 same block run on the same values in the same order.
 
 The kept-values outputs of the While become zero-stride stand-ins; they and
-the checkpoints cost nothing beyond the budget. Double backward through a
+the checkpoints cost nothing beyond the budget. A run whose plan does not
+read the checkpoints (no backward in it: ``KernelCtx.live_outputs``) takes
+none, so it holds what the forward alone holds, whatever the trip count. Double backward through a
 budgeted loop is not supported (ProgramError).
 """
 from __future__ import annotations
@@ -51,7 +53,10 @@ def forward_kernel(k, *arrays, truth, check_stable):
     carries, consts = list(arrays[:n]), dict(zip(op.inputs[n:], arrays[n:]))
     ys = list(attrs["ys"])
     full = list(attrs.get("ys_full") or [True] * len(ys))
-    graded = bool(attrs.get("budget_outputs"))
+    # Checkpoints only when this plan runs the backward: it reads the checkpoints and the schedule
+    # (the last n + 1 outputs). A run fetching only the loss keeps nothing per iteration.
+    graded = bool(attrs.get("budget_outputs")) and any(
+        len(op.outputs) - 1 - j in k.live_outputs for j in range(n + 1))
     budget = int(attrs["recompute"])
     fetch = list(attrs["body_outs"]) + (ys if graded else [])
     max_iters = attrs.get("max_iters")
@@ -98,7 +103,7 @@ def forward_kernel(k, *arrays, truth, check_stable):
         var = attrs["body"].var(name)
         shape = shape if shape is not None else tuple(max(d, 0) for d in var.shape)
         outputs.append(xp.broadcast_to(xp.zeros((), dtype=getattr(xp, var.dtype)), (iters,) + tuple(shape)))
-    if graded:
+    if attrs.get("budget_outputs"):
         for j, init in enumerate(arrays[:n]):
             stack = xp.empty((len(kept),) + tuple(init.shape), dtype=init.dtype)
             for i, (_, values) in enumerate(kept):

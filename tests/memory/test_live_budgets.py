@@ -1,6 +1,10 @@
-"""Budgeted recurrent networks follow the running plan (``KernelCtx.live_outputs``): a
-``<state>_all`` that the plan fetches is computed (it used to be a NaN placeholder when no op
-read it), and one nobody fetches or reads is not materialised."""
+"""Budgeted recurrent networks and while loops follow the running plan (``KernelCtx.live_outputs``):
+
+* a ``<state>_all`` that the plan fetches is computed (it used to be a NaN placeholder when no op
+  read it), and one nobody fetches or reads is not materialised;
+* a run that does not need the gradient (fetching only the loss of a program with a backward)
+  keeps no checkpoints: its peak is the forward's, whatever the length of the sequence or loop.
+"""
 from __future__ import annotations
 
 import numpy as np
@@ -150,3 +154,79 @@ def test_a_schedule_promising_states_the_backward_did_not_receive_is_an_error_no
     main.bump()
     with pytest.raises(rg.ExecutionError, match="states tensors"):
         exe.run(main, feed=_rnn_feed(10), fetch_list=[loss] + grads)
+
+
+def test_budgeted_recurrent_run_for_inference_keeps_no_checkpoints():
+    plain, plain_exe, (plain_loss, _, _) = _tanh_rnn(grad=False)
+    main, exe, (loss, grads, _) = _tanh_rnn(grad=True)
+    peaks = {}
+    for steps in (10, 600):
+        (ref,), ref_peak = run(plain_exe, plain, _rnn_feed(steps), [plain_loss])
+        (ours,), peaks[steps] = run(exe, main, _rnn_feed(steps), [loss])
+        assert ours == ref and peaks[steps] == ref_peak
+    assert peaks[10] == peaks[600]
+    # Training in the same executor: checkpoints are kept (more memory), gradients as before.
+    xv = np.ascontiguousarray(_rnn_feed(100)["x"]) + RNG.standard_normal((100, RN, RD))
+    (lv, *gs), train_peak = run(exe, main, _rnn_feed(100, xv), [loss] + grads)
+    assert train_peak > peaks[600] + 2 * RN * RH * 8
+    store, store_exe, (store_loss, store_grads, _) = _tanh_rnn(grad=True, recompute=None)
+    (sl, *sgs), _ = run(store_exe, store, _rnn_feed(100, xv), [store_loss] + store_grads)
+    tl, tg, _ = _torch_rnn(xv)
+    assert lv == sl
+    np.testing.assert_allclose(lv, tl, rtol=1e-12)
+    for ours, stored, ref in zip(gs, sgs, tg):
+        np.testing.assert_allclose(ours, stored, rtol=1e-11, atol=1e-16)
+        np.testing.assert_allclose(ours, ref, rtol=1e-9, atol=1e-14)
+
+
+# --- a budgeted while_loop ------------------------------------------------------------------------------
+
+X0 = RNG.standard_normal((8, 32)) * 0.5
+W0 = RNG.standard_normal((32, 32)) * 0.2
+LOOP_BUDGET = 20 * X0.nbytes
+
+
+def _loop(grad: bool, recompute=LOOP_BUDGET):
+    def fn():
+        x = rg.data("x", [8, 32], dtype=F64, stop_gradient=False)
+        n = rg.data("n", [], dtype="int64")
+        w = rg.create_parameter("w", [32, 32], dtype=F64, init=W0)
+        _, h = rg.while_loop(lambda i, h: i < n, lambda i, h: (i + 1, h + 0.1 * rg.tanh(h @ w)),
+                             [rg.constant(0), x], recompute=recompute)
+        loss = rg.mean(h * h)
+        return loss, (rg.gradients(loss, [x, w]) if grad else [])
+    return build(fn)
+
+
+def _torch_loop(n):
+    x, w = torch.tensor(X0, requires_grad=True), torch.tensor(W0, requires_grad=True)
+    h = x
+    for _ in range(n):
+        h = h + 0.1 * torch.tanh(h @ w)
+    loss = (h * h).mean()
+    return loss.item(), [g.numpy() for g in torch.autograd.grad(loss, [x, w])]
+
+
+def test_budgeted_while_run_for_inference_keeps_no_checkpoints():
+    plain, plain_exe, (plain_loss, _) = _loop(grad=False)
+    main, exe, (loss, grads) = _loop(grad=True)
+    peaks = {}
+    for n in (10, 1000):
+        feed = {"x": X0, "n": np.array(n)}
+        (ref,), ref_peak = run(plain_exe, plain, feed, [plain_loss])
+        (ours,), peaks[n] = run(exe, main, feed, [loss])
+        assert ours == ref and peaks[n] == ref_peak
+    assert peaks[10] == peaks[1000]
+    # Training in the same executor keeps checkpoints and gives store-all's gradients.
+    feed = {"x": X0, "n": np.array(60)}
+    (lv, *gs), train_peak = run(exe, main, feed, [loss] + grads)
+    assert train_peak > peaks[1000] + 4 * X0.nbytes
+    store, store_exe, (store_loss, store_grads) = _loop(grad=True, recompute=None)
+    (sl, *sgs), _ = run(store_exe, store, feed, [store_loss] + store_grads)
+    assert lv == sl
+    for ours, stored in zip(gs, sgs):
+        np.testing.assert_array_equal(ours, stored)
+    tl, tg = _torch_loop(60)
+    np.testing.assert_allclose(lv, tl, rtol=1e-12)
+    for ours, ref in zip(gs, tg):
+        np.testing.assert_allclose(ours, ref, rtol=1e-9, atol=1e-14)
