@@ -39,12 +39,11 @@ import numpy as np
 
 from ..errors import ExecutionError, ProgramError, ShapeError
 from ..ir.analysis import free_reads, op_reads
-from ..ir.dtypes import is_float
 from ..ir.program import Block, Op, Var
 from ..ops.recurrent import StepRunner as BlockRunner
 from ..ops.recurrent import (RnnLayout, _Held, check_state_shape, fresh_name, step_mask, time_steps,
                              timestep_value)
-from ..ops.recurrent_grad import _add, _Collector, _per_state, build_backward_step
+from ..ops.recurrent_grad import _add, _Collector, _per_state, build_backward_step, gradient_request
 from ..ops import streams
 from ..ops.registry import GradCtx, append_op, defop
 from .schedules import Plan, StepRunner, budget_plan, make_plan, minimum_budget, run_backward
@@ -240,19 +239,11 @@ def _static_bytes(vars_: list[Var]) -> int | None:
 def grad_maker(g: GradCtx) -> list[Var | None]:
     """The gradient of a budgeted RecurrentNetwork: one RecurrentNetworkBudgetGrad op."""
     op, attrs = g.op, g.attrs
-    lay = RnnLayout.of(attrs, len(op.inputs))
-    none = [None] * len(op.inputs)
+    request = gradient_request(g)
+    if request is None:
+        return [None] * len(op.inputs)
+    lay, douts, wanted = request
     k = lay.n_state
-    owg = attrs.get("outputs_with_grads")
-    douts = [d if owg is None or i in owg else None for i, d in enumerate(g.dout[:2 * k])]
-    wanted = [bool(w) and is_float(x.dtype) for w, x in zip(g.wanted, g.x)]
-    if lay.has_lengths:
-        wanted[lay.n_seq + lay.n_state] = False
-    if all(d is None for d in douts) or not any(wanted):
-        return none
-    if attrs.get("forward_only"):
-        raise ProgramError(f"{op.where()} was built with forward_only=True, but a gradient flows through "
-                           f"it (to '{op.outputs[0]}' ...); build it with forward_only=False")
     # The store-all backward step block: it reads the tape the budgeted backward re-creates.
     proxy = Op(op.type, op.inputs, op.outputs, {**attrs, "recompute": None})
     proxy.block = op.block
@@ -292,7 +283,7 @@ def grad_maker(g: GradCtx) -> list[Var | None]:
     }
     streams.copy_stream(attrs, grad_attrs)   # re-run steps draw the forward's random numbers
     outs = append_op("RecurrentNetworkBudgetGrad", inputs, grad_attrs, name="rnn_grad")
-    grads: list[Var | None] = list(none)
+    grads: list[Var | None] = [None] * len(op.inputs)
     for position, out in zip(grad_of, outs):
         grads[position] = out
     return grads
@@ -365,7 +356,7 @@ def _grad_rule(ins: list[Var], attrs: dict):
        outputs=("grads*",), infer=_grad_rule)
 def _budget_grad_kernel(k, *arrays):
     """Carry out the forward's checkpoint plan: advance, re-run segments with tape, run their backward."""
-    attrs, xp, op, run = k.attrs, k.xp, k.op, k.run
+    attrs, op = k.attrs, k.op
     lay = _Layout.of(attrs)
     fwd, alls, ckpts, schedule, d_all, d_last = lay.split(arrays)
     seqs, inits, lengths, outers = lay.fwd.split(fwd)

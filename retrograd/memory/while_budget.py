@@ -24,7 +24,7 @@ import numpy as np
 
 from ..errors import ExecutionError, ProgramError
 from ..ir.builder import capture_ops, emit
-from ..ir.program import Block, Op, Var
+from ..ir.program import Op, Var
 from ..ops import streams
 from ..ops.registry import GradCtx, defop
 from .rnn_budget import is_budget

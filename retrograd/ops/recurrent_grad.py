@@ -303,25 +303,39 @@ def _choose_saved(bstep: BackwardStep, names: _StepNames) -> None:
 
 # --- The gradient maker ----------------------------------------------------------------------------
 
+def gradient_request(g: GradCtx):
+    """``(layout, output grads, wanted input grads)`` for a RecurrentNetwork, or None if no gradient.
+
+    Shared by the store-all and the budgeted gradient makers: honours
+    ``outputs_with_grads``, never differentiates ``seq_lengths`` or integer
+    inputs, and refuses a gradient through a ``forward_only`` op.
+    """
+    op, attrs = g.op, g.attrs
+    lay = RnnLayout.of(attrs, len(op.inputs))
+    owg = attrs.get("outputs_with_grads")
+    douts = [d if owg is None or i in owg else None for i, d in enumerate(g.dout[:2 * lay.n_state])]
+    wanted = [bool(w) and is_float(x.dtype) for w, x in zip(g.wanted, g.x)]
+    if lay.has_lengths:
+        wanted[lay.n_seq + lay.n_state] = False
+    if all(d is None for d in douts) or not any(wanted):
+        return None
+    if attrs.get("forward_only"):
+        raise ProgramError(f"{op.where()} was built with forward_only=True, but a gradient flows through "
+                           f"it (to '{op.outputs[0]}' ...); build it with forward_only=False")
+    return lay, douts, wanted
+
+
 def rnn_grad_maker(g: GradCtx) -> list[Var | None]:
     """RecurrentNetwork's gradient: one RecurrentNetworkGrad op over a backward step block."""
     op, attrs = g.op, g.attrs
     if isinstance(attrs.get("recompute"), int) and not isinstance(attrs.get("recompute"), bool):
         from ..memory.rnn_budget import grad_maker  # recompute=<bytes>: checkpointed over time steps
         return grad_maker(g)
-    lay = RnnLayout.of(attrs, len(op.inputs))
-    none = [None] * len(op.inputs)
+    request = gradient_request(g)
+    if request is None:
+        return [None] * len(op.inputs)
+    lay, douts, wanted = request
     k = lay.n_state
-    owg = attrs.get("outputs_with_grads")
-    douts = [d if owg is None or i in owg else None for i, d in enumerate(g.dout[:2 * k])]
-    wanted = [bool(w) and is_float(x.dtype) for w, x in zip(g.wanted, g.x)]
-    if lay.has_lengths:
-        wanted[lay.n_seq + lay.n_state] = False
-    if all(d is None for d in douts) or not any(wanted):
-        return none
-    if attrs.get("forward_only"):
-        raise ProgramError(f"{op.where()} was built with forward_only=True, but a gradient flows through "
-                           f"it (to '{op.outputs[0]}' ...); build it with forward_only=False")
     bstep = build_backward_step(op, wanted, parent=g.block)
     saved_vars = _keep_saved(op, bstep)
     alls = [g.block.var(n) for n in op.outputs[0:2 * k:2]]
@@ -341,7 +355,7 @@ def rnn_grad_maker(g: GradCtx) -> list[Var | None]:
     }
     streams.copy_stream(attrs, grad_attrs)   # step t of the backward replays forward step t's draws
     outs = append_op("RecurrentNetworkGrad", inputs, grad_attrs, name="rnn_grad")
-    grads: list[Var | None] = list(none)
+    grads: list[Var | None] = [None] * len(op.inputs)
     for position, out in zip(grad_of, outs):
         grads[position] = out
     return grads
