@@ -76,6 +76,7 @@ class Var:
     def __matmul__(self, other): return OPERATORS["matmul"](self, other)
     def __rmatmul__(self, other): return OPERATORS["matmul"](other, self)
     def __pow__(self, other): return OPERATORS["pow"](self, other)
+    def __rpow__(self, other): return OPERATORS["pow"](other, self)
     def __neg__(self): return OPERATORS["neg"](self)
     def __lt__(self, other): return OPERATORS["less"](self, other)
     def __le__(self, other): return OPERATORS["less_equal"](self, other)

@@ -6,8 +6,9 @@ input's run-time shape by ``SumTo`` (see ``unbroadcast``).
 from __future__ import annotations
 
 from ..errors import ShapeError
+from ..ir.dtypes import is_float
 from ..ir.program import OPERATORS, Var
-from .creation import fill_like, scalar_like, zeros_like
+from .creation import constant, fill_like, scalar_like, zeros_like
 from .registry import append_op, defop
 from .shapes import broadcast_rule, broadcast_shapes, compare_rule, same_as_first
 
@@ -139,7 +140,13 @@ def _div_grad(g):
     return [unbroadcast(da, a, b), unbroadcast(neg(da * g.y), b, a)]
 
 
-@defop("Div", inputs=("x", "y"), infer=broadcast_rule, grad=_div_grad)
+def _div_rule(ins, attrs):
+    """True division (NumPy's): integer / integer is float64."""
+    [(shape, dtype)] = broadcast_rule(ins, attrs)
+    return [(shape, dtype if is_float(dtype) else "float64")]
+
+
+@defop("Div", inputs=("x", "y"), infer=_div_rule, grad=_div_grad)
 def _div(k, x, y):
     return x / y
 
@@ -300,6 +307,9 @@ def _where(k, cond, x, y):
 
 def where(cond: Var, x, y) -> Var:
     """``x`` where ``cond`` holds, else ``y`` (broadcasting). Example: ``rg.where(x > 0, x, 0.0)``."""
+    if not isinstance(x, Var) and not isinstance(y, Var):
+        x = constant(x)                      # both Python scalars: float32 / int64 / bool
+        y = scalar_like(y, x)
     other = x if isinstance(x, Var) else y
     x = scalar_like(x, other)
     y = scalar_like(y, other)
