@@ -224,7 +224,16 @@ class Program:
             raise ProgramError(f"program has no block {idx} (it has {len(self.blocks)})")
         return self.blocks[idx]
 
-    def create_block(self, parent: Block) -> Block:
+    def create_block(self, parent: Block | None = None) -> Block:
+        """A new sub-block; ``parent`` defaults to the block being built (else the global block).
+
+        Example: ``cell = main.create_block()`` (a cell block for ``rg.recurrent_net``).
+        """
+        if parent is None:
+            from .builder import current_block   # builder imports this module
+            parent = current_block()
+            if parent.program is not self:
+                parent = self.global_block()
         block = Block(self, len(self.blocks), parent.idx)
         self.blocks.append(block)
         self.bump()

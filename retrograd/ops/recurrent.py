@@ -475,7 +475,7 @@ def recurrent(step_fn: Callable[[list[Var], list[Var]], Sequence[Var]], inputs, 
 
 
 def recurrent_net(cell_net: Block, inputs, initial_cell_inputs, links, timestep=None, scope=None,
-                  outputs_with_grads=(0,), recompute_blobs_on_backward=None, forward_only: bool = False,
+                  outputs_with_grads=None, recompute_blobs_on_backward=None, forward_only: bool = False,
                   seq_lengths: Var | None = None) -> list[Var]:
     """Caffe2's ``recurrent_net`` over a cell block; returns ``[out_all, out_last, ...]`` per cell input.
 
@@ -487,7 +487,9 @@ def recurrent_net(cell_net: Block, inputs, initial_cell_inputs, links, timestep=
     value becomes the next step's ``cell_in``. ``timestep`` names the cell's
     step counter (int64, bound to t). As in Caffe2, only the outputs listed
     in ``outputs_with_grads`` (positions in the returned list) receive
-    gradient; ``recompute_blobs_on_backward`` names cell values recomputed in
+    gradient; the default ``None`` means all of them (Caffe2's ``(0,)``
+    silently drops a loss on ``out_last``; pass it explicitly for that
+    behaviour). ``recompute_blobs_on_backward`` names cell values recomputed in
     the backward instead of stored. Names may be given as Vars or strings.
 
     Example::
