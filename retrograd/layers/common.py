@@ -13,7 +13,8 @@ from ..ops.rnn_cells import seq_linear
 from ..ops.tensor import gather
 
 ACTIVATIONS: dict[str | None, Callable[[Var], Var] | None] = {
-    None: None, "tanh": tanh, "sigmoid": sigmoid, "relu": relu, "softmax": softmax}
+    None: None, "tanh": tanh, "sigmoid": sigmoid, "relu": relu, "softmax": softmax,
+    "identity": None, "linear": None}
 
 
 def _layer_name(name: str | None, kind: str) -> str:

@@ -187,6 +187,12 @@ def _init_op(init, shape: list[int], dtype: str, seed: int) -> tuple[str, dict]:
     base = {"shape": shape, "dtype": dtype}
     if init is None:
         init = "xavier" if len(shape) >= 2 else "zeros"
+    if callable(init):                       # init(shape) -> array, evaluated now (nothing is pickled)
+        init = np.asarray(init(tuple(shape)))
+    if isinstance(init, np.generic) or (isinstance(init, np.ndarray) and init.ndim == 0 and shape != []):
+        init = init.item()
+    if isinstance(init, (list, tuple)) and not (init and isinstance(init[0], str)):
+        init = np.asarray(init)
     if isinstance(init, (int, float)) and not isinstance(init, bool):
         return "Fill", {**base, "value": float(init)}
     if isinstance(init, np.ndarray):
@@ -224,8 +230,9 @@ def create_parameter(name: str, shape: Sequence[int], dtype: str = "float32", in
     """A persistable, trainable Var initialised by an op in the startup program.
 
     ``init`` is None (Xavier-uniform for matrices, zeros otherwise), a number,
-    an array, ``"zeros"``, ``"ones"``, ``"xavier"``, ``("uniform", lo, hi)`` or
-    ``("normal", mean, std)``. Seeds come from the program's ``random_seed``
+    an array (or nested list), ``"zeros"``, ``"ones"``, ``"xavier"``,
+    ``("uniform", lo, hi)``, ``("normal", mean, std)``, or a callable
+    ``init(shape) -> array`` evaluated once, when the program is built. Seeds come from the program's ``random_seed``
     and the build order, so rebuilding gives the same values. Asking again for
     an existing parameter with the same shape returns it (weight sharing).
 

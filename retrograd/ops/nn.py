@@ -18,7 +18,7 @@ from .reduce import sum as reduce_sum
 from .registry import append_op, defop
 from .shapes import normalize_axis, require_float
 from .streams import random_key
-from .tensor import INT_DTYPES, check_ids, unsqueeze
+from .tensor import INT_DTYPES, check_ids, squeeze, unsqueeze
 
 
 def _softmax_rule(ins, attrs):
@@ -178,7 +178,12 @@ def softmax_cross_entropy(logits: Var, labels: Var) -> Var:
     Example::
 
         loss = rg.mean(rg.softmax_cross_entropy(logits, labels))   # logits [N, C], labels [N]
+
+    Labels shaped ``[..., 1]`` (PaddlePaddle's layout) are squeezed to ``[...]``.
     """
+    if (isinstance(labels, Var) and isinstance(logits, Var) and labels.ndim == logits.ndim >= 2
+            and labels.shape[-1] == 1 and logits.shape[-1] != 1):
+        labels = squeeze(labels, -1)
     return append_op("SoftmaxCrossEntropy", [logits, labels], name="xent")[0]
 
 

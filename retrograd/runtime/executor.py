@@ -134,6 +134,10 @@ class Executor:
         results = []
         for name in fetch:
             if name not in env:
+                var, value = block.find_var(name), scope.find(name)
+                if var is not None and var.persistable and value is not None:
+                    results.append(value)      # a parameter no op of this run reads: its scope value
+                    continue
                 raise FeedError(f"fetch '{name}' has no value after the run: nothing in block 0 "
                                 "writes it and it was not fed")
             results.append(env[name])

@@ -115,7 +115,7 @@ BAD = {
     "unsqueeze axis": (lambda m, **_: rg.unsqueeze(m, 4), "Unsqueeze", "m"),
     "softmax int": (lambda ids, **_: rg.softmax(ids), "Softmax", "ids"),
     "softmax axis": (lambda m, **_: rg.log_softmax(m, 2), "LogSoftmax", "m"),
-    "xent label rank": (lambda m, **_: rg.softmax_cross_entropy(m, rg.data("l2", [2, 1], "int64")),
+    "xent label rank": (lambda m, **_: rg.softmax_cross_entropy(m, rg.data("l2", [2, 2], "int64")),
                         "SoftmaxCrossEntropy", "l2"),
     "xent label size": (lambda m, **_: rg.softmax_cross_entropy(m, rg.data("l3", [3], "int64")),
                         "SoftmaxCrossEntropy", "l3"),
