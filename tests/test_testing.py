@@ -14,7 +14,7 @@ def test_right_gradients_pass_with_a_small_error_per_input():
     r = np.random.default_rng(0)
     report = check_gradients(lambda x, w: rg.tanh(x @ w), {"x": r.standard_normal((3, 4)),
                                                            "w": r.standard_normal((4, 2))})
-    assert set(report) == {"x", "w"} and all(0 <= e < 0.1 for e in report.values())
+    assert set(report) == {"x", "w"} and all(0 <= e < 1e-6 for e in report.values())
 
 
 @pytest.fixture
@@ -34,11 +34,11 @@ def test_a_wrong_gradient_fails_and_names_the_worst_element(wrong_cube):
     with pytest.raises(GradientCheckError, match=r"x: worst at index \[2\]: analytic .*numeric"):
         check_gradients(wrong_cube, {"x": x})
     report = check_gradients(wrong_cube, {"x": x}, raise_on_failure=False)
-    assert report["x"] > 1.0
+    assert report["x"] == pytest.approx(1 / 3, rel=1e-6)     # |2x^2 - 3x^2| / 3x^2
 
 
 def test_integer_inputs_are_not_differentiated_and_dropout_is_replayed():
     ids = np.array([2, 0, 2])
     report = check_gradients(lambda t, i: rg.dropout(rg.gather(t, i), 0.5, seed=1),
                              {"t": np.random.default_rng(1).standard_normal((3, 2)), "i": ids})
-    assert set(report) == {"t"} and report["t"] < 1.0
+    assert set(report) == {"t"} and report["t"] < 1e-6
