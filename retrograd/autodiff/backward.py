@@ -13,10 +13,12 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Callable, Iterable, Sequence
 
+import numpy as np
+
 from ..errors import ProgramError
 from ..ir.dtypes import is_float
 from ..ir.program import Block, Op, Var
-from ..ops.creation import fill_like
+from ..ops.creation import constant, fill_like
 from ..ops.math import add_n
 from ..ops.registry import get_op_def, make_grad_ops
 from ..ir.builder import block_guard, capture_ops
@@ -323,8 +325,12 @@ def _seed(target: Var, grad) -> Var:
         for op in ops:
             block.append_op(op)
         return seed
+    if isinstance(grad, (int, float, np.ndarray, np.generic)) and not isinstance(grad, bool):
+        with block_guard(target.block):               # a fixed seed value: a constant in the program
+            return constant(np.asarray(grad), dtype=target.dtype)
     if not isinstance(grad, Var):
-        raise ProgramError(f"target gradient for '{target.name}' must be a Var, got {type(grad).__name__}")
+        raise ProgramError(f"target gradient for '{target.name}' must be a Var or an array, "
+                           f"got {type(grad).__name__}")
     return grad
 
 

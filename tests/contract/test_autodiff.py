@@ -240,3 +240,18 @@ def test_bad_input_errors():
     with rg.program_guard(main, startup):
         with pytest.raises(rg.ProgramError):
             rg.gradients([stray], [w1])
+
+
+def test_target_gradients_as_arrays():
+    main = rg.Program()
+    v = RNG.standard_normal((4, 3))
+    with rg.program_guard(main, rg.Program()):
+        x = rg.data("x", [4, 3], dtype="float64")
+        y = rg.tanh(x) * x
+        g, = rg.gradients([y], [x], target_gradients=[v])
+        g2, = rg.gradients(rg.sum(y), x, target_gradients=2.0)
+    xv = RNG.standard_normal((4, 3))
+    a, b = rg.Executor().run(main, feed={"x": xv}, fetch_list=[g, g2])
+    d = np.tanh(xv) + xv * (1 - np.tanh(xv) ** 2)
+    np.testing.assert_allclose(a, v * d, rtol=1e-12)
+    np.testing.assert_allclose(b, 2 * d, rtol=1e-12)
