@@ -164,6 +164,9 @@ def _xent_grad(g):
 def _softmax_cross_entropy(k, logits, labels):
     """``logsumexp(logits) - logits[label]`` per example, stable for large logits."""
     xp = k.xp
+    if tuple(labels.shape) != tuple(logits.shape[:-1]):
+        raise ValueError(f"labels have shape {list(labels.shape)}, logits {list(logits.shape)}: "
+                         "labels must have the logits' shape without the class axis")
     hot = _one_hot(xp, labels, logits.shape[-1], xp.bool)
     shifted = _shifted(xp, logits, -1)
     log_total = xp.log(xp.sum(xp.exp(shifted), axis=-1))

@@ -161,3 +161,24 @@ def test_load_params_mismatch(tmp_path):
         rg.load_params(exe2.scope, path)
     _check(e.value, rg.RetrogradError, "fc.w")
     np.testing.assert_array_equal(exe2.scope.get("fc.w"), before)
+
+
+@pytest.mark.parametrize("case", ["add", "matmul", "reshape", "xent_batch", "xent_label"])
+def test_run_time_shape_conflicts_are_execution_errors(case):
+    main = rg.Program()
+    with rg.program_guard(main, rg.Program()):
+        a = rg.data("a", [-1])
+        b = rg.data("b", [-1])
+        m = rg.data("m", [-1, -1])
+        n = rg.data("n", [-1, -1])
+        t = rg.data("t", [-1, 4])
+        ids = rg.data("ids", [-1], dtype="int64")
+        outs = {"add": a + b, "matmul": m @ n, "reshape": rg.reshape(a, [2, -1]),
+                "xent_batch": rg.softmax_cross_entropy(t, ids), "xent_label": rg.softmax_cross_entropy(t, ids)}
+    feeds = {"add": {"a": np.ones(3), "b": np.ones(4)}, "matmul": {"m": np.ones((2, 3)), "n": np.ones((4, 2))},
+             "reshape": {"a": np.ones(3)}, "xent_batch": {"t": np.ones((2, 4)), "ids": np.array([0])},
+             "xent_label": {"t": np.ones((2, 4)), "ids": np.array([0, 4])}}
+    with pytest.raises(rg.ExecutionError) as e:
+        rg.Executor().run(main, feed=feeds[case], fetch_list=[outs[case]])
+    op_type = {"add": "Add", "matmul": "MatMul", "reshape": "Reshape"}.get(case, "SoftmaxCrossEntropy")
+    _check(e.value, rg.ExecutionError, op_type, "block 0")
