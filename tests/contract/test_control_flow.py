@@ -166,3 +166,40 @@ def test_hvp_through_while_loop():
     gt, = torch.autograd.grad((ht * ht).sum(), [wt], create_graph=True)
     hvt, = torch.autograd.grad((gt * torch.tensor(v)).sum(), [wt])
     np.testing.assert_allclose(hvv, hvt.numpy(), rtol=1e-9)
+
+
+def test_builder_functions_are_called_once():
+    calls = {"t": 0, "f": 0, "c": 0, "b": 0, "d": 0, "s": 0}
+
+    def count(key, value):
+        calls[key] += 1
+        return value
+
+    main, startup = rg.Program(), rg.Program()
+    with rg.program_guard(main, startup):
+        x = rg.data("x", [2], dtype="float64")
+        w = rg.create_parameter("w", [2], dtype="float64", init=np.array([0.5, -0.5]))
+        y = rg.cond(rg.sum(x) > 0.0, lambda: count("t", x * w), lambda: count("f", x - w))
+        _, z = rg.while_loop(lambda i, v: count("c", i < 5), lambda i, v: count("b", [i + 1, v * w + y]),
+                             [rg.constant(0), x])
+        u = rg.do(lambda a: count("d", a * 2.0), z)
+        seq = rg.data("seq", [-1, -1, 2], dtype="float64")
+        alls, lasts = rg.recurrent(lambda xs, hs: count("s", [hs[0] * w + xs[0]]), [seq],
+                                   [rg.reshape(u, [1, 2])])
+        loss = rg.sum(lasts[0])
+        pg = rg.append_backward(loss)
+    assert calls == {"t": 1, "f": 1, "c": 1, "b": 1, "d": 1, "s": 1}
+    exe = rg.Executor()
+    exe.run(startup)
+    xv, sv = np.array([1.0, 2.0]), np.ones((3, 1, 2))
+    lv, = exe.run(main, feed={"x": xv, "seq": sv}, fetch_list=[loss])
+    wv = np.array([0.5, -0.5])
+    yv = xv * wv
+    v = xv
+    for _ in range(5):
+        v = v * wv + yv
+    h = v * 2.0
+    for t in range(3):
+        h = h * wv + sv[t, 0]
+    np.testing.assert_allclose(lv, h.sum(), rtol=1e-12)
+    assert calls == {"t": 1, "f": 1, "c": 1, "b": 1, "d": 1, "s": 1}
