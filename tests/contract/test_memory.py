@@ -126,3 +126,63 @@ def test_budget_too_small_is_a_retrograd_error():
         exe.run(startup)
         exe.run(main, feed={"x": np.ones((20, 4, 8))})
     assert isinstance(e.value, (rg.ProgramError, rg.ExecutionError))
+
+
+def test_while_loop_recompute_budget_same_gradients():
+    def run(recompute):
+        main, startup = rg.Program(), rg.Program()
+        with rg.program_guard(main, startup):
+            x = rg.data("x", [-1, 32], dtype="float64")
+            n = rg.data("n", [], dtype="int64")
+            w = rg.create_parameter("w", [32, 32], dtype="float64",
+                                    init=np.random.default_rng(3).standard_normal((32, 32)) * 0.2)
+            kw = {} if recompute is None else {"recompute": recompute}
+            _, h = rg.while_loop(lambda i, h: i < n, lambda i, h: [i + 1, rg.tanh(h @ w) + x * 0.1],
+                                 [rg.constant(0), x], **kw)
+            loss = rg.sum(h * h)
+            (_, gw), = rg.append_backward(loss)
+            gx, = rg.gradients([loss], [x])
+        exe = rg.Executor()
+        exe.run(startup)
+        vals = exe.run(main, feed={"x": np.random.default_rng(4).standard_normal((16, 32)), "n": np.array(40)},
+                       fetch_list=[loss, gw, gx])
+        return vals, exe.last_stats.peak_bytes
+    a, pa = run(None)
+    b, pb = run(60_000)
+    for u, v in zip(a, b):
+        np.testing.assert_allclose(v, u, rtol=1e-12, atol=1e-14)
+    assert pb < pa, (pb, pa)
+
+
+def test_recurrent_first_step_op_sums_outer_value_batch_grows_then_shrinks():
+    """Seed regressions: the step's first op adds an outer value to the previous state;
+    the same program runs with a larger, then smaller batch."""
+    import torch
+    main, startup = rg.Program(), rg.Program()
+    with rg.program_guard(main, startup):
+        x = rg.data("x", [-1, -1, 3], dtype="float64")
+        h0 = rg.data("h0", [-1, 3], dtype="float64", stop_gradient=False)
+        bias = rg.create_parameter("bias", [3], dtype="float64", init=np.array([0.1, -0.2, 0.3]))
+        w = rg.create_parameter("w", [3, 3], dtype="float64", init=np.eye(3) * 0.7)
+        alls, lasts = rg.recurrent(lambda xs, hs: [rg.tanh((hs[0] + bias) @ w + xs[0])], [x], [h0])
+        loss = rg.sum(alls[0] * alls[0])
+        pg = rg.append_backward(loss)
+        gh0, = rg.gradients([loss], [h0])
+    exe = rg.Executor()
+    exe.run(startup)
+    for t, n in ((3, 2), (5, 6), (2, 1)):
+        r = np.random.default_rng(t * 10 + n)
+        xv, hv = r.standard_normal((t, n, 3)), r.standard_normal((n, 3))
+        vals = exe.run(main, feed={"x": xv, "h0": hv}, fetch_list=[loss] + [g for _, g in pg] + [gh0])
+        bt = torch.tensor([0.1, -0.2, 0.3], dtype=torch.float64, requires_grad=True)
+        wt = torch.tensor(np.eye(3) * 0.7, requires_grad=True)
+        ht0 = torch.tensor(hv, requires_grad=True)
+        h, hs = ht0, []
+        for s in range(t):
+            h = torch.tanh((h + bt) @ wt + torch.tensor(xv[s]))
+            hs.append(h)
+        lt = (torch.stack(hs) ** 2).sum()
+        lt.backward()
+        np.testing.assert_allclose(vals[0], lt.item(), rtol=1e-12)
+        for v, ref in zip(vals[1:], (bt, wt, ht0)):
+            np.testing.assert_allclose(v, ref.grad.numpy(), rtol=1e-10, atol=1e-13)
