@@ -186,3 +186,19 @@ def test_recurrent_first_step_op_sums_outer_value_batch_grows_then_shrinks():
         np.testing.assert_allclose(vals[0], lt.item(), rtol=1e-12)
         for v, ref in zip(vals[1:], (bt, wt, ht0)):
             np.testing.assert_allclose(v, ref.grad.numpy(), rtol=1e-10, atol=1e-13)
+
+
+def test_inference_while_loop_peak_independent_of_trip_count():
+    main = rg.Program()
+    with rg.program_guard(main, rg.Program()):
+        x = rg.data("x", [1000], dtype="float64")
+        n = rg.data("n", [], dtype="int64")
+        _, h = rg.while_loop(lambda i, h: i < n, lambda i, h: [i + 1, h * 0.999 + 0.001], [rg.constant(0), x])
+    exe = rg.Executor()
+    peaks = {}
+    for trips in (10, 10_000):
+        v, = exe.run(main, feed={"x": np.ones(1000), "n": np.array(trips)}, fetch_list=[h])
+        np.testing.assert_allclose(v, np.ones(1000), rtol=1e-9)
+        peaks[trips] = exe.last_stats.peak_bytes
+    assert peaks[10_000] == peaks[10]
+    assert peaks[10] < 10 * 8000
