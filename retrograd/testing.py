@@ -7,7 +7,8 @@ central finite differences.
 """
 from __future__ import annotations
 
-from typing import Callable, Mapping
+import inspect
+from typing import Callable, Mapping, Sequence
 
 import numpy as np
 
@@ -24,13 +25,15 @@ class GradientCheckError(RetrogradError):
     """Analytic and numeric gradients disagree beyond the tolerance."""
 
 
-def check_gradients(fn: Callable[..., Var | list[Var]], inputs: Mapping[str, np.ndarray], *,
+def check_gradients(fn: Callable[..., Var | list[Var]],
+                    inputs: Mapping[str, np.ndarray] | Sequence[np.ndarray], *,
                     wrt: list[str] | None = None, eps: float = 1e-6, rtol: float = 1e-4,
                     atol: float = 1e-6, seed: int = 0, raise_on_failure: bool = True,
                     feeds: Mapping[str, np.ndarray] | None = None) -> dict[str, float]:
     """Compare analytic and numeric gradients of ``fn``; return the worst relative error per input.
 
-    ``fn`` receives one Var per entry of ``inputs`` (float inputs become
+    ``fn`` receives one Var per entry of ``inputs`` (a dict of name -> array,
+    or a list of arrays named after ``fn``'s parameters; float inputs become
     float64 Vars; integer inputs keep their dtype and are not differentiated)
     and returns a Var or a list of Vars. The error reported per input is the
     worst elementwise relative error ``|analytic - numeric| / max(|analytic|,
@@ -48,6 +51,10 @@ def check_gradients(fn: Callable[..., Var | list[Var]], inputs: Mapping[str, np.
             {"x": np.random.randn(3, 4), "w": np.random.randn(4, 2)})
         # {'x': 2.1e-10, 'w': 8.7e-11}
     """
+    if isinstance(inputs, np.ndarray):
+        inputs = [inputs]
+    if not isinstance(inputs, Mapping):           # a list of arrays: named after fn's parameters
+        inputs = dict(zip(_input_names(fn, len(inputs)), inputs))
     arrays = {name: _as_input(value) for name, value in inputs.items()}
     wrt = list(wrt) if wrt is not None else [n for n, a in arrays.items() if a.dtype.kind == "f"]
     feed = {**arrays, **(feeds or {})}
@@ -84,6 +91,19 @@ def check_gradients(fn: Callable[..., Var | list[Var]], inputs: Mapping[str, np.
                                  f"atol={atol} + rtol={rtol} * |numeric| (worst relative error per "
                                  f"input: {report}); " + "; ".join(failed))
     return report
+
+
+def _input_names(fn: Callable, count: int) -> list[str]:
+    """``fn``'s positional parameter names when it has ``count`` of them, else input0, input1, ..."""
+    try:
+        params = [p for p in inspect.signature(fn).parameters.values()
+                  if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+    except (TypeError, ValueError):
+        params = []
+    names = [p.name for p in params]
+    if len(names) == count and len(set(names)) == count:
+        return names
+    return [f"input{i}" for i in range(count)]
 
 
 def _run(exe: Executor, program: Program, feed: dict, fetch: list) -> list:

@@ -42,3 +42,12 @@ def test_integer_inputs_are_not_differentiated_and_dropout_is_replayed():
     report = check_gradients(lambda t, i: rg.dropout(rg.gather(t, i), 0.5, seed=1),
                              {"t": np.random.default_rng(1).standard_normal((3, 2)), "i": ids})
     assert set(report) == {"t"} and report["t"] < 1e-6
+
+
+def test_inputs_as_a_list_are_named_after_fn_parameters():
+    r = np.random.default_rng(3)
+    report = check_gradients(lambda x, w: rg.tanh(x @ w), [r.standard_normal((3, 4)), r.standard_normal((4, 2))])
+    assert set(report) == {"x", "w"} and max(report.values()) < 1e-6
+    report = check_gradients(lambda *xs: xs[0] * xs[1], (r.standard_normal(3), r.standard_normal(3)))
+    assert set(report) == {"input0", "input1"}
+    assert set(check_gradients(rg.exp, r.standard_normal(4))) == {"x"}
