@@ -406,6 +406,11 @@ def append_backward(loss: Var, parameter_list=None, no_grad_set=None, callbacks=
                            "target_gradients)")
     params = _parameters(block, parameter_list)
     no_grad = set(_names(no_grad_set, block, "no_grad_set entry"))
+    if callable(callbacks):
+        callbacks = [callbacks]
+    bad = [cb for cb in (callbacks or ()) if not callable(cb)]
+    if bad:
+        raise ProgramError(f"append_backward: callbacks must be callables cb(block, context), got {bad!r}")
     fwd_ops = list(block.ops)
     seed = _seed(loss, None)
     result = build_backward(fwd_ops, block, block, {loss.name: seed}, [p.name for p in params],

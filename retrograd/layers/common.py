@@ -1,6 +1,7 @@
 """Fully connected and embedding layers."""
 from __future__ import annotations
 
+import numbers
 from typing import Callable
 
 from ..errors import ProgramError
@@ -40,6 +41,8 @@ def fc(x: Var, size: int, act: str | None = None, name: str | None = None) -> Va
     if x.ndim not in (2, 3) or x.shape[-1] < 0:
         raise ProgramError(f"fc needs a 2-D or 3-D input with a known last dimension, "
                            f"got '{x.name}': {x.type_str()}")
+    if isinstance(size, bool) or not isinstance(size, numbers.Integral) or size < 1:
+        raise ProgramError(f"fc: size must be a positive int, got {size!r}")
     name = _layer_name(name, "fc")
     w = create_parameter(f"{name}.w", [x.shape[-1], int(size)], dtype=x.dtype)
     b = create_parameter(f"{name}.b", [int(size)], dtype=x.dtype, init="zeros")

@@ -10,7 +10,7 @@ from ..ir.dtypes import is_float
 from ..ir.program import OPERATORS, Var
 from .creation import constant, fill_like, scalar_like, zeros_like
 from .registry import append_op, defop
-from .shapes import broadcast_rule, broadcast_shapes, compare_rule, same_as_first
+from .shapes import broadcast_rule, broadcast_shapes, compare_rule, float_same_as_first, same_as_first
 
 
 def _binary(type: str, a, b) -> Var:
@@ -327,22 +327,22 @@ def _neg(k, x):
     return -x
 
 
-@defop("Exp", infer=same_as_first, grad=lambda g: [g.dy * g.y])
+@defop("Exp", infer=float_same_as_first, grad=lambda g: [g.dy * g.y])
 def _exp(k, x):
     return k.xp.exp(x)
 
 
-@defop("Log", infer=same_as_first, grad=lambda g: [g.dy / g.x[0]])
+@defop("Log", infer=float_same_as_first, grad=lambda g: [g.dy / g.x[0]])
 def _log(k, x):
     return k.xp.log(x)
 
 
-@defop("Tanh", infer=same_as_first, grad=lambda g: [g.dy * (1.0 - g.y * g.y)])
+@defop("Tanh", infer=float_same_as_first, grad=lambda g: [g.dy * (1.0 - g.y * g.y)])
 def _tanh(k, x):
     return k.xp.tanh(x)
 
 
-@defop("Sigmoid", infer=same_as_first, grad=lambda g: [g.dy * g.y * (1.0 - g.y)])
+@defop("Sigmoid", infer=float_same_as_first, grad=lambda g: [g.dy * g.y * (1.0 - g.y)])
 def _sigmoid(k, x):
     xp = k.xp
     # exp of -|x| never overflows; both branches are exact formulas of sigmoid.
@@ -360,7 +360,7 @@ def _square(k, x):
     return x * x
 
 
-@defop("Sqrt", infer=same_as_first, grad=lambda g: [g.dy * 0.5 / g.y])
+@defop("Sqrt", infer=float_same_as_first, grad=lambda g: [g.dy * 0.5 / g.y])
 def _sqrt(k, x):
     return k.xp.sqrt(x)
 

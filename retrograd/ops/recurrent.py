@@ -451,6 +451,8 @@ def recurrent(step_fn: Callable[[list[Var], list[Var]], Sequence[Var]], inputs, 
                 raise ProgramError(f"recurrent(): {what} must be Vars, got {type(item).__name__}")
     if not inputs:
         raise ProgramError("recurrent() needs at least one input sequence [T, N, ...]")
+    if not initial_states:
+        raise ProgramError("recurrent() needs at least one initial state (the recurrence it carries)")
     parent = current_block()
     program = parent.program
     prefix = name or program.unique_name("rnn")

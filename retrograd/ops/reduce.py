@@ -1,6 +1,7 @@
 """Reductions: sum and mean over axes."""
 from __future__ import annotations
 
+from ..ir.dtypes import is_float
 from ..ir.program import Var
 from .registry import append_op, defop
 from .shapes import normalize_axes
@@ -16,6 +17,18 @@ def _reduce_rule(ins, attrs):
     return [(shape, x.dtype)]
 
 
+def _sum_rule(ins, attrs):
+    """Sums keep the dtype; a sum of bools counts them (int64, as NumPy)."""
+    [(shape, dtype)] = _reduce_rule(ins, attrs)
+    return [(shape, "int64" if dtype == "bool" else dtype)]
+
+
+def _mean_rule(ins, attrs):
+    """The mean of integers or bools is float64 (as NumPy)."""
+    [(shape, dtype)] = _reduce_rule(ins, attrs)
+    return [(shape, dtype if is_float(dtype) else "float64")]
+
+
 def _reduce_grad(is_mean: bool):
     def grad(g):
         from .math import expand_as
@@ -26,15 +39,18 @@ def _reduce_grad(is_mean: bool):
     return grad
 
 
-@defop("Sum", infer=_reduce_rule, grad=_reduce_grad(False))
+@defop("Sum", infer=_sum_rule, grad=_reduce_grad(False))
 def _sum(k, x):
     axes = normalize_axes(k.attrs["axis"], x.ndim)
-    return k.xp.sum(x, axis=axes, keepdims=k.attrs["keepdims"], dtype=x.dtype)
+    dtype = k.xp.int64 if x.dtype == k.xp.bool else x.dtype
+    return k.xp.sum(x, axis=axes, keepdims=k.attrs["keepdims"], dtype=dtype)
 
 
-@defop("Mean", infer=_reduce_rule, grad=_reduce_grad(True))
+@defop("Mean", infer=_mean_rule, grad=_reduce_grad(True))
 def _mean(k, x):
     axes = normalize_axes(k.attrs["axis"], x.ndim)
+    if not k.xp.isdtype(x.dtype, "real floating"):
+        x = k.xp.astype(x, k.xp.float64)
     return k.xp.mean(x, axis=axes, keepdims=k.attrs["keepdims"])
 
 

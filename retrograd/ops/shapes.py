@@ -39,6 +39,12 @@ def same_as_first(ins: list[Var], attrs: dict):
     return [(ins[0].shape, ins[0].dtype)]
 
 
+def float_same_as_first(ins: list[Var], attrs: dict):
+    """Unary op defined on floats only (exp, log, tanh, ...): same shape and dtype."""
+    require_float(ins[0])
+    return same_as_first(ins, attrs)
+
+
 def require_float(var: Var, what: str = "input") -> None:
     if var.dtype not in ("float32", "float64"):
         raise ShapeError(f"{what} '{var.name}' must be float32 or float64, got {var.dtype}")

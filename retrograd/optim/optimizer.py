@@ -12,6 +12,7 @@ Example::
 """
 from __future__ import annotations
 
+import numbers
 from typing import Sequence
 
 from ..autodiff import append_backward
@@ -35,7 +36,7 @@ class Optimizer:
     """
 
     def __init__(self, lr: float, *, clip_norm: float | None = None, weight_decay: float = 0.0):
-        if not lr > 0:
+        if isinstance(lr, bool) or not isinstance(lr, numbers.Real) or not lr > 0:
             raise ProgramError(f"learning rate must be positive, got {lr}")
         if clip_norm is not None and not clip_norm > 0:
             raise ProgramError(f"clip_norm must be positive, got {clip_norm}")

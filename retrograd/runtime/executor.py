@@ -3,11 +3,11 @@ from __future__ import annotations
 
 import time
 from contextlib import contextmanager
-from typing import Iterator, Sequence
+from typing import Iterator, Mapping, Sequence
 
 import numpy as np
 
-from ..errors import ExecutionError, FeedError, RetrogradError
+from ..errors import ExecutionError, FeedError, ProgramError, RetrogradError
 from ..ir.program import Block, Program, Var
 from .plan import Plan, compile_block
 from .scope import Scope
@@ -114,6 +114,12 @@ class Executor:
             scope: Scope | None = None) -> list:
         """Run the global block; return the values of ``fetch_list`` (Vars or names)."""
         started = time.perf_counter()
+        if not isinstance(program, Program):
+            raise ProgramError(f"Executor.run needs a Program, got {type(program).__name__}")
+        if feed is not None and not isinstance(feed, Mapping):
+            raise FeedError(f"feed must be a dict of name (or Var) -> array, got {type(feed).__name__}")
+        if isinstance(fetch_list, (Var, str)):
+            fetch_list = [fetch_list]                 # one item: still returns a list of one value
         scope = scope if scope is not None else self.scope
         block = program.global_block()
         fetch = [_fetch_name(f, block) for f in (fetch_list or [])]
@@ -215,7 +221,10 @@ def _shape_of(array) -> str:
 def _check_feed(var: Var, value, xp):
     """The feed as an array of the declared dtype; same-kind casts only (float64 -> float32)."""
     from ..backend import from_numpy, to_numpy
-    array = to_numpy(value) if hasattr(value, "shape") and hasattr(value, "dtype") else np.asarray(value)
+    try:
+        array = to_numpy(value) if hasattr(value, "shape") and hasattr(value, "dtype") else np.asarray(value)
+    except (ValueError, TypeError) as exc:
+        raise FeedError(f"feed '{var.name}' is not an array: {exc}") from None
     if array.dtype != np.dtype(var.dtype):
         if not np.can_cast(array.dtype, var.dtype, casting="same_kind"):
             raise FeedError(f"feed '{var.name}' has dtype {array.dtype}, the program declares {var.dtype}")

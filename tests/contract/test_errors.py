@@ -182,3 +182,46 @@ def test_run_time_shape_conflicts_are_execution_errors(case):
         rg.Executor().run(main, feed=feeds[case], fetch_list=[outs[case]])
     op_type = {"add": "Add", "matmul": "MatMul", "reshape": "Reshape"}.get(case, "SoftmaxCrossEntropy")
     _check(e.value, rg.ExecutionError, op_type, "block 0")
+
+
+def test_more_user_mistakes_are_retrograd_errors():
+    main, startup = rg.Program(), rg.Program()
+    with rg.program_guard(main, startup):
+        x = rg.data("x", [-1, 3])
+        x2 = rg.data("x2", [-1, 3, 4])
+        loss = rg.mean(rg.layers.fc(x, 4, name="fc"))
+        build_time = [
+            lambda: rg.layers.fc(x, 0),
+            lambda: rg.recurrent(lambda xs, hs: [], [x2], []),
+            lambda: rg.optim.SGD("fast"),
+            lambda: rg.append_backward(loss, callbacks=[3]),
+            lambda: rg.exp(rg.data("ints", [2], dtype="int64")),
+            lambda: rg.layers.lstm(x, 4),
+            lambda: rg.cond(rg.sum(x) > 0, lambda: x, lambda: None),
+            lambda: rg.while_loop(lambda i: i < 3, lambda i: [i + 1], [0]),
+        ]
+        for f in build_time:
+            with pytest.raises(rg.ProgramError) as e:
+                f()
+            _check(e.value, rg.ProgramError)
+    exe = rg.Executor()
+    exe.run(startup)
+    for kwargs in ({"program": "main"}, {"program": main, "feed": [1]},
+                   {"program": main, "feed": {"x": [[1, 2, 3], [1]]}, "fetch_list": [loss]}):
+        with pytest.raises(rg.RetrogradError) as e:
+            exe.run(**kwargs)
+        _check(e.value, rg.RetrogradError)
+
+
+def test_reduction_dtypes_match_what_runs():
+    main = rg.Program()
+    with rg.program_guard(main, rg.Program()):
+        i = rg.data("i", [3], dtype="int64")
+        b = rg.data("b", [3], dtype="bool")
+        outs = [rg.mean(i), rg.sum(i), rg.sum(b), rg.mean(b), i / 2]
+    vals = rg.Executor().run(main, feed={"i": np.array([1, -2, 3]), "b": np.array([True, False, True])},
+                             fetch_list=outs)
+    for o, v in zip(outs, vals):
+        assert np.asarray(v).dtype == np.dtype(o.dtype), o
+    np.testing.assert_allclose([float(v) for v in vals[:4]], [2 / 3, 2, 2, 2 / 3])
+    np.testing.assert_allclose(vals[4], [0.5, -1.0, 1.5])
