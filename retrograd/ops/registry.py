@@ -152,16 +152,21 @@ class GradCtx:
         return self.dout[0]
 
 
-def make_grad_ops(op: Op, out_grad_names: Sequence[str | None], block: Block,
+def make_grad_ops(op: Op, out_grad_names: Sequence[str | None], block: Block | None = None,
                   wanted: Sequence[bool] | None = None) -> tuple[list[Op], list[str | None]]:
     """The Caffe2 ``GetGradientDefs`` contract: ``(grad_ops, input_grad_names)``.
 
-    The ops are built with their Vars declared in ``block`` but not placed in
-    it; the caller (a backward pass) decides where they go. With ``wanted``
+    The ops are built with their Vars declared in ``block`` (default: the
+    op's own block) but not placed in it; the caller (a backward pass)
+    decides where they go. With ``wanted``
     (one flag per input), only the ops leading to wanted gradients are kept,
     so makers can stay one-liners that build every input's gradient.
     """
     opdef = get_op_def(op.type)
+    if block is None:
+        if op.block is None:
+            raise ProgramError(f"{op.where()} is not placed in a block; pass block=")
+        block = op.block
     if opdef.grad is None:
         raise ProgramError(f"{op.where()} has no gradient maker; it cannot be on the path to the loss "
                            f"(inputs: {', '.join(op.inputs)})")

@@ -255,3 +255,24 @@ def test_target_gradients_as_arrays():
     d = np.tanh(xv) + xv * (1 - np.tanh(xv) ** 2)
     np.testing.assert_allclose(a, v * d, rtol=1e-12)
     np.testing.assert_allclose(b, 2 * d, rtol=1e-12)
+
+
+def test_gradient_maker_contract_grad_ops_and_input_grad_names():
+    """DESIGN 'Ops': a gradient maker takes the op and its output-gradient names and returns
+    (grad_ops, input_grad_names), ordinary ops in the same IR."""
+    main = rg.Program()
+    with rg.program_guard(main, rg.Program()):
+        x = rg.data("x", [3], dtype="float64")
+        w = rg.data("w", [3], dtype="float64")
+        y = x * w
+        op = main.global_block().ops[-1]
+        dy = rg.data("dy", [3], dtype="float64")
+        grad_ops, names = rg.ops.make_grad_ops(op, [dy.name])
+    assert len(names) == 2 and all(isinstance(n, str) for n in names)
+    assert all(isinstance(o, rg.Op) for o in grad_ops) and grad_ops
+    for o in grad_ops:
+        main.global_block().append_op(o)
+    xv, wv, dv = np.array([1.0, 2, 3]), np.array([4.0, 5, 6]), np.array([0.5, -1, 2])
+    gx, gw = rg.Executor().run(main, feed={"x": xv, "w": wv, "dy": dv}, fetch_list=names)
+    np.testing.assert_allclose(gx, dv * wv)
+    np.testing.assert_allclose(gw, dv * xv)
