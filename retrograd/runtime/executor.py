@@ -201,7 +201,10 @@ class Executor:
                 hint = "run the startup program first" if var is not None and var.persistable else "feed it"
                 raise FeedError(f"'{name}' is read by {readers[0] if readers else 'the program'} "
                                 f"but has no value: {hint}")
-            env[name] = _check_persistable(var, value)
+            checked = _check_persistable(var, value, self.xp)
+            if checked is not value:
+                scope.set(name, checked)   # cast once, not on every run
+            env[name] = checked
         return env
 
 
@@ -235,9 +238,15 @@ def _check_feed(var: Var, value, xp):
     return from_numpy(xp, array)
 
 
-def _check_persistable(var: Var, value):
+def _check_persistable(var: Var, value, xp):
+    """The scope value, cast to the declared dtype when the cast is same-kind (float64 -> float32)."""
     shape = tuple(getattr(value, "shape", ()))
     if len(shape) != len(var.shape) or any(d >= 0 and d != a for d, a in zip(var.shape, shape)):
         raise FeedError(f"scope value '{var.name}' has shape {list(shape)}, "
                         f"the program declares {var.type_str()}")
+    dtype = np.dtype(str(value.dtype)) if xp is np else None
+    if dtype is not None and dtype != np.dtype(var.dtype):
+        if not np.can_cast(dtype, var.dtype, casting="same_kind"):
+            raise FeedError(f"scope value '{var.name}' has dtype {dtype}, the program declares {var.dtype}")
+        return value.astype(var.dtype)
     return value

@@ -205,3 +205,25 @@ def test_errors_are_retrograd_errors_never_bare_key_errors(ready):
             exe.run(main, feed=feed, fetch_list=fetch)
     with pytest.raises(RetrogradError):
         exe.scope.get("never_set")
+
+
+def test_scope_value_of_another_float_dtype_is_cast_once_and_float_for_int_is_refused():
+    main, startup = rg.Program(), rg.Program()
+    with rg.program_guard(main, startup):
+        x = rg.data("x", [-1, 3])
+        w = rg.create_parameter("w", [3, 2])
+        count = rg.create_parameter("count", [], dtype="int64", trainable=False)
+        y = rg.matmul(x, w)
+        c = count + 1
+    exe = rg.Executor()
+    exe.run(startup)
+    w64 = np.arange(6, dtype=np.float64).reshape(3, 2)
+    exe.scope.set("w", w64)
+    xb = np.ones((2, 3), np.float32)
+    out, = exe.run(main, feed={"x": xb}, fetch_list=[y])
+    assert out.dtype == np.float32
+    np.testing.assert_allclose(out, xb @ w64.astype(np.float32))
+    assert exe.scope.get("w").dtype == np.float32
+    exe.scope.set("count", np.asarray(1.5))
+    with pytest.raises(rg.FeedError, match="'count'.*float64.*int64"):
+        exe.run(main, feed={"x": xb}, fetch_list=[c])
