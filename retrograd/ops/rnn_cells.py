@@ -30,6 +30,7 @@ from ..errors import ShapeError
 from ..ir.program import Var
 from .creation import zeros_like
 from .math import add_n, matmul, sigmoid, tanh
+from .reduce import sum as reduce_sum
 from .registry import append_op, defop
 from .shapes import require_float
 from .tensor import concat, reshape, split
@@ -364,25 +365,29 @@ def gru_unit_grad(xproj: Var, hproj: Var, h_prev: Var, dh: Var) -> list[Var]:
 # --- SeqLinear: one GEMM over every leading axis -------------------------------------------
 
 def _seq_linear_rule(ins, attrs):
-    x, w = ins
+    x, w, *bias = ins
     require_float(x)
-    if x.dtype != w.dtype:
-        raise ShapeError(f"'{x.name}' and '{w.name}' must share a dtype, got {x.dtype} and {w.dtype}")
+    if any(v.dtype != x.dtype for v in (w, *bias)):
+        raise ShapeError(f"'{x.name}', '{w.name}' and the bias must share a dtype")
     if x.ndim < 1 or w.ndim != 2:
         raise ShapeError(f"need x [..., D] and a 2-D weight, got {x.type_str()} and {w.type_str()}")
     d_in, d_out = (w.shape[1], w.shape[0]) if attrs["transpose_w"] else w.shape
     _merge(x.shape[-1], d_in, "inner dimensions")
+    if len(bias) > 1 or (bias and bias[0].ndim != 1):
+        raise ShapeError("takes at most one bias, of shape [K]")
+    if bias:
+        d_out = _merge(bias[0].shape[0], d_out, "bias and output sizes")
     return [(x.shape[:-1] + (d_out,), x.dtype)]
 
 
 def _seq_linear_grad(g):
-    x, w = g.x
+    x, w, *bias = g.x
     transpose_w = g.attrs["transpose_w"]
     dx = seq_linear(g.dy, w, transpose_w=not transpose_w)
     d_in, d_out = (w.shape[1], w.shape[0]) if transpose_w else w.shape
     x2, dy2 = _flat(x, d_in), _flat(g.dy, d_out)
     dw = matmul(dy2, x2, transpose_x=True) if transpose_w else matmul(x2, dy2, transpose_x=True)
-    return [dx, dw]
+    return [dx, dw] + [reduce_sum(dy2, axis=0) for _ in bias]
 
 
 def _flat(x: Var, width: int) -> Var:
@@ -390,14 +395,17 @@ def _flat(x: Var, width: int) -> Var:
     return x if x.ndim == 2 else reshape(x, [-1, width])
 
 
-@defop("SeqLinear", inputs=("x", "w"), infer=_seq_linear_rule, grad=_seq_linear_grad)
-def _seq_linear(k, x, w):
-    """``x [..., D] @ w [D, K]`` as one GEMM over all leading axes (``w.T`` with transpose_w)."""
+@defop("SeqLinear", inputs=("x", "w", "b*"), infer=_seq_linear_rule, grad=_seq_linear_grad)
+def _seq_linear(k, x, w, *bias):
+    """``x [..., D] @ w [D, K] (+ b)`` as one GEMM over all leading axes (``w.T`` with
+    transpose_w); the bias is added in place, without a second [..., K] array."""
     xp = k.xp
     if k.attrs["transpose_w"]:
         w = xp.matrix_transpose(w) if hasattr(xp, "matrix_transpose") else xp.swapaxes(w, -1, -2)
     lead = tuple(x.shape[:-1])
     out = xp.matmul(xp.reshape(x, (math.prod(lead), x.shape[-1])), w)
+    for b in bias:
+        out += b
     return xp.reshape(out, lead + (w.shape[-1],))
 
 
@@ -410,6 +418,5 @@ def seq_linear(x: Var, w: Var, b: Var | None = None, transpose_w: bool = False) 
 
         x_proj = rg.seq_linear(x, w_ih, b)       # x [T, N, D], w_ih [D, 4H] -> [T, N, 4H]
     """
-    out = append_op("SeqLinear", [x, w], {"transpose_w": bool(transpose_w)}, name="seq_linear")[0]
-    return out if b is None else out + b
-
+    inputs = [x, w] if b is None else [x, w, b]
+    return append_op("SeqLinear", inputs, {"transpose_w": bool(transpose_w)}, name="seq_linear")[0]
