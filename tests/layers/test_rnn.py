@@ -145,6 +145,20 @@ def _torch_lstm_c_all(params, x, h0, c0):
     return _torch_cell_loop(tensors)[1].numpy()
 
 
+def test_lstm_with_static_shapes_matches_the_dynamic_build():
+    r = np.random.default_rng(11)
+    params = _random_params(r, _lstm_param_shapes())
+    x, h0, c0 = r.standard_normal((T, N, D)), r.standard_normal((N, H)), r.standard_normal((N, H))
+    weights = _weights_for(_lstm_shapes(T, N), r)
+    static = Built(rg.layers.lstm, 2, LSTM_PARAMS, given_states=True, static=True)
+    assert static.outs[0].shape == (T, N, H) and static.outs[1].shape == (N, H)
+    dynamic = Built(rg.layers.lstm, 2, LSTM_PARAMS, given_states=True)
+    got = static.run(x, (h0, c0), weights, params=params)
+    want = dynamic.run(x, (h0, c0), weights, params=params)
+    for a, b in zip(got[0] + got[1], want[0] + want[1]):
+        np.testing.assert_allclose(a, b, rtol=1e-13, atol=1e-14)
+
+
 def test_lstm_default_states_are_zeros_and_batch_and_length_may_change():
     r = np.random.default_rng(1)
     built = Built(rg.layers.lstm, 2, LSTM_PARAMS, given_states=False)
@@ -311,12 +325,11 @@ def test_milstm_initial_parameters_follow_the_paper():
         np.testing.assert_array_equal(get(f"rnn.{name}"), np.full(4 * H, value))
     # with alpha = beta1 = beta2 = 1 and b = 0 the gates are xW*hU + hU + xW
     r = np.random.default_rng(7)
-    x, lengths = r.standard_normal((T, N, D)), np.array([5, 5, 5])
+    x = r.standard_normal((T, N, D))
     outs, _ = built.run(x, (), _weights_for(_lstm_shapes(T, N), r))
     tensors = [torch.tensor(x), torch.zeros(N, H, dtype=torch.float64), torch.zeros(N, H, dtype=torch.float64)] \
         + [torch.tensor(get(f"rnn.{k}")) for k in MILSTM_PARAMS]
     np.testing.assert_allclose(outs[0], _milstm_reference(tensors, 0.0)[0].numpy(), rtol=1e-10, atol=1e-12)
-    del lengths
 
 
 @pytest.mark.parametrize("dtype", ["float32", "float64"])
@@ -327,7 +340,6 @@ def test_parameters_are_created_in_the_input_dtype_with_the_contract_layout(dtyp
         rg.layers.lstm(x, H, name="a")
         rg.layers.gru(x, H, name="g")
         rg.layers.milstm(x, H, name="m")
-    block = main.global_block()
     expected = {"a.w_ih": (D, 4 * H), "a.w_hh": (H, 4 * H), "a.b": (4 * H,),
                 "g.w_ih": (D, 3 * H), "g.w_hh": (H, 3 * H), "g.b_ih": (3 * H,), "g.b_hh": (3 * H,),
                 **{f"m.{k}": ((D, 4 * H) if k == "w_ih" else (H, 4 * H) if k == "w_hh" else (4 * H,))
