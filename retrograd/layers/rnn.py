@@ -22,14 +22,9 @@ from ..ir.builder import default_main_program
 from ..ir.program import Var
 from ..ops.creation import create_parameter, fill_like
 from ..ops.math import matmul
+from ..ops.recurrent import recurrent
 from ..ops.rnn_cells import gru_unit, lstm_unit, seq_linear
 from ..ops.tensor import slice, squeeze
-
-
-def _recurrent():
-    # Imported when a layer is built: the recurrent front end lives in ops/recurrent.py.
-    from ..ops.recurrent import recurrent
-    return recurrent
 
 
 def _check_input(x: Var, layer: str) -> int:
@@ -112,7 +107,7 @@ def lstm(x: Var, hidden: int, h0: Var | None = None, c0: Var | None = None,
         h, c = states
         return list(lstm_unit(x_t[0] + matmul(h, p["w_hh"]), c, forget_bias))
 
-    all_states, last_states = _recurrent()(step, [x_proj], [h0, c0], seq_lengths=seq_lengths,
+    all_states, last_states = recurrent(step, [x_proj], [h0, c0], seq_lengths=seq_lengths,
                                            recompute=recompute)
     return all_states[0], last_states[0], all_states[1], last_states[1]
 
@@ -141,7 +136,7 @@ def gru(x: Var, hidden: int, h0: Var | None = None, seq_lengths: Var | None = No
         h, = states
         return [gru_unit(x_t[0], matmul(h, p["w_hh"]) + p["b_hh"], h)]
 
-    all_states, last_states = _recurrent()(step, [x_proj], [h0], seq_lengths=seq_lengths,
+    all_states, last_states = recurrent(step, [x_proj], [h0], seq_lengths=seq_lengths,
                                            recompute=recompute)
     return all_states[0], last_states[0]
 
@@ -184,6 +179,6 @@ def milstm(x: Var, hidden: int, h0: Var | None = None, c0: Var | None = None,
         h_proj = matmul(h, p["w_hh"]) + p["b_hh"]
         return list(lstm_unit(h_proj * scale_t + shift_t, c, forget_bias))
 
-    all_states, last_states = _recurrent()(step, [scale, shift], [h0, c0], seq_lengths=seq_lengths,
+    all_states, last_states = recurrent(step, [scale, shift], [h0, c0], seq_lengths=seq_lengths,
                                            recompute=recompute)
     return all_states[0], last_states[0], all_states[1], last_states[1]

@@ -16,10 +16,6 @@ import torch
 import retrograd as rg
 from retrograd.testing import check_gradients
 
-# The layers run on the RecurrentNetwork op (retrograd/ops/recurrent.py, issue 5); until it is
-# in the tree these tests are skipped rather than failing on an import.
-pytest.importorskip("retrograd.ops.recurrent")
-
 T, N, D, H = 5, 3, 4, 6
 LSTM_PARAMS = ("w_ih", "w_hh", "b")
 GRU_PARAMS = ("w_ih", "w_hh", "b_ih", "b_hh")
