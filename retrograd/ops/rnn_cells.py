@@ -7,6 +7,10 @@ compute every input gradient in one kernel too. The fused gradient kernels
 are an optimisation only: each has its own gradient maker written with the
 ordinary builders, so gradients of gradients still work.
 
+``LSTMUnit`` has a third output, the gate activations, which its gradient
+reads instead of recomputing them (``lstm_unit`` returns only ``(h, c)``);
+``GRUUnitGrad`` recomputes r, z, n from the projections it already needs.
+
 Gate layouts (the columns of the last axis, each ``H`` wide)::
 
     LSTMUnit   gates  [N, 4H] = | i | f | g | o |
