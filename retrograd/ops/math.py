@@ -525,7 +525,10 @@ def _add_n_rule(ins, attrs):
     return [(shape, ins[0].dtype)]
 
 
-@defop("AddN", inputs=("xs*",), infer=_add_n_rule, grad=lambda g: [unbroadcast(g.dy, x, *(o for o in g.x if o is not x)) for x in g.x])
+# sums_inputs: passes that look through gradient accumulation (the recurrent op's
+# weight-gradient batching) ask for this property rather than the op's name.
+@defop("AddN", inputs=("xs*",), infer=_add_n_rule, sums_inputs=True,
+       grad=lambda g: [unbroadcast(g.dy, x, *(o for o in g.x if o is not x)) for x in g.x])
 def _add_n(k, *xs):
     """Sum of any number of same-shaped tensors (how fan-out gradients are combined)."""
     if len(xs) == 1:

@@ -187,7 +187,7 @@ def _batch_over_time(bstep: BackwardStep, names: _StepNames) -> set[str]:
         if producer is None:
             continue
         # build_backward sums concurrent contributions with AddN; look through it.
-        parts = list(producer.inputs) if producer.type == "AddN" else [grad]
+        parts = list(producer.inputs) if _sums_inputs(producer) else [grad]
         kept = []
         for part in parts:
             found = _row_sum(block, step, part, parts, producer, fetched)
@@ -200,14 +200,19 @@ def _batch_over_time(bstep: BackwardStep, names: _StepNames) -> set[str]:
             used_a.add(a)
         if len(kept) == len(parts):
             continue
-        if producer.type == "AddN" and len(kept) >= 2:
+        if _sums_inputs(producer) and len(kept) >= 2:
             producer.inputs = kept
             block.program.bump()
             continue
-        if producer.type == "AddN":
+        if _sums_inputs(producer):
             block.remove_op(block.ops.index(producer))
         bstep.fetch_outer[j] = kept[0] if kept else None
     return {a for a in used_a if a in names.intermediates}
+
+
+def _sums_inputs(op: Op) -> bool:
+    """True for ops that only add their inputs (how build_backward sums contributions)."""
+    return bool(get_op_def(op.type).extra.get("sums_inputs"))
 
 
 def _row_sum(block: Block, step: Block, part: str, parts: list[str], addn: Op, fetched: set[str]):
@@ -218,7 +223,7 @@ def _row_sum(block: Block, step: Block, part: str, parts: list[str], addn: Op, f
     if found is None or part in fetched or parts.count(part) > 1:
         return None
     readers = _readers(block, part)
-    if any(r is not addn for r in readers) or (addn.type != "AddN" and readers):
+    if any(r is not addn for r in readers) or (not _sums_inputs(addn) and readers):
         return None
     a, d = found
     for name in (a, d):
