@@ -21,6 +21,28 @@ from .ops import creation, math as ops_math, reduce as ops_reduce
 from .runtime import Executor
 
 
+def build_program(fn: Callable[[], object], seed: int = 0) -> tuple[Program, Program, object]:
+    """Build ``fn()`` into a fresh (main, startup) pair and verify it; return (main, startup, fn's result).
+
+    Example::
+
+        main, startup, y = rg.testing.build_program(lambda: rg.tanh(rg.data("x", [-1, 3])))
+    """
+    from .ir.verify import verify_program
+    main, startup = Program(random_seed=seed), Program()
+    with program_guard(main, startup):
+        out = fn()
+    verify_program(main)
+    return main, startup, out
+
+
+def started_executor(startup: Program) -> Executor:
+    """A new Executor that has run ``startup`` (parameters initialised)."""
+    exe = Executor()
+    exe.run(startup)
+    return exe
+
+
 class GradientCheckError(RetrogradError):
     """Analytic and numeric gradients disagree beyond the tolerance."""
 

@@ -12,20 +12,15 @@ import pytest
 import torch
 
 import retrograd as rg
-from retrograd.ir.verify import verify_program
+from retrograd.testing import build_program, started_executor
 
 F64 = "float64"
 RNG = np.random.default_rng(11)
 
 
 def build(fn):
-    main, startup = rg.Program(), rg.Program()
-    with rg.program_guard(main, startup):
-        out = fn()
-    verify_program(main)
-    exe = rg.Executor()
-    exe.run(startup)
-    return main, exe, out
+    main, startup, out = build_program(fn)
+    return main, started_executor(startup), out
 
 
 def run(exe, main, feed, fetch):

@@ -9,6 +9,7 @@ import pytest
 import torch
 
 import retrograd as rg
+from retrograd.testing import build_program as build, started_executor as executor
 from retrograd.ir.verify import verify_program
 from retrograd.testing import check_gradients
 
@@ -24,18 +25,6 @@ def grads_of(loss, xs):
     return [g.detach().numpy() for g in torch.autograd.grad(loss, xs, allow_unused=True, materialize_grads=True)]
 
 
-def build(fn):
-    main, startup = rg.Program(), rg.Program()
-    with rg.program_guard(main, startup):
-        out = fn()
-    verify_program(main)
-    return main, startup, out
-
-
-def executor(startup):
-    exe = rg.Executor()
-    exe.run(startup)
-    return exe
 
 
 def close(a, b):

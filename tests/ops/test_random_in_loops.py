@@ -8,7 +8,7 @@ import pytest
 import torch
 
 import retrograd as rg
-from retrograd.ir.verify import verify_program
+from retrograd.testing import build_program as build, started_executor as executor
 from retrograd.testing import check_gradients
 
 F64 = "float64"
@@ -26,18 +26,6 @@ def close(a, b):
     np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-10, atol=1e-12)
 
 
-def build(fn, seed=0):
-    main, startup = rg.Program(random_seed=seed), rg.Program()
-    with rg.program_guard(main, startup):
-        out = fn()
-    verify_program(main)
-    return main, startup, out
-
-
-def executor(startup):
-    exe = rg.Executor()
-    exe.run(startup)
-    return exe
 
 
 def loops(block, op_type="While"):

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 import retrograd as rg
-from retrograd.ir.verify import verify_program
+from retrograd.testing import build_program, started_executor
 
 F64 = "float64"
 RNG = np.random.default_rng(3)
@@ -25,13 +25,8 @@ def close(a, b):
 
 
 def build(fn):
-    main, startup = rg.Program(), rg.Program()
-    with rg.program_guard(main, startup):
-        out = fn()
-    verify_program(main)
-    exe = rg.Executor()
-    exe.run(startup)
-    return main, exe, out
+    main, startup, out = build_program(fn)
+    return main, started_executor(startup), out
 
 
 def peak(exe, main, feed, fetch):
