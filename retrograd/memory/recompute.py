@@ -247,6 +247,21 @@ def _rename_block(sub: Block, mapping: dict[str, str]) -> None:
         op.inputs, op.attrs = _renamed_reads(op, sub, inner, owner=op)
 
 
+def seen_from(sub: Block, block: Block) -> Block:
+    """``sub``, or a copy of it under ``block`` when ``block`` does not descend from ``sub``'s parent
+    (a loop op's gradient inside a ``cond`` branch or ``do`` sits in that block's backward block,
+    and a block an op runs must be a descendant of the op's block). The copy declares what ``sub``
+    reads from outside: the op binds all of it by name."""
+    if any(b is block for b in sub.ancestors()):
+        return sub
+    clone = _clone_block(sub, block, {})
+    for name in free_reads(sub):
+        var = sub.find_var(name)
+        if name not in clone.vars and var is not None:
+            clone.create_var(name, var.shape, var.dtype)
+    return clone
+
+
 def _clone_block(sub: Block, parent: Block, mapping: dict[str, str]) -> Block:
     """A copy of ``sub`` (and its nested blocks) under ``parent`` reading renamed outer values."""
     clone = sub.program.create_block(parent)

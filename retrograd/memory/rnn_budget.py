@@ -38,7 +38,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..errors import ExecutionError, ProgramError, ShapeError
-from ..ir.analysis import free_reads, op_reads
+from ..ir.analysis import op_reads
 from ..ir.program import Block, Op, Var
 from ..ops.recurrent import StepRunner as BlockRunner
 from ..ops.recurrent import (RnnLayout, _Held, check_state_shape, fresh_name, step_mask, time_steps,
@@ -46,6 +46,7 @@ from ..ops.recurrent import (RnnLayout, _Held, check_state_shape, fresh_name, st
 from ..ops.recurrent_grad import _add, _Collector, _per_state, build_backward_step, gradient_request
 from ..ops import streams
 from ..ops.registry import GradCtx, append_op, defop
+from .recompute import seen_from
 from .schedules import Plan, StepRunner, budget_plan, make_plan, minimum_budget, run_backward
 
 SCHEDULE_LEN = 4          # [T, segment, slots, from_alls]
@@ -272,7 +273,7 @@ def grad_maker(g: GradCtx) -> list[Var | None]:
     inputs += [d for d in d_all if d is not None] + [d for d in d_last if d is not None]
     grad_of = [i for i, w in enumerate(wanted) if w]
     grad_attrs = {
-        "backward": bstep.block, "step": _step_seen_from(attrs["step"], g.block),
+        "backward": bstep.block, "step": seen_from(attrs["step"], g.block),
         "inputs_t": list(attrs["inputs_t"]), "states": list(attrs["states"]),
         "state_outs": list(attrs["state_outs"]), "timestep": attrs.get("timestep"),
         "has_lengths": lay.has_lengths, "n_outer": lay.n_outer, "alls_given": alls_given,
@@ -287,21 +288,6 @@ def grad_maker(g: GradCtx) -> list[Var | None]:
     for position, out in zip(grad_of, outs):
         grads[position] = out
     return grads
-
-
-def _step_seen_from(step: Block, block: Block) -> Block:
-    """The forward step block, or a copy of it under ``block`` when ``block`` does not contain it
-    (the gradient op of a recurrent op inside a cond branch sits in the branch's backward block).
-    The copy declares what the step reads from outside: the op binds all of it by name."""
-    if any(b is block for b in step.ancestors()):
-        return step
-    from .recompute import _clone_block
-    clone = _clone_block(step, block, {})
-    for name in free_reads(step):
-        var = step.find_var(name)
-        if name not in clone.vars and var is not None:
-            clone.create_var(name, var.shape, var.dtype)
-    return clone
 
 
 def _check_static_budget(op: Op, bstep) -> None:
@@ -456,13 +442,35 @@ class _Backward(StepRunner):
                     self.seg_states[i] = self.held.add(xp.empty((self.segment,) + tuple(value.shape), dtype=value.dtype))
                 self.seg_states[i][t - start, ...] = value
             for j, value in enumerate(values[:len(self.tape)]):
-                if self.seg_tape[j] is None:
-                    self.seg_tape[j] = self.held.add(xp.empty((self.segment,) + tuple(value.shape), dtype=value.dtype))
-                self.seg_tape[j][t - start, ...] = value
+                self._store_tape(j, t - start, value)
             for name, value in zip(self.shape_only, values[len(self.tape):]):
                 if name not in self.stand_ins or tuple(self.stand_ins[name].shape) != tuple(value.shape):
                     self.stand_ins[name] = xp.broadcast_to(xp.zeros((), dtype=value.dtype), tuple(value.shape))
             current = [self._new_state(i, t, start) for i in range(len(new))]
+
+    def _store_tape(self, j: int, row: int, value) -> None:
+        """Row ``row`` of tape buffer j. A step value whose shape changes over time (an inner loop's
+        per-step trip count) is kept zero-padded to the largest shape seen, as the store-all forward
+        keeps it: its readers look only at the part that was written."""
+        xp, buf = self.xp, self.seg_tape[j]
+        shape = tuple(value.shape)
+        if buf is None:
+            buf = self.seg_tape[j] = self.held.add(xp.zeros((self.segment,) + shape, dtype=value.dtype))
+        elif len(buf.shape) - 1 != len(shape):
+            raise ExecutionError(f"{self.k.op.where()}: step value '{self.tape[j]}' changes rank over time "
+                                 f"({list(buf.shape[1:])} then {list(shape)}); the backward keeps it per "
+                                 "step and needs one rank")
+        elif any(a > b for a, b in zip(shape, buf.shape[1:])):
+            wide = xp.zeros((self.segment,) + tuple(max(a, b) for a, b in zip(shape, buf.shape[1:])),
+                            dtype=buf.dtype)
+            wide[(slice(None),) + tuple(slice(0, d) for d in buf.shape[1:])] = buf
+            self.held.drop(buf)
+            buf = self.seg_tape[j] = self.held.add(wide)
+        if shape == tuple(buf.shape[1:]):
+            buf[row, ...] = value
+        else:
+            buf[row, ...] = 0
+            buf[(row,) + tuple(slice(0, d) for d in shape)] = value
 
     def _new_state(self, i: int, t: int, start: int):
         """State i after step t (t in the segment being reversed)."""

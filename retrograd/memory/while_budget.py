@@ -27,6 +27,7 @@ from ..ir.builder import capture_ops, emit
 from ..ir.program import Op, Var
 from ..ops import streams
 from ..ops.registry import GradCtx, defop
+from .recompute import seen_from
 from .rnn_budget import is_budget
 from .schedules import StepRunner, budget_plan, run_backward, sweep
 
@@ -95,7 +96,10 @@ def forward_kernel(k, *arrays, truth, check_stable):
             if budget < tape_bytes:
                 raise ExecutionError(f"{op.where()}: a recompute budget of {budget} bytes cannot hold one "
                                      f"iteration; the minimum budget is {tape_bytes} bytes")
-            capacity = (budget // 2) // carry_bytes if carry_bytes else 1 << 30
+            # Checkpoints may take half the budget, but never so much that the backward cannot hold
+            # one taped iteration beside them (else budgets between would fail: not monotonic).
+            room = min(budget // 2, budget - tape_bytes)
+            capacity = room // carry_bytes if carry_bytes else 1 << 30
         carries = values[:n]
         iters += 1
     outputs = list(carries) + [xp.asarray(iters, dtype=xp.int64)]
@@ -128,14 +132,14 @@ def grad_maker(g: GradCtx, loop_grad) -> list:
     with capture_ops() as ops:
         result = loop_grad(g)
     scans = [o for o in ops if o.type == "Scan" and o.attrs.get("body") is not None
-             and o.attrs["body"].parent_idx == op.block.idx and o.inputs[:1] == [op.outputs[n]]]
+             and o.attrs["body"].parent_idx == g.block.idx and o.inputs[:1] == [op.outputs[n]]]
     if len(scans) != 1:
         raise ProgramError(f"{op.where()}: expected the While's gradient to be one reversed Scan, got "
                            f"{len(scans)}")
     scan = scans[0]
     _add_budget_outputs(op)
     for o in ops:
-        emit(_budget_op(o, op) if o is scan else o, g.block)
+        emit(_budget_op(o, op, g.block) if o is scan else o, g.block)
     return result
 
 
@@ -157,7 +161,7 @@ def _add_budget_outputs(op: Op) -> None:
     block.program.bump()
 
 
-def _budget_op(scan: Op, loop: Op) -> Op:
+def _budget_op(scan: Op, loop: Op, block) -> Op:
     """The WhileBudgetGrad doing ``scan``'s work without the stacks ``loop`` would have kept."""
     a = scan.attrs
     c, s = len(a["carry_binds"]), len(a["x_binds"])
@@ -176,7 +180,7 @@ def _budget_op(scan: Op, loop: Op) -> Op:
     attrs = {"body": a["body"], "carry_binds": list(a["carry_binds"]), "body_outs": list(a["body_outs"]),
              "x_binds": list(a["x_binds"]), "shape_only": [x for x in a["x_binds"] if not full[ys.index(x)]],
              "n_consts": len(scan.inputs) - 1 - c - s, "n_loop_vars": n,
-             "fwd_body": loop.attrs["body"], "fwd_carry_binds": list(loop.attrs["carry_binds"]),
+             "fwd_body": seen_from(loop.attrs["body"], block), "fwd_carry_binds": list(loop.attrs["carry_binds"]),
              "fwd_body_outs": list(loop.attrs["body_outs"]), "budget": int(loop.attrs["recompute"])}
     streams.copy_stream(loop.attrs, attrs)   # re-run iterations draw the forward's random numbers
     return Op("WhileBudgetGrad", inputs, list(scan.outputs), attrs)

@@ -210,3 +210,46 @@ def test_budgeted_programs_round_trip_through_json():
     out2 = exe.run(again, feed={"x": xb}, fetch_list=fetch)
     for a, b in zip(out2, out):
         np.testing.assert_array_equal(a, b)
+
+
+def _inner_loop_rnn(recompute):
+    """A recurrent step whose while_loop runs 2 iterations at step 0 and none at step 1."""
+    main, startup = Program(), Program()
+    with rg.program_guard(main, startup):
+        x = rg.data("x", [2, 1, 3], dtype="float64", stop_gradient=False)
+        h0 = rg.data("h0", [1, 3], dtype="float64", stop_gradient=False)
+        w = rg.create_parameter("w", [3, 3], dtype="float64")
+
+        def step(xs, hs):
+            trips = rg.cast(rg.sum(xs[0]) > 0.0, "int64") * 2
+            _, h = rg.while_loop(lambda i, h: i < trips, lambda i, h: (i + 1, rg.tanh(h @ w + xs[0])),
+                                 [rg.constant(0), hs[0]])
+            return [h]
+        _, (h_last,) = rg.recurrent(step, [x], [h0], recompute=recompute)
+        grads = rg.gradients(rg.sum(h_last * h_last), [x, h0, w])
+    return main, grads
+
+
+def test_bug5_budgeted_recurrent_with_per_step_while_trip_count():
+    """Issue #10 bug 5: a per-step trip count made the budgeted backward fail to broadcast
+    (0,1,3) into (2,1,3); it now matches store-all and torch."""
+    rng = np.random.RandomState(3)
+    xb = np.array([[[0.5, 0.2, 0.1]], [[-0.5, -0.2, -0.1]]])
+    h0, wv = rng.randn(1, 3) * 0.3, rng.randn(3, 3) * 0.5
+    outs = {}
+    for recompute in (None, "steps", 4096, 200):
+        main, grads = _inner_loop_rnn(recompute)
+        exe = rg.Executor()
+        exe.scope.set("w", wv)
+        outs[recompute] = exe.run(main, feed={"x": xb, "h0": h0}, fetch_list=grads)
+    for recompute in ("steps", 4096, 200):
+        for a, b in zip(outs[recompute], outs[None]):
+            np.testing.assert_allclose(a, b, rtol=1e-12, atol=1e-15)
+    x, h, w = (torch.tensor(v, requires_grad=True) for v in (xb, h0, wv))
+    state = h
+    for t in range(2):
+        for _ in range(2 if xb[t].sum() > 0 else 0):
+            state = torch.tanh(state @ w + x[t])
+    (state * state).sum().backward()
+    for a, ref in zip(outs[4096], (x.grad, h.grad, w.grad)):
+        np.testing.assert_allclose(a, ref.numpy(), rtol=1e-10, atol=1e-14)
