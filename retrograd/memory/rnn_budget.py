@@ -40,26 +40,17 @@ import numpy as np
 from ..errors import ExecutionError, ProgramError, ShapeError
 from ..ir.analysis import op_reads
 from ..ir.program import Block, Op, Var
-from ..ops.recurrent import StepRunner as BlockRunner
-from ..ops.recurrent import (RnnLayout, _Held, check_state_shape, fresh_name, step_mask, time_steps,
-                             timestep_value)
-from ..ops.recurrent_grad import _add, _Collector, _per_state, build_backward_step, gradient_request
+from ..ops.recurrent_grad import TimeBatches, build_backward_step, gradient_request
+from ..ops.recurrent_steps import (BUDGET_VARIANTS, BudgetVariant, Held, RnnLayout, add_optional,
+                                   check_state_shape, fresh_name, per_state, step_mask,
+                                   time_steps, timestep_value)
+from ..ops.recurrent_steps import StepRunner as BlockRunner
 from ..ops import streams
 from ..ops.registry import GradCtx, append_op, defop
 from .recompute import seen_from
 from .schedules import Plan, StepRunner, budget_plan, make_plan, minimum_budget, run_backward
 
 SCHEDULE_LEN = 4          # [T, segment, slots, from_alls]
-
-
-def is_budget(recompute) -> bool:
-    """True when ``recompute`` asks for a byte budget (an int, not a bool)."""
-    return isinstance(recompute, int) and not isinstance(recompute, bool)
-
-
-def check_budget(recompute: int) -> None:
-    if recompute < 0:
-        raise ProgramError(f"recompute budget must be >= 0 bytes, got {recompute}")
 
 
 def output_specs(inits: list[Var], attrs: dict) -> list:
@@ -157,7 +148,7 @@ def forward_kernel(k, *arrays):
         n_out - 1 - j in k.live_outputs for j in range(k_state + 1))
     from_alls = graded and all(attrs["budget_all"])
     materialize = [from_alls or 2 * i in k.live_outputs for i in range(k_state)]
-    held = _Held(run.meter)
+    held = Held(run.meter)
     bufs = []
     for init, full in zip(inits, materialize):
         buf = held.add(xp.empty((steps + 1,) + tuple(init.shape), dtype=init.dtype)) if full else None
@@ -358,8 +349,8 @@ def _budget_grad_kernel(k, *arrays):
     checkpoints = {0: list(inits)}
     for j, t in enumerate(plan.sweep_stores):
         checkpoints[t] = [a[t - 1] for a in alls] if from_alls else [c[j] for c in ckpts]
-    back = _Backward(k, lay, seqs, inits, lengths, outers, _per_state(attrs["dall_given"], d_all),
-                     _per_state(attrs["dlast_given"], d_last), plan.segment, alls if from_alls else None)
+    back = _Backward(k, lay, seqs, inits, lengths, outers, per_state(attrs["dall_given"], d_all),
+                     per_state(attrs["dlast_given"], d_last), plan.segment, alls if from_alls else None)
     run_backward(plan, checkpoints, back)
     return back.results()
 
@@ -374,7 +365,7 @@ class _Backward(StepRunner):
         self.steps = _Steps(k, lay.fwd, seqs, lengths, outers, attrs["step"], attrs)
         self.seqs, self.inits, self.lengths = seqs, inits, lengths
         self.d_all, self.d_last = d_all, d_last
-        self.held = _Held(k.run.meter)
+        self.held = Held(k.run.meter)
         self.segment = max(1, min(segment, len(seqs[0]) if seqs else 1))
         self.grad_of = set(attrs["grad_of"])
         n_state = lay.fwd.n_state
@@ -384,7 +375,7 @@ class _Backward(StepRunner):
         self.fetch_seq = [name if self.dseq[i] is not None else None for i, name in enumerate(attrs["fetch_seq"])]
         self.tape = list(attrs["tape"])
         self.shape_only = list(attrs["shape_only"])
-        collected = _Collector(xp, _Held(k.run.meter), 0, attrs["batched"], self.fetch_seq, self.tape).names
+        collected = TimeBatches(xp, Held(k.run.meter), 0, attrs["batched"], self.fetch_seq, self.tape).names
         self.fetch = [n for n in self.fetch_seq + attrs["fetch_state"] + attrs["fetch_outer"] if n] + collected
         self.index = {name: i for i, name in enumerate(self.fetch)}
         self.acc: list = [None] * lay.fwd.n_outer
@@ -418,7 +409,7 @@ class _Backward(StepRunner):
     def reverse(self, state, start: int, stop: int) -> None:
         self._tape(state, start, stop)
         n = stop - start
-        collect = _Collector(self.xp, _Held(self.k.run.meter), n, self.attrs["batched"], self.fetch_seq, self.tape)
+        collect = TimeBatches(self.xp, Held(self.k.run.meter), n, self.attrs["batched"], self.fetch_seq, self.tape)
         dseq = [None if d is None else d[start:stop] for d in self.dseq]
         for t in range(stop - 1, start - 1, -1):
             values = self._backward_step(t, start, state)
@@ -482,7 +473,7 @@ class _Backward(StepRunner):
         n_state = self.lay.fwd.n_state
         carry = [None] * n_state
         for i in range(n_state):
-            dn = _add(self.dcur[i], None if self.d_all[i] is None else self.d_all[i][t])
+            dn = add_optional(self.dcur[i], None if self.d_all[i] is None else self.d_all[i][t])
             if dn is None:
                 if self.zeros[i] is None:
                     self.zeros[i] = xp.zeros(self.inits[i].shape, dtype=self.inits[i].dtype)
@@ -510,7 +501,7 @@ class _Backward(StepRunner):
             if name:
                 self.dseq[i][t, ...] = values[self.index[name]]
         for i, name in enumerate(attrs["fetch_state"]):
-            self.dcur[i] = _add(values[self.index[name]] if name else None, carry[i])
+            self.dcur[i] = add_optional(values[self.index[name]] if name else None, carry[i])
         for j, name in enumerate(attrs["fetch_outer"]):
             if name:
                 value = values[self.index[name]]
@@ -536,3 +527,6 @@ class _Backward(StepRunner):
                 outer = self.steps.bindings[self.k.op.inputs[lay.outer_start + j]]
                 out.append(self.acc[j] if self.acc[j] is not None else xp.zeros(outer.shape, dtype=outer.dtype))
         return out[0] if len(out) == 1 else tuple(out)
+
+
+BUDGET_VARIANTS["RecurrentNetwork"] = BudgetVariant(output_specs, forward_kernel, grad_maker)

@@ -28,7 +28,7 @@ from ..ir.program import Op, Var
 from ..ops import streams
 from ..ops.registry import GradCtx, defop
 from .recompute import seen_from
-from .rnn_budget import is_budget
+from ..ops.recurrent_steps import is_budget
 from .schedules import StepRunner, budget_plan, run_backward, sweep
 
 SCHEDULE_LEN = 5          # [iterations, stride k, checkpoints, bytes per loop-var set, bytes per taped iteration]

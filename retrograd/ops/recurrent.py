@@ -25,53 +25,19 @@ zero-stride view and costs no memory).
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Callable, Sequence
 
 from ..errors import ExecutionError, ProgramError, ShapeError
 from ..ir.analysis import free_reads
 from ..ir.builder import block_guard, current_block
 from ..ir.dtypes import is_float
-from ..ir.program import Block, Program, Var
+from ..ir.program import Block, Var
 from . import streams
 from .creation import assign
+from .recurrent_grad import rnn_grad_maker
+from .recurrent_steps import (Held, RnnLayout, StepRunner, budget_variant, check_state_shape,  # noqa: F401
+                              fresh_name, is_budget, step_mask, time_steps, timestep_value)
 from .registry import append_op, defop, infer_specs
-
-
-# --- The op's input layout ------------------------------------------------------------------
-
-@dataclass(frozen=True)
-class RnnLayout:
-    """Where each group of a RecurrentNetwork op's inputs sits (counts come from its attrs)."""
-    n_seq: int
-    n_state: int
-    has_lengths: bool
-    n_outer: int
-
-    @staticmethod
-    def of(attrs: dict, n_inputs: int) -> "RnnLayout":
-        n_seq, n_state = len(attrs["inputs_t"]), len(attrs["states"])
-        has_lengths = bool(attrs["has_lengths"])
-        return RnnLayout(n_seq, n_state, has_lengths, n_inputs - n_seq - n_state - int(has_lengths))
-
-    @property
-    def outer_start(self) -> int:
-        return self.n_seq + self.n_state + int(self.has_lengths)
-
-    @property
-    def n_inputs(self) -> int:
-        return self.outer_start + self.n_outer
-
-    def split(self, items: Sequence) -> tuple[list, list, object, list]:
-        """(sequences, initial states, seq_lengths or None, outer values) of the forward inputs."""
-        s, k = self.n_seq, self.n_state
-        lengths = items[s + k] if self.has_lengths else None
-        return list(items[:s]), list(items[s:s + k]), lengths, list(items[self.outer_start:self.n_inputs])
-
-
-def fresh_name(program: Program, base: str) -> str:
-    """``base`` if the program does not use it yet, else ``base_N``."""
-    return base if not program.has_name(base) else program.unique_name(base)
 
 
 # --- Shape rule ------------------------------------------------------------------------------
@@ -119,112 +85,22 @@ def _rnn_rule(ins: list[Var], attrs: dict):
         var = step.var(name)
         specs.append(((steps,) + var.shape, var.dtype))
     if attrs.get("budget_outputs"):  # recompute=<bytes>: checkpoints and schedule (memory/rnn_budget.py)
-        from ..memory.rnn_budget import output_specs
-        specs += output_specs(inits, attrs)
+        specs += budget_variant("RecurrentNetwork").output_specs(inits, attrs)
     return specs
 
 
 # --- Kernel ------------------------------------------------------------------------------------
 
-def time_steps(op, seqs: list) -> int:
-    """T, the common length of the sequences (ExecutionError naming the op if they differ)."""
-    lengths = {int(seq.shape[0]) for seq in seqs}
-    if len(lengths) != 1:
-        raise ExecutionError(f"{op.where()}: input sequences have different lengths {sorted(lengths)} "
-                             "along axis 0 (time)")
-    return lengths.pop()
-
-
-def timestep_value(xp, step: Block, name: str, t: int):
-    """The value bound to the step's timestep variable at step ``t``."""
-    var = step.var(name)
-    return xp.full(tuple(max(d, 1) for d in var.shape), t, dtype=getattr(xp, var.dtype))
-
-
-def step_mask(xp, lengths, t: int, ndim: int):
-    """Rows still running at step ``t`` (``t < length``), shaped to broadcast over a state of rank ``ndim``."""
-    return xp.reshape(lengths > t, (-1,) + (1,) * (ndim - 1))
-
-
-def check_state_shape(op, name: str, value, slot) -> None:
-    if tuple(value.shape) != tuple(slot.shape):
-        raise ExecutionError(f"{op.where()}: step value '{name}' has shape {list(value.shape)}, but its "
-                             f"state slots have shape {list(slot.shape)}; a step must keep each state's shape")
-
-
-class StepRunner:
-    """Runs one block many times (once per time step) with a plan compiled once.
-
-    The bound names (step inputs, state slots, outer values) are kept in the
-    plan, so the executor never frees or counts them: they are views of
-    buffers the caller or the executor already holds, and holding each view
-    per step would only cost time. Fetched values the block computes are
-    released from the memory meter once the caller has them.
-    """
-
-    def __init__(self, op, run, block: Block, bound: Sequence[str], fetch: Sequence[str]):
-        self.run = run
-        self.fetch = list(fetch)
-        bound = set(bound)
-        self.plan = run.executor.plan_for(block, frozenset(self.fetch) | frozenset(bound))
-        missing = [n for n in self.plan.free_reads if n not in bound]
-        if missing:
-            raise ExecutionError(f"{op.where()}: block {block.idx} reads {', '.join(missing)}, which the op "
-                                 "does not bind")
-        self.overwritten = sorted({n for s in self.plan.steps for n in s.outputs if n in bound})
-        self.release = list(dict.fromkeys([n for n in self.fetch if n not in bound] + self.overwritten))
-
-    def __call__(self, bindings: dict, stream: tuple[int, int] | None = None) -> list:
-        """Run the block once; ``stream`` = (the op's rng_id, time step) for its random ops (streams.py)."""
-        env = dict(bindings)
-        meter = self.run.meter
-        for name in self.overwritten:      # the executor releases a value it overwrites
-            meter.hold(env[name])
-        if stream is None:
-            self.run.executor.execute(self.plan, env)
-        else:
-            with self.run.random_stream(stream):
-                self.run.executor.execute(self.plan, env)
-        values = [env[n] for n in self.fetch]
-        for name in self.release:
-            meter.release(env[name])
-        return values
-
-
-class _Held:
-    """Buffers a kernel owns while it loops, counted by the run's memory meter."""
-
-    def __init__(self, meter):
-        self.meter = meter
-        self.arrays: list = []
-
-    def add(self, array):
-        self.meter.hold(array)
-        self.arrays.append(array)
-        return array
-
-    def drop(self, array) -> None:
-        """Stop holding ``array`` before the loop ends (it was replaced)."""
-        self.meter.release(array)
-        self.arrays = [a for a in self.arrays if a is not array]
-
-    def release(self) -> None:
-        for array in self.arrays:
-            self.meter.release(array)
-        self.arrays = []
-
-
 def _rnn_kernel(k, *arrays):
     """Run the step block over time; return per state (all, last) views, then the saved step values."""
     attrs, xp, op, run = k.attrs, k.xp, k.op, k.run
-    if _is_budget(attrs.get("recompute")):   # recompute=<bytes>: memory/rnn_budget.py runs the op
-        from ..memory.rnn_budget import forward_kernel
-        return forward_kernel(k, *arrays)
+    if is_budget(attrs.get("recompute")):   # recompute=<bytes>: memory/rnn_budget.py runs the op
+        return budget_variant("RecurrentNetwork").forward(k, *arrays)
     lay = RnnLayout.of(attrs, len(arrays))
     seqs, inits, lengths, outers = lay.split(arrays)
     steps = time_steps(op, seqs)
     step: Block = attrs["step"]
-    held = _Held(run.meter)
+    held = Held(run.meter)
     n_state, timestep = lay.n_state, attrs.get("timestep")
     keep_all = [2 * i in k.live_outputs for i in range(n_state)]   # does this plan read all_i?
     states = []
@@ -286,18 +162,14 @@ def _rnn_kernel(k, *arrays):
     return tuple(outputs + kept)
 
 
-def _is_budget(recompute) -> bool:
-    return isinstance(recompute, int) and not isinstance(recompute, bool)
-
-
-def _saved_buffer(xp, held: _Held, steps: int, row: tuple, dtype, full: bool, zeros: bool = False):
+def _saved_buffer(xp, held: Held, steps: int, row: tuple, dtype, full: bool, zeros: bool = False):
     """A [T, ...] buffer for a step value: real storage, or a zero-stride stand-in when only its shape is read."""
     if full:
         return held.add((xp.zeros if zeros else xp.empty)((steps,) + row, dtype=dtype))
     return xp.broadcast_to(xp.zeros((), dtype=dtype), (steps,) + row)
 
 
-def _widened(xp, held: _Held, op, name: str, buf, value, full: bool):
+def _widened(xp, held: Held, op, name: str, buf, value, full: bool):
     """The buffer of a step value whose shape changes over time (the empty stand-in of a branch
     that did not run, an inner loop's varying length): rows zero-padded to the largest shape."""
     old, new = tuple(buf.shape[1:]), tuple(value.shape)
@@ -314,13 +186,8 @@ def _widened(xp, held: _Held, op, name: str, buf, value, full: bool):
     return wide
 
 
-def _rnn_grad(g):
-    from .recurrent_grad import rnn_grad_maker
-    return rnn_grad_maker(g)
-
-
 defop("RecurrentNetwork", inputs=("sequences*", "initial_states*", "seq_lengths?", "outer*"),
-      outputs=("all_and_last*", "saved*"), infer=_rnn_rule, grad=_rnn_grad)(_rnn_kernel)
+      outputs=("all_and_last*", "saved*"), infer=_rnn_rule, grad=rnn_grad_maker)(_rnn_kernel)
 
 
 # --- Building the op ------------------------------------------------------------------------------
@@ -334,9 +201,9 @@ def _as_list(items) -> list:
 def _check_recompute(recompute) -> None:
     if recompute is None or recompute == "steps" or isinstance(recompute, (list, tuple)):
         return
-    if isinstance(recompute, int) and not isinstance(recompute, bool):
-        from ..memory.rnn_budget import check_budget  # byte budgets are run by memory/rnn_budget.py
-        check_budget(recompute)
+    if is_budget(recompute):    # byte budgets are run by memory/rnn_budget.py
+        if recompute < 0:
+            raise ProgramError(f"recompute budget must be >= 0 bytes, got {recompute}")
         return
     raise ProgramError(f"recompute must be None, 'steps' or a byte budget (int), got {recompute!r}")
 

@@ -41,7 +41,8 @@ from ..ir.analysis import op_reads
 from ..ir.dtypes import is_float
 from ..ir.program import Block, Op, Var
 from . import streams
-from .recurrent import RnnLayout, StepRunner, _Held, fresh_name, step_mask, time_steps, timestep_value
+from .recurrent_steps import (Held, RnnLayout, StepRunner, add_optional, budget_variant, fresh_name,
+                              is_budget, per_state, step_mask, time_steps, timestep_value)
 from .registry import GradCtx, append_op, defop, get_op_def
 
 
@@ -333,9 +334,8 @@ def gradient_request(g: GradCtx):
 def rnn_grad_maker(g: GradCtx) -> list[Var | None]:
     """RecurrentNetwork's gradient: one RecurrentNetworkGrad op over a backward step block."""
     op, attrs = g.op, g.attrs
-    if isinstance(attrs.get("recompute"), int) and not isinstance(attrs.get("recompute"), bool):
-        from ..memory.rnn_budget import grad_maker  # recompute=<bytes>: checkpointed over time steps
-        return grad_maker(g)
+    if is_budget(attrs.get("recompute")):   # recompute=<bytes>: checkpointed over time steps
+        return budget_variant("RecurrentNetwork").grad(g)
     request = gradient_request(g)
     if request is None:
         return [None] * len(op.inputs)
@@ -413,11 +413,6 @@ class _GradLayout:
         return fwd, alls, saved, rest[:self.n_dall], rest[self.n_dall:self.n_dall + self.n_dlast]
 
 
-def _per_state(given: list[bool], values: list) -> list:
-    it = iter(values)
-    return [next(it) if flag else None for flag in given]
-
-
 def _grad_rule(ins: list[Var], attrs: dict):
     lay = _GradLayout.of(attrs)
     expected = lay.fwd.n_inputs + lay.fwd.n_state + lay.n_saved + lay.n_dall + lay.n_dlast
@@ -433,18 +428,18 @@ def _rnn_grad_kernel(k, *arrays):
     attrs, xp, op, run = k.attrs, k.xp, k.op, k.run
     lay = _GradLayout.of(attrs)
     fwd, alls, saved, d_all, d_last = lay.split(arrays)
-    d_all, d_last = _per_state(attrs["dall_given"], d_all), _per_state(attrs["dlast_given"], d_last)
+    d_all, d_last = per_state(attrs["dall_given"], d_all), per_state(attrs["dlast_given"], d_last)
     seqs, inits, lengths, outers = lay.fwd.split(fwd)
     steps = time_steps(op, seqs)
     block: Block = attrs["backward"]
-    held = _Held(run.meter)
+    held = Held(run.meter)
     grad_of = set(attrs["grad_of"])
     n_seq, n_state = lay.fwd.n_seq, lay.fwd.n_state
     dseq = [held.add(xp.empty(seq.shape, dtype=seq.dtype) if name else xp.zeros(seq.shape, dtype=seq.dtype))
             if i in grad_of else None
             for i, (seq, name) in enumerate(zip(seqs, attrs["fetch_seq"]))]
     fetch_seq = [name if dseq[i] is not None else None for i, name in enumerate(attrs["fetch_seq"])]
-    collect = _Collector(xp, held, steps, attrs["batched"], fetch_seq, attrs["saved"])
+    collect = TimeBatches(xp, held, steps, attrs["batched"], fetch_seq, attrs["saved"])
     fetch = [n for n in fetch_seq + attrs["fetch_state"] + attrs["fetch_outer"] if n] + collect.names
     index = {name: i for i, name in enumerate(fetch)}
     acc: list = [None] * lay.fwd.n_outer
@@ -460,7 +455,7 @@ def _rnn_grad_kernel(k, *arrays):
     for t in range(steps - 1, -1, -1):
         carry = [None] * n_state
         for i in range(n_state):
-            dn = _add(dcur[i], None if d_all[i] is None else d_all[i][t, ...])
+            dn = add_optional(dcur[i], None if d_all[i] is None else d_all[i][t, ...])
             if dn is None:
                 if zeros[i] is None:
                     zeros[i] = xp.zeros(inits[i].shape, dtype=inits[i].dtype)
@@ -484,7 +479,7 @@ def _rnn_grad_kernel(k, *arrays):
             if name:
                 dseq[i][t, ...] = values[index[name]]
         for i, name in enumerate(attrs["fetch_state"]):
-            dcur[i] = _add(values[index[name]] if name else None, carry[i])
+            dcur[i] = add_optional(values[index[name]] if name else None, carry[i])
         for j, name in enumerate(attrs["fetch_outer"]):
             if name:
                 value = values[index[name]]
@@ -509,18 +504,10 @@ def _rnn_grad_kernel(k, *arrays):
     return results[0] if len(results) == 1 else tuple(results)
 
 
-def _add(a, b):
-    if a is None:
-        return b
-    if b is None:
-        return a
-    return a + b
-
-
-class _Collector:
+class TimeBatches:
     """Per-step values kept in [T, ...] buffers for the gradients batched over time."""
 
-    def __init__(self, xp, held: _Held, steps: int, batched: list, fetch_seq: list, saved_names: list):
+    def __init__(self, xp, held: Held, steps: int, batched: list, fetch_seq: list, saved_names: list):
         self.xp, self.held, self.steps = xp, held, steps
         self.batched = batched
         self.saved_names = list(saved_names)

@@ -1,0 +1,184 @@
+"""Running a step block over time: the layout of a RecurrentNetwork's inputs, a compiled step
+runner, the buffers a looping kernel holds, and the budget variants of looping ops.
+
+Shared by the forward (``recurrent.py``), the store-all backward (``recurrent_grad.py``) and the
+budgeted forward and backward (``retrograd/memory/rnn_budget.py``), none of which imports another's
+private names. Looping ops with ``recompute=<bytes>`` run the variant the memory package registers
+in ``BUDGET_VARIANTS`` (the ops package never imports the memory package).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable, Sequence
+
+from ..errors import ExecutionError, ProgramError
+from ..ir.program import Block, Program
+
+
+# --- The op's input layout ------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class RnnLayout:
+    """Where each group of a RecurrentNetwork op's inputs sits (counts come from its attrs)."""
+    n_seq: int
+    n_state: int
+    has_lengths: bool
+    n_outer: int
+
+    @staticmethod
+    def of(attrs: dict, n_inputs: int) -> "RnnLayout":
+        n_seq, n_state = len(attrs["inputs_t"]), len(attrs["states"])
+        has_lengths = bool(attrs["has_lengths"])
+        return RnnLayout(n_seq, n_state, has_lengths, n_inputs - n_seq - n_state - int(has_lengths))
+
+    @property
+    def outer_start(self) -> int:
+        return self.n_seq + self.n_state + int(self.has_lengths)
+
+    @property
+    def n_inputs(self) -> int:
+        return self.outer_start + self.n_outer
+
+    def split(self, items: Sequence) -> tuple[list, list, object, list]:
+        """(sequences, initial states, seq_lengths or None, outer values) of the forward inputs."""
+        s, k = self.n_seq, self.n_state
+        lengths = items[s + k] if self.has_lengths else None
+        return list(items[:s]), list(items[s:s + k]), lengths, list(items[self.outer_start:self.n_inputs])
+
+
+def fresh_name(program: Program, base: str) -> str:
+    """``base`` if the program does not use it yet, else ``base_N``."""
+    return base if not program.has_name(base) else program.unique_name(base)
+
+
+# --- Running steps --------------------------------------------------------------------------------
+
+def time_steps(op, seqs: list) -> int:
+    """T, the common length of the sequences (ExecutionError naming the op if they differ)."""
+    lengths = {int(seq.shape[0]) for seq in seqs}
+    if len(lengths) != 1:
+        raise ExecutionError(f"{op.where()}: input sequences have different lengths {sorted(lengths)} "
+                             "along axis 0 (time)")
+    return lengths.pop()
+
+
+def timestep_value(xp, step: Block, name: str, t: int):
+    """The value bound to the step's timestep variable at step ``t``."""
+    var = step.var(name)
+    return xp.full(tuple(max(d, 1) for d in var.shape), t, dtype=getattr(xp, var.dtype))
+
+
+def step_mask(xp, lengths, t: int, ndim: int):
+    """Rows still running at step ``t`` (``t < length``), shaped to broadcast over a state of rank ``ndim``."""
+    return xp.reshape(lengths > t, (-1,) + (1,) * (ndim - 1))
+
+
+def check_state_shape(op, name: str, value, slot) -> None:
+    if tuple(value.shape) != tuple(slot.shape):
+        raise ExecutionError(f"{op.where()}: step value '{name}' has shape {list(value.shape)}, but its "
+                             f"state slots have shape {list(slot.shape)}; a step must keep each state's shape")
+
+
+class StepRunner:
+    """Runs one block many times (once per time step) with a plan compiled once.
+
+    The bound names (step inputs, state slots, outer values) are kept in the
+    plan, so the executor never frees or counts them: they are views of
+    buffers the caller or the executor already holds, and holding each view
+    per step would only cost time. Fetched values the block computes are
+    released from the memory meter once the caller has them.
+    """
+
+    def __init__(self, op, run, block: Block, bound: Sequence[str], fetch: Sequence[str]):
+        self.run = run
+        self.fetch = list(fetch)
+        bound = set(bound)
+        self.plan = run.executor.plan_for(block, frozenset(self.fetch) | frozenset(bound))
+        missing = [n for n in self.plan.free_reads if n not in bound]
+        if missing:
+            raise ExecutionError(f"{op.where()}: block {block.idx} reads {', '.join(missing)}, which the op "
+                                 "does not bind")
+        self.overwritten = sorted({n for s in self.plan.steps for n in s.outputs if n in bound})
+        self.release = list(dict.fromkeys([n for n in self.fetch if n not in bound] + self.overwritten))
+
+    def __call__(self, bindings: dict, stream: tuple[int, int] | None = None) -> list:
+        """Run the block once; ``stream`` = (the op's rng_id, time step) for its random ops (streams.py)."""
+        env = dict(bindings)
+        meter = self.run.meter
+        for name in self.overwritten:      # the executor releases a value it overwrites
+            meter.hold(env[name])
+        if stream is None:
+            self.run.executor.execute(self.plan, env)
+        else:
+            with self.run.random_stream(stream):
+                self.run.executor.execute(self.plan, env)
+        values = [env[n] for n in self.fetch]
+        for name in self.release:
+            meter.release(env[name])
+        return values
+
+
+class Held:
+    """Buffers a kernel owns while it loops, counted by the run's memory meter."""
+
+    def __init__(self, meter):
+        self.meter = meter
+        self.arrays: list = []
+
+    def add(self, array):
+        self.meter.hold(array)
+        self.arrays.append(array)
+        return array
+
+    def drop(self, array) -> None:
+        """Stop holding ``array`` before the loop ends (it was replaced)."""
+        self.meter.release(array)
+        self.arrays = [a for a in self.arrays if a is not array]
+
+    def release(self) -> None:
+        for array in self.arrays:
+            self.meter.release(array)
+        self.arrays = []
+
+
+def add_optional(a, b):
+    """``a + b`` where None stands for zero."""
+    if a is None:
+        return b
+    if b is None:
+        return a
+    return a + b
+
+
+def per_state(given: list[bool], values: list) -> list:
+    """``values`` spread over the states flagged in ``given`` (None for the others)."""
+    it = iter(values)
+    return [next(it) if flag else None for flag in given]
+
+
+# --- Budget variants ----------------------------------------------------------------------------
+
+def is_budget(recompute) -> bool:
+    """True when ``recompute`` asks for a byte budget (an int, not a bool)."""
+    return isinstance(recompute, int) and not isinstance(recompute, bool)
+
+
+@dataclass(frozen=True)
+class BudgetVariant:
+    """How a looping op built with ``recompute=<bytes>`` runs: the extra outputs its gradient adds
+    (checkpoints, schedule), its forward kernel and its gradient maker."""
+    output_specs: Callable
+    forward: Callable
+    grad: Callable
+
+
+BUDGET_VARIANTS: dict[str, BudgetVariant] = {}
+
+
+def budget_variant(op_type: str) -> BudgetVariant:
+    """The registered budget variant of ``op_type`` (ProgramError when none is)."""
+    variant = BUDGET_VARIANTS.get(op_type)
+    if variant is None:
+        raise ProgramError(f"{op_type} with recompute=<bytes> has no budget variant registered "
+                           "(import retrograd.memory)")
+    return variant
