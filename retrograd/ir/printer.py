@@ -25,30 +25,34 @@ from .program import Block, Op, Program
 
 _INDENT = "  "
 _MAX_LIST_VALUES = 8  # longer lists (constant tables, ...) print as their size
+_MAX_NESTED_DEPTH = 2 * 32  # indentation of the deepest block printed inline (32 levels)
 
 
-def format_program(program: Program) -> str:
+def format_program(program: Program, locations: bool = False) -> str:
     """The whole program as text; ``print(program)`` shows the same.
+
+    With ``locations``, each op's line ends with ``  # file:line``, where
+    user code built it (when known).
 
     Example::
 
-        print(format_program(main))
+        print(format_program(main, locations=True))
     """
     printed: set[int] = set()
-    lines = _format_block(program.global_block(), 0, printed)
+    lines = _format_block(program.global_block(), 0, printed, locations)
     # Blocks no op references (a pass's work in progress) would otherwise be invisible.
     for block in program.blocks:
         if block.idx not in printed:
-            lines.extend(_format_block(block, 0, printed))
+            lines.extend(_format_block(block, 0, printed, locations))
     return "\n".join(lines)
 
 
-def format_block(block: Block) -> str:
+def format_block(block: Block, locations: bool = False) -> str:
     """One block and its nested sub-blocks as text."""
-    return "\n".join(_format_block(block, 0, set()))
+    return "\n".join(_format_block(block, 0, set(), locations))
 
 
-def _format_block(block: Block, depth: int, printed: set[int]) -> list[str]:
+def _format_block(block: Block, depth: int, printed: set[int], locations: bool = False) -> list[str]:
     printed.add(block.idx)
     pad = _INDENT * depth
     parent = f" (parent {block.parent_idx})" if block.parent_idx >= 0 else ""
@@ -59,11 +63,16 @@ def _format_block(block: Block, depth: int, printed: set[int]) -> list[str]:
         if kind:
             lines.append(f"{pad}{_INDENT}{kind} {var.name}: {var.type_str()}")
     for op in block.ops:
-        lines.append(pad + _INDENT + format_op(op, block))
+        where = f"  # {op.location}" if locations and op.location else ""
+        lines.append(pad + _INDENT + format_op(op, block) + where)
         for sub in op.sub_blocks():
             if sub.idx in printed:
                 continue  # a second reference to a block (e.g. by a gradient op) prints it once
-            lines.extend(_format_block(sub, depth + 2, printed))
+            if depth >= _MAX_NESTED_DEPTH:
+                # Bounded recursion: deeper blocks are printed after the rest, at the left margin.
+                lines.append(f"{pad}{_INDENT * 3}(block {sub.idx} is printed below)")
+                continue
+            lines.extend(_format_block(sub, depth + 2, printed, locations))
     return lines
 
 

@@ -11,12 +11,19 @@ from typing import Any, Callable, Iterator
 
 from ..errors import ProgramError
 from .dtypes import canonical
+from .location import here
+
+_RECORD = object()  # Op(location=...) default: record the user's line now
 
 # Filled by ``retrograd.ops`` so that ``x + y`` on Vars builds ops while the IR
 # itself depends on nothing above it.
 OPERATORS: dict[str, Callable[..., "Var"]] = {}
 
 _program_serials = itertools.count()
+
+# Blocks inside blocks: passes, the printer and the executor walk nested blocks
+# recursively, so loading and verifying refuse deeper nesting than this.
+MAX_BLOCK_DEPTH = 64
 
 
 def _format_shape(shape: tuple[int, ...]) -> str:
@@ -86,14 +93,20 @@ class Var:
 
 
 class Op:
-    """One operator: ``outputs = type(inputs; attrs)``; names refer to Vars."""
+    """One operator: ``outputs = type(inputs; attrs)``; names refer to Vars.
 
-    def __init__(self, type: str, inputs, outputs, attrs: dict[str, Any] | None = None):
+    ``location`` is where user code built it (``"train.py:42"``, or None when
+    unknown); by default it is recorded from the call stack at construction.
+    """
+
+    def __init__(self, type: str, inputs, outputs, attrs: dict[str, Any] | None = None,
+                 location: Any = _RECORD):
         self.type = type
         self.inputs = list(inputs)
         self.outputs = list(outputs)
         self.attrs = dict(attrs or {})
         self.block: Block | None = None
+        self.location: str | None = here() if location is _RECORD else location
 
     def sub_blocks(self) -> list["Block"]:
         """The sub-blocks this op's attributes reference, in attribute order."""
@@ -115,9 +128,13 @@ class Op:
         return -1
 
     def where(self) -> str:
-        """'op #3 MatMul in block 0' — used by every error message about this op."""
+        """'train.py:42: op #3 MatMul in block 0' — used by every error message about this op.
+
+        The user's line comes first, as in a compiler's message, when it is known.
+        """
         block = "?" if self.block is None else self.block.idx
-        return f"op #{self.index()} {self.type} in block {block}"
+        place = f"{self.location}: " if self.location else ""
+        return f"{place}op #{self.index()} {self.type} in block {block}"
 
     def __repr__(self) -> str:
         return f"Op({self.type}: {self.inputs} -> {self.outputs})"
@@ -143,6 +160,10 @@ class Block:
         while block is not None:
             yield block
             block = block.parent
+
+    def depth(self) -> int:
+        """How many blocks enclose this one: 0 for the global block."""
+        return sum(1 for _ in self.ancestors()) - 1
 
     def find_var(self, name: str) -> Var | None:
         """The variable ``name`` as seen from this block (lexical lookup), or None."""
@@ -265,6 +286,17 @@ class Program:
     def __str__(self) -> str:
         from .printer import format_program
         return format_program(self)
+
+    def to_string(self, locations: bool = False) -> str:
+        """The program as text (``str(program)``); ``locations=True`` ends each op's line
+        with ``# file:line`` where user code built it.
+
+        Example::
+
+            print(main.to_string(locations=True))
+        """
+        from .printer import format_program
+        return format_program(self, locations=locations)
 
     def to_json(self) -> str:
         """The program as JSON text; ``Program.from_json`` restores it exactly."""

@@ -10,7 +10,8 @@ The document is plain JSON (no pickle, no eval)::
                            "stop_gradient": true, "is_parameter": false,
                            "is_data": true}],
                  "ops": [{"type": "MatMul", "inputs": ["x", "w"],
-                          "outputs": ["matmul_0"], "attrs": {}}]}]}
+                          "outputs": ["matmul_0"], "attrs": {},
+                          "location": "train.py:12"}]}]}
 
 Attribute values that JSON holds natively (None, bools, ints, finite floats,
 strings, lists) are written as themselves; JSON objects are reserved for the
@@ -18,23 +19,27 @@ tagged values JSON lacks: ``{"block": 1}`` (a sub-block), ``{"tuple": [...]}``,
 ``{"float": "inf"}`` and friends, ``{"dict": [[key, value], ...]}`` and
 ``{"array": [...], "dtype": "float32"}``. Python prints floats with the
 shortest text that reads back to the same double, so floats survive exactly.
+An op's ``location`` (where user code built it) is present when known;
+documents without it (older files) load with no locations.
 """
 from __future__ import annotations
 
 import json
 import math
+import re
 from typing import Any
 
 import numpy as np
 
 from ..errors import ProgramError
 from .dtypes import DTYPES
-from .program import Block, Op, Program
+from .program import MAX_BLOCK_DEPTH, Block, Op, Program
 
 FORMAT = "retrograd.program"
 VERSION = 1
 _VAR_FLAGS = ("persistable", "trainable", "stop_gradient", "is_parameter", "is_data")
 _NONFINITE = {"inf": math.inf, "-inf": -math.inf, "nan": math.nan}
+MAX_JSON_DEPTH = 100  # lists and objects inside each other; a program needs about 10
 
 
 # --- Writing --------------------------------------------------------------------------
@@ -75,9 +80,12 @@ def _op_to_dict(op: Op, where: str) -> dict:
     for key in op.attrs:
         if not isinstance(key, str):
             raise ProgramError(f"{where}: attribute name {key!r} is not a string")
-    return {"type": op.type, "inputs": list(op.inputs), "outputs": list(op.outputs),
-            "attrs": {key: _encode(value, f"{where}, attribute '{key}'")
-                      for key, value in op.attrs.items()}}
+    doc = {"type": op.type, "inputs": list(op.inputs), "outputs": list(op.outputs),
+           "attrs": {key: _encode(value, f"{where}, attribute '{key}'")
+                     for key, value in op.attrs.items()}}
+    if op.location is not None:
+        doc["location"] = op.location
+    return doc
 
 
 def _encode(value: Any, where: str) -> Any:
@@ -124,12 +132,7 @@ def program_from_json(text: str | bytes) -> Program:
         text = text.decode("utf-8", errors="replace")
     if not isinstance(text, str):
         raise ProgramError(f"program JSON must be text, got {type(text).__name__}")
-    try:
-        doc = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise ProgramError(f"program JSON is malformed: {exc.msg} at line {exc.lineno}, "
-                           f"column {exc.colno}") from None
-    doc = _expect(doc, dict, "the program document")
+    doc = _expect(_parse(text), dict, "the program document")
     if doc.get("format", FORMAT) != FORMAT:
         raise ProgramError(f"not a retrograd program: format is {doc.get('format')!r}, expected {FORMAT!r}")
     version = _field(doc, "version", int, "the program document")
@@ -157,6 +160,56 @@ def program_from_json(text: str | bytes) -> Program:
     return program
 
 
+def _parse(text: str) -> Any:
+    """``json.loads`` for untrusted text: bounded nesting, finite floats, int64-sized ints."""
+    _check_nesting(text)
+    try:
+        return json.loads(text, parse_constant=_reject_constant, parse_float=_finite_float,
+                          parse_int=_int64)
+    except json.JSONDecodeError as exc:
+        raise ProgramError(f"program JSON is malformed: {exc.msg} at line {exc.lineno}, "
+                           f"column {exc.colno}") from None
+
+
+_STRINGS = re.compile(r'"(?:[^"\\]|\\.)*"')
+_OPEN_CLOSE = {ord("["): 1, ord("{"): 1, ord("]"): -1, ord("}"): -1}
+
+
+def _check_nesting(text: str) -> None:
+    # The decoder recurses once per nested list or object; measure the depth first (strings
+    # removed, brackets counted with NumPy) so that no document reaches the recursion limit.
+    brackets = _STRINGS.sub("", text).encode("ascii", errors="ignore")
+    codes = np.frombuffer(brackets, dtype=np.uint8)
+    steps = np.zeros(256, dtype=np.int64)
+    for code, step in _OPEN_CLOSE.items():
+        steps[code] = step
+    depth = int(np.cumsum(steps[codes]).max(initial=0))
+    if depth > MAX_JSON_DEPTH:
+        raise ProgramError(f"program JSON nests lists and objects {depth} deep; at most "
+                           f"{MAX_JSON_DEPTH} are allowed")
+
+
+def _reject_constant(name: str) -> Any:
+    raise ProgramError(f"program JSON holds {name}, which is not JSON; non-finite floats are "
+                       'written {"float": "nan"}, {"float": "inf"} or {"float": "-inf"}')
+
+
+def _finite_float(text: str) -> float:
+    value = float(text)
+    if not math.isfinite(value):
+        raise ProgramError(f"program JSON holds the number {text[:40]}, which is too large for a float")
+    return value
+
+
+def _int64(text: str) -> int:
+    # Checked before conversion: a long digit string costs quadratic time to convert.
+    digits = text.lstrip("-")
+    if len(digits) > 19 or not -2**63 <= int(text) < 2**63:
+        raise ProgramError(f"program JSON holds the integer {text[:40]}{'...' if len(text) > 40 else ''}, "
+                           "which does not fit in 64 bits")
+    return int(text)
+
+
 def _add_block(program: Program, bdoc: dict, position: int) -> None:
     where = f"blocks[{position}]"
     idx = _field(bdoc, "idx", int, where)
@@ -170,6 +223,8 @@ def _add_block(program: Program, bdoc: dict, position: int) -> None:
     # A parent is always created before its children, which also rules out cycles.
     if not 0 <= parent < idx:
         raise ProgramError(f"block {idx}: parent {parent} is not an earlier block (0..{idx - 1})")
+    if program.blocks[parent].depth() >= MAX_BLOCK_DEPTH:
+        raise ProgramError(f"block {idx}: nested more than {MAX_BLOCK_DEPTH} blocks deep")
     program.create_block(program.blocks[parent])
 
 
@@ -204,7 +259,11 @@ def _add_op(block: Block, odoc: dict, where: str) -> None:
     attrs_doc = _field(odoc, "attrs", dict, where)
     attrs = {key: _decode(value, block.program, f"{where}, attribute '{key}'")
              for key, value in attrs_doc.items()}
-    block.append_op(Op(type_, inputs, outputs, attrs))
+    location = odoc.get("location")  # absent in files written before locations existed
+    if location is not None and not isinstance(location, str):
+        raise ProgramError(f"{where}: field 'location' must be a string like \"train.py:42\", "
+                           f"got {_json_kind(location)}")
+    block.append_op(Op(type_, inputs, outputs, attrs, location=location))
 
 
 def _names(items: list, where: str) -> list[str]:

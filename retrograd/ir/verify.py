@@ -14,10 +14,12 @@ Checks, in order, for each block:
 """
 from __future__ import annotations
 
+import numpy as np
+
 from ..errors import ProgramError, ShapeError
 from .analysis import op_reads
 from .dtypes import canonical
-from .program import Block, Op, Program
+from .program import MAX_BLOCK_DEPTH, Block, Op, Program
 
 
 def verify_program(program: Program) -> None:
@@ -42,7 +44,8 @@ def verify_program(program: Program) -> None:
 
 def _fault(block: Block, i: int, op: Op, message: str, cls: type[ProgramError] = ProgramError):
     from .printer import format_op
-    return cls(f"block {block.idx}, op #{i} {op.type}: {message}\n    {format_op(op, block)}")
+    place = f"{op.location}: " if op.location else ""    # the user's line that built the op
+    return cls(f"{place}block {block.idx}, op #{i} {op.type}: {message}\n    {format_op(op, block)}")
 
 
 # --- 1. Structure ------------------------------------------------------------------------
@@ -57,6 +60,10 @@ def _check_block_place(program: Program, block: Block, position: int) -> None:
     if position > 0 and not 0 <= block.parent_idx < position:
         raise ProgramError(f"block {position} has parent {block.parent_idx}, "
                            f"which is not an earlier block (0..{position - 1})")
+    # The walks over nested blocks (here, in passes, in the executor) recurse once per level.
+    if block.depth() > MAX_BLOCK_DEPTH:
+        raise ProgramError(f"block {position} is nested {block.depth()} blocks deep; at most "
+                           f"{MAX_BLOCK_DEPTH} are allowed")
 
 
 def _check_vars(block: Block) -> None:
@@ -143,13 +150,17 @@ def _check_shapes(block: Block, i: int, op: Op) -> None:
     from ..ops.registry import infer_specs
     in_vars = [block.var(n) for n in op.inputs]
     try:
-        specs = infer_specs(op.type, in_vars, op.attrs, block)
+        specs = infer_specs(op.type, in_vars, op.attrs, block, building=False)
     except ShapeError as exc:
         raise _fault(block, i, op, f"shape rule: {exc}", ShapeError) from None
-    except (KeyError, IndexError, TypeError, ValueError) as exc:
-        # A hand-made or loaded op may lack attributes or inputs its rule expects.
+    except (KeyError, IndexError, TypeError, ValueError, AttributeError, ArithmeticError) as exc:
+        # A hand-made or loaded op may lack attributes or inputs its rule expects, or hold
+        # attributes of the wrong type (a float axis, a list where a block belongs).
         raise _fault(block, i, op, f"shape rule failed ({type(exc).__name__}: {exc}); check the op's "
                                    "inputs and attributes") from None
+    bad = _malformed_spec(specs)
+    if bad is not None:
+        raise _fault(block, i, op, f"shape rule gives {bad}; check the op's attributes", ShapeError)
     if len(specs) != len(op.outputs):
         raise _fault(block, i, op, f"{op.type} produces {len(specs)} outputs, the op lists "
                                    f"{len(op.outputs)}")
@@ -161,6 +172,28 @@ def _check_shapes(block: Block, i: int, op: Op) -> None:
         if not _shapes_compatible(var.shape, tuple(shape)):
             raise _fault(block, i, op, f"output '{name}' is declared {var.type_str()}, the shape "
                                        f"rule gives {dtype}{_shape_text(shape)}", ShapeError)
+
+
+def _malformed_spec(specs) -> str | None:
+    """What is wrong with a shape rule's result (shapes of ints >= -1, dtype names), or None.
+
+    Rules compute shapes from attributes, and a loaded op's attributes may hold
+    anything JSON can (``"shape": [1.5]``), so the result is checked before use.
+    """
+    if not isinstance(specs, (list, tuple)):
+        return f"a {type(specs).__name__}, not a list of (shape, dtype)"
+    for spec in specs:
+        if not isinstance(spec, (list, tuple)) or len(spec) != 2:
+            return f"{spec!r:.80}, not a (shape, dtype) pair"
+        shape, dtype = spec
+        if not isinstance(shape, (list, tuple)) or not all(
+                isinstance(d, (int, np.integer)) and not isinstance(d, bool) and d >= -1 for d in shape):
+            return f"the shape {shape!r:.80}; dimensions are ints >= -1"
+        try:
+            canonical(dtype)
+        except ProgramError:
+            return f"the dtype {dtype!r:.40}"
+    return None
 
 
 def _shapes_compatible(a: tuple[int, ...], b: tuple[int, ...]) -> bool:

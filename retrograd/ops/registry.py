@@ -27,6 +27,7 @@ from typing import Any, Callable, Sequence
 
 from ..errors import ProgramError, ShapeError
 from ..ir.builder import capture_ops, current_block, emit
+from ..ir.location import here, located
 from ..ir.program import Block, Op, Var
 
 Spec = tuple[tuple[int, ...], str]
@@ -82,13 +83,25 @@ def _describe(vars_: Sequence[Var]) -> str:
     return ", ".join(f"{v.name}: {v.type_str()}" for v in vars_)
 
 
-def infer_specs(type: str, in_vars: list[Var], attrs: dict, block: Block) -> list[Spec]:
-    """Run the op's shape rule, re-raising its complaint with the op, block and inputs named."""
+def infer_specs(type: str, in_vars: list[Var], attrs: dict, block: Block,
+                building: bool = True) -> list[Spec]:
+    """Run the op's shape rule, re-raising its complaint with the op, block and inputs named.
+
+    While ``building`` (not checking a finished op), the message starts with
+    the user's line that is building the op.
+    """
     opdef = get_op_def(type)
     try:
         return opdef.infer(in_vars, attrs)
     except ShapeError as exc:
-        raise ShapeError(f"{type} in block {block.idx}: {exc} (inputs: {_describe(in_vars)})") from None
+        raise ShapeError(f"{_building_at(building)}{type} in block {block.idx}: {exc} "
+                         f"(inputs: {_describe(in_vars)})") from None
+
+
+def _building_at(building: bool) -> str:
+    """``"train.py:42: "`` for an error about an op being built (empty when unknown)."""
+    location = here() if building else None
+    return f"{location}: " if location else ""
 
 
 def append_op(type: str, inputs: Sequence[Var], attrs: dict | None = None, *,
@@ -104,17 +117,18 @@ def append_op(type: str, inputs: Sequence[Var], attrs: dict | None = None, *,
     in_vars = list(inputs)
     for var in in_vars:
         if not isinstance(var, Var):
-            raise ProgramError(f"{type} in block {block.idx}: input {var!r} is not a Var")
+            raise ProgramError(f"{_building_at(True)}{type} in block {block.idx}: input {var!r} "
+                               "is not a Var")
         if not block.sees(var):
-            raise ProgramError(f"{type} in block {block.idx}: input '{var.name}' belongs to block "
-                               f"{var.block.idx}, which block {block.idx} cannot see")
+            raise ProgramError(f"{_building_at(True)}{type} in block {block.idx}: input '{var.name}' "
+                               f"belongs to block {var.block.idx}, which block {block.idx} cannot see")
     specs = infer_specs(type, in_vars, attrs, block)
     if outputs is None:
         prefix = name or _snake(type)
         outputs = [block.create_var(block.program.unique_name(prefix), shape, dtype)
                    for shape, dtype in specs]
     elif len(outputs) != len(specs):
-        raise ProgramError(f"{type} in block {block.idx}: expects {len(specs)} outputs, got {len(outputs)}")
+        raise ProgramError(f"{_building_at(True)}{type} in block {block.idx}: expects {len(specs)} outputs, got {len(outputs)}")
     emit(Op(type, [v.name for v in in_vars], [v.name for v in outputs], attrs), block)
     return list(outputs)
 
@@ -172,7 +186,8 @@ def make_grad_ops(op: Op, out_grad_names: Sequence[str | None], block: Block | N
                            f"(inputs: {', '.join(op.inputs)})")
     from ..ir.builder import block_guard
     out_grads = [None if n is None else block.var(n) for n in out_grad_names]
-    with block_guard(block), capture_ops() as grad_ops:
+    # The gradient's ops point at the line that built the forward op.
+    with block_guard(block), capture_ops() as grad_ops, located(op.location):
         in_grads = opdef.grad(GradCtx(op, block, out_grads, wanted))
     if len(in_grads) != len(op.inputs):
         raise ProgramError(f"gradient maker of {op.type} returned {len(in_grads)} gradients "
