@@ -39,6 +39,7 @@ from ..errors import ProgramError
 from ..ir.analysis import free_reads, op_reads
 from ..ir.program import Block, Op, Var
 from ..ops.registry import get_op_def
+from .auto import choose_checkpoints
 from .lifetimes import ForwardValues, ancestors
 
 RECOMPUTE_ATTR = "recompute_of"   # on a copy: the forward outputs it recomputes, in output order
@@ -183,7 +184,7 @@ def _copy_segment(block: Block, info: ForwardValues, seg: Segment, values: set[s
         attrs[RECOMPUTE_ATTR] = list(op.outputs)
         for name in op.outputs:
             mapping[name] = _fresh_var(block, name).name
-        copies.append(Op(op.type, inputs, [mapping[n] for n in op.outputs], attrs))
+        copies.append(Op(op.type, inputs, [mapping[n] for n in op.outputs], attrs, location=op.location))
     return copies, mapping
 
 
@@ -275,7 +276,8 @@ def _clone_block(sub: Block, parent: Block, mapping: dict[str, str]) -> Block:
         if op.sub_blocks():
             attrs = {key: _renamed_attr(value, clone, inner, None) if not _holds_block(value) else value
                      for key, value in attrs.items()}
-        clone.append_op(Op(op.type, [inner.get(n, n) for n in op.inputs], list(op.outputs), attrs))
+        clone.append_op(Op(op.type, [inner.get(n, n) for n in op.inputs], list(op.outputs), attrs,
+                           location=op.location))
     return clone
 
 
@@ -316,7 +318,6 @@ def recompute_backward(block: Block, n_forward: int, loss: Var, checkpoints,
     """
     info = ForwardValues.of(block, n_forward)
     if isinstance(checkpoints, str) and checkpoints == "auto":
-        from .auto import choose_checkpoints
         names, ignored = choose_checkpoints(info, loss.name, feed_shapes=feed_shapes), []
     else:
         if isinstance(checkpoints, (Var, str)):

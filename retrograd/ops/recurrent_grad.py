@@ -281,7 +281,8 @@ def _insert_recompute(bstep: BackwardStep, names: _StepNames, allowed: set[str],
         outs = set(op.outputs)
         if not outs & need & allowed or op.sub_blocks():   # random ops replay: same stream (rng_id, t)
             continue
-        clones.append(Op(op.type, list(op.inputs), list(op.outputs), dict(op.attrs)))
+        clones.append(Op(op.type, list(op.inputs), list(op.outputs), dict(op.attrs),
+                          location=op.location))
         need -= outs
         need |= {n for n in op.inputs if n in names.intermediates}
     for i, clone in enumerate(reversed(clones)):
