@@ -13,7 +13,7 @@ Example::
     exe.run(startup)
     loss_v, = exe.run(main, feed={"x": xb}, fetch_list=[loss])
 """
-from .errors import ExecutionError, FeedError, ProgramError, RetrogradError, ShapeError
+from .errors import BackendError, ExecutionError, FeedError, ProgramError, RetrogradError, ShapeError
 from .ir import (Block, Op, Program, Var, block_guard, default_main_program,
                  default_startup_program, program_guard)
 from .ops import *  # noqa: F401,F403  (the math/tensor/nn builders)

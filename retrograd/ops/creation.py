@@ -170,16 +170,16 @@ def _uniform(k):
     """Uniform(low, high) values from the op's seed: the same program gives the same values
     (inside a loop, new ones per iteration: the seed is extended by ``k.run.rng_path``)."""
     a = k.attrs
-    return backend.random_uniform(k.xp, [a["seed"], *k.run.rng_path], a["shape"], a["low"], a["high"],
-                                  a["dtype"])
+    return k.backend.random_uniform([a["seed"], *k.run.rng_path], a["shape"], a["low"], a["high"],
+                                    a["dtype"])
 
 
 @defop("GaussianRandom", inputs=(), infer=_attr_shape, random=True)
 def _gaussian(k):
     """Normal(mean, std) values from the op's seed (and ``k.run.rng_path`` inside loops)."""
     a = k.attrs
-    return backend.random_normal(k.xp, [a["seed"], *k.run.rng_path], a["shape"], a["mean"], a["std"],
-                                 a["dtype"])
+    return k.backend.random_normal([a["seed"], *k.run.rng_path], a["shape"], a["mean"], a["std"],
+                                   a["dtype"])
 
 
 def _init_op(init, shape: list[int], dtype: str, seed: int) -> tuple[str, dict]:

@@ -209,7 +209,7 @@ def _dropout(k, x):
     one, and replaying the op for the same iteration within a run (recompute) gives
     the same one bit for bit (``streams.py``)."""
     xp, keep_prob = k.xp, 1.0 - k.attrs["p"]
-    keep = backend.random_keep_mask(xp, random_key(k, k.attrs["seed"]), x.shape, keep_prob)
+    keep = k.backend.random_keep_mask(random_key(k, k.attrs["seed"]), x.shape, keep_prob)
     mask = xp.where(keep, xp.full(x.shape, 1.0 / keep_prob, dtype=x.dtype), xp.zeros_like(x))
     return x * mask, mask
 

@@ -409,7 +409,7 @@ def _gather_grad_rule(ins, attrs):
        grad=lambda g: [gather(g.dy, g.x[1]), None, None])
 def _gather_grad(k, dy, ids, x):
     """Zeros shaped like ``x`` with each row of ``dy`` added into row ``ids[i]`` (repeats add up)."""
-    return backend.scatter_add_rows(k.xp, x.shape, backend.dtype_name(dy.dtype), ids, dy)
+    return k.backend.scatter_add_rows(x.shape, backend.dtype_name(dy.dtype), ids, dy)
 
 
 def gather_grad(dy: Var, ids: Var, x: Var) -> Var:

@@ -2,12 +2,14 @@
 from __future__ import annotations
 
 import time
+from types import ModuleType
 from contextlib import contextmanager
 from typing import Iterator, Mapping, Sequence
 
 import numpy as np
 
-from ..errors import ExecutionError, FeedError, ProgramError, RetrogradError
+from ..backends import Backend, backend_for_namespace, dtype_name, get_backend
+from ..errors import BackendError, ExecutionError, FeedDeviceError, FeedError, ProgramError, RetrogradError
 from ..ir.program import Block, Program, Var
 from .plan import Plan, compile_block
 from .scope import Scope
@@ -28,7 +30,7 @@ class RunContext:
     def __init__(self, executor: "Executor"):
         self.executor = executor
         self.run_id = 0
-        self.meter = MemoryMeter()
+        self.meter = MemoryMeter(executor.backend.buffer_of)
         self.ops_run = 0
         self.scope: Scope | None = None
         self.rng_path: tuple[int, ...] = ()
@@ -76,17 +78,28 @@ class RunContext:
 class Executor:
     """Runs programs. ``exe.scope`` holds parameters; ``exe.last_stats`` reports the last run.
 
+    ``backend`` is "numpy" (default), "torch", "cupy" or "onnxruntime" (or a
+    ``retrograd.backends.Backend``), ``device`` e.g. "cpu", "cuda", "cuda:1";
+    ``xp=`` (an array namespace: numpy, torch, array_api_strict, ...) is the
+    older spelling. ``exe.backend`` is the Backend; the scope holds its arrays.
+
     Example::
 
-        exe = rg.Executor()
+        exe = rg.Executor(backend="torch", device="cpu")
         exe.run(startup)
         loss_v, = exe.run(main, feed={"x": xb}, fetch_list=[loss])
         print(exe.last_stats.peak_bytes, exe.last_stats.time_s)
     """
 
-    def __init__(self, scope: Scope | None = None, xp=None):
-        self.scope = scope if scope is not None else Scope()
-        self.xp = xp if xp is not None else np
+    def __init__(self, scope: Scope | None = None, xp=None, backend=None, device: str | None = None):
+        self.backend = _resolve_backend(xp, backend, device)
+        self.xp = self.backend.xp
+        if scope is None:
+            scope = Scope(backend=self.backend)
+        elif scope.backend is None:
+            scope.backend = self.backend
+        self.scope = scope
+        self._engine = self.backend.engine(self) if self.backend.engine is not None else None
         self.last_stats = RunStats()
         self._run = RunContext(self)
         self._plans: dict[tuple, Plan] = {}
@@ -99,7 +112,7 @@ class Executor:
         plan = self._plans.get(key)
         if plan is None:
             self._verify(program)
-            plan = compile_block(block, keep, self.xp, self._run)
+            plan = compile_block(block, keep, self.backend, self._run)
             self._plans[key] = plan
         return plan
 
@@ -111,8 +124,15 @@ class Executor:
 
     # -- running -----------------------------------------------------------------
     def run(self, program: Program, feed: dict | None = None, fetch_list: Sequence | None = None,
-            scope: Scope | None = None) -> list:
-        """Run the global block; return the values of ``fetch_list`` (Vars or names)."""
+            scope: Scope | None = None, return_numpy: bool = True) -> list:
+        """Run the global block; return the values of ``fetch_list`` (Vars or names).
+
+        Feeds are NumPy arrays (moved to the device once) or arrays of the
+        backend on its device. Results are NumPy arrays, or the backend's
+        arrays with ``return_numpy=False``.
+        """
+        if self._engine is not None:
+            return self._engine.run(program, feed, fetch_list, scope, return_numpy)
         started = time.perf_counter()
         if not isinstance(program, Program):
             raise ProgramError(f"Executor.run needs a Program, got {type(program).__name__}")
@@ -126,7 +146,7 @@ class Executor:
         plan = self.plan_for(block, frozenset(fetch))
         run = self._run
         run.run_id += 1
-        run.meter = MemoryMeter()
+        run.meter = MemoryMeter(self.backend.buffer_of)
         run.ops_run = 0
         run.scope = scope
         run.rng_path = ()
@@ -147,6 +167,8 @@ class Executor:
                 raise FeedError(f"fetch '{name}' has no value after the run: nothing in block 0 "
                                 "writes it and it was not fed")
             results.append(env[name])
+        if return_numpy:
+            results = [self.backend.to_numpy(r) if self.backend.owns(r) else r for r in results]
         self.last_stats = RunStats(time.perf_counter() - started, run.ops_run, run.meter.peak)
         return results
 
@@ -162,8 +184,16 @@ class Executor:
                                      "(not fed, not initialised, or freed)") from None
             try:
                 result = step.kernel(step.k, *args)
+            except BackendError as exc:
+                raise BackendError(f"{step.op.where()} cannot run on {self._backend_str()}: {exc}") from exc
             except RetrogradError:
                 raise
+            except (AttributeError, NotImplementedError) as exc:
+                if isinstance(exc, AttributeError) and not isinstance(getattr(exc, "obj", None), ModuleType):
+                    raise ExecutionError(f"{step.op.where()} failed: {type(exc).__name__}: {exc}") from exc
+                # The namespace lacks a function the kernel calls: the op does not run here.
+                raise BackendError(f"{step.op.where()} cannot run on {self._backend_str()}: "
+                                   f"{type(exc).__name__}: {exc}") from exc
             except Exception as exc:
                 shapes = ", ".join(f"{n}: {_shape_of(a)}" for n, a in zip(step.inputs, args))
                 raise ExecutionError(f"{step.op.where()} failed: {type(exc).__name__}: {exc} "
@@ -190,7 +220,7 @@ class Executor:
             var = block.vars.get(name)
             if var is None:
                 raise FeedError(f"feed '{name}' is not a variable of block 0")
-            env[name] = _check_feed(var, value, self.xp)
+            env[name] = _check_feed(var, value, self.backend)
         for name in plan.free_reads:
             if name in env:
                 continue
@@ -201,11 +231,26 @@ class Executor:
                 hint = "run the startup program first" if var is not None and var.persistable else "feed it"
                 raise FeedError(f"'{name}' is read by {readers[0] if readers else 'the program'} "
                                 f"but has no value: {hint}")
-            checked = _check_persistable(var, value, self.xp)
+            checked = _check_persistable(var, value, self.backend)
             if checked is not value:
-                scope.set(name, checked)   # cast once, not on every run
+                scope.set(name, checked)   # moved and cast once, not on every run
             env[name] = checked
         return env
+
+    def _backend_str(self) -> str:
+        return f'backend "{self.backend.name}" (device {self.backend.device})'
+
+
+def _resolve_backend(xp, backend, device) -> Backend:
+    if isinstance(backend, Backend):
+        if xp is not None or device is not None:
+            raise BackendError("give Executor a Backend object alone, without xp= or device=")
+        return backend
+    if xp is not None and backend is not None:
+        raise BackendError("give Executor either backend= or xp=, not both")
+    if xp is not None:
+        return backend_for_namespace(xp, device)
+    return get_backend("numpy" if backend is None else backend, device)
 
 
 def _fetch_name(item, block: Block) -> str:
@@ -221,32 +266,65 @@ def _shape_of(array) -> str:
     return f"{dtype}{list(shape)}" if shape is not None else type(array).__name__
 
 
-def _check_feed(var: Var, value, xp):
-    """The feed as an array of the declared dtype; same-kind casts only (float64 -> float32)."""
-    from ..backend import from_numpy, to_numpy
+def _check_feed(var: Var, value, backend: Backend):
+    """The feed as an array of the backend, of the declared dtype and shape.
+
+    A NumPy array (or anything ``np.asarray`` takes) is checked and cast on the
+    host, then moved to the device once; an array of the backend must be on its
+    device already. Casts are same-kind only (float64 -> float32).
+    """
+    if backend.owns(value):
+        return _check_device_array(var, value, backend, "feed")
+    if hasattr(value, "shape") and hasattr(value, "dtype") and not isinstance(value, (np.ndarray, np.generic)):
+        raise FeedDeviceError(f"feed '{var.name}' is a {type(value).__module__}.{type(value).__name__}; "
+                              f'backend "{backend.name}" (device {backend.device}) takes NumPy arrays '
+                              "or its own arrays")
     try:
-        array = to_numpy(value) if hasattr(value, "shape") and hasattr(value, "dtype") else np.asarray(value)
+        array = np.asarray(value)
     except (ValueError, TypeError) as exc:
         raise FeedError(f"feed '{var.name}' is not an array: {exc}") from None
     if array.dtype != np.dtype(var.dtype):
         if not np.can_cast(array.dtype, var.dtype, casting="same_kind"):
             raise FeedError(f"feed '{var.name}' has dtype {array.dtype}, the program declares {var.dtype}")
         array = array.astype(var.dtype)
-    if array.ndim != len(var.shape) or any(d >= 0 and d != a for d, a in zip(var.shape, array.shape)):
-        raise FeedError(f"feed '{var.name}' has shape {list(array.shape)}, "
-                        f"the program declares {var.type_str()} (? = any size)")
-    return from_numpy(xp, array)
+    _check_shape(var, array.shape, "feed")
+    return backend.from_numpy(array)
 
 
-def _check_persistable(var: Var, value, xp):
-    """The scope value, cast to the declared dtype when the cast is same-kind (float64 -> float32)."""
-    shape = tuple(getattr(value, "shape", ()))
+def _check_shape(var: Var, shape, what: str) -> None:
+    shape = tuple(shape)
     if len(shape) != len(var.shape) or any(d >= 0 and d != a for d, a in zip(var.shape, shape)):
-        raise FeedError(f"scope value '{var.name}' has shape {list(shape)}, "
-                        f"the program declares {var.type_str()}")
-    dtype = np.dtype(str(value.dtype)) if xp is np else None
-    if dtype is not None and dtype != np.dtype(var.dtype):
+        raise FeedError(f"{what} '{var.name}' has shape {list(shape)}, "
+                        f"the program declares {var.type_str()} (? = any size)")
+
+
+def _check_device_array(var: Var, value, backend: Backend, what: str):
+    """An array of the backend: on the executor's device, declared shape, same-kind dtype (cast here)."""
+    device = backend.device_of(value)
+    if device != backend.device:
+        raise FeedDeviceError(f"{what} '{var.name}' is on device {device}, the executor runs on "
+                              f"{backend.device}: move it there first (or pass a NumPy array)")
+    _check_shape(var, value.shape, what)
+    dtype = dtype_name(value.dtype)
+    if dtype != var.dtype:
         if not np.can_cast(dtype, var.dtype, casting="same_kind"):
-            raise FeedError(f"scope value '{var.name}' has dtype {dtype}, the program declares {var.dtype}")
-        return value.astype(var.dtype)
+            raise FeedError(f"{what} '{var.name}' has dtype {dtype}, the program declares {var.dtype}")
+        return backend.xp.astype(value, backend.dtype_of(var.dtype))
     return value
+
+
+def _check_persistable(var: Var, value, backend: Backend):
+    """The scope value as an array of the backend of the declared dtype (moved and cast once)."""
+    if backend.owns(value):
+        return _check_device_array(var, value, backend, "scope value")
+    if not isinstance(value, (np.ndarray, np.generic)):
+        raise FeedDeviceError(f"scope value '{var.name}' is a {type(value).__module__}."
+                              f"{type(value).__name__}; backend \"{backend.name}\" (device "
+                              f"{backend.device}) takes NumPy arrays or its own arrays")
+    array = np.asarray(value)
+    _check_shape(var, array.shape, "scope value")
+    if array.dtype != np.dtype(var.dtype):
+        if not np.can_cast(array.dtype, var.dtype, casting="same_kind"):
+            raise FeedError(f"scope value '{var.name}' has dtype {array.dtype}, the program declares {var.dtype}")
+        array = array.astype(var.dtype)
+    return backend.from_numpy(array)

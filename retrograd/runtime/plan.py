@@ -9,7 +9,11 @@ from ..ops.registry import get_op_def
 
 
 class KernelCtx:
-    """What a kernel sees besides its arrays: the namespace, attributes, op and run.
+    """What a kernel sees besides its arrays: the namespace, backend, attributes, op and run.
+
+    ``xp`` is the backend's array namespace; ``backend`` (a
+    ``retrograd.backends.Backend``) has what the namespace lacks: keyed random
+    draws, scatter-add, dtype lookup.
 
     ``live_outputs`` holds the positions of the op's outputs that this plan
     reads later, fetches or keeps (all of them unless the plan says less): a
@@ -18,10 +22,11 @@ class KernelCtx:
     executor drops it at once.
     """
 
-    __slots__ = ("xp", "attrs", "op", "run", "live_outputs")
+    __slots__ = ("xp", "backend", "attrs", "op", "run", "live_outputs")
 
-    def __init__(self, xp, op: Op, run, live_outputs: frozenset[int] | None = None):
-        self.xp = xp
+    def __init__(self, backend, op: Op, run, live_outputs: frozenset[int] | None = None):
+        self.xp = backend.xp
+        self.backend = backend
         self.attrs = op.attrs
         self.op = op
         self.run = run
@@ -48,7 +53,7 @@ class Plan:
     persistable_writes: list[str]   # written back to the scope after a run
 
 
-def compile_block(block: Block, keep: frozenset[str], xp, run) -> Plan:
+def compile_block(block: Block, keep: frozenset[str], backend, run) -> Plan:
     """Resolve each op to its kernel and decide when every value dies.
 
     A value dies after the last op that reads it (sub-block reads count), or
@@ -69,7 +74,7 @@ def compile_block(block: Block, keep: frozenset[str], xp, run) -> Plan:
                      if last_read.get(n, -1) <= i and n not in keep and not _persistable(block, n))
         live = frozenset(j for j, n in enumerate(op.outputs) if n not in dead)
         opdef = get_op_def(op.type)
-        steps.append(Step(opdef.kernel, KernelCtx(xp, op, run, live), tuple(op.inputs), tuple(op.outputs),
+        steps.append(Step(opdef.kernel, KernelCtx(backend, op, run, live), tuple(op.inputs), tuple(op.outputs),
                           dead, op, i))
     writes = list(dict.fromkeys(n for op in ops for n in op.outputs if _persistable(block, n)))
     return Plan(block, steps, _free_reads_of(ops), keep, writes)

@@ -18,6 +18,11 @@ class ScopeError(RetrogradError, KeyError):
 class Scope:
     """Holds persistable values (parameters, optimizer state) across runs.
 
+    An executor's scope has the executor's backend (``scope.backend``): it holds
+    that backend's arrays, and ``set`` moves a NumPy array (or a list, or a
+    number) onto the backend's device once. A scope without a backend stores
+    what it is given.
+
     Example::
 
         exe = rg.Executor()
@@ -26,8 +31,9 @@ class Scope:
         exe.scope.set("fc1.w", w * 0.5)
     """
 
-    def __init__(self, parent: "Scope | None" = None):
+    def __init__(self, parent: "Scope | None" = None, backend=None):
         self.parent = parent
+        self.backend = backend if backend is not None or parent is None else parent.backend
         self.vars: dict[str, object] = {}
 
     def find(self, name: str):
@@ -47,7 +53,16 @@ class Scope:
         return value
 
     def set(self, name: str, value) -> None:
-        self.vars[name] = value if hasattr(value, "shape") and hasattr(value, "dtype") else np.asarray(value)
+        """Store ``value`` (NumPy or the backend's array) under ``name`` in this scope."""
+        backend = self.backend
+        if backend is not None and backend.owns(value):
+            self.vars[name] = value
+            return
+        if not (hasattr(value, "shape") and hasattr(value, "dtype")):
+            value = np.asarray(value)
+        if backend is not None and isinstance(value, (np.ndarray, np.generic)):
+            value = backend.from_numpy(np.asarray(value))
+        self.vars[name] = value
 
     def has(self, name: str) -> bool:
         return self.find(name) is not None
@@ -58,7 +73,7 @@ class Scope:
         return sorted(self.vars)
 
     def new_child(self) -> "Scope":
-        return Scope(parent=self)
+        return Scope(parent=self, backend=self.backend)
 
     def __iter__(self) -> Iterator[str]:
         return iter(self.names())

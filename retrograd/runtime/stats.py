@@ -5,8 +5,6 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..backend import buffer_of
-
 
 @dataclass
 class RunStats:
@@ -19,9 +17,12 @@ class MemoryMeter:
     """Counts the distinct buffers the executor holds: a view adds nothing new.
 
     Deterministic for a given program and feed, so memory claims can be tested.
+    ``buffer_of(array) -> (identity, bytes)`` is the backend's (torch: the
+    tensor's storage, so views of one tensor count once).
     """
 
-    def __init__(self):
+    def __init__(self, buffer_of):
+        self.buffer_of = buffer_of
         self.live: dict[int, list] = {}   # buffer id -> [bytes, references]
         self.total = 0
         self.peak = 0
@@ -30,7 +31,7 @@ class MemoryMeter:
         if type(array) is np.ndarray and array.base is None:   # the common case, kept fast
             key, nbytes = id(array), array.nbytes
         else:
-            key, nbytes = buffer_of(array)
+            key, nbytes = self.buffer_of(array)
         entry = self.live.get(key)
         if entry is None:
             self.live[key] = [nbytes, 1, array]
@@ -41,7 +42,7 @@ class MemoryMeter:
             entry[1] += 1
 
     def release(self, array) -> None:
-        key = id(array) if type(array) is np.ndarray and array.base is None else buffer_of(array)[0]
+        key = id(array) if type(array) is np.ndarray and array.base is None else self.buffer_of(array)[0]
         entry = self.live.get(key)
         if entry is None:
             return

@@ -1,0 +1,84 @@
+"""Backends: one array library on one device behind one lookup.
+
+``get_backend(name="numpy", device=None)`` returns a ``Backend`` (see
+``base.py``): ``.name``, ``.device``, ``.xp`` (the Array API namespace kernels
+compute with, through ``array_api_compat``) and the few operations the
+standard lacks, each written once per library in its own module:
+
+* ``numpy_backend``: host arrays (the default);
+* ``torch_backend``: PyTorch tensors, device ``"cpu"``, ``"cuda"`` or ``"cuda:N"``;
+* ``cupy_backend``: CuPy arrays, device ``"cuda"`` or ``"cuda:N"``;
+* ``onnxruntime_backend``: runs whole programs with onnxruntime (``Backend.engine``);
+* ``namespace_backend``: any other namespace given as ``Executor(xp=...)``
+  (array-api-strict), a host-side portability check.
+
+Random draws are keyed and computed with integer ops on the device
+(``keyed_random``): every backend draws the same numbers for the same key.
+
+Example::
+
+    be = get_backend("torch", "cpu")
+    t = be.from_numpy(np.ones(3, "float32"))
+    be.to_numpy(be.xp.exp(t))
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from ..errors import BackendError
+from . import cupy_backend, numpy_backend, torch_backend
+from .base import Backend, dtype_name
+from .cupy_backend import CupyBackend
+from .namespace_backend import NamespaceBackend
+from .numpy_backend import NumpyBackend
+from .onnxruntime_backend import OnnxRuntimeBackend
+from .torch_backend import TorchBackend
+
+__all__ = ["Backend", "BACKENDS", "get_backend", "backend_for_namespace", "to_numpy", "dtype_name"]
+
+BACKENDS = {
+    "numpy": NumpyBackend,
+    "torch": TorchBackend,
+    "cupy": CupyBackend,
+    "onnxruntime": OnnxRuntimeBackend,
+}
+
+
+def get_backend(name: str = "numpy", device: str | None = None) -> Backend:
+    """The backend ``name`` on ``device``; BackendError for an unknown one or a missing library."""
+    cls = BACKENDS.get(name) if isinstance(name, str) else None
+    if cls is None:
+        raise BackendError(f"unknown backend {name!r}: choose one of {', '.join(map(repr, BACKENDS))}")
+    if name == "numpy" and device not in (None, "cpu"):
+        raise BackendError(f'backend "numpy" runs on device "cpu" only, not {device!r} '
+                           '(for a GPU use backend="torch" or "cupy")')
+    return cls(device)
+
+
+def backend_for_namespace(xp, device: str | None = None) -> Backend:
+    """The backend of an array namespace given as ``Executor(xp=...)``."""
+    if xp is np:
+        return get_backend("numpy", device)
+    module = getattr(xp, "__name__", "")
+    for prefix, name in (("torch", "torch"), ("array_api_compat.torch", "torch"),
+                         ("cupy", "cupy"), ("array_api_compat.cupy", "cupy"),
+                         ("array_api_compat.numpy", "numpy")):
+        if module == prefix:
+            return get_backend(name, device)
+    if device not in (None, "cpu"):
+        raise BackendError(f"namespace {module or xp!r} runs on the host; device {device!r} "
+                           'needs backend="torch" or "cupy"')
+    return NamespaceBackend(xp)
+
+
+_ARRAY_MODULES = (numpy_backend, torch_backend, cupy_backend)
+
+
+def to_numpy(array) -> np.ndarray:
+    """A NumPy array (a view where the array is on the host) of any backend's array."""
+    for module in _ARRAY_MODULES:
+        if module.is_array(array):
+            return module.array_to_numpy(array)
+    if hasattr(array, "__dlpack__"):         # array-api-strict and other host namespaces
+        return np.from_dlpack(array)
+    return np.asarray(array)

@@ -1,0 +1,109 @@
+"""What every backend offers the executor and the kernels: the ``Backend`` base class.
+
+A backend is one array library on one device. Kernels compute with
+``backend.xp`` (an Array API namespace, through ``array_api_compat``); the
+few things the standard lacks are methods here, written once per library in
+that library's module (``numpy_backend``, ``torch_backend``, ``cupy_backend``):
+host/device transfers, scatter-add with repeated ids, buffer identity for
+``peak_bytes``, device memory in use. Keyed random draws are written once, with
+the namespace's integer ops (``keyed_random``), so every backend draws the same
+numbers for the same key.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from . import keyed_random
+
+
+def dtype_name(dtype) -> str:
+    """The retrograd name ("float32", ...) of any library's dtype object or name."""
+    return str(dtype).rsplit(".", 1)[-1]
+
+
+class Backend:
+    """One array library on one device. Subclasses fill in the library-specific methods."""
+
+    name = "?"
+    engine = None         # a factory ``engine(executor)`` for backends that run whole programs
+
+    def __init__(self, xp, device: str):
+        self.xp = xp
+        self.device = device
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}(name={self.name!r}, device={self.device!r})"
+
+    # -- dtypes ------------------------------------------------------------------
+    def dtype_of(self, name) -> object:
+        """The namespace's dtype for a dtype name ("float32", ...) or any library's dtype."""
+        return getattr(self.xp, dtype_name(name))
+
+    # -- transfers (library-specific) ------------------------------------------------
+    def owns(self, array) -> bool:
+        """True for an array of this backend's library (on any device)."""
+        raise NotImplementedError
+
+    def device_of(self, array) -> str:
+        """The device an array of this library lives on, spelled like ``self.device``."""
+        return self.device
+
+    def from_numpy(self, array: np.ndarray):
+        """Host -> device, once (a feed, a loaded parameter)."""
+        raise NotImplementedError
+
+    def to_numpy(self, array) -> np.ndarray:
+        """Device -> host (a fetch with ``return_numpy=True``, a saved parameter)."""
+        raise NotImplementedError
+
+    # -- what the Array API lacks (library-specific) ----------------------------------
+    def scatter_add_rows(self, shape, dtype: str, ids, rows):
+        """zeros(shape) with ``rows[i]`` added into row ``ids[i]`` (repeated ids accumulate)."""
+        raise NotImplementedError
+
+    def buffer_of(self, array) -> tuple[int, int]:
+        """(identity, bytes) of the memory an array lives in: views share their base's."""
+        raise NotImplementedError
+
+    def device_memory(self) -> int | None:
+        """Bytes the library holds on the device now, or None where it does not say (host)."""
+        return None
+
+    # -- keyed random draws (the same numbers on every backend) -------------------------
+    def random_uniform(self, key, shape, low: float, high: float, dtype: str):
+        return keyed_random.uniform(self.xp, key, tuple(shape), low, high, self.dtype_of(dtype))
+
+    def random_normal(self, key, shape, mean: float, std: float, dtype: str):
+        return keyed_random.normal(self.xp, key, tuple(shape), mean, std, self.dtype_of(dtype))
+
+    def random_keep_mask(self, key, shape, keep_prob: float):
+        """Bernoulli(keep_prob) as a bool array; the same key gives the same mask everywhere."""
+        return keyed_random.keep_mask(self.xp, key, tuple(shape), keep_prob)
+
+
+class DeviceNamespace:
+    """An array namespace whose creation functions make arrays on one device.
+
+    Kernels call ``xp.zeros(shape, dtype=...)`` without a device; on a GPU that
+    would create a host array, so the namespace fills ``device=`` in. Every
+    other attribute is the wrapped namespace's.
+    """
+
+    CREATION = ("arange", "asarray", "empty", "eye", "full", "linspace", "ones", "zeros")
+
+    def __init__(self, xp, device):
+        self._xp = xp
+        self._device = device
+        for name in self.CREATION:
+            setattr(self, name, self._on_device(getattr(xp, name)))
+
+    def _on_device(self, create):
+        device = self._device
+
+        def on_device(*args, **kwargs):
+            kwargs.setdefault("device", device)
+            return create(*args, **kwargs)
+        return on_device
+
+    def __getattr__(self, name):
+        return getattr(self._xp, name)
