@@ -11,4 +11,6 @@ from .tensor import (cast, concat, gather, reshape, slice, split, squeeze,  # no
 from .nn import dropout, log_softmax, one_hot, softmax, softmax_cross_entropy  # noqa: F401
 from .rnn_cells import gru_unit, lstm_unit, seq_linear  # noqa: F401
 from .recurrent import recurrent, recurrent_net  # noqa: F401
-from .control_flow import cond, do, while_loop  # noqa: F401
+from .cond import cond  # noqa: F401
+from .do import do  # noqa: F401
+from .while_loop import while_loop  # noqa: F401

@@ -1,0 +1,258 @@
+"""``while_loop``: the ``While`` op, and ``Scan`` (a counted loop; the gradient of both). Layouts::
+
+    While(init..., consts...; cond, cond_binds, cond_out, body, carry_binds,
+          body_outs, ys, ys_full, max_iters)              -> finals..., iters, ys...
+    Scan(n, init..., xs..., consts...; body, carry_binds, body_outs, x_binds,
+         ys, ys_like, ys_full, reverse)                   -> finals..., ys...
+        a loop over carried values; Scan runs n iterations (i = 0..n-1, or
+        n-1..0 when reversed) binding xs[j][i] to x_binds[j]; both stack the
+        body's values ``ys`` of every iteration into [iterations, ...] outputs
+        (ys_like[j] = an input index: shaped like that input instead;
+        ys_full[j] False: the backward reads only its shape, so the output is
+        a zero-stride stand-in that costs no memory; an output the running
+        plan does not read, as in a forward-only run, is an empty stand-in).
+        With ``rng_id`` (the body draws random numbers) iteration i runs in
+        the random stream (rng_id, i); a Scan that is a loop's gradient has
+        the forward's rng_id, so its i replays forward iteration i
+        (``streams.py``).
+
+The gradient of While is a reversed Scan over the body's backward, of Scan a
+Scan the other way (``loop_grad.py``).
+"""
+from __future__ import annotations
+
+from typing import Callable, Sequence
+
+from .. import backend
+from ..errors import ExecutionError, ProgramError, ShapeError
+from ..ir.builder import block_guard, current_block
+from ..ir.program import Block, Op, Var
+from . import streams
+from .loop_grad import LoopView, loop_grad
+from .loop_stacks import Kept
+from .registry import GradCtx, append_op, defop
+from .subblocks import (as_outputs, as_vars, bound_var, check_bound, check_predicate, full_flags,
+                        live_indices, merge_shapes, names_of, or_stand_ins, outer_reads, shapes_compatible,
+                        truth, unique)
+
+
+def _carry_specs(inits: Sequence[Var], body: Block, body_outs: Sequence[str]) -> list:
+    specs = []
+    for j, (init, name) in enumerate(zip(inits, body_outs)):
+        new = body.find_var(name)
+        if new is None:
+            raise ShapeError(f"loop var {j}: block {body.idx} has no variable '{name}'")
+        if new.dtype != init.dtype or not shapes_compatible(init.shape, new.shape):
+            raise ShapeError(f"loop var {j} is '{init.name}' {init.type_str()} but the body makes '{name}' "
+                             f"{new.type_str()}")
+        specs.append((merge_shapes(init.shape, new.shape), init.dtype))
+    return specs
+
+
+def _stack_spec(body: Block, name: str):
+    var = body.find_var(name)
+    if var is None:
+        raise ShapeError(f"block {body.idx} has no variable '{name}' to keep per iteration")
+    return ((-1,) + var.shape, var.dtype)
+
+
+def _while_rule(ins: list[Var], attrs: dict) -> list:
+    n = len(attrs["carry_binds"])
+    flag = attrs["cond"].find_var(attrs["cond_out"])
+    if flag is None or flag.dtype != "bool" or flag.shape not in ((), (1,)):
+        raise ShapeError(f"the condition '{attrs['cond_out']}' must be a scalar bool"
+                         + ("" if flag is None else f", got {flag.type_str()}"))
+    if len(attrs["cond_binds"]) != n or len(attrs["body_outs"]) != n or len(ins) < n:
+        raise ShapeError(f"{n} loop vars but {len(attrs['cond_binds'])} condition bindings, "
+                         f"{len(attrs['body_outs'])} body results and {len(ins)} inputs")
+    check_bound(attrs["cond"], attrs["cond_binds"], "loop var")
+    check_bound(attrs["body"], attrs["carry_binds"], "loop var")
+    specs = (_carry_specs(ins[:n], attrs["body"], attrs["body_outs"]) + [((), "int64")]
+             + [_stack_spec(attrs["body"], name) for name in attrs["ys"]])
+    if attrs.get("budget_outputs"):  # recompute=<bytes>: checkpoints and schedule (memory/while_budget.py)
+        from ..memory.while_budget import output_specs
+        specs += output_specs(ins[:n], attrs)
+    return specs
+
+
+def _scan_rule(ins: list[Var], attrs: dict) -> list:
+    c, s = len(attrs["carry_binds"]), len(attrs["x_binds"])
+    if ins[0].dtype not in ("int64", "int32") or ins[0].shape not in ((), (1,)):
+        raise ShapeError(f"the trip count '{ins[0].name}' must be an integer scalar, got {ins[0].type_str()}")
+    if len(ins) < 1 + c + s or len(attrs["ys_like"]) != len(attrs["ys"]):
+        raise ShapeError(f"{c} carries and {s} sliced inputs need at least {1 + c + s} inputs, got {len(ins)}")
+    check_bound(attrs["body"], list(attrs["carry_binds"]) + list(attrs["x_binds"]), "bound name")
+    specs = _carry_specs(ins[1:1 + c], attrs["body"], attrs["body_outs"])
+    for name, like in zip(attrs["ys"], attrs["ys_like"]):
+        specs.append(_stack_spec(attrs["body"], name) if like is None else (ins[like].shape, ins[like].dtype))
+    return specs
+
+
+def _while_grad(g: GradCtx) -> list:
+    if _budgeted(g.attrs):   # recompute=<bytes>: memory/while_budget.py swaps the Scan for its own op
+        from ..memory.while_budget import grad_maker
+        return grad_maker(g, lambda g: loop_grad(g, LoopView.of_while(g)))
+    return loop_grad(g, LoopView.of_while(g))
+
+
+def _budgeted(attrs: dict) -> bool:
+    return isinstance(attrs.get("recompute"), int) and not isinstance(attrs.get("recompute"), bool)
+
+
+@defop("While", inputs=("init*", "consts*"), outputs=("finals*", "iters", "ys*"), infer=_while_rule,
+       grad=_while_grad)
+def _while(k, *arrays):
+    """Run ``body`` while ``cond`` holds; the final loop vars, the trip count, the kept values."""
+    attrs, run, xp, op = k.attrs, k.run, k.xp, k.op
+    if _budgeted(attrs):     # recompute=<bytes>: checkpoints instead of kept values (memory/while_budget.py)
+        from ..memory.while_budget import forward_kernel
+        return forward_kernel(k, *arrays, truth=truth, check_stable=_check_stable)
+    n = len(attrs["carry_binds"])
+    carries, consts = list(arrays[:n]), dict(zip(op.inputs[n:], arrays[n:]))
+    ys, full = attrs["ys"], full_flags(attrs, attrs["ys"])
+    live = live_indices(k, n + 1, ys)      # kept values this plan reads (not when only the forward runs)
+    kept = Kept(k, [ys[j] for j in live], attrs["body"], [full[j] for j in live])
+    fetch = list(attrs["body_outs"]) + kept.names
+    max_iters = attrs.get("max_iters")
+    iters = 0
+    while True:
+        stream = streams.stream(attrs, iters)
+        flag, = run.run_block(attrs["cond"], {**consts, **dict(zip(attrs["cond_binds"], carries))},
+                              [attrs["cond_out"]], stream)
+        if not truth(xp, flag):
+            break
+        if max_iters is not None and iters >= max_iters:
+            raise ExecutionError(f"{op.where()}: the loop ran {iters} iterations and its condition still "
+                                 f"holds, exceeding max_iters={max_iters}")
+        values = run.run_block(attrs["body"], {**consts, **dict(zip(attrs["carry_binds"], carries))}, fetch,
+                               stream)
+        if ys:
+            _check_stable(op, arrays[:n], values[:n])
+        carries = values[:n]
+        kept.add(values[n:])
+        iters += 1
+    stacks = or_stand_ins(k, n + 1, len(ys), dict(zip(live, kept.stacks())))
+    return tuple(carries) + (xp.asarray(iters, dtype=backend.dtype_of(xp, "int64")),) + tuple(stacks)
+
+
+def _check_stable(op: Op, inits: Sequence, carries: Sequence) -> None:
+    for j, (init, new) in enumerate(zip(inits, carries)):
+        if tuple(init.shape) != tuple(new.shape):
+            raise ExecutionError(f"{op.where()}: loop var {j} ('{op.inputs[j]}') changes shape from "
+                                 f"{list(init.shape)} to {list(new.shape)}; gradients through a loop need "
+                                 "loop vars that keep their shape")
+
+
+@defop("Scan", inputs=("n", "init*", "xs*", "consts*"), outputs=("finals*", "ys*"), infer=_scan_rule,
+       grad=lambda g: loop_grad(g, LoopView.of_scan(g)), nondiff=(0,))
+def _scan(k, count, *arrays):
+    """Run ``body`` n times (reversed: i = n-1..0) binding xs[j][i]; the final carries and stacked ys."""
+    attrs, run, xp, op = k.attrs, k.run, k.xp, k.op
+    n = int(xp.reshape(count, ()))
+    c, s = len(attrs["carry_binds"]), len(attrs["x_binds"])
+    carries, xs = list(arrays[:c]), arrays[c:c + s]
+    consts = dict(zip(op.inputs[1 + c + s:], arrays[c + s:]))
+    inputs = (count,) + arrays
+    likes = attrs["ys_like"]
+    live = live_indices(k, c, attrs["ys"])
+    shaped = {j: xp.zeros_like(inputs[likes[j]]) for j in live if likes[j] is not None}
+    for out in shaped.values():
+        run.meter.hold(out)
+    stacked = [j for j in live if likes[j] is None]
+    full = full_flags(attrs, attrs["ys"])
+    kept = Kept(k, [attrs["ys"][j] for j in stacked], attrs["body"], [full[j] for j in stacked])
+    fetch = list(attrs["body_outs"]) + [attrs["ys"][j] for j in live]
+    for i in (range(n - 1, -1, -1) if attrs["reverse"] else range(n)):
+        bindings = {**consts, **dict(zip(attrs["carry_binds"], carries)),
+                    **{name: x[i, ...] for name, x in zip(attrs["x_binds"], xs)}}
+        # i indexes the forward's iterations whichever way this Scan runs: its random stream
+        values = run.run_block(attrs["body"], bindings, fetch, streams.stream(attrs, i))
+        carries, ys = values[:c], dict(zip(live, values[c:]))
+        for j, out in shaped.items():
+            out[(i,) + tuple(slice(0, d) for d in ys[j].shape)] = ys[j]
+        kept.add([ys[j] for j in stacked])
+    for out in shaped.values():
+        run.meter.release(out)
+    computed = dict(zip(stacked, kept.stacks(reverse=attrs["reverse"])))
+    computed.update(shaped)
+    return as_outputs(list(carries) + or_stand_ins(k, c, len(likes), computed))
+
+
+def _loop_vars(loop_vars) -> tuple[list[Var], type | None]:
+    if isinstance(loop_vars, Var):
+        return [loop_vars], None
+    if isinstance(loop_vars, (list, tuple)) and loop_vars and all(isinstance(v, Var) for v in loop_vars):
+        return list(loop_vars), type(loop_vars)
+    raise ProgramError(f"while_loop: loop_vars must be a Var or a non-empty list/tuple of Vars, got "
+                       f"{loop_vars!r}")
+
+
+def _check_body(block: Block, inits: list[Var], new: list[Var]) -> None:
+    where = f"While in block {block.idx}"
+    if len(new) != len(inits):
+        raise ProgramError(f"{where}: body_fn returns {len(new)} values ({names_of(new)}) for "
+                           f"{len(inits)} loop vars ({names_of(inits)})")
+    for j, (init, var) in enumerate(zip(inits, new)):
+        if var.dtype != init.dtype:
+            raise ProgramError(f"{where}: body_fn changes loop var {j} ('{init.name}') from {init.dtype} to "
+                               f"{var.dtype} ('{var.name}'); cast it back with rg.cast")
+        if not shapes_compatible(init.shape, var.shape):
+            raise ProgramError(f"{where}: body_fn makes loop var {j} ('{init.name}' {init.type_str()}) into "
+                               f"'{var.name}' {var.type_str()}; loop vars keep their shape (-1 matches any size)")
+
+
+def while_loop(cond_fn: Callable[..., Var], body_fn: Callable[..., Var | Sequence[Var]], loop_vars,
+               max_iters: int | None = None, recompute: int | None = None):
+    """Repeat ``vars = body_fn(*vars)`` while ``cond_fn(*vars)`` holds: a ``While`` op.
+
+    ``loop_vars`` is a Var or a list/tuple of Vars; the result has the same
+    form and holds the final values. ``cond_fn`` returns a scalar bool Var,
+    ``body_fn`` the new loop vars (same count and dtypes, shapes equal up to
+    -1). Both are called once, to build their blocks, and may read any
+    variable of the enclosing blocks. The trip count is decided at run time;
+    ``max_iters`` bounds it (ExecutionError beyond). Reverse-differentiable,
+    to any order: gradients reach the initial loop vars and every outer
+    variable the body reads, summed over iterations; only what each
+    iteration's backward reads is kept, and nothing when no gradient is built.
+    ``recompute=<bytes>`` bounds what is kept: loop vars at checkpoints, the
+    rest recomputed in the backward (``retrograd/memory/while_budget.py``).
+
+    Example::
+
+        x0 = rg.data("x", [4], dtype="float64")
+        n = rg.data("n", [], dtype="int64")             # the trip count, fed at run time
+        i, x = rg.while_loop(lambda i, x: i < n, lambda i, x: (i + 1, rg.tanh(x * w)), [rg.constant(0), x0])
+    """
+    block = current_block()
+    inits, kind = _loop_vars(loop_vars)
+    for j, var in enumerate(inits):
+        if not block.sees(var):
+            raise ProgramError(f"While in block {block.idx}: loop var {j} '{var.name}' belongs to block "
+                               f"{var.block.idx}, which block {block.idx} cannot see")
+    if max_iters is not None and (isinstance(max_iters, bool) or not isinstance(max_iters, int) or max_iters < 0):
+        raise ProgramError(f"While in block {block.idx}: max_iters must be None or an int >= 0, got {max_iters!r}")
+    if recompute is not None and not (_budgeted({"recompute": recompute}) and recompute >= 0):
+        raise ProgramError(f"While in block {block.idx}: recompute must be None or a byte budget (an int "
+                           f">= 0), got {recompute!r}")
+    program = block.program
+    cond_block = program.create_block(block)
+    cond_vars = [bound_var(cond_block, f"{v.name}.cur", v) for v in inits]
+    with block_guard(cond_block):
+        flag = cond_fn(*cond_vars)
+    check_predicate(flag, "While", "cond_fn's result", cond_block)
+    body = program.create_block(block)
+    body_vars = [bound_var(body, f"{v.name}.cur", v) for v in inits]
+    with block_guard(body):
+        new = body_fn(*body_vars)
+    new_vars, _ = as_vars(new, f"While in block {block.idx}: body_fn", body)
+    _check_body(block, inits, new_vars)
+    reads = unique(outer_reads(cond_block, [flag.name]) + outer_reads(body, [v.name for v in new_vars]))
+    attrs = {"cond": cond_block, "cond_binds": [v.name for v in cond_vars], "cond_out": flag.name,
+             "body": body, "carry_binds": [v.name for v in body_vars], "body_outs": [v.name for v in new_vars],
+             "ys": [], "ys_full": [], "max_iters": max_iters}
+    if recompute is not None:   # keep at most this many bytes for the backward (memory/while_budget.py)
+        attrs["recompute"] = int(recompute)
+    attrs.update(streams.stream_attrs(cond_block, body))   # a loop key when the loop draws random numbers
+    outs = append_op("While", inits + [block.var(n) for n in reads], attrs, name="while")
+    finals = outs[:len(inits)]
+    return finals[0] if kind is None else kind(finals)
