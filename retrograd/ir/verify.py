@@ -11,15 +11,44 @@ Checks, in order, for each block:
    ``_has_value``);
 4. per op: the op's shape rule, re-run on the declared inputs, agrees with the
    declared outputs (``-1`` matches any size).
+
+The IR knows no op types: checks 2 and 4 ask the ``OpSchema`` that the op
+registry (``retrograd/ops/registry.py``) hands to ``register_op_schema`` when
+it is imported.
 """
 from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
 
 import numpy as np
 
 from ..errors import ProgramError, ShapeError
 from .analysis import op_reads
 from .dtypes import canonical
-from .program import MAX_BLOCK_DEPTH, Block, Op, Program
+from .program import MAX_BLOCK_DEPTH, Block, Op, Program, Var
+
+
+@dataclass(frozen=True)
+class OpSchema:
+    """What the verifier needs to know about op types, supplied by the op registry."""
+    is_registered: Callable[[str], bool]
+    # The shape rule of ``op`` on its declared input Vars: [(shape, dtype), ...]; raises ShapeError.
+    infer: Callable[[Op, list[Var], Block], list]
+
+
+_SCHEMA: dict[str, OpSchema] = {}
+
+
+def register_op_schema(schema: OpSchema) -> None:
+    """Called once by ``retrograd/ops/registry.py`` (the IR must not import the ops)."""
+    _SCHEMA["ops"] = schema
+
+
+def _op_schema() -> OpSchema:
+    if "ops" not in _SCHEMA:
+        raise ProgramError("no op schema is registered to verify against; import retrograd (or retrograd.ops)")
+    return _SCHEMA["ops"]
 
 
 def verify_program(program: Program) -> None:
@@ -79,8 +108,7 @@ def _check_vars(block: Block) -> None:
 # --- 2. References ------------------------------------------------------------------------
 
 def _check_op_refs(block: Block, i: int, op: Op) -> None:
-    from ..ops.registry import OPS
-    if op.type not in OPS:
+    if not _op_schema().is_registered(op.type):
         raise _fault(block, i, op, f"op type '{op.type}' is not registered (is the module that "
                                    "defines it imported?)")
     for role, names in (("input", op.inputs), ("output", op.outputs)):
@@ -147,10 +175,9 @@ def _block_writes(block: Block) -> set[str]:
 # --- 4. Shapes and dtypes -------------------------------------------------------------------
 
 def _check_shapes(block: Block, i: int, op: Op) -> None:
-    from ..ops.registry import infer_specs
     in_vars = [block.var(n) for n in op.inputs]
     try:
-        specs = infer_specs(op.type, in_vars, op.attrs, block, building=False)
+        specs = _op_schema().infer(op, in_vars, block)
     except ShapeError as exc:
         raise _fault(block, i, op, f"shape rule: {exc}", ShapeError) from None
     except (KeyError, IndexError, TypeError, ValueError, AttributeError, ArithmeticError) as exc:

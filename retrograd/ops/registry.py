@@ -29,6 +29,7 @@ from ..errors import ProgramError, ShapeError
 from ..ir.builder import capture_ops, current_block, emit
 from ..ir.location import here, located
 from ..ir.program import Block, Op, Var
+from ..ir.verify import OpSchema, register_op_schema
 
 Spec = tuple[tuple[int, ...], str]
 
@@ -225,3 +226,9 @@ def _ops_leading_to(ops: list[Op], needed: set[str]) -> list[Op]:
             needed.update(op_reads(op))
     kept.reverse()
     return kept
+
+
+# The verifier (ir/verify.py) checks op types and shape rules through this hook: the IR imports no ops.
+register_op_schema(OpSchema(
+    is_registered=lambda op_type: op_type in OPS,
+    infer=lambda op, in_vars, block: infer_specs(op.type, in_vars, op.attrs, block, building=False)))
