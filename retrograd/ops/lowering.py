@@ -1,0 +1,62 @@
+"""The ONNX lowering registry: how each op becomes standard ONNX nodes.
+
+A lowering sits right after its op's ``defop``, in the same module, registered
+with ``@lowers``::
+
+    @defop("Tanh", infer=same_as_first, grad=...)
+    def _tanh(k, x):
+        return k.xp.tanh(x)
+
+    @lowers("Tanh")
+    def _tanh_onnx(g):
+        return [g.node("Tanh", g.ins)]
+
+This module imports nothing from onnx (retrograd imports without onnx
+installed); ``retrograd/onnx/`` builds the graph and calls the lowerings.
+
+The signature is ``lowering(g) -> list[str | None]``: one ONNX value name per
+op output, in the order of ``op.outputs`` (``None`` for an output nobody can
+read, e.g. an unused mask). ``g`` is a per-op context
+(``retrograd.onnx.graph.OpContext``) offering:
+
+* ``g.op``, ``g.attrs``, ``g.block``: the op, its attributes, its block.
+* ``g.ins``: the ONNX value names of the op's inputs (same order as
+  ``op.inputs``); ``g.in_vars`` / ``g.out_vars``: the retrograd Vars (static
+  shape with -1 where unknown, ``.dtype``, ``.ndim``).
+* ``g.node(op_type, inputs, n_out=1, domain="", **attrs)``: emit one ONNX
+  node with fresh output names; returns the name (``n_out == 1``) or a list.
+  Attribute values are plain Python (ints, floats, strings, lists,
+  ``onnx.GraphProto`` for subgraphs).
+* ``g.const(value, dtype)``: a constant (NumPy-convertible value) as an ONNX
+  value name, e.g. ``g.const(1.0, g.in_vars[0].dtype)`` or
+  ``g.const([0, 2], "int64")``.
+* ``g.cast(name, dtype)``, ``g.shape(name)`` (int64 1-D), ``g.dim(name, axis)``
+  (int64 1-element), ``g.scalar_dim(name, axis)`` (int64 scalar), ``g.ndim(i)``.
+* ``g.onnx_dtype(dtype)``: the ``TensorProto`` enum of a retrograd dtype.
+* ``g.subgraph(block, inputs, outputs, ...)``: lower a sub-block into an
+  ``onnx.GraphProto`` (for ``If``/``Loop`` bodies); see its docstring.
+* ``g.fail(reason)``: raise ``rg.BackendError`` naming the op and its block;
+  call it for an attribute value the lowering cannot express. A program with
+  an op that has no lowering fails the same way, before anything is written.
+
+Lowerings must compute exactly what the kernel computes (float32 within
+1e-5, float64 within 1e-10 of the NumPy executor) for every run-time shape the
+program accepts, including zero-length loops and any batch size.
+"""
+from __future__ import annotations
+
+from typing import Callable
+
+from ..errors import ProgramError
+
+LOWERINGS: dict[str, Callable] = {}
+
+
+def lowers(type: str):
+    """Register the decorated function as the ONNX lowering of op ``type``."""
+    def register(fn):
+        if type in LOWERINGS:
+            raise ProgramError(f"op type '{type}' has two ONNX lowerings")
+        LOWERINGS[type] = fn
+        return fn
+    return register
