@@ -18,6 +18,12 @@ benchmark checks that all of them agree on those gradients.
   determined hand-optimisation goes.
 * ``torch.nn.LSTM`` and a hand-written ``torch`` cell loop (autograd); PyTorch
   does not report CPU peak memory, so that column says n/a.
+* ``retrograd (onnxruntime)``: the same program run by
+  ``rg.Executor(backend="onnxruntime")`` (exported to ONNX once, then one
+  onnxruntime session run per call); its target is at most 1.0x
+  ``torch.nn.LSTM`` (``x torch``), measured alternating with it run by run.
+* ``jax (jit+scan)``: ``jax.jit(jax.value_and_grad(...))`` over ``lax.scan``,
+  one XLA CPU thread.
 
 BLAS and PyTorch run one thread each unless ``OPENBLAS_NUM_THREADS`` is set:
 the shapes of a recurrent step are small GEMMs, and on a machine shared with
@@ -45,6 +51,8 @@ from pathlib import Path
 from typing import Callable
 
 os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")     # before NumPy loads its BLAS
+os.environ.setdefault("OMP_NUM_THREADS", os.environ["OPENBLAS_NUM_THREADS"])
+os.environ.setdefault("XLA_FLAGS", "--xla_cpu_multi_thread_eigen=false intra_op_parallelism_threads=1")
 import numpy as np  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -52,6 +60,8 @@ import retrograd as rg  # noqa: E402
 
 CONFIGS = [(50, 64, 512), (50, 32, 128), (1000, 16, 256)]     # (T, N, H); D = H
 TARGET_RATIO = 1.25          # retrograd / numpy at the two larger configurations
+ENGINE_TARGET = 1.0          # retrograd (onnxruntime) / torch.nn.LSTM at every configuration
+ENGINE = "retrograd (onnxruntime)"
 RESULTS = Path(__file__).with_name("RESULTS.md")
 
 
@@ -212,7 +222,8 @@ def numpy_runner(problem: dict, lstm=numpy_lstm) -> tuple[Callable[[], tuple], C
 
 # --- retrograd ---------------------------------------------------------------------------
 
-def retrograd_runner(problem: dict, recompute=None) -> tuple[Callable[[], tuple], Callable[[], int]]:
+def retrograd_runner(problem: dict, recompute=None,
+                     backend: str = "numpy") -> tuple[Callable[[], tuple], Callable[[], int]]:
     main, startup = rg.Program(), rg.Program()
     t_len, n, d = problem["x"].shape
     h = problem["w_hh"].shape[0]
@@ -222,7 +233,7 @@ def retrograd_runner(problem: dict, recompute=None) -> tuple[Callable[[], tuple]
         loss = rg.sum(h_all)
         params = [main.global_block().var(f"lstm.{k}") for k in ("w_ih", "w_hh", "b")]
         grads = rg.gradients(loss, [x] + params)
-    exe = rg.Executor()
+    exe = rg.Executor(backend=backend)
     exe.run(startup)
     for k in ("w_ih", "w_hh", "b"):
         exe.scope.set(f"lstm.{k}", problem[k])
@@ -236,6 +247,52 @@ def retrograd_runner(problem: dict, recompute=None) -> tuple[Callable[[], tuple]
         run()
         return exe.last_stats.peak_bytes
     return run, peak
+
+
+def engine_runners(problem: dict) -> dict:
+    """The retrograd program on the onnxruntime engine, when onnxruntime is installed."""
+    try:
+        runner = retrograd_runner(problem, backend="onnxruntime")
+        runner[0]()                      # export + session build now, so a failure shows here
+    except rg.BackendError as exc:
+        print(f"skipping {ENGINE}: {exc}", flush=True)
+        return {}
+    return {ENGINE: runner}
+
+
+# --- JAX ---------------------------------------------------------------------------------
+
+def jax_runners(problem: dict) -> dict:
+    """``jit(value_and_grad)`` of the same LSTM written with ``lax.scan`` (one XLA CPU thread)."""
+    try:
+        import jax
+        import jax.numpy as jnp
+    except ImportError:
+        return {}
+
+    def loss_fn(x, w_ih, w_hh, b):
+        t_len, n, d = x.shape
+        h = w_hh.shape[0]
+        xw = (x.reshape(t_len * n, d) @ w_ih + b).reshape(t_len, n, 4 * h)
+
+        def step(carry, x_t):
+            h_t, c_t = carry
+            i, f, g, o = jnp.split(x_t + h_t @ w_hh, 4, axis=1)
+            c_t = jax.nn.sigmoid(f) * c_t + jax.nn.sigmoid(i) * jnp.tanh(g)
+            h_t = jax.nn.sigmoid(o) * jnp.tanh(c_t)
+            return (h_t, c_t), h_t
+
+        zeros = jnp.zeros((n, h), x.dtype)
+        _, hs = jax.lax.scan(step, (zeros, zeros), xw)
+        return hs.sum()
+
+    grad_fn = jax.jit(jax.value_and_grad(loss_fn, argnums=(0, 1, 2, 3)))
+    args = [jnp.asarray(problem[k]) for k in GRAD_NAMES]
+
+    def run():
+        loss, grads = grad_fn(*args)
+        return float(loss), tuple(np.asarray(g) for g in jax.block_until_ready(grads))
+    return {"jax (jit+scan)": (run, None)}
 
 
 # --- PyTorch -----------------------------------------------------------------------------
@@ -316,29 +373,39 @@ def check_agreement(results: dict[str, tuple], reference: str = "numpy") -> None
 
 def bench_config(t_len: int, n: int, h: int, repeats: int) -> list[dict]:
     problem = make_problem(t_len, n, h)
+    torch_runs = torch_runners(problem)
     runners = {"retrograd": retrograd_runner(problem), "numpy": numpy_runner(problem),
-               "numpy (tuned)": numpy_runner(problem, numpy_lstm_tuned), **torch_runners(problem)}
+               "numpy (tuned)": numpy_runner(problem, numpy_lstm_tuned), **engine_runners(problem),
+               **jax_runners(problem), **torch_runs}
     check_agreement({name: run() for name, (run, _) in runners.items()})
-    # retrograd and numpy (the ratio of interest) alternate in one group, PyTorch in another:
-    # whichever implementation ran right after the torch cell loop was 40-50% slower here
-    # (the memory that loop frees comes back cold), which would bias the comparison.
+    # Groups alternate run by run: retrograd with the NumPy versions (the x numpy ratios), the
+    # onnxruntime engine and JAX with torch.nn.LSTM (the x torch ratios), and the torch cell
+    # loop alone: whichever implementation ran right after it was 40-50% slower here (the
+    # memory that loop frees comes back cold), which would bias a comparison.
     ours = ("retrograd", "numpy", "numpy (tuned)")
-    groups = [list(ours), [name for name in runners if name not in ours]]
+    peers = ("torch.nn.LSTM", ENGINE, "jax (jit+scan)")
+    groups = [list(ours), [name for name in peers if name in runners],
+              [name for name in runners if name not in ours + peers]]
     times: dict[str, list[float]] = {}
     for group in groups:
         if group:
             times.update(interleaved_times({name: runners[name][0] for name in group}, repeats))
-    numpy_time = statistics.median(times["numpy"])
     rows = []
     for name, (_, peak) in runners.items():
         seconds = statistics.median(times[name])
-        # retrograd ran next to numpy in every round: the median of those paired ratios is
-        # steadier than a ratio of medians when the machine's load drifts
-        ratio = (statistics.median(a / b for a, b in zip(times[name], times["numpy"]))
-                 if name in ours else seconds / numpy_time)
-        rows.append({"impl": name, "T": t_len, "N": n, "H": h, "seconds": seconds, "vs_numpy": ratio,
+        rows.append({"impl": name, "T": t_len, "N": n, "H": h, "seconds": seconds,
+                     "vs_numpy": _ratio(times, name, "numpy", ours),
+                     "vs_torch": _ratio(times, name, "torch.nn.LSTM", peers) if torch_runs else None,
                      "peak": peak() if peak is not None else None})
     return rows
+
+
+def _ratio(times: dict[str, list[float]], name: str, reference: str, group: tuple) -> float:
+    """Time of ``name`` over ``reference``'s: the median of per-round ratios where the two ran
+    in the same rounds (steadier when the machine's load drifts), else a ratio of medians."""
+    if name in group and reference in group:
+        return statistics.median(a / b for a, b in zip(times[name], times[reference]))
+    return statistics.median(times[name]) / statistics.median(times[reference])
 
 
 # --- reporting -----------------------------------------------------------------------------
@@ -362,6 +429,10 @@ def machine() -> dict:
             "blas_threads": os.environ.get("OPENBLAS_NUM_THREADS", "default")}
 
 
+def _x(ratio) -> str:
+    return "n/a" if ratio is None else f"{ratio:.2f}"
+
+
 def _mb(value) -> str:
     return "n/a" if value is None else f"{value / 2**20:.1f}"
 
@@ -370,11 +441,12 @@ def print_table(rows: list[dict]) -> None:
     from rich.console import Console
     from rich.table import Table
     table = Table(title="LSTM forward + backward (float32, CPU): median time and peak memory")
-    for col in ("T", "N", "H", "implementation", "median ms", "x numpy", "peak MB"):
+    for col in ("T", "N", "H", "implementation", "median ms", "x numpy", "x torch", "peak MB"):
         table.add_column(col, justify="left" if col == "implementation" else "right")
     for row in rows:
         table.add_row(str(row["T"]), str(row["N"]), str(row["H"]), row["impl"],
-                      f"{row['seconds'] * 1e3:.1f}", f"{row['vs_numpy']:.2f}", _mb(row["peak"]))
+                      f"{row['seconds'] * 1e3:.1f}", f"{row['vs_numpy']:.2f}", _x(row["vs_torch"]),
+                      _mb(row["peak"]))
     Console().print(table)
 
 
@@ -391,7 +463,11 @@ def markdown(rows: list[dict], command: str, info: dict, repeats: int, load: tup
         f"the gradients before timing; times are the median of {repeats} runs after a warm-up, "
         "retrograd and the two NumPy versions alternating run by run, then the two PyTorch versions "
         "alternating; for those three, `x numpy` is the median of the per-round ratios to the numpy "
-        "run next to it.",
+        "run next to it. `retrograd (onnxruntime)` is the same program on "
+        "`rg.Executor(backend=\"onnxruntime\")`; it, `jax (jit+scan)` and `torch.nn.LSTM` alternate "
+        "in a second group and `x torch` is their median per-round ratio to `torch.nn.LSTM` "
+        "(one thread each: OMP/OpenBLAS 1, onnxruntime intra_op_num_threads=1, XLA without its "
+        "Eigen thread pool).",
         "",
         f"Command: `{command}`",
         "",
@@ -400,12 +476,12 @@ def markdown(rows: list[dict], command: str, info: dict, repeats: int, load: tup
         f"{load[0]:.1f} before and {load[1]:.1f} after the run (other jobs were sharing the machine: "
         "compare the implementations within one table, not across tables).",
         "",
-        "| T | N | H | implementation | median ms | x numpy | peak MB |",
-        "|--:|--:|--:|:--|--:|--:|--:|",
+        "| T | N | H | implementation | median ms | x numpy | x torch | peak MB |",
+        "|--:|--:|--:|:--|--:|--:|--:|--:|",
     ]
     for row in rows:
         lines.append(f"| {row['T']} | {row['N']} | {row['H']} | {row['impl']} | {row['seconds'] * 1e3:.1f} "
-                     f"| {row['vs_numpy']:.2f} | {_mb(row['peak'])} |")
+                     f"| {row['vs_numpy']:.2f} | {_x(row['vs_torch'])} | {_mb(row['peak'])} |")
     lines += ["", "Reading it:", ""] + [f"* {note}" for note in reading_notes(rows)] + [""]
     return "\n".join(lines)
 
@@ -418,7 +494,13 @@ def reading_notes(rows: list[dict]) -> list[str]:
     tuned = {(r["T"], r["N"], r["H"]): r["vs_numpy"] for r in rows if r["impl"] == "numpy (tuned)"}
     versus_tuned = ", ".join(f"{r['vs_numpy'] / tuned[(r['T'], r['N'], r['H'])]:.2f}x" for r in targets
                              if (r["T"], r["N"], r["H"]) in tuned)
+    engine = [r for r in rows if r["impl"] == ENGINE and r["vs_torch"] is not None]
+    engine_ratios = ", ".join(f"{r['vs_torch']:.2f}x at (T={r['T']}, N={r['N']}, H={r['H']})"
+                              for r in engine) or "not run"
+    engine_met = engine and all(r["vs_torch"] <= ENGINE_TARGET for r in engine)
     return [
+        f"**Engine target** ({ENGINE} at most {ENGINE_TARGET}x `torch.nn.LSTM` at every "
+        f"configuration): {'met' if engine_met else 'missed'} — {engine_ratios}.",
         f"**Target** (retrograd at most {TARGET_RATIO}x hand-written NumPy at the two larger "
         f"configurations): {'met' if met else 'missed'} — {ratios}. Against the tuned NumPy "
         f"version: {versus_tuned}.",
