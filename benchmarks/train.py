@@ -6,7 +6,11 @@ characters; Adam lr 3e-3 with global-norm clipping at 5) on the same batches,
 in float32 on the CPU, with the same number of threads (``--threads``, default 1:
 multithreaded BLAS on small per-step GEMMs collapses when other processes
 compete for the cores, for NumPy and PyTorch alike). Reported: characters per second (batch x seq-len x
-steps / wall time, after warm-up steps), and their ratio. With ``--write``
+steps / wall time, after warm-up steps), and their ratios. Beside the NumPy
+executor it trains the same program on ``rg.Executor(backend="onnxruntime")``
+(target: at least PyTorch's characters per second) and the same model in JAX
+(``jit`` of one whole training step, the LSTM as ``lax.scan``, Adam and
+clipping written out as in ``torch.optim``), all on one thread. With ``--write``
 the "Training" section of ``benchmarks/RESULTS.md`` is replaced by the new
 table (other sections are left as they are).
 
@@ -39,6 +43,7 @@ USER_ENV = dict(os.environ)          # the end-to-end timing runs with the user'
 THREADS = _threads_option(sys.argv[1:])
 for _var in THREAD_VARS:
     os.environ[_var] = THREADS
+os.environ.setdefault("XLA_FLAGS", "--xla_cpu_multi_thread_eigen=false intra_op_parallelism_threads=1")
 
 import numpy as np  # noqa: E402
 
@@ -51,11 +56,11 @@ from retrograd import train  # noqa: E402
 RESULTS = ROOT / "benchmarks" / "RESULTS.md"
 
 
-def retrograd_stepper(args, corpus):
+def retrograd_stepper(args, corpus, backend: str = "numpy"):
     """A function running one training step of the `retrograd train` program, and the executor."""
     cfg = train.ModelConfig(args.model, args.hidden, args.layers, args.embed, None)
     t = train.build_training(cfg, args.seq_len, "adam", args.lr, args.clip_norm, seed=0)
-    exe = rg.Executor()
+    exe = rg.Executor(backend=backend)
     exe.run(t.startup)
 
     def step(i: int) -> float:
@@ -63,6 +68,83 @@ def retrograd_stepper(args, corpus):
         loss, = exe.run(t.main, feed={"chars": xs, "next_chars": ys}, fetch_list=[t.loss])
         return float(loss)
     return step, exe
+
+
+def engine_stepper(args, corpus):
+    """The same program on the onnxruntime engine; also the seconds its first run took (export +
+    session build + one step), or None when the engine is unavailable."""
+    try:
+        step, exe = retrograd_stepper(args, corpus, backend="onnxruntime")
+        started = time.perf_counter()
+        step(0)
+    except rg.BackendError as exc:
+        print(f"skipping the onnxruntime engine: {exc}", flush=True)
+        return None, None
+    return step, time.perf_counter() - started
+
+
+def jax_stepper(args, corpus):
+    """The same model, Adam and clipping in JAX: one ``jax.jit`` of the whole training step."""
+    try:
+        import jax
+        import jax.numpy as jnp
+    except ImportError:
+        return None
+    if args.model != "lstm" or args.layers != 1:
+        return None
+    vocab, h, e = len(train.VOCAB), args.hidden, args.embed
+    keys = jax.random.split(jax.random.PRNGKey(0), 5)
+    bound = 1.0 / np.sqrt(h)
+    uniform = lambda key, shape, b: jax.random.uniform(key, shape, jnp.float32, -b, b)  # noqa: E731
+    params = {"embed": jax.random.normal(keys[0], (vocab, e), jnp.float32),
+              "w_ih": uniform(keys[1], (e, 4 * h), bound), "w_hh": uniform(keys[2], (h, 4 * h), bound),
+              "b": jnp.zeros(4 * h, jnp.float32),
+              "w_out": uniform(keys[3], (h, vocab), bound), "b_out": jnp.zeros(vocab, jnp.float32)}
+
+    def loss_fn(p, xs, ys):
+        x = p["embed"][xs]                                    # [T, N, E]
+        t_len, n = xs.shape
+        xw = x @ p["w_ih"] + p["b"]
+
+        def step(carry, x_t):
+            h_t, c_t = carry
+            i, f, g, o = jnp.split(x_t + h_t @ p["w_hh"], 4, axis=1)
+            c_t = jax.nn.sigmoid(f) * c_t + jax.nn.sigmoid(i) * jnp.tanh(g)
+            h_t = jax.nn.sigmoid(o) * jnp.tanh(c_t)
+            return (h_t, c_t), h_t
+
+        zeros = jnp.zeros((n, h), jnp.float32)
+        _, hs = jax.lax.scan(step, (zeros, zeros), xw)
+        logits = hs.reshape(-1, h) @ p["w_out"] + p["b_out"]
+        logp = jax.nn.log_softmax(logits)
+        return -jnp.take_along_axis(logp, ys.reshape(-1, 1), axis=1).mean()
+
+    b1, b2, eps = 0.9, 0.999, 1e-8
+
+    @jax.jit
+    def train_step(p, m, v, t, xs, ys):
+        loss, g = jax.value_and_grad(loss_fn)(p, xs, ys)
+        norm = jnp.sqrt(sum(jnp.sum(x * x) for x in jax.tree_util.tree_leaves(g)))
+        scale = jnp.minimum(1.0, args.clip_norm / (norm + 1e-6))
+        g = jax.tree_util.tree_map(lambda x: x * scale, g)
+        t = t + 1
+        m = jax.tree_util.tree_map(lambda a, b: b1 * a + (1 - b1) * b, m, g)
+        v = jax.tree_util.tree_map(lambda a, b: b2 * a + (1 - b2) * b * b, v, g)
+        step_size = args.lr / (1 - b1 ** t)
+        denom_scale = jnp.sqrt(1 - b2 ** t)
+        p = jax.tree_util.tree_map(lambda q, a, b: q - step_size * a / (jnp.sqrt(b) / denom_scale + eps),
+                                   p, m, v)
+        return p, m, v, t, loss
+
+    state = {"p": params, "m": jax.tree_util.tree_map(jnp.zeros_like, params),
+             "v": jax.tree_util.tree_map(jnp.zeros_like, params), "t": jnp.float32(0)}
+
+    def step(i: int) -> float:
+        xs, ys = train.batch_at(corpus, i, args.seq_len, args.batch, 0)
+        state["p"], state["m"], state["v"], state["t"], loss = train_step(
+            state["p"], state["m"], state["v"], state["t"], xs, ys)
+        return float(loss)
+    return step
 
 
 def torch_stepper(args, corpus):
@@ -179,31 +261,44 @@ def main() -> int:
 
     corpus, _ = train.load_corpus()
     rg_step, exe = retrograd_stepper(args, corpus)
-    results = interleaved({"retrograd": rg_step, "torch": torch_stepper(args, corpus)}, args)
+    engine_step, first_run_s = engine_stepper(args, corpus)
+    steppers = {"retrograd": rg_step, "onnxruntime": engine_step, "jax": jax_stepper(args, corpus),
+                "torch": torch_stepper(args, corpus)}
+    results = interleaved({name: step for name, step in steppers.items() if step is not None}, args)
     chars = args.round * args.batch * args.seq_len
     cps = {name: chars / float(np.median(r["times"])) for name, r in results.items()}
     ratio = cps["retrograd"] / cps["torch"]
     peak = exe.last_stats.peak_bytes
     size = (f"{args.model}, {args.layers} x {args.hidden} hidden, embed {args.embed}, "
             f"batch {args.batch} x {args.seq_len} chars, Adam + clip {args.clip_norm:g}, float32")
-    rows = [("retrograd (the `retrograd train` program)", "retrograd"),
+    rows = [("retrograd, NumPy executor (the `retrograd train` program)", "retrograd"),
+            ("retrograd, onnxruntime engine (the same program)", "onnxruntime"),
+            ("JAX (`jit` of the whole step, `lax.scan`, 1 thread)", "jax"),
             (f"PyTorch (`torch.nn.{args.model.upper()}`, CPU)", "torch")]
-    table = "| framework | chars/s | ms/step | loss at the end |\n|---|---:|---:|---:|\n" + "".join(
+    table = ("| framework | chars/s | ms/step | x PyTorch | loss at the end |\n"
+             "|---|---:|---:|---:|---:|\n") + "".join(
         f"| {label} | {cps[key]:,.0f} | {1000 * args.batch * args.seq_len / cps[key]:.1f} "
-        f"| {results[key]['losses'][-1]:.3f} |\n" for label, key in rows)
+        f"| {cps[key] / cps['torch']:.2f} | {results[key]['losses'][-1]:.3f} |\n"
+        for label, key in rows if key in results)
+    engine_line = ""
+    if "onnxruntime" in results:
+        engine_line = (f"**onnxruntime engine / PyTorch = {cps['onnxruntime'] / cps['torch']:.2f}** "
+                       f"(target: at least 1.0); its first run (export + session build + one step) "
+                       f"took {first_run_s:.2f} s (target for the session build: under 1 s).\n\n")
     steps = args.warmup + args.rounds * args.round
     command = "python benchmarks/train.py" + "".join(f" {a}" for a in sys.argv[1:])
     section = (
         "## Training\n\n"
         f"Characters per second training the default `retrograd train` model ({size}), "
-        f"both frameworks in one process on the same batches: {args.warmup} warm-up steps each, "
+        f"all frameworks in one process on the same batches: {args.warmup} warm-up steps each, "
         f"then {args.rounds} alternating rounds of {args.round} steps; the median round counts. "
         f"Losses differ only by initialisation ({steps} steps each). Alternating rounds expose "
-        "both to the same background load; on a shared machine (see the load average) repeated "
+        "all to the same background load; on a shared machine (see the load average) repeated "
         "runs still vary by about +-25%.\n\n"
         f"{table}\n"
         f"**retrograd / PyTorch = {ratio:.2f}** (retrograd peak memory per step: "
         f"{peak / 2**20:.1f} MB).\n\n"
+        f"{engine_line}"
         f"{time_cli() if args.time_cli else ''}"
         f"Command: `{command}`  \nMachine: {machine()}\n\n")
     print(section)
