@@ -51,7 +51,8 @@ def check_gradients(fn: Callable[..., Var | list[Var]],
                     inputs: Mapping[str, np.ndarray] | Sequence[np.ndarray], *,
                     wrt: list[str] | None = None, eps: float = 1e-6, rtol: float = 1e-4,
                     atol: float = 1e-6, seed: int = 0, raise_on_failure: bool = True,
-                    feeds: Mapping[str, np.ndarray] | None = None) -> dict[str, float]:
+                    feeds: Mapping[str, np.ndarray] | None = None, backend: str = "numpy",
+                    device: str | None = None) -> dict[str, float]:
     """Compare analytic and numeric gradients of ``fn``; return the worst relative error per input.
 
     ``fn`` receives one Var per entry of ``inputs`` (a dict of name -> array,
@@ -64,7 +65,8 @@ def check_gradients(fn: Callable[..., Var | list[Var]],
     The check fails where ``|analytic - numeric| > atol + rtol * |numeric|``,
     and the exception names the element. Random ops
     (dropout) draw the same values in every run of the check. ``feeds`` are
-    extra values for data Vars that ``fn`` declares itself.
+    extra values for data Vars that ``fn`` declares itself. ``backend`` and
+    ``device`` choose where the program runs (``rg.Executor(backend=, device=)``).
 
     Example::
 
@@ -80,7 +82,7 @@ def check_gradients(fn: Callable[..., Var | list[Var]],
     arrays = {name: _as_input(value) for name, value in inputs.items()}
     wrt = list(wrt) if wrt is not None else [n for n, a in arrays.items() if a.dtype.kind == "f"]
     feed = {**arrays, **(feeds or {})}
-    exe = Executor()
+    exe = Executor(backend=backend, device=device)
     main, startup = Program(), Program()
     with program_guard(main, startup):
         vars_ = {name: creation.data(name, a.shape, str(a.dtype), stop_gradient=False)

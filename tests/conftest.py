@@ -1,9 +1,58 @@
 """Fixtures shared across the test tree."""
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import pytest
 
+import retrograd as rg
 from retrograd.ops.registry import OPS, OpDef
+
+
+@dataclass(frozen=True)
+class BackendParam:
+    """A backend and device the tests run on: ``rg.Executor(**backend.kwargs)``."""
+
+    name: str
+    device: str | None
+
+    @property
+    def kwargs(self) -> dict:
+        return {"backend": self.name, "device": self.device}
+
+    def executor(self, scope=None) -> "rg.Executor":
+        return rg.Executor(scope, backend=self.name, device=self.device)
+
+    def __str__(self) -> str:
+        return self.name if self.device is None else f"{self.name}-{self.device}"
+
+
+def _unavailable(name: str, device: str | None) -> str | None:
+    """Why ``name`` on ``device`` cannot run here (None when it can)."""
+    try:
+        rg.Executor(backend=name, device=device)
+    except rg.BackendError as exc:
+        return str(exc)
+    return None
+
+
+BACKEND_PARAMS = [
+    pytest.param(BackendParam("numpy", None), id="numpy"),
+    pytest.param(BackendParam("torch", "cpu"), id="torch-cpu"),
+    pytest.param(BackendParam("torch", "cuda"), id="torch-cuda"),
+    pytest.param(BackendParam("cupy", "cuda"), id="cupy"),
+]
+
+
+@pytest.fixture(params=BACKEND_PARAMS)
+def backend(request) -> BackendParam:
+    """Every backend the test should pass on: numpy and torch-cpu always (CI), torch-cuda and
+    cupy where a GPU and the library are present (skipped with the reason elsewhere)."""
+    param = request.param
+    reason = _unavailable(param.name, param.device)
+    if reason is not None:
+        pytest.skip(f"{param} unavailable: {reason}")
+    return param
 
 
 def _call_block_rule(ins, attrs):

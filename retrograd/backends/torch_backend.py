@@ -68,7 +68,7 @@ class TorchBackend(Backend):
     def from_numpy(self, array: np.ndarray):
         array = np.asarray(array)
         if not array.flags.writeable or not array.flags.c_contiguous:
-            array = np.ascontiguousarray(array).copy()   # torch wants writable memory it may share
+            array = np.array(array, order="C")   # torch wants writable memory it may share
         return self.torch.from_numpy(array).to(self.torch_device)
 
     def to_numpy(self, array) -> np.ndarray:

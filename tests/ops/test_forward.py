@@ -18,17 +18,20 @@ import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+import array_api_compat.torch
 from hypothesis.extra import numpy as hnp
 
 import retrograd as rg
-from retrograd import backend
+from retrograd import backends as backend
 from retrograd.ops import math as ops_math
 from retrograd.ops.creation import shape_stand_in
 from retrograd.ops import nn as ops_nn
 from retrograd.ops import tensor as ops_tensor
 from retrograd.ops.registry import append_op
 
-BACKENDS = [np, array_api_strict]
+# Every forward case runs on NumPy, on the strict Array API namespace (portability) and on
+# PyTorch (CPU) through array_api_compat (the torch backend's namespace).
+BACKENDS = [np, array_api_strict, array_api_compat.torch]
 FAMILIES = {"math", "reduce", "creation", "tensor", "nn"}
 # Random ops cannot equal a NumPy formula; they have property tests at the end of this file.
 RANDOM_OPS = {"UniformRandom", "GaussianRandom", "Dropout"}
@@ -653,7 +656,8 @@ def test_uniform_random_is_in_range_and_reproducible(dtype):
     a = _run_random("UniformRandom", attrs)
     assert a.shape == (200, 50) and a.dtype == dtype
     assert a.min() >= -0.5 and a.max() <= 2.0 and abs(a.mean() - 0.75) < 0.05
-    np.testing.assert_array_equal(a, _run_random("UniformRandom", attrs, array_api_strict))
+    for xp in BACKENDS[1:]:                   # keyed draws: the same numbers on every backend
+        np.testing.assert_array_equal(a, _run_random("UniformRandom", attrs, xp))
     assert not np.array_equal(a, _run_random("UniformRandom", {**attrs, "seed": 12}))
 
 
@@ -663,7 +667,8 @@ def test_gaussian_random_moments_and_reproducible(dtype):
     a = _run_random("GaussianRandom", attrs)
     assert a.shape == (400, 50) and a.dtype == dtype
     assert abs(a.mean() - 1.5) < 0.02 and abs(a.std() - 0.5) < 0.02
-    np.testing.assert_array_equal(a, _run_random("GaussianRandom", attrs, array_api_strict))
+    for xp in BACKENDS[1:]:
+        np.testing.assert_array_equal(a, _run_random("GaussianRandom", attrs, xp))
 
 
 def _dropout_program(p, dtype="float32", seed=None, twice=False):

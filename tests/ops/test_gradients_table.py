@@ -465,9 +465,9 @@ def test_double_backward_set_is_differentiable():
 
 
 @pytest.mark.parametrize("op_type,index", _case_ids(sorted(CASES)))
-def test_gradient_matches_finite_differences(op_type, index):
+def test_gradient_matches_finite_differences(op_type, index, backend):
     fn, inputs, options = list(_cases(op_type))[index]
-    report = check_gradients(_builds(op_type, fn), inputs, **options)
+    report = check_gradients(_builds(op_type, fn), inputs, **options, **backend.kwargs)
     float_inputs = {n for n, a in inputs.items() if np.asarray(a).dtype.kind == "f"}
     assert set(report) == float_inputs
 
@@ -495,6 +495,6 @@ def _first_gradients(fn):
 
 
 @pytest.mark.parametrize("op_type,index", _case_ids(DOUBLE_BACKWARD))
-def test_double_backward_matches_finite_differences(op_type, index):
+def test_double_backward_matches_finite_differences(op_type, index, backend):
     fn, inputs, options = list(_cases(op_type))[index]
-    check_gradients(_first_gradients(_builds(op_type, fn)), inputs, **options)
+    check_gradients(_first_gradients(_builds(op_type, fn)), inputs, **options, **backend.kwargs)
