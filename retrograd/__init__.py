@@ -23,6 +23,7 @@ from .runtime import Executor, RunStats, Scope, ScopeError
 __version__ = "0.1.0"
 from .autodiff import append_backward, gradients  # noqa: E402
 from . import optim  # noqa: E402
+from . import distributed  # noqa: E402  (registers AllReduce/Broadcast; starts no MPI)
 from .io import ParamFileError, load_params, read_params, save_params  # noqa: E402
 from . import layers  # noqa: E402
 from . import memory  # noqa: E402

@@ -50,26 +50,43 @@ class Optimizer:
         self._startup: Program | None = None
 
     def minimize(self, loss: Var, parameter_list=None, no_grad_set=None, checkpoints=None, *,
-                 startup_program: Program | None = None) -> list[tuple[Var, Var]]:
+                 startup_program: Program | None = None, **backward_options) -> list[tuple[Var, Var]]:
         """Append the backward pass of ``loss`` and the updates; return ``[(param, grad)]``.
 
         The gradients returned are the raw ones (before clipping). The update
         ops and the optimizer state go into ``loss``'s program; the state's
         initialisers into ``startup_program`` (default: the current startup
-        program, as set by ``rg.program_guard``).
+        program, as set by ``rg.program_guard``). ``minimize`` is ``backward``
+        then ``apply_gradients``; wrappers (``rg.distributed.DataParallel``)
+        put their ops between the two. Other keywords (``memory_budget``,
+        ``feed_shapes``) go to ``rg.append_backward``.
 
         Example::
 
             params_grads = rg.optim.SGD(0.1).minimize(loss)
         """
         startup = startup_program if startup_program is not None else default_startup_program()
+        params_grads = self.backward(loss, parameter_list, no_grad_set, checkpoints,
+                                     startup_program=startup, **backward_options)
+        self.apply_gradients(params_grads, main_program=loss.block.program, startup_program=startup)
+        return params_grads
+
+    def backward(self, loss: Var, parameter_list=None, no_grad_set=None, checkpoints=None, *,
+                 startup_program: Program | None = None, **backward_options) -> list[tuple[Var, Var]]:
+        """The first half of ``minimize``: append the backward pass only; return ``[(param, grad)]``.
+
+        Example::
+
+            params_grads = opt.backward(loss)
+            opt.apply_gradients(params_grads)
+        """
+        startup = startup_program if startup_program is not None else default_startup_program()
         if not isinstance(loss, Var):
             raise ProgramError(f"minimize needs the loss Var, got {type(loss).__name__}")
         _check_startup(startup, loss.block.program.all_parameters())   # before changing the program
-        extra = {} if checkpoints is None else {"checkpoints": checkpoints}
-        params_grads = append_backward(loss, parameter_list, no_grad_set, **extra)
-        self.apply_gradients(params_grads, main_program=loss.block.program, startup_program=startup)
-        return params_grads
+        if checkpoints is not None:
+            backward_options["checkpoints"] = checkpoints
+        return append_backward(loss, parameter_list, no_grad_set, **backward_options)
 
     def apply_gradients(self, params_grads: Sequence[tuple[Var, Var]], *,
                         main_program: Program | None = None,

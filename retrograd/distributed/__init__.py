@@ -1,0 +1,73 @@
+"""Data parallelism over MPI (mpi4py): the same program on every rank, gradients averaged.
+
+Example (``mpiexec -n 4 python train.py``)::
+
+    import retrograd as rg
+    rank, size = rg.distributed.rank(), rg.distributed.world_size()
+    with rg.program_guard(main, startup):
+        loss = ...
+        opt = rg.distributed.DataParallel(rg.optim.Adam(1e-3))
+        params_grads = opt.minimize(loss)      # backward, AllReduce (mean over ranks), updates
+    exe = rg.Executor()
+    exe.run(startup)                           # every rank starts from rank 0's parameters
+    for xb in batches:
+        exe.run(main, feed={"x": xb[rank::size]})   # each rank its shard
+
+Without ``mpiexec`` (or without mpi4py) ``rank()`` is 0, ``world_size()`` 1
+and the same code runs in one process. Importing this package does not start
+MPI; the first ``rank()``, ``world_size()`` or collective does.
+"""
+from ..errors import FeedError
+from .comm import abort, launcher_size
+from .comm import world as _world
+from .data_parallel import DataParallel, average_gradients, broadcast_initial_values
+from .ops import all_reduce, broadcast
+
+
+def rank() -> int:
+    """This process's rank in ``MPI.COMM_WORLD`` (0 in a single process).
+
+    Raises ``rg.BackendError`` when a launcher started several processes but
+    mpi4py is missing.
+
+    Example::
+
+        if rg.distributed.rank() == 0:
+            rg.save_params(exe.scope, "model.npz", main)
+    """
+    return _world().rank
+
+
+def world_size() -> int:
+    """The number of ranks in ``MPI.COMM_WORLD`` (1 in a single process).
+
+    Example::
+
+        shard = batch[rg.distributed.rank()::rg.distributed.world_size()]
+    """
+    return _world().size
+
+
+def shard(array, axis: int = 0):
+    """This rank's equal share of ``array`` along ``axis`` (contiguous blocks, in rank order).
+
+    The size along ``axis`` must divide by ``world_size()``: equal shards keep
+    the mean of the ranks' mean losses equal to the whole batch's mean loss.
+
+    Example::
+
+        feed = {"x": rg.distributed.shard(xb), "y": rg.distributed.shard(yb)}
+    """
+    size, index = world_size(), rank()
+    count = array.shape[axis]
+    if count % size:
+        raise FeedError(f"cannot split {count} examples (axis {axis}) evenly over {size} ranks; "
+                        f"use a batch size that divides by {size}")
+    per_rank = count // size
+    where = [slice(None)] * array.ndim
+    where[axis] = slice(index * per_rank, (index + 1) * per_rank)
+    return array[tuple(where)]
+
+
+__all__ = ["rank", "world_size", "DataParallel", "all_reduce", "broadcast", "average_gradients",
+           "broadcast_initial_values", "shard", "abort", "launcher_size"]

@@ -1,0 +1,133 @@
+"""Who the ranks are and how they talk: mpi4py's ``COMM_WORLD``, or one process alone.
+
+MPI is started only when a launcher (``mpiexec``, ``srun``) says this
+process is one of several, or when the user already started it
+(``from mpi4py import MPI``, ``python -m mpi4py``). Otherwise ``world()`` is
+a one-rank stand-in whose collectives do nothing, so the same program runs
+unchanged in a plain ``python train.py``.
+
+Under several ranks, an exception that nobody catches stops every rank
+(``MPI_Abort``) after printing its traceback: the others would otherwise wait
+in the next collective for ever.
+
+Example::
+
+    comm = world()
+    print(comm.rank, comm.size)
+"""
+from __future__ import annotations
+
+import os
+import sys
+
+import numpy as np
+
+from ..errors import BackendError
+
+# Environment variables in which launchers announce the number of processes they started
+# (MPICH/Hydra, Intel MPI and Cray PMI; Open MPI; MVAPICH; Slurm's srun).
+LAUNCHER_SIZE_VARS = ("PMI_SIZE", "OMPI_COMM_WORLD_SIZE", "MV2_COMM_WORLD_SIZE", "SLURM_STEP_NUM_TASKS")
+INSTALL_HINT = 'pip install "retrograd[mpi]" (mpi4py and an MPI library; or mpi4py built against your site MPI)'
+
+
+class LocalComm:
+    """One process alone: every collective leaves the buffers as they are."""
+
+    rank = 0
+    size = 1
+
+    def allreduce_sum(self, buffer: np.ndarray) -> None:
+        """Sum ``buffer`` over the ranks, in place."""
+
+    def broadcast(self, buffer: np.ndarray, root: int = 0) -> None:
+        """Overwrite ``buffer`` with rank ``root``'s, in place."""
+
+    def allgather(self, value) -> list:
+        """Every rank's ``value``, in rank order."""
+        return [value]
+
+    def abort(self, code: int = 1) -> None:
+        sys.exit(code)
+
+
+class MPIComm:
+    """mpi4py's ``COMM_WORLD`` with the three collectives retrograd uses, on host NumPy buffers."""
+
+    def __init__(self, mpi):
+        self._mpi = mpi
+        self._comm = mpi.COMM_WORLD
+        self.rank = self._comm.Get_rank()
+        self.size = self._comm.Get_size()
+
+    def allreduce_sum(self, buffer: np.ndarray) -> None:
+        self._comm.Allreduce(self._mpi.IN_PLACE, buffer, op=self._mpi.SUM)
+
+    def broadcast(self, buffer: np.ndarray, root: int = 0) -> None:
+        self._comm.Bcast(buffer, root=root)
+
+    def allgather(self, value) -> list:
+        return self._comm.allgather(value)
+
+    def abort(self, code: int = 1) -> None:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        self._comm.Abort(code)
+
+
+_world: LocalComm | MPIComm | None = None
+
+
+def world() -> LocalComm | MPIComm:
+    """The communicator of all ranks (created on first use)."""
+    global _world
+    if _world is None:
+        _world = _connect()
+    return _world
+
+
+def launcher_size() -> int:
+    """How many processes a launcher says it started (1 when none did)."""
+    for name in LAUNCHER_SIZE_VARS:
+        value = os.environ.get(name, "").strip()
+        if value.isdigit():
+            return int(value)
+    return 1
+
+
+def _connect() -> LocalComm | MPIComm:
+    started = sys.modules.get("mpi4py.MPI")
+    if started is not None and started.Is_initialized() and not started.Is_finalized():
+        return _with_abort_on_error(MPIComm(started))
+    requested = launcher_size()
+    if requested <= 1:
+        return LocalComm()
+    try:
+        from mpi4py import MPI
+    except ImportError:
+        raise BackendError(f"this process was started as one of {requested} ranks, but mpi4py cannot "
+                           f"be imported; install it: {INSTALL_HINT}") from None
+    return _with_abort_on_error(MPIComm(MPI))
+
+
+def _with_abort_on_error(comm: MPIComm) -> MPIComm:
+    """Make an uncaught exception on this rank stop all ranks once its traceback is printed."""
+    if comm.size > 1:
+        previous = sys.excepthook
+
+        def print_then_abort(kind, value, tb):
+            previous(kind, value, tb)
+            comm.abort(1)
+        sys.excepthook = print_then_abort
+    return comm
+
+
+def abort(code: int = 1) -> None:
+    """Stop every rank with exit status ``code`` (``MPI_Abort``); in one process, ``sys.exit(code)``.
+
+    Example::
+
+        except RetrogradError as exc:
+            print(exc, file=sys.stderr)
+            rg.distributed.abort(2)
+    """
+    world().abort(code)
