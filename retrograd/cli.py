@@ -1,20 +1,25 @@
-"""The ``retrograd`` command: ``train``, ``show``, ``graph``.
+"""The ``retrograd`` command: ``train``, ``sample``, ``show``, ``graph``.
 
 Examples::
 
     retrograd train                         # the main job: a character-level LSTM (retrograd/train.py)
+    retrograd sample retrograd-lstm.npz --length 400 --prompt "def "   # text from a saved model
     retrograd show model.json               # print a program saved with Program.to_json()
     retrograd graph model.json -o model.svg # draw it (DOT text, or SVG/PNG through Graphviz's `dot`)
 
 User mistakes (a missing file, a malformed program) end with one line on
-stderr and exit status 2; argparse reports bad options the same way.
+stderr and exit status 2; argparse reports bad options the same way. Output
+cut short by the reader (``retrograd show m.json | head``) ends quietly.
 
-``retrograd train`` is defined in ``retrograd/train.py`` (``add_train_arguments``,
-``run_train``).
+Each subcommand is one ``_add_<name>(commands)`` function below that adds its
+parser and sets ``handler``; the jobs live in their own modules
+(``train.py``: ``add_train_arguments``, ``run_train``; ``sample.py``), which
+never import this one.
 """
 from __future__ import annotations
 
 import argparse
+import os
 import shutil
 import subprocess
 import sys
@@ -46,11 +51,23 @@ def main(argv: Sequence[str] | None = None) -> int:
         return EXIT_USAGE
     try:
         return args.handler(args) or 0
+    except BrokenPipeError:
+        _quiet_stdout()
+        return 0
     except (CliError, RetrogradError, OSError) as exc:
         # Verifier messages add the printed op on a second line; keep the report to one.
         message = " | ".join(line.strip() for line in str(exc).splitlines() if line.strip())
         print(f"retrograd {args.command}: error: {message}", file=sys.stderr)
         return EXIT_USAGE
+
+
+def _quiet_stdout() -> None:
+    """The reader of our stdout went away: point stdout at /dev/null so the exit flush is silent."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+    except (OSError, ValueError):   # no real file descriptor (tests capturing stdout)
+        pass
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -60,7 +77,12 @@ def _parser() -> argparse.ArgumentParser:
     from . import __version__
     parser.add_argument("--version", action="version", version=f"retrograd {__version__}")
     commands = parser.add_subparsers(dest="command", metavar="COMMAND")
+    for add in (_add_train, _add_sample, _add_show, _add_graph):
+        add(commands)
+    return parser
 
+
+def _add_train(commands) -> None:
     from .train import add_train_arguments, run_train
     train = commands.add_parser("train", help="train a character-level language model (train -h: options)",
                                 description="Train a character-level language model on the Python "
@@ -68,11 +90,26 @@ def _parser() -> argparse.ArgumentParser:
     add_train_arguments(train)
     train.set_defaults(handler=run_train)
 
+
+def _add_sample(commands) -> None:
+    from .sample import add_sample_arguments, run_sample
+    sample = commands.add_parser("sample", help="generate text from a model saved by train",
+                                 description="Generate text, one character at a time, from a "
+                                             "parameter file written by `retrograd train`.")
+    add_sample_arguments(sample)
+    sample.set_defaults(handler=run_sample)
+
+
+def _add_show(commands) -> None:
     show = commands.add_parser("show", help="print a saved program (JSON) as text",
                                description="Print a program saved with Program.to_json().")
     show.add_argument("file", help="program JSON file")
+    show.add_argument("--locations", action="store_true",
+                      help="end each op's line with the file:line that built it")
     show.set_defaults(handler=_show)
 
+
+def _add_graph(commands) -> None:
     graph = commands.add_parser("graph", help="write a program's dataflow graph",
                                 description="Write a saved program as a Graphviz graph: DOT "
                                             "text, or SVG/PNG/PDF (by the -o suffix) when "
@@ -81,7 +118,6 @@ def _parser() -> argparse.ArgumentParser:
     graph.add_argument("-o", "--output", help="output file (.dot, .svg, .png, .pdf); "
                                               "default: DOT on stdout")
     graph.set_defaults(handler=_graph)
-    return parser
 
 
 # --- show --------------------------------------------------------------------------------
@@ -104,7 +140,7 @@ def _load(path: str) -> Program:
 
 
 def _show(args: argparse.Namespace) -> int:
-    print(_load(args.file))
+    print(_load(args.file).to_string(locations=args.locations))
     return 0
 
 

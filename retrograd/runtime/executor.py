@@ -13,6 +13,7 @@ from ..errors import BackendError, ExecutionError, FeedDeviceError, FeedError, P
 from ..ir.program import Block, Program, Var
 from .plan import Plan, compile_block
 from .scope import Scope
+from .threads import BlasThreads
 from .stats import MemoryMeter, RunStats
 
 
@@ -82,6 +83,8 @@ class Executor:
     ``retrograd.backends.Backend``), ``device`` e.g. "cpu", "cuda", "cuda:1";
     ``xp=`` (an array namespace: numpy, torch, array_api_strict, ...) is the
     older spelling. ``exe.backend`` is the Backend; the scope holds its arrays.
+    ``threads`` caps BLAS threads while a run computes (default 1: the small
+    per-step products gain nothing from more; see ``runtime/threads.py``).
 
     Example::
 
@@ -91,7 +94,9 @@ class Executor:
         print(exe.last_stats.peak_bytes, exe.last_stats.time_s)
     """
 
-    def __init__(self, scope: Scope | None = None, xp=None, backend=None, device: str | None = None):
+    def __init__(self, scope: Scope | None = None, xp=None, backend=None, device: str | None = None,
+                 threads: int | None = None):
+        self.blas = BlasThreads(threads)   # BLAS threads during each run (runtime/threads.py)
         self.backend = _resolve_backend(xp, backend, device)
         self.xp = self.backend.xp
         if scope is None:
@@ -153,7 +158,8 @@ class Executor:
         env = self._initial_env(plan, block, feed or {}, scope)
         for value in env.values():
             run.meter.hold(value)
-        self.execute(plan, env)
+        with self.blas.limit():
+            self.execute(plan, env)
         for name in plan.persistable_writes:
             if name in env:
                 scope.set(name, env[name])
