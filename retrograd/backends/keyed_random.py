@@ -35,14 +35,23 @@ The algorithm (simple enough to write as ONNX integer ops later):
    * normal(mean, std): Box-Muller in float64 from two hashes (key words
      ``k0 ^ 0x5bd1e995`` for the second): ``u1 = (h1 + 0.5) * 2**-32``,
      ``z = sqrt(-2 log u1) * cos(2 pi h2 * 2**-32)``, ``mean + std * z``,
-     rounded once to the dtype.
+     rounded once to the dtype. ``log``, ``sqrt`` and ``cos`` are computed
+     here with ``+ - * /`` and exact scalings by powers of two (libraries'
+     own float64 ``sqrt``/``cos`` differ in the last bit: torch's CPU ``sqrt``
+     is not correctly rounded), so that every backend gets the same bits:
+
+     - ``log v`` for ``v = h1 + 0.5``: ``v = m * 2**e`` with the exponent found
+       by integer shifts, ``m`` folded into [sqrt(1/2), sqrt 2], then
+       ``log m = 2 atanh(s)``, ``s = (m - 1)/(m + 1)``, by its series to s**23;
+     - ``sqrt r``: ``r = q * 4**k`` with ``q`` in [1, 4) (exact scalings by
+       powers of 4), six Newton steps ``y = (y + q/y)/2`` from a linear guess;
+     - ``cos(2 pi u)``: ``u`` is reduced exactly to ``a`` in [0, 1/4] with the
+       sign of the quadrant, then the Taylor series of cos to x**24.
 
 Integer draws and uniform/keep-mask draws are exact on every backend (integer
-ops, and IEEE-rounded float64 ``+``/``*``). Normal draws use the library's
-float64 ``log``/``cos``, which different libraries compute to within one unit
-in the last place; rounded to float32 they agree bit for bit unless a value
-falls within 1e-16 of a float32 rounding boundary (about one element in 10**8),
-and float64 normals agree to 1 ulp.
+ops, and IEEE-rounded float64 ``+``/``*``); normal draws use only IEEE-rounded
+``+ - * /`` too, each a separate elementwise op (no fused multiply-add), so
+they agree bit for bit as well.
 """
 from __future__ import annotations
 
@@ -108,9 +117,58 @@ def uniform(xp, key, shape, low: float, high: float, dtype, *, device=None):
 
 
 def normal(xp, key, shape, mean: float, std: float, dtype, *, device=None):
-    """Normal(mean, std) values of ``dtype`` by Box-Muller in float64."""
-    h1 = xp.astype(hash_bits(xp, key, shape, device=device), xp.float64)
-    h2 = xp.astype(hash_bits(xp, key, shape, device=device, salt=0x5BD1E995), xp.float64)
-    radius = xp.sqrt(-2.0 * xp.log((h1 + 0.5) * 2.0 ** -32))
-    z = radius * xp.cos((2.0 * math.pi * 2.0 ** -32) * h2)
+    """Normal(mean, std) values of ``dtype`` by Box-Muller in float64 (exact arithmetic only)."""
+    h1 = hash_bits(xp, key, shape, device=device)
+    h2 = hash_bits(xp, key, shape, device=device, salt=0x5BD1E995)
+    radius = _sqrt(xp, -2.0 * _log_of_hash(xp, h1))
+    z = radius * _cos_2pi(xp, xp.astype(h2, xp.float64) * 2.0 ** -32)
     return xp.astype(mean + std * z, dtype)
+
+
+_LN2 = math.log(2.0)
+
+
+def _log_of_hash(xp, h):
+    """log((h + 0.5) * 2**-32) for 32-bit hashes ``h``: a log of a value in (0, 1)."""
+    e = xp.zeros_like(h)
+    for step in (16, 8, 4, 2, 1):                     # e = floor(log2 h) (0 for h = 0)
+        e = e + xp.astype((h >> (e + step)) > 0, xp.int64) * step
+    m = (xp.astype(h, xp.float64) + 0.5) / xp.astype(xp.ones_like(h) << e, xp.float64)   # in [0.5, 2)
+    e = xp.astype(e, xp.float64)
+    high, low = m > math.sqrt(2.0), m < math.sqrt(0.5)
+    m = xp.where(high, m * 0.5, xp.where(low, m * 2.0, m))
+    e = xp.where(high, e + 1.0, xp.where(low, e - 1.0, e))
+    s = (m - 1.0) / (m + 1.0)
+    z = s * s
+    series = xp.zeros_like(s) + 1.0 / 23.0
+    for n in range(21, 0, -2):                        # 1 + z/3 + z**2/5 + ... + z**11/23
+        series = series * z + 1.0 / n
+    return 2.0 * s * series + (e - 32.0) * _LN2
+
+
+def _sqrt(xp, r):
+    """sqrt(r) for r in (1e-10, 100): r = q * 4**k, q in [1, 4), Newton on q."""
+    q = r * 4.0 ** 20                                 # >= 1 for every r this module makes
+    k = xp.zeros_like(q)
+    for step in (32, 16, 8, 4, 2, 1):
+        big = q >= 4.0 ** step
+        q = xp.where(big, q * 4.0 ** -step, q)
+        k = k + xp.astype(big, xp.float64) * float(step)
+    y = 0.5 + 0.375 * q                               # within 15% of sqrt(q) on [1, 4)
+    for _ in range(6):
+        y = 0.5 * (y + q / y)
+    scale = xp.astype(xp.ones_like(xp.astype(k, xp.int64)) << xp.astype(k, xp.int64), xp.float64)
+    return y * scale * 2.0 ** -20
+
+
+def _cos_2pi(xp, u):
+    """cos(2 pi u) for u in [0, 1): exact reduction to [0, 1/4], then Taylor to x**24."""
+    a = xp.abs(u - xp.floor(u + 0.5))                # in [0, 1/2]: cos is even and 1-periodic
+    flip = a > 0.25                                   # cos(2 pi a) = -cos(2 pi (1/2 - a))
+    a = xp.where(flip, 0.5 - a, a)
+    x = (2.0 * math.pi) * a
+    x2 = x * x
+    series = xp.zeros_like(x) + 1.0 / math.factorial(24)
+    for n in range(22, -1, -2):
+        series = series * (-x2) + 1.0 / math.factorial(n)
+    return xp.where(flip, -series, series)
