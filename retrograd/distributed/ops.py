@@ -27,7 +27,7 @@ import numpy as np
 from ..errors import ProgramError, ShapeError
 from ..ir.builder import current_block
 from ..ir.program import Block, Op, Var
-from ..ops.registry import append_op, defop
+from ..ops.registry import append_op, defop, infer_specs
 from ..ops.shapes import require_float
 from .comm import world
 
@@ -99,7 +99,7 @@ def all_reduce(xs: Sequence[Var], reduce: str = "mean", *, name: str | None = No
 
 
 def _declare_outputs(block: Block, xs: list[Var], reduce: str) -> list[Var]:
-    _all_reduce_rule(xs, {"reduce": reduce})       # complain before declaring anything
+    infer_specs("AllReduce", xs, {"reduce": reduce}, block)     # complain before declaring anything
     program = block.program
     outs = []
     for x in xs:
