@@ -28,3 +28,4 @@ from .io import ParamFileError, load_params, read_params, save_params  # noqa: E
 from . import layers  # noqa: E402
 from . import memory  # noqa: E402
 from . import testing  # noqa: E402
+from . import onnx  # noqa: E402  (rg.onnx.export; onnx itself is imported only when exporting)

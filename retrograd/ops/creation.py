@@ -12,6 +12,7 @@ from ..ir.builder import current_block, default_main_program, default_startup_pr
 from ..ir.dtypes import canonical, is_float
 from ..ir.program import Block, Op, Var
 from .registry import append_op, defop
+from .lowering import lowers
 from .shapes import same_as_first
 
 
@@ -32,6 +33,12 @@ def _static_shape(shape: Sequence[int], what: str) -> list[int]:
 def _constant(k):
     """A value fixed in the program (stored in its attributes)."""
     return k.xp.asarray(np.asarray(k.attrs["value"], dtype=k.attrs["dtype"]).reshape(k.attrs["shape"]))
+
+
+@lowers("Constant")
+def _constant_onnx(g):
+    a = g.attrs
+    return [g.const(np.asarray(a["value"], dtype=a["dtype"]).reshape(a["shape"]), a["dtype"])]
 
 
 def constant(value, dtype=None, name: str | None = None) -> Var:
@@ -88,6 +95,12 @@ def _fill(k):
     return k.xp.full(tuple(k.attrs["shape"]), k.attrs["value"], dtype=backend.dtype_of(k.xp, k.attrs["dtype"]))
 
 
+@lowers("Fill")
+def _fill_onnx(g):
+    a = g.attrs
+    return [g.const(np.full(tuple(a["shape"]), a["value"], dtype=a["dtype"]), a["dtype"])]
+
+
 def fill(shape: Sequence[int], value: float, dtype: str = "float32") -> Var:
     """A tensor of ``shape`` filled with ``value``.
 
@@ -111,6 +124,11 @@ def _fill_like(k, x):
     return k.xp.full(x.shape, k.attrs["value"], dtype=backend.dtype_of(k.xp, dtype))
 
 
+@lowers("FillLike")
+def _fill_like_onnx(g):
+    return [g.fill(g.shape(g.ins[0]), g.attrs["value"], g.out_vars[0].dtype)]
+
+
 def fill_like(x: Var, value: float, dtype: str | None = None) -> Var:
     """A tensor with ``x``'s run-time shape filled with ``value``."""
     return append_op("FillLike", [x], {"value": value, "dtype": canonical(dtype) if dtype else None})[0]
@@ -127,6 +145,11 @@ def _shape_stand_in(k, x):
     gradient flows through it: nothing depends on the value behind a shape.
     """
     return k.xp.broadcast_to(k.xp.zeros((), dtype=x.dtype), tuple(x.shape))
+
+
+@lowers("ShapeStandIn")
+def _shape_stand_in_onnx(g):
+    return [g.fill(g.shape(g.ins[0]), 0, g.out_vars[0].dtype)]
 
 
 def shape_stand_in(x: Var) -> Var:
@@ -156,6 +179,11 @@ def ones_like(x: Var) -> Var:
 def _assign(k, x):
     """A copy of ``x`` (its own buffer)."""
     return k.xp.asarray(x, copy=True)
+
+
+@lowers("Assign")
+def _assign_onnx(g):
+    return [g.node("Identity", g.ins)]
 
 
 def assign(x: Var, output: Var | None = None) -> Var:

@@ -30,6 +30,8 @@ read, e.g. an unused mask). ``g`` is a per-op context
 * ``g.const(value, dtype)``: a constant (NumPy-convertible value) as an ONNX
   value name, e.g. ``g.const(1.0, g.in_vars[0].dtype)`` or
   ``g.const([0, 2], "int64")``.
+* ``g.fill(shape, value, dtype)``: a tensor of the run-time ``shape`` (an
+  int64 1-D ONNX value, e.g. ``g.shape(g.ins[0])``) filled with ``value``.
 * ``g.cast(name, dtype)``, ``g.shape(name)`` (int64 1-D), ``g.dim(name, axis)``
   (int64 1-element), ``g.scalar_dim(name, axis)`` (int64 scalar), ``g.ndim(i)``.
 * ``g.onnx_dtype(dtype)``: the ``TensorProto`` enum of a retrograd dtype.
@@ -60,3 +62,33 @@ def lowers(type: str):
         LOWERINGS[type] = fn
         return fn
     return register
+
+
+# --- Helpers shared by lowerings (they only call ``g``'s methods) ----------------------------
+
+def inputs_as(g, dtype: str, ins=None) -> list[str]:
+    """The op's inputs (or ``ins``, parallel to ``g.in_vars``) cast to ``dtype`` where they differ."""
+    ins = g.ins if ins is None else ins
+    return [v if var.dtype == dtype else g.cast(v, dtype) for v, var in zip(ins, g.in_vars)]
+
+
+def elementwise(onnx_type: str):
+    """A lowering for an op that is one ONNX node over inputs of the output's dtype."""
+    def lower(g):
+        return [g.node(onnx_type, inputs_as(g, g.out_vars[0].dtype))]
+    return lower
+
+
+def compare(onnx_type: str):
+    """A lowering for a comparison: both operands in their promoted dtype, a bool result."""
+    def lower(g):
+        import numpy as np
+        a, b = g.in_vars[:2]
+        common = np.promote_types(a.dtype, b.dtype).name
+        return [g.node(onnx_type, inputs_as(g, common))]
+    return lower
+
+
+def axes_input(g, axes) -> str:
+    """An int64 axes tensor for Reduce*/Squeeze/Unsqueeze."""
+    return g.const([int(a) for a in axes], "int64")

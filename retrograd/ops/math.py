@@ -10,6 +10,7 @@ from ..ir.dtypes import is_float
 from ..ir.program import OPERATORS, Var
 from .creation import constant, fill_like, scalar_like, zeros_like
 from .registry import append_op, defop
+from .lowering import axes_input, compare, elementwise, lowers
 from .shapes import broadcast_rule, broadcast_shapes, compare_rule, float_same_as_first, same_as_first
 
 
@@ -38,6 +39,28 @@ def _sum_to(k, x, like):
     axes = tuple(range(lead)) + tuple(lead + i for i, d in enumerate(target) if d == 1 and x.shape[lead + i] != 1)
     out = k.xp.sum(x, axis=axes, keepdims=True) if axes else x
     return k.xp.reshape(out, tuple(target))
+
+
+@lowers("SumTo")
+def _sum_to_onnx(g):
+    x, like = g.in_vars
+    lead = x.ndim - like.ndim
+    out = g.ins[0]
+    if lead:
+        out = g.node("ReduceSum", [out, axes_input(g, range(lead))], keepdims=0)
+    pairs = list(zip(x.shape[lead:], like.shape))
+    if all((t >= 0 and t != 1) or s == 1 for s, t in pairs):      # decided when built
+        axes = [i for i, (s, t) in enumerate(pairs) if t == 1 and s != 1]
+        if axes:
+            out = g.node("ReduceSum", [out, axes_input(g, axes)], keepdims=1)
+        return [out]
+    # Which axes broadcasting stretched is known only at run time: like is 1 there, x is not.
+    one = g.const([1], "int64")
+    stretched = g.node("And", [g.node("Equal", [g.shape(g.ins[1]), one]),
+                               g.node("Not", [g.node("Equal", [g.shape(out), one])])])
+    axes = g.node("Reshape", [g.node("NonZero", [stretched]), g.const([-1], "int64")])
+    out = g.node("ReduceSum", [out, axes], keepdims=1, noop_with_empty_axes=1)
+    return [g.node("Reshape", [out, g.shape(g.ins[1])], allowzero=1)]
 
 
 def sum_to(x: Var, like: Var) -> Var:
@@ -70,6 +93,19 @@ def _expand_as(k, x, like):
     for axis in k.attrs["mean_axes"]:
         count *= like.shape[axis]
     return out / count if count != 1 else out
+
+
+@lowers("ExpandAs")
+def _expand_as_onnx(g):
+    x = g.ins[0]
+    if g.attrs["axes"]:
+        x = g.node("Unsqueeze", [x, axes_input(g, g.attrs["axes"])])
+    out = g.node("Expand", [x, g.shape(g.ins[1])])
+    if g.attrs["mean_axes"]:
+        sizes = g.node("Gather", [g.shape(g.ins[1]), g.const(list(g.attrs["mean_axes"]), "int64")])
+        count = g.cast(g.node("ReduceProd", [sizes], keepdims=0), g.out_vars[0].dtype)
+        out = g.node("Div", [out, count])
+    return [out]
 
 
 def expand_as(x: Var, like: Var, axes=(), mean_axes=()) -> Var:
@@ -114,6 +150,9 @@ def _add(k, x, y):
     return x + y
 
 
+lowers("Add")(elementwise("Add"))
+
+
 def _sub_grad(g):
     a, b = g.x
     return [unbroadcast(g.dy, a, b), unbroadcast(neg(g.dy), b, a)]
@@ -124,6 +163,9 @@ def _sub(k, x, y):
     return x - y
 
 
+lowers("Sub")(elementwise("Sub"))
+
+
 def _mul_grad(g):
     a, b = g.x
     return [unbroadcast(g.dy * b, a, b), unbroadcast(g.dy * a, b, a)]
@@ -132,6 +174,9 @@ def _mul_grad(g):
 @defop("Mul", inputs=("x", "y"), infer=broadcast_rule, grad=_mul_grad)
 def _mul(k, x, y):
     return x * y
+
+
+lowers("Mul")(elementwise("Mul"))
 
 
 def _div_grad(g):
@@ -151,6 +196,9 @@ def _div(k, x, y):
     return x / y
 
 
+lowers("Div")(elementwise("Div"))
+
+
 def _pow_grad(g):
     a, b = g.x
     da = g.dy * b * pow(a, b - 1.0)
@@ -161,6 +209,9 @@ def _pow_grad(g):
 @defop("Pow", inputs=("x", "y"), infer=broadcast_rule, grad=_pow_grad)
 def _pow(k, x, y):
     return k.xp.pow(x, y) if hasattr(k.xp, "pow") else x ** y
+
+
+lowers("Pow")(elementwise("Pow"))
 
 
 def _minmax_grad(pick_first_where):
@@ -178,9 +229,15 @@ def _maximum(k, x, y):
     return k.xp.maximum(x, y)
 
 
+lowers("Maximum")(elementwise("Max"))
+
+
 @defop("Minimum", inputs=("x", "y"), infer=broadcast_rule, grad=_minmax_grad(lambda a, b: less(a, b)))
 def _minimum(k, x, y):
     return k.xp.minimum(x, y)
+
+
+lowers("Minimum")(elementwise("Min"))
 
 
 def add(x, y) -> Var:
@@ -225,9 +282,15 @@ def _less(k, x, y):
     return x < y
 
 
+lowers("Less")(compare("Less"))
+
+
 @defop("LessEqual", inputs=("x", "y"), infer=compare_rule)
 def _less_equal(k, x, y):
     return x <= y
+
+
+lowers("LessEqual")(compare("LessOrEqual"))
 
 
 @defop("Greater", inputs=("x", "y"), infer=compare_rule)
@@ -235,14 +298,23 @@ def _greater(k, x, y):
     return x > y
 
 
+lowers("Greater")(compare("Greater"))
+
+
 @defop("GreaterEqual", inputs=("x", "y"), infer=compare_rule)
 def _greater_equal(k, x, y):
     return x >= y
 
 
+lowers("GreaterEqual")(compare("GreaterOrEqual"))
+
+
 @defop("Equal", inputs=("x", "y"), infer=compare_rule)
 def _equal(k, x, y):
     return x == y
+
+
+lowers("Equal")(compare("Equal"))
 
 
 def _bool_rule(ins, attrs):
@@ -254,6 +326,9 @@ def _bool_rule(ins, attrs):
 @defop("LogicalNot", infer=_bool_rule)
 def _logical_not(k, x):
     return k.xp.logical_not(x)
+
+
+lowers("LogicalNot")(elementwise("Not"))
 
 
 def less(x, y) -> Var:
@@ -305,6 +380,11 @@ def _where(k, cond, x, y):
     return k.xp.where(cond, x, y)
 
 
+@lowers("Where")
+def _where_onnx(g):
+    return [g.node("Where", g.ins)]
+
+
 def where(cond: Var, x, y) -> Var:
     """``x`` where ``cond`` holds, else ``y`` (broadcasting). Example: ``rg.where(x > 0, x, 0.0)``."""
     if not isinstance(x, Var) and not isinstance(y, Var):
@@ -327,9 +407,15 @@ def _neg(k, x):
     return -x
 
 
+lowers("Neg")(elementwise("Neg"))
+
+
 @defop("Exp", infer=float_same_as_first, grad=lambda g: [g.dy * g.y])
 def _exp(k, x):
     return k.xp.exp(x)
+
+
+lowers("Exp")(elementwise("Exp"))
 
 
 @defop("Log", infer=float_same_as_first, grad=lambda g: [g.dy / g.x[0]])
@@ -337,9 +423,15 @@ def _log(k, x):
     return k.xp.log(x)
 
 
+lowers("Log")(elementwise("Log"))
+
+
 @defop("Tanh", infer=float_same_as_first, grad=lambda g: [g.dy * (1.0 - g.y * g.y)])
 def _tanh(k, x):
     return k.xp.tanh(x)
+
+
+lowers("Tanh")(elementwise("Tanh"))
 
 
 @defop("Sigmoid", infer=float_same_as_first, grad=lambda g: [g.dy * g.y * (1.0 - g.y)])
@@ -350,9 +442,15 @@ def _sigmoid(k, x):
     return xp.where(x >= 0, 1.0 / (1.0 + z), z / (1.0 + z))
 
 
+lowers("Sigmoid")(elementwise("Sigmoid"))
+
+
 @defop("Relu", infer=same_as_first, grad=lambda g: [where(g.x[0] > 0.0, g.dy, 0.0)])
 def _relu(k, x):
     return k.xp.where(x > 0, x, k.xp.zeros_like(x))
+
+
+lowers("Relu")(elementwise("Relu"))
 
 
 @defop("Square", infer=same_as_first, grad=lambda g: [g.dy * 2.0 * g.x[0]])
@@ -360,9 +458,17 @@ def _square(k, x):
     return x * x
 
 
+@lowers("Square")
+def _square_onnx(g):
+    return [g.node("Mul", [g.ins[0], g.ins[0]])]
+
+
 @defop("Sqrt", infer=float_same_as_first, grad=lambda g: [g.dy * 0.5 / g.y])
 def _sqrt(k, x):
     return k.xp.sqrt(x)
+
+
+lowers("Sqrt")(elementwise("Sqrt"))
 
 
 @defop("Abs", infer=same_as_first, grad=lambda g: [g.dy * sign(g.x[0])])
@@ -370,9 +476,15 @@ def _abs(k, x):
     return k.xp.abs(x)
 
 
+lowers("Abs")(elementwise("Abs"))
+
+
 @defop("Sign", infer=same_as_first, grad=lambda g: [zeros_like(g.x[0])])
 def _sign(k, x):
     return k.xp.sign(x)
+
+
+lowers("Sign")(elementwise("Sign"))
 
 
 def neg(x: Var) -> Var:
@@ -439,6 +551,16 @@ def _clip(k, x):
     return x
 
 
+@lowers("Clip")
+def _clip_onnx(g):
+    x, dtype = g.ins[0], g.in_vars[0].dtype
+    if g.attrs["lo"] is not None:
+        x = g.node("Max", [x, g.const(g.attrs["lo"], dtype)])
+    if g.attrs["hi"] is not None:
+        x = g.node("Min", [x, g.const(g.attrs["hi"], dtype)])
+    return [x if x != g.ins[0] else g.node("Identity", [x])]
+
+
 def clip(x: Var, lo: float | None, hi: float | None) -> Var:
     """Clamp to ``[lo, hi]`` (either may be None); the gradient passes where lo <= x <= hi."""
     return append_op("Clip", [x], {"lo": None if lo is None else float(lo),
@@ -448,6 +570,9 @@ def clip(x: Var, lo: float | None, hi: float | None) -> Var:
 @defop("LogicalAnd", inputs=("x", "y"), infer=compare_rule)
 def _logical_and(k, x, y):
     return k.xp.logical_and(x, y)
+
+
+lowers("LogicalAnd")(elementwise("And"))
 
 
 def logical_and(x: Var, y: Var) -> Var:
@@ -490,6 +615,20 @@ def _matmul(k, x, y):
     if k.attrs.get("transpose_y"):
         y = xp.matrix_transpose(y) if hasattr(xp, "matrix_transpose") else xp.swapaxes(y, -1, -2)
     return xp.matmul(x, y)
+
+
+@lowers("MatMul")
+def _matmul_onnx(g):
+    x, y = g.ins
+    if g.attrs.get("transpose_x"):
+        x = g.node("Transpose", [x], perm=_swap_last(g.in_vars[0].ndim))
+    if g.attrs.get("transpose_y"):
+        y = g.node("Transpose", [y], perm=_swap_last(g.in_vars[1].ndim))
+    return [g.node("MatMul", [x, y])]
+
+
+def _swap_last(ndim: int) -> list[int]:
+    return list(range(ndim - 2)) + [ndim - 1, ndim - 2]
 
 
 def matmul(x: Var, y: Var, transpose_x: bool = False, transpose_y: bool = False) -> Var:
@@ -537,6 +676,11 @@ def _add_n(k, *xs):
     for x in xs[2:]:
         total = total + x
     return total
+
+
+@lowers("AddN")
+def _add_n_onnx(g):
+    return [g.node("Sum" if len(g.ins) > 1 else "Identity", g.ins)]
 
 
 def add_n(xs) -> Var:

@@ -16,6 +16,7 @@ from .creation import assign
 from .math import exp
 from .reduce import sum as reduce_sum
 from .registry import append_op, defop
+from .lowering import lowers
 from .shapes import normalize_axis, require_float
 from .streams import random_key
 from .tensor import INT_DTYPES, check_ids, squeeze, unsqueeze
@@ -49,6 +50,11 @@ def _softmax(k, x):
     return e / xp.sum(e, axis=axis, keepdims=True)
 
 
+@lowers("Softmax")
+def _softmax_onnx(g):
+    return [g.node("Softmax", g.ins, axis=normalize_axis(g.attrs["axis"], g.in_vars[0].ndim))]
+
+
 def _log_softmax_grad(g):
     y, dy, axis = g.y, g.dy, g.attrs["axis"]
     return [dy - exp(y) * reduce_sum(dy, axis=axis, keepdims=True)]
@@ -59,6 +65,11 @@ def _log_softmax(k, x):
     xp, axis = k.xp, k.attrs["axis"]
     shifted = _shifted(xp, x, axis)
     return shifted - xp.log(xp.sum(xp.exp(shifted), axis=axis, keepdims=True))
+
+
+@lowers("LogSoftmax")
+def _log_softmax_onnx(g):
+    return [g.node("LogSoftmax", g.ins, axis=normalize_axis(g.attrs["axis"], g.in_vars[0].ndim))]
 
 
 def softmax(x: Var, axis: int = -1) -> Var:
@@ -102,6 +113,18 @@ def _one_hot_like(k, labels, like):
     return _one_hot(k.xp, labels, like.shape[-1], like.dtype)
 
 
+@lowers("OneHotLike")
+def _one_hot_like_onnx(g):
+    return [_one_hot_onnx_of(g, g.scalar_dim(g.ins[1], -1), g.out_vars[0].dtype)]
+
+
+def _one_hot_onnx_of(g, depth: str, dtype: str) -> str:
+    """``arange(depth) == labels[..., None]`` cast to ``dtype``."""
+    classes = g.node("Range", [g.const(0, "int64"), depth, g.const(1, "int64")])
+    labels = g.node("Unsqueeze", [g.cast(g.ins[0], "int64"), g.const([-1], "int64")])
+    return g.cast(g.node("Equal", [labels, classes]), dtype)
+
+
 def one_hot_like(labels: Var, like: Var) -> Var:
     """One-hot ``labels`` shaped and typed like ``like`` (classes on its last axis)."""
     return append_op("OneHotLike", [labels, like])[0]
@@ -117,6 +140,11 @@ def _one_hot_rule(ins, attrs):
 @defop("OneHot", inputs=("labels",), infer=_one_hot_rule, nondiff=(0,), grad=lambda g: [None])
 def _one_hot_op(k, labels):
     return _one_hot(k.xp, labels, k.attrs["depth"], backend.dtype_of(k.xp, k.attrs["dtype"]))
+
+
+@lowers("OneHot")
+def _one_hot_onnx(g):
+    return [_one_hot_onnx_of(g, g.const(g.attrs["depth"], "int64"), g.attrs["dtype"])]
 
 
 def one_hot(labels: Var, depth: int, dtype: str = "float32") -> Var:
@@ -172,6 +200,17 @@ def _softmax_cross_entropy(k, logits, labels):
     log_total = xp.log(xp.sum(xp.exp(shifted), axis=-1))
     picked = xp.sum(xp.where(hot, shifted, xp.zeros_like(shifted)), axis=-1)
     return log_total - picked
+
+
+@lowers("SoftmaxCrossEntropy")
+def _softmax_cross_entropy_onnx(g):
+    logits, labels = g.ins
+    last = g.const([-1], "int64")
+    shifted = g.node("Sub", [logits, g.node("ReduceMax", [logits, last], keepdims=1)])
+    log_total = g.node("Log", [g.node("ReduceSum", [g.node("Exp", [shifted]), last], keepdims=0)])
+    index = g.node("Unsqueeze", [g.cast(labels, "int64"), last])
+    picked = g.node("Squeeze", [g.node("GatherElements", [shifted, index], axis=-1), last])
+    return [g.node("Sub", [log_total, picked])]
 
 
 def softmax_cross_entropy(logits: Var, labels: Var) -> Var:

@@ -4,6 +4,7 @@ from __future__ import annotations
 from ..ir.dtypes import is_float
 from ..ir.program import Var
 from .registry import append_op, defop
+from .lowering import axes_input, lowers
 from .shapes import normalize_axes
 
 
@@ -46,12 +47,31 @@ def _sum(k, x):
     return k.xp.sum(x, axis=axes, keepdims=k.attrs["keepdims"], dtype=dtype)
 
 
+@lowers("Sum")
+def _sum_onnx(g):
+    x = g.ins[0] if g.in_vars[0].dtype != "bool" else g.cast(g.ins[0], "int64")
+    return [_reduce_onnx(g, "ReduceSum", x)]
+
+
+def _reduce_onnx(g, onnx_type: str, x: str) -> str:
+    axes = normalize_axes(g.attrs["axis"], g.in_vars[0].ndim)
+    if not axes:            # a scalar, or an empty axis list: nothing to reduce
+        return g.node("Identity", [x])
+    return g.node(onnx_type, [x, axes_input(g, axes)], keepdims=int(g.attrs["keepdims"]))
+
+
 @defop("Mean", infer=_mean_rule, grad=_reduce_grad(True))
 def _mean(k, x):
     axes = normalize_axes(k.attrs["axis"], x.ndim)
     if not k.xp.isdtype(x.dtype, "real floating"):
         x = k.xp.astype(x, k.xp.float64)
     return k.xp.mean(x, axis=axes, keepdims=k.attrs["keepdims"])
+
+
+@lowers("Mean")
+def _mean_onnx(g):
+    x = g.ins[0] if is_float(g.in_vars[0].dtype) else g.cast(g.ins[0], "float64")
+    return [_reduce_onnx(g, "ReduceMean", x)]
 
 
 def _axis_attr(axis):

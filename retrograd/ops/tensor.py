@@ -19,6 +19,7 @@ from ..ir.dtypes import canonical, is_float
 from ..ir.program import Var
 from .creation import zeros_like
 from .registry import append_op, defop
+from .lowering import lowers
 from .shapes import normalize_axis, require_same_dtype
 
 _py_slice = builtins.slice
@@ -68,6 +69,13 @@ def _reshape(k, x):
     return k.xp.reshape(x, tuple(k.attrs["shape"]))
 
 
+@lowers("Reshape")
+def _reshape_onnx(g):
+    shape = list(g.attrs["shape"])
+    allowzero = int(0 in shape and -1 not in shape)    # ONNX reads 0 as "copy" unless told
+    return [g.node("Reshape", [g.ins[0], g.const(shape, "int64")], allowzero=allowzero)]
+
+
 def _reshape_as_rule(ins, attrs):
     x, like = ins
     if all(d >= 0 for d in x.shape + like.shape) and math.prod(x.shape) != math.prod(like.shape):
@@ -80,6 +88,11 @@ def _reshape_as_rule(ins, attrs):
 def _reshape_as(k, x, like):
     """``x`` reshaped to ``like``'s run-time shape (the gradient of Reshape)."""
     return k.xp.reshape(x, tuple(like.shape))
+
+
+@lowers("ReshapeAs")
+def _reshape_as_onnx(g):
+    return [g.node("Reshape", [g.ins[0], g.shape(g.ins[1])], allowzero=1)]
 
 
 def reshape(x: Var, shape: Sequence[int]) -> Var:
@@ -128,6 +141,11 @@ def _transpose(k, x):
     return k.xp.permute_dims(x, tuple(_perm(k.attrs["perm"], x.ndim)))
 
 
+@lowers("Transpose")
+def _transpose_onnx(g):
+    return [g.node("Transpose", g.ins, perm=_perm(g.attrs["perm"], g.in_vars[0].ndim))]
+
+
 def transpose(x: Var, perm: Sequence[int] | None = None) -> Var:
     """Permute axes: output axis i is input axis ``perm[i]`` (None reverses them).
 
@@ -168,6 +186,11 @@ def _concat(k, *xs):
     return k.xp.concat(list(xs), axis=k.attrs["axis"])
 
 
+@lowers("Concat")
+def _concat_onnx(g):
+    return [g.node("Concat", g.ins, axis=normalize_axis(g.attrs["axis"], g.in_vars[0].ndim))]
+
+
 def _split_like_rule(ins, attrs):
     x, likes = ins[0], ins[1:]
     axis = normalize_axis(attrs["axis"], x.ndim)
@@ -194,6 +217,20 @@ def _split_like(k, x, *likes):
     """Cut ``x`` along ``axis`` into pieces as long as each ``like`` is there (Concat's gradient)."""
     axis = k.attrs["axis"] % x.ndim
     return _outputs(_cut(x, axis, [like.shape[axis] for like in likes]))
+
+
+@lowers("SplitLike")
+def _split_like_onnx(g):
+    axis = normalize_axis(g.attrs["axis"], g.in_vars[0].ndim)
+    sizes = [g.dim(like, axis) for like in g.ins[1:]]
+    sizes = sizes[0] if len(sizes) == 1 else g.node("Concat", sizes, axis=0)
+    return _split_onnx_parts(g, axis, sizes, len(g.ins) - 1)
+
+
+def _split_onnx_parts(g, axis: int, sizes: str, count: int) -> list[str]:
+    if count == 1:
+        return [g.node("Identity", [g.ins[0]])]
+    return g.node("Split", [g.ins[0], sizes], n_out=count, axis=axis)
 
 
 def _cut(x, axis: int, sizes: Sequence[int]) -> list:
@@ -256,6 +293,24 @@ def _split(k, x):
     except ShapeError as exc:
         raise ValueError(str(exc)) from None
     return _outputs(_cut(x, axis, sizes))
+
+
+@lowers("Split")
+def _split_onnx(g):
+    x = g.in_vars[0]
+    axis = normalize_axis(g.attrs["axis"], x.ndim)
+    count = len(g.out_vars)
+    if x.shape[axis] >= 0:
+        return _split_onnx_parts(g, axis, g.const(_split_sizes(x.shape[axis], g.attrs), "int64"), count)
+    if g.attrs["sections"] is None:     # equal pieces of a size known at run time
+        piece = g.node("Div", [g.dim(g.ins[0], axis), g.const([count], "int64")])
+        return _split_onnx_parts(g, axis, g.node("Expand", [piece, g.const([count], "int64")]), count)
+    sizes = list(g.attrs["sections"])
+    if -1 in sizes:                     # the rest: the axis' run-time size minus the others
+        rest = g.node("Sub", [g.dim(g.ins[0], axis), g.const([builtins.sum(s for s in sizes if s != -1)], "int64")])
+        parts = [g.const([s], "int64") if s != -1 else rest for s in sizes]
+        return _split_onnx_parts(g, axis, g.node("Concat", parts, axis=0), count)
+    return _split_onnx_parts(g, axis, g.const(sizes, "int64"), count)
 
 
 def concat(xs: Sequence[Var], axis: int = 0) -> Var:
@@ -333,6 +388,14 @@ def _slice(k, x):
     return x[_slice_index(k.attrs, x.shape)]
 
 
+@lowers("Slice")
+def _slice_onnx(g):
+    a = g.attrs
+    axes = _slice_axes(a, g.in_vars[0].ndim)
+    return [g.node("Slice", [g.ins[0], g.const(a["starts"], "int64"), g.const(a["ends"], "int64"),
+                             g.const(axes, "int64")])]
+
+
 def _slice_grad_rule(ins, attrs):
     dy, x = ins
     return [(x.shape, dy.dtype)]
@@ -345,6 +408,24 @@ def _slice_grad(k, dy, x):
     out = k.xp.zeros(x.shape, dtype=dy.dtype)
     out[_slice_index(k.attrs, x.shape)] = dy
     return out
+
+
+@lowers("SliceGrad")
+def _slice_grad_onnx(g):
+    """Pad ``dy`` with zeros: before each sliced axis the clamped start, after it the rest."""
+    a, ndim = g.attrs, g.in_vars[1].ndim
+    zero = g.const([0], "int64")
+    before, after = [zero] * ndim, [zero] * ndim
+    for axis, start in zip(_slice_axes(a, ndim), a["starts"]):
+        size = g.dim(g.ins[1], axis)
+        if start >= 0:
+            begin = g.node("Min", [g.const([start], "int64"), size])
+        else:
+            begin = g.node("Max", [g.node("Add", [size, g.const([start], "int64")]), zero])
+        before[axis] = begin
+        after[axis] = g.node("Sub", [g.node("Sub", [size, begin]), g.dim(g.ins[0], axis)])
+    pads = g.node("Concat", before + after, axis=0) if ndim else g.const([], "int64")
+    return [g.node("Pad", [g.ins[0], pads], mode="constant")]
 
 
 def slice_grad(dy: Var, x: Var, attrs: dict) -> Var:
@@ -400,6 +481,11 @@ def _gather(k, x, ids):
     return xp.reshape(rows, tuple(ids.shape) + tuple(x.shape[1:]))
 
 
+@lowers("Gather")
+def _gather_onnx(g):
+    return [g.node("Gather", g.ins, axis=0)]
+
+
 def _gather_grad_rule(ins, attrs):
     dy, ids, x = ins
     return [(x.shape, dy.dtype)]
@@ -410,6 +496,14 @@ def _gather_grad_rule(ins, attrs):
 def _gather_grad(k, dy, ids, x):
     """Zeros shaped like ``x`` with each row of ``dy`` added into row ``ids[i]`` (repeats add up)."""
     return k.backend.scatter_add_rows(x.shape, backend.dtype_name(dy.dtype), ids, dy)
+
+
+@lowers("GatherGrad")
+def _gather_grad_onnx(g):
+    dy, ids, x = g.ins
+    zeros = g.fill(g.shape(x), 0, g.in_vars[0].dtype)
+    index = g.node("Unsqueeze", [g.cast(ids, "int64"), g.const([-1], "int64")])
+    return [g.node("ScatterND", [zeros, index, dy], reduction="add")]
 
 
 def gather_grad(dy: Var, ids: Var, x: Var) -> Var:
@@ -445,6 +539,11 @@ def _cast_grad(g):
 @defop("Cast", infer=_cast_rule, grad=_cast_grad)
 def _cast(k, x):
     return k.xp.astype(x, backend.dtype_of(k.xp, k.attrs["dtype"]))
+
+
+@lowers("Cast")
+def _cast_onnx(g):
+    return [g.cast(g.ins[0], g.attrs["dtype"])]
 
 
 def cast(x: Var, dtype: str) -> Var:
@@ -491,6 +590,12 @@ def _unsqueeze(k, x):
     return x
 
 
+@lowers("Unsqueeze")
+def _unsqueeze_onnx(g):
+    axes = _unsqueeze_axes(g.attrs["axes"], g.in_vars[0].ndim)
+    return [g.node("Unsqueeze", [g.ins[0], g.const(axes, "int64")])]
+
+
 def _squeeze_axes(axes, ndim: int) -> list[int]:
     result = sorted({normalize_axis(a, ndim) for a in axes})
     if len(result) != len(axes):
@@ -514,6 +619,14 @@ def _squeeze_grad(g):
 @defop("Squeeze", infer=_squeeze_rule, grad=_squeeze_grad)
 def _squeeze(k, x):
     return k.xp.squeeze(x, axis=tuple(_squeeze_axes(k.attrs["axes"], x.ndim)))
+
+
+@lowers("Squeeze")
+def _squeeze_onnx(g):
+    axes = _squeeze_axes(g.attrs["axes"], g.in_vars[0].ndim)
+    if not axes:
+        return [g.node("Identity", g.ins)]
+    return [g.node("Squeeze", [g.ins[0], g.const(axes, "int64")])]
 
 
 def unsqueeze(x: Var, axis) -> Var:
@@ -548,6 +661,11 @@ def _stop_gradient_rule(ins, attrs):
 def _stop_gradient(k, x):
     """The input itself, under a name that autodiff treats as a constant."""
     return x
+
+
+@lowers("StopGradient")
+def _stop_gradient_onnx(g):
+    return [g.node("Identity", g.ins)]
 
 
 def stop_gradient(x: Var) -> Var:

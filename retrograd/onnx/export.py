@@ -1,0 +1,61 @@
+"""``rg.onnx.export``: a program (inference or a whole training step) as a standard ONNX model.
+
+This module imports onnx only when ``export`` is called, so ``rg.onnx`` is
+importable without it.
+"""
+from __future__ import annotations
+
+from typing import Sequence
+
+from ..errors import BackendError, ProgramError
+from ..ir.program import Program, Var
+
+INSTALL_HINT = 'pip install "retrograd[onnx]"'
+
+
+def export(program: Program, path, fetch_list: Sequence, scope=None, opset: int | None = None):
+    """Write ``program`` as an ONNX model to ``path`` and return it (an ``onnx.ModelProto``).
+
+    Inputs are the values the program reads and does not compute (the feeds),
+    named as in the program; outputs are ``fetch_list`` (Vars or names), named
+    by the fetch. With ``scope`` (e.g. ``exe.scope``), every persistable the
+    program reads becomes an initializer holding its value; without one, a
+    graph input of the same name. Every persistable the program writes
+    (a training step's parameters, optimizer moments, step counts) is also an
+    output, named ``<name>.new``: feed it back as ``<name>`` to run the next step
+    (export with ``scope=None`` for that, so parameters are inputs).
+    ``opset`` defaults to the newest one onnxruntime accepts (28).
+
+    ``If`` stays ``If``; ``While``, ``Scan``, ``RecurrentNetwork`` and their
+    gradients become ``Loop`` (zero iterations and any batch size work).
+    An op or attribute without an ONNX form raises ``rg.BackendError`` naming
+    the op and its block, before anything is written.
+
+    Example::
+
+        model = rg.onnx.export(main, "model.onnx", fetch_list=[logits], scope=exe.scope)
+        sess = onnxruntime.InferenceSession("model.onnx")
+        logits_v, = sess.run(["logits"], {"x": xb})
+    """
+    try:
+        import onnx  # noqa: F401
+    except ImportError:
+        raise BackendError(f"ONNX export needs the onnx package: {INSTALL_HINT}") from None
+    from .model import build_model, check
+    if not isinstance(program, Program):
+        raise ProgramError(f"rg.onnx.export needs a Program, got {type(program).__name__}")
+    if isinstance(fetch_list, (Var, str)):
+        fetch_list = [fetch_list]
+    fetch = [_fetch_name(item, program) for item in (fetch_list or [])]
+    built = build_model(program, fetch, scope=scope, opset=opset)
+    check(built.model)
+    if path is not None:
+        onnx.save(built.model, str(path))
+    return built.model
+
+
+def _fetch_name(item, program: Program) -> str:
+    name = item.name if isinstance(item, Var) else item
+    if not isinstance(name, str) or program.global_block().find_var(name) is None:
+        raise ProgramError(f"fetch {item!r} is not a variable of block 0")
+    return name

@@ -1,0 +1,253 @@
+"""Building ONNX graphs from retrograd blocks: value names, environments, per-op contexts.
+
+* ``Names`` hands out model-wide unique ONNX value names (ONNX values are
+  SSA across a model and its subgraphs; retrograd programs write a name more
+  than once for loop carries and optimizer updates).
+* ``Env`` maps retrograd names to the ONNX value holding their current value;
+  a sub-block's env falls back to its op's env, as sub-blocks read enclosing
+  variables by name.
+* ``Graph`` collects the nodes of one ``GraphProto`` (the model's main graph,
+  or an ``If``/``Loop`` body) and lowers blocks into it, op by op, with the
+  lowerings of ``retrograd.ops.lowering.LOWERINGS``.
+* ``OpContext`` is the ``g`` a lowering receives (documented in
+  ``retrograd/ops/lowering.py``).
+"""
+from __future__ import annotations
+
+from typing import Sequence
+
+import numpy as np
+import onnx
+from onnx import helper, numpy_helper
+
+from ..errors import BackendError
+from ..ir.analysis import op_reads
+from ..ir.program import Block, Op, Var
+from ..ops.lowering import LOWERINGS
+
+_DTYPES = {"float32": onnx.TensorProto.FLOAT, "float64": onnx.TensorProto.DOUBLE,
+           "int64": onnx.TensorProto.INT64, "int32": onnx.TensorProto.INT32, "bool": onnx.TensorProto.BOOL}
+
+
+def onnx_dtype(dtype: str) -> int:
+    """The ``TensorProto`` element type of a retrograd dtype name."""
+    return _DTYPES[dtype]
+
+
+class Names:
+    """Model-wide unique value names, readable (derived from retrograd names)."""
+
+    def __init__(self):
+        self.used: set[str] = set()
+
+    def reserve(self, name: str) -> str:
+        self.used.add(name)
+        return name
+
+    def fresh(self, hint: str) -> str:
+        hint = hint or "t"
+        name, n = hint, 1
+        while name in self.used:
+            n += 1
+            name = f"{hint}__{n}"
+        self.used.add(name)
+        return name
+
+
+class Env:
+    """retrograd name -> ONNX value name, falling back to the enclosing block's env."""
+
+    def __init__(self, parent: "Env | None" = None, values: dict | None = None):
+        self.parent = parent
+        self.values = dict(values or {})
+
+    def find(self, name: str) -> str | None:
+        env = self
+        while env is not None:
+            if name in env.values:
+                return env.values[name]
+            env = env.parent
+        return None
+
+    def set(self, name: str, value: str) -> None:
+        self.values[name] = value
+
+
+class Graph:
+    """The nodes of one ONNX graph being built (main graph or a control-flow body)."""
+
+    def __init__(self, names: Names, opset: int):
+        self.names = names
+        self.opset = opset
+        self.nodes: list[onnx.NodeProto] = []
+        self.inputs: list[onnx.ValueInfoProto] = []
+        self.initializers: list[onnx.TensorProto] = []
+
+    # -- values ---------------------------------------------------------------------------
+    def node(self, op_type: str, inputs: Sequence[str], n_out: int = 1, domain: str = "",
+             hint: str | None = None, **attrs):
+        outs = [self.names.fresh(f"{hint or op_type.lower()}") for _ in range(n_out)]
+        attrs = {k: v for k, v in attrs.items() if v is not None}
+        self.nodes.append(helper.make_node(op_type, list(inputs), outs, domain=domain or None, **attrs))
+        return outs[0] if n_out == 1 else outs
+
+    def const(self, value, dtype: str, hint: str = "c") -> str:
+        array = np.asarray(value, dtype=dtype)
+        name = self.names.fresh(hint)
+        self.nodes.append(helper.make_node("Constant", [], [name],
+                                           value=numpy_helper.from_array(array, name)))
+        return name
+
+    def initializer(self, hint: str, array: np.ndarray) -> str:
+        name = self.names.fresh(hint)
+        self.initializers.append(numpy_helper.from_array(np.asarray(array), name))
+        return name
+
+    def input(self, hint: str, dtype: str, shape: Sequence | None = None) -> str:
+        """A formal input of this graph (a model input, or a Loop body's iteration/carry input)."""
+        name = self.names.fresh(hint)
+        self.inputs.append(helper.make_tensor_value_info(name, onnx_dtype(dtype), shape))
+        return name
+
+    def proto(self, name: str, outputs: Sequence[tuple[str, str]], out_names: Sequence[str] | None = None,
+              shapes: Sequence | None = None) -> onnx.GraphProto:
+        """The finished graph; ``outputs`` are (value, dtype) pairs, each passed through an
+        Identity so that an output is always a value computed in this graph."""
+        infos = []
+        for i, (value, dtype) in enumerate(outputs):
+            out = (self.names.reserve(out_names[i]) if out_names is not None
+                   else self.names.fresh(f"{value}.out"))
+            self.nodes.append(helper.make_node("Identity", [value], [out]))
+            shape = shapes[i] if shapes is not None else None
+            infos.append(helper.make_tensor_value_info(out, onnx_dtype(dtype), shape))
+        return helper.make_graph(self.nodes, name, self.inputs, infos, initializer=self.initializers)
+
+    # -- lowering blocks -------------------------------------------------------------------
+    def lower_block(self, block: Block, env: Env, fetch: Sequence[str], extra_needed=()) -> list[str]:
+        """Lower the ops of ``block`` that ``fetch`` (and ``extra_needed``) depend on, into this
+        graph; return the ONNX values of ``fetch``."""
+        for op in needed_ops(block, set(fetch) | set(extra_needed)):
+            self.lower_op(op, env)
+        return [self.value_of(env, name, block) for name in fetch]
+
+    def lower_op(self, op: Op, env: Env) -> None:
+        lowering = LOWERINGS.get(op.type)
+        if lowering is None:
+            raise BackendError(f"{op.where()} cannot be exported to ONNX: no lowering for op type "
+                               f"'{op.type}'")
+        ins = [self.value_of(env, name, op.block, op) for name in op.inputs]
+        outs = lowering(OpContext(self, op, ins, env))
+        if len(outs) != len(op.outputs):
+            raise BackendError(f"{op.where()}: its ONNX lowering returned {len(outs)} values for "
+                               f"{len(op.outputs)} outputs")
+        for name, value in zip(op.outputs, outs):
+            if value is not None:
+                env.set(name, value)
+
+    @staticmethod
+    def value_of(env: Env, name: str, block: Block, op: Op | None = None) -> str:
+        value = env.find(name)
+        if value is None:
+            who = op.where() if op is not None else f"block {block.idx}"
+            raise BackendError(f"{who} reads '{name}', which has no value in the exported graph "
+                               "(not fed, not a parameter of the scope, not computed)")
+        return value
+
+
+def needed_ops(block: Block, keep: set[str]) -> list[Op]:
+    """The ops of ``block`` whose outputs lead to ``keep`` (the executor's pruning)."""
+    needed = set(keep)
+    kept = []
+    for op in reversed(block.ops):
+        if any(n in needed for n in op.outputs):
+            kept.append(op)
+            needed.update(op_reads(op))
+    kept.reverse()
+    return kept
+
+
+class OpContext:
+    """What a lowering sees (``g``); see ``retrograd/ops/lowering.py``."""
+
+    def __init__(self, graph: Graph, op: Op, ins: list[str], env: Env):
+        self.graph = graph
+        self.op = op
+        self.attrs = op.attrs
+        self.block = op.block
+        self.ins = ins
+        self.env = env
+        self.in_vars = [op.block.var(n) for n in op.inputs]
+        self.out_vars = [op.block.var(n) for n in op.outputs]
+
+    @property
+    def opset(self) -> int:
+        return self.graph.opset
+
+    def hint(self, i: int = 0) -> str:
+        return self.op.outputs[i] if i < len(self.op.outputs) else self.op.type.lower()
+
+    def node(self, op_type: str, inputs: Sequence[str], n_out: int = 1, domain: str = "", **attrs):
+        return self.graph.node(op_type, inputs, n_out, domain, hint=self.hint(0), **attrs)
+
+    def const(self, value, dtype: str) -> str:
+        return self.graph.const(value, dtype, hint=f"{self.hint(0)}.c")
+
+    def onnx_dtype(self, dtype: str) -> int:
+        return onnx_dtype(dtype)
+
+    def cast(self, value: str, dtype: str) -> str:
+        return self.node("Cast", [value], to=onnx_dtype(dtype))
+
+    def shape(self, value: str) -> str:
+        return self.node("Shape", [value])
+
+    def dim(self, value: str, axis: int) -> str:
+        """The run-time size of ``axis`` as an int64 1-element tensor."""
+        return self.node("Shape", [value], start=axis, end=(axis + 1) or None)
+
+    def scalar_dim(self, value: str, axis: int) -> str:
+        return self.node("Squeeze", [self.dim(value, axis)])
+
+    def fill(self, shape: str, value, dtype: str) -> str:
+        """A tensor of run-time ``shape`` (an int64 1-D value) filled with ``value``."""
+        return self.node("ConstantOfShape", [shape],
+                         value=numpy_helper.from_array(np.asarray([value], dtype=dtype)))
+
+    def ndim(self, i: int) -> int:
+        return self.in_vars[i].ndim
+
+    def fail(self, reason: str):
+        raise BackendError(f"{self.op.where()} cannot be exported to ONNX: {reason}")
+
+    # -- sub-blocks -----------------------------------------------------------------------------
+    def child(self) -> Graph:
+        """A new graph for a control-flow body (value names shared with the model)."""
+        return Graph(self.graph.names, self.graph.opset)
+
+    def child_env(self, binds: dict[str, str]) -> Env:
+        """An env for a sub-block of this op: ``binds`` (inner name -> ONNX value), then the op's env."""
+        return Env(self.env, binds)
+
+    def subgraph(self, block: Block, binds: dict[str, str], fetch: Sequence[str],
+                 dtypes: Sequence[str]) -> onnx.GraphProto:
+        """``block`` lowered into a graph without formal inputs (an ``If`` branch): its bound
+        names take the ONNX values ``binds``; its outputs are ``fetch`` (with ``dtypes``)."""
+        sub = self.child()
+        env = self.child_env(binds)
+        check_no_persistable_writes(block)
+        values = sub.lower_block(block, env, fetch)
+        return sub.proto(f"block{block.idx}", list(zip(values, dtypes)))
+
+
+def check_no_persistable_writes(block: Block) -> None:
+    for op in block.ops:
+        for name in op.outputs:
+            var = block.find_var(name)
+            if var is not None and var.persistable:
+                raise BackendError(f"{op.where()} cannot be exported to ONNX: it writes persistable "
+                                   f"'{name}' inside a sub-block")
+
+
+def var_shape(var: Var) -> list:
+    """A Var's shape for a value info: -1 becomes an unnamed dimension."""
+    return [None if d < 0 else d for d in var.shape]

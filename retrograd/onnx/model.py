@@ -1,0 +1,159 @@
+"""Whole programs to ONNX models: which values are inputs, initializers and outputs.
+
+``build_model`` is the entry the onnxruntime engine (``engine.py``) uses;
+``export`` (``rg.onnx.export``) is the user-facing wrapper over it.
+
+Inputs, initializers, outputs of the model built from block 0:
+
+* every non-persistable value the needed ops read before writing it is a
+  graph input under its own name (the feeds);
+* every persistable they read is an initializer holding its scope value
+  (``export`` with a scope), or a graph input under its own name
+  (``param_inputs=True``, or ``export`` without a scope);
+* each fetch is an output under its own name, except a fetch that is also
+  an input's name and that the program overwrites: that output is named
+  ``<name>.new``, like the written persistables below;
+* every persistable the program writes (optimizer updates, step counters) is
+  an output named ``<name>.new`` holding the value after the run, so a runtime
+  feeds it back as ``<name>`` on the next run.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Iterable, Sequence
+
+import numpy as np
+import onnx
+from onnx import helper
+
+from ..errors import BackendError, FeedError
+from ..ir.program import Program, Var
+from .graph import Env, Graph, Names, needed_ops, onnx_dtype, var_shape
+from ..ir.analysis import op_reads
+
+DEFAULT_OPSET = 28        # the newest opset onnxruntime 1.32 accepts (tests/onnx check it)
+IR_VERSION = 10           # onnxruntime 1.18+ reads it; opset 28 models check with it
+NEW_SUFFIX = ".new"
+
+
+@dataclass
+class BuiltModel:
+    """What ``build_model`` returns: the model and how its names relate to the program's.
+
+    ``inputs``: program names fed as graph inputs (feeds, then persistables
+    when they are inputs), graph input name == program name. ``outputs``:
+    fetch name -> graph output name. ``written``: persistable name -> graph
+    output holding its new value (``<name>.new``).
+    """
+    model: onnx.ModelProto
+    inputs: list[str]
+    param_inputs: list[str]
+    outputs: dict[str, str]
+    written: dict[str, str]
+
+
+def build_model(program: Program, fetch: Sequence[str], scope=None, param_inputs: bool = False,
+                feed_names: Iterable[str] | None = None, opset: int | None = None,
+                name: str = "retrograd") -> BuiltModel:
+    """Lower block 0 of ``program`` (the ops ``fetch`` and the persistable writes need) to ONNX.
+
+    ``param_inputs``: persistables read become graph inputs (named as in the
+    program) instead of initializers from ``scope``. ``feed_names``, if
+    given, are the only non-persistable names allowed to be inputs (others
+    read before written raise FeedError). Raises BackendError naming the op
+    and block when an op (or attribute) has no ONNX form.
+    """
+    opset = DEFAULT_OPSET if opset is None else int(opset)
+    block = program.global_block()
+    fetch = list(dict.fromkeys(fetch))
+    written = _persistable_writes(block)
+    ops = needed_ops(block, set(fetch) | set(written))
+    reads = _free_reads(ops, fetch)
+    names = Names()
+    graph = Graph(names, opset)
+    env = Env()
+    feeds, params = [], []
+    for rname in reads:
+        var = block.find_var(rname)
+        if var is None:
+            raise BackendError(f"'{rname}' is read by the program but not declared in block 0")
+        if var.persistable:
+            params.append(rname)
+            if param_inputs or scope is None:
+                env.set(rname, graph.input(rname, var.dtype, var_shape(var)))
+            else:
+                env.set(rname, graph.initializer(rname, _scope_value(scope, var)))
+        else:
+            if feed_names is not None and rname not in set(feed_names):
+                raise FeedError(f"'{rname}' is read by the program but has no value: feed it")
+            feeds.append(rname)
+            env.set(rname, graph.input(rname, var.dtype, _input_shape(var)))
+    input_names = set(reads)
+    # Reserve output names first, so no intermediate value takes them.
+    out_names = {}
+    for fname in fetch:
+        out_names[fname] = fname + NEW_SUFFIX if fname in input_names and fname in written else fname
+    written_out = {w: w + NEW_SUFFIX for w in written}
+    for oname in list(out_names.values()) + list(written_out.values()):
+        if oname not in input_names:
+            names.reserve(oname)
+    for op in ops:
+        graph.lower_op(op, env)
+    outputs, infos = [], []
+    for fname, oname in list(out_names.items()) + list(written_out.items()):
+        if oname in outputs:
+            continue
+        var = block.find_var(fname)
+        value = Graph.value_of(env, fname, block)
+        if oname != value:
+            graph.nodes.append(helper.make_node("Identity", [value], [oname]))
+        outputs.append(oname)
+        infos.append(helper.make_tensor_value_info(oname, onnx_dtype(var.dtype), [None] * var.ndim))
+    gp = helper.make_graph(graph.nodes, name, graph.inputs, infos, initializer=graph.initializers)
+    model = helper.make_model(gp, opset_imports=[helper.make_opsetid("", opset)],
+                              producer_name="retrograd")
+    model.ir_version = IR_VERSION
+    return BuiltModel(model, feeds + (params if (param_inputs or scope is None) else []),
+                      params if (param_inputs or scope is None) else [], out_names, written_out)
+
+
+def _persistable_writes(block) -> list[str]:
+    return list(dict.fromkeys(n for op in block.ops for n in op.outputs
+                              if (v := block.find_var(n)) is not None and v.persistable))
+
+
+def _free_reads(ops, fetch) -> list[str]:
+    written: set[str] = set()
+    reads: dict[str, None] = {}
+    for op in ops:
+        for rname in op_reads(op):
+            if rname not in written:
+                reads.setdefault(rname)
+        written.update(op.outputs)
+    for fname in fetch:       # a fetched value no op writes: a feed or a parameter passed through
+        if fname not in written:
+            reads.setdefault(fname)
+    return list(reads)
+
+
+def _scope_value(scope, var: Var) -> np.ndarray:
+    value = scope.find(var.name)
+    if value is None:
+        raise FeedError(f"persistable '{var.name}' has no value in the scope: run the startup program "
+                        "first (or export without a scope to make it a graph input)")
+    backend = getattr(scope, "backend", None)
+    if backend is not None and hasattr(backend, "to_numpy") and not isinstance(value, np.ndarray):
+        value = backend.to_numpy(value)
+    return np.asarray(value, dtype=var.dtype)
+
+
+def _input_shape(var: Var) -> list:
+    return [f"{var.name}.{i}" if d < 0 else d for i, d in enumerate(var.shape)]
+
+
+def check(model: onnx.ModelProto) -> None:
+    """``onnx.checker`` with full shape inference, as a BackendError naming the fault."""
+    try:
+        onnx.checker.check_model(model, full_check=True)
+    except (onnx.checker.ValidationError, onnx.shape_inference.InferenceError) as exc:
+        raise BackendError(f"the exported ONNX model does not check: {exc}") from exc
