@@ -2,19 +2,30 @@
 
 Each test builds a recurrent program, runs it, and compares values and
 gradients (of the sequences, the initial states and the parameters) with the
-same recurrence written as a plain loop in PyTorch.
+same recurrence written as a plain loop in PyTorch. Every test runs on every
+backend (``_on_every_backend``).
 """
 from __future__ import annotations
+
+import functools
 
 import numpy as np
 import pytest
 import torch
 
 import retrograd as rg
+from retrograd.backends import to_numpy
 from retrograd.errors import ExecutionError, ProgramError
 from retrograd.testing import check_gradients
 
 F64 = "float64"
+
+
+@pytest.fixture(autouse=True)
+def _on_every_backend(backend, monkeypatch):
+    """Every test here runs on each backend of the ``backend`` fixture: ``rg.Executor()`` in
+    this module makes that backend's executor (results come back as NumPy arrays)."""
+    monkeypatch.setattr(rg, "Executor", functools.partial(rg.Executor, **backend.kwargs))
 
 
 def _rng(seed=0):
@@ -61,7 +72,7 @@ class TanhRNN:
         self.exe.run(self.startup)
 
     def params(self):
-        return [self.exe.scope.get(n) for n in ("w", "u", "b")]
+        return [to_numpy(self.exe.scope.get(n)) for n in ("w", "u", "b")]
 
     def feed(self, t, n, seed=1, lengths=None):
         r = _rng(seed)
@@ -114,10 +125,12 @@ def test_tanh_rnn_values_and_gradients_match_torch():
 
 def test_all_states_are_views_of_one_states_tensor():
     model = TanhRNN()
-    h_all, h_last, *_ = model.run(model.feed(t=5, n=2), with_grads=False)
-    assert h_all.base is not None and h_all.base is h_last.base
-    assert h_all.base.shape == (6, 2, 4)                  # (T+1) x N x H
-    np.testing.assert_array_equal(h_all[-1], h_last)
+    h_all, h_last = model.exe.run(model.main, feed=model.feed(t=5, n=2),
+                                  fetch_list=[model.h_all, model.h_last], return_numpy=False)
+    buffer_of = model.exe.backend.buffer_of            # views share their base's (storage's) identity
+    (all_key, all_bytes), (last_key, _) = buffer_of(h_all), buffer_of(h_last)
+    assert all_key == last_key and all_bytes == 6 * 2 * 4 * 8     # one (T+1) x N x H float64 tensor
+    np.testing.assert_array_equal(to_numpy(h_all)[-1], to_numpy(h_last))
 
 
 def test_param_grad_correct_when_batch_grows_then_shrinks():
