@@ -129,7 +129,7 @@ def _derive_call(g: GradCtx, b: int, block: Block, wanted: list[bool]) -> _Deriv
             dout_binds.append((bound.name, dout))
     binds = g.attrs["binds"][b]
     operand_of = {binds[j]: j for j in range(len(wanted)) if wanted[j] and binds[j] is not None}
-    grads = run_backward(grad_block, block, parts, list(operand_of))
+    grads = run_backward(grad_block, block, parts, list(operand_of), g.callbacks)
     per_operand = {j: grads.get(name) for name, j in operand_of.items()}
     fetch = [v.name for v in per_operand.values() if v is not None]
     saved, _ = detach(grad_block, block, g.block, fetch, [name for name, _ in dout_binds])

@@ -11,7 +11,7 @@ from . import streams
 from .creation import zeros_like
 from .math import add
 from .registry import GradCtx, append_op, get_op_def
-from .subblock_grad import detach, run_backward
+from .subblock_grad import detach, report_ops, run_backward
 from .subblocks import bound_var, build_into, full_flags, outer_reads
 
 
@@ -105,13 +105,15 @@ def loop_grad(g: GradCtx, L: LoopView) -> list:
         parts.setdefault(L.ys[i], []).append(dy[i])
     const_names = [x[L.const_pos[i]].name for i in consts]
     grads = run_backward(G, body, parts, [L.carry_binds[j] for j in carries]
-                          + [L.x_binds[i] for i in xs_diff] + const_names)
+                          + [L.x_binds[i] for i in xs_diff] + const_names, g.callbacks)
+    n_built = len(G.ops)
     with build_into(G):
         new_dcarry = [zeros_like(dcarry[j]) if grads[L.carry_binds[j]] is None else grads[L.carry_binds[j]]
                       for j in carries]
         summed = [(i, grads[name]) for i, name in zip(consts, const_names) if grads[name] is not None]
         accs = [bound_var(G, f"{x[L.const_pos[i]].name}.grad_acc", x[L.const_pos[i]]) for i, _ in summed]
         new_accs = [add(acc, grad) for acc, (_, grad) in zip(accs, summed)]
+    report_ops(G, G.ops[n_built:], g.callbacks)     # zero and accumulated gradients are gradient ops too
     dxs = [(i, grads[L.x_binds[i]]) for i in xs_diff if grads[L.x_binds[i]] is not None]
     fetch = [v.name for v in new_dcarry + new_accs] + [v.name for _, v in dxs]
     saved, shape_only = detach(G, body, g.block, fetch, [v.name for v in [*dcarry.values(), *dy.values(), *accs]])

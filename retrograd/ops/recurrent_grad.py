@@ -34,7 +34,7 @@ alias-and-swap bug in the seed ``caffe2-recurrent-param-grad-alias-fix``).
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Callable
+from typing import Callable, Sequence
 
 from ..errors import ProgramError, ShapeError
 from ..ir.analysis import op_reads
@@ -96,13 +96,15 @@ class _StepNames:
         self.intermediates = {n for n in self.step.vars if n not in bound}
 
 
-def build_backward_step(op: Op, wanted: list[bool], parent: Block | None = None) -> BackwardStep:
+def build_backward_step(op: Op, wanted: list[bool], parent: Block | None = None,
+                        callbacks: Sequence[Callable] = ()) -> BackwardStep:
     """Build the backward step block of RecurrentNetwork ``op`` for the wanted input gradients.
 
     The block is built as a child of the step block (so gradient makers see
     the step's values); with ``parent`` it is then moved under ``parent`` (the
     block the gradient op goes into, which need not see the step block: a
     while loop's backward), declaring the step values it uses as its own.
+    ``callbacks`` (``append_backward``'s) are called for its gradient ops too.
     """
     from ..autodiff.backward import build_backward
     names = _StepNames(op)
@@ -121,7 +123,7 @@ def build_backward_step(op: Op, wanted: list[bool], parent: Block | None = None)
     wrt = [n for n, w in zip(names.inputs_t, wanted_seq) if w]
     wrt += [n for n in names.states if is_float(step.var(n).dtype)]
     wrt += [n for n, w in zip(names.outers, wanted_outer) if w]
-    result = build_backward(list(step.ops), step, block, targets, wrt)
+    result = build_backward(list(step.ops), step, block, targets, wrt, callbacks=callbacks)
     # Control-flow ops in the step add outputs (values their backward keeps) while it is built.
     names.intermediates = _StepNames(op).intermediates
 
@@ -342,7 +344,7 @@ def rnn_grad_maker(g: GradCtx) -> list[Var | None]:
         return [None] * len(op.inputs)
     lay, douts, wanted = request
     k = lay.n_state
-    bstep = build_backward_step(op, wanted, parent=g.block)
+    bstep = build_backward_step(op, wanted, parent=g.block, callbacks=g.callbacks)
     saved_vars = _keep_saved(op, bstep)
     alls = [g.block.var(n) for n in op.outputs[0:2 * k:2]]
     d_all, d_last = douts[0::2], douts[1::2]

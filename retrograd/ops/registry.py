@@ -147,7 +147,7 @@ class GradCtx:
     """What a gradient maker sees: the forward op's Vars and its output gradients."""
 
     def __init__(self, op: Op, block: Block, out_grads: Sequence[Var | None],
-                 wanted: Sequence[bool] | None = None):
+                 wanted: Sequence[bool] | None = None, callbacks: Sequence[Callable] = ()):
         self.op = op
         self.attrs = op.attrs
         self.block = block
@@ -157,6 +157,8 @@ class GradCtx:
         # Which inputs' gradients the caller needs: makers of ops that compute all their
         # input gradients in one kernel (RecurrentNetwork) skip the work for the others.
         self.wanted = [True] * len(op.inputs) if wanted is None else list(wanted)
+        # append_backward's callbacks: makers that build a sub-block's backward pass them on.
+        self.callbacks = list(callbacks)
 
     @property
     def y(self) -> Var:
@@ -168,7 +170,8 @@ class GradCtx:
 
 
 def make_grad_ops(op: Op, out_grad_names: Sequence[str | None], block: Block | None = None,
-                  wanted: Sequence[bool] | None = None) -> tuple[list[Op], list[str | None]]:
+                  wanted: Sequence[bool] | None = None,
+                  callbacks: Sequence[Callable] = ()) -> tuple[list[Op], list[str | None]]:
     """The Caffe2 ``GetGradientDefs`` contract: ``(grad_ops, input_grad_names)``.
 
     The ops are built with their Vars declared in ``block`` (default: the
@@ -176,6 +179,8 @@ def make_grad_ops(op: Op, out_grad_names: Sequence[str | None], block: Block | N
     decides where they go. With ``wanted``
     (one flag per input), only the ops leading to wanted gradients are kept,
     so makers can stay one-liners that build every input's gradient.
+    ``callbacks`` (``append_backward``'s) reach makers that build sub-block
+    backward passes (``GradCtx.callbacks``).
     """
     opdef = get_op_def(op.type)
     if block is None:
@@ -189,7 +194,7 @@ def make_grad_ops(op: Op, out_grad_names: Sequence[str | None], block: Block | N
     out_grads = [None if n is None else block.var(n) for n in out_grad_names]
     # The gradient's ops point at the line that built the forward op.
     with block_guard(block), capture_ops() as grad_ops, located(op.location):
-        in_grads = opdef.grad(GradCtx(op, block, out_grads, wanted))
+        in_grads = opdef.grad(GradCtx(op, block, out_grads, wanted, callbacks))
     if len(in_grads) != len(op.inputs):
         raise ProgramError(f"gradient maker of {op.type} returned {len(in_grads)} gradients "
                            f"for {len(op.inputs)} inputs")

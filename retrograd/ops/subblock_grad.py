@@ -8,7 +8,7 @@ built, and then only what the backward reads.
 """
 from __future__ import annotations
 
-from typing import Sequence
+from typing import Callable, Sequence
 
 from ..ir.analysis import free_reads
 from ..ir.program import Block, Op, Var
@@ -17,15 +17,24 @@ from .registry import get_op_def
 from .subblocks import build_into, unique
 
 
-def run_backward(grad_block: Block, fwd: Block, parts: dict[str, list[Var]], wrt: list[str]) -> dict:
+def run_backward(grad_block: Block, fwd: Block, parts: dict[str, list[Var]], wrt: list[str],
+                 callbacks: Sequence[Callable] = ()) -> dict:
     """Build into ``grad_block`` (a child of ``fwd``) the backward of ``fwd`` from the gradients
-    ``parts`` (summed per forward name) to ``wrt``; the gradient Var (or None) per name."""
+    ``parts`` (summed per forward name) to ``wrt``; the gradient Var (or None) per name.
+    ``callbacks`` (``append_backward``'s) are called for its gradient ops too."""
     from ..autodiff.backward import build_backward
     with build_into(grad_block):
         targets = {name: vs[0] if len(vs) == 1 else add_n(vs) for name, vs in parts.items()}
     if not targets or not wrt:
         return {name: None for name in wrt}
-    return dict(build_backward(list(fwd.ops), fwd, grad_block, targets, list(wrt)).grads)
+    return dict(build_backward(list(fwd.ops), fwd, grad_block, targets, list(wrt), callbacks=callbacks).grads)
+
+
+def report_ops(block: Block, ops: Sequence[Op], callbacks: Sequence[Callable]) -> None:
+    """Call ``append_backward``'s callbacks for gradient ops a maker appended itself."""
+    for op in ops:
+        for cb in callbacks:
+            cb(block, {"__current_op__": op, "__current_op_desc__": op})
 
 
 def _recomputable(op: Op) -> bool:
