@@ -36,6 +36,7 @@ from .creation import zeros_like
 from .math import add_n, matmul, sigmoid, tanh
 from .reduce import sum as reduce_sum
 from .registry import append_op, defop
+from .lowering import lowers
 from .shapes import require_float
 from .tensor import concat, reshape, split
 
@@ -178,6 +179,26 @@ def _lstm_unit(k, gates, c_prev):
     return h, c, acts
 
 
+@lowers("LSTMUnit")
+def _lstm_unit_onnx(g):
+    gates, c_prev = g.ins
+    dtype = g.in_vars[0].dtype
+    half = g.const(0.5, dtype)
+    i, f, gg, o = g.node("Split", [gates], n_out=4, axis=1, num_outputs=4)
+    if g.attrs["forget_bias"]:
+        f = g.node("Add", [f, g.const(g.attrs["forget_bias"], dtype)])
+    i, f, o = (_sigmoid_onnx(g, a, half) for a in (i, f, o))
+    gg = g.node("Tanh", [gg])
+    c = g.node("Add", [g.node("Mul", [f, c_prev]), g.node("Mul", [i, gg])])
+    h = g.node("Mul", [g.node("Tanh", [c]), o])
+    return [h, c, g.node("Concat", [i, f, gg, o], axis=1)]
+
+
+def _sigmoid_onnx(g, a: str, half: str) -> str:
+    """``0.5 + 0.5 * tanh(a / 2)``: the kernels' form of the sigmoid."""
+    return g.node("Add", [g.node("Mul", [g.node("Tanh", [g.node("Mul", [a, half])]), half]), half])
+
+
 def lstm_unit(gates: Var, c_prev: Var, forget_bias: float = 0.0) -> tuple[Var, Var]:
     """One fused LSTM step: ``(h, c)`` from pre-activation gates ``[N, 4H]`` (order i, f, g, o).
 
@@ -245,6 +266,24 @@ def _lstm_unit_grad(k, acts, c_prev, c, dh, dc):
     return partner, dct
 
 
+@lowers("LSTMUnitGrad")
+def _lstm_unit_grad_onnx(g):
+    acts, c_prev, c, dh, dc = g.ins
+    one = g.const(1.0, g.in_vars[0].dtype)
+    i, f, gg, o = g.node("Split", [acts], n_out=4, axis=1, num_outputs=4)
+    tc = g.node("Tanh", [c])
+    dct = g.node("Add", [g.node("Mul", [g.node("Mul", [g.node("Sub", [one, g.node("Mul", [tc, tc])]), o]), dh]),
+                         dc])
+
+    def sig_slope(s):
+        return g.node("Mul", [s, g.node("Sub", [one, s])])
+    di = g.node("Mul", [g.node("Mul", [dct, gg]), sig_slope(i)])
+    df = g.node("Mul", [g.node("Mul", [dct, c_prev]), sig_slope(f)])
+    dg = g.node("Mul", [g.node("Mul", [dct, i]), g.node("Sub", [one, g.node("Mul", [gg, gg])])])
+    do = g.node("Mul", [g.node("Mul", [dh, tc]), sig_slope(o)])
+    return [g.node("Concat", [di, df, dg, do], axis=1), g.node("Mul", [dct, f])]
+
+
 def lstm_unit_grad(acts: Var, c_prev: Var, c: Var, dh: Var, dc: Var) -> list[Var]:
     """``[dgates, dc_prev]`` of LSTMUnit from its gate activations ``acts``, ``c_prev``, its
     output ``c`` and the gradients of ``h`` and ``c``."""
@@ -288,6 +327,24 @@ def _gru_unit(k, xproj, hproj, h_prev):
     h *= z
     h += n
     return h
+
+
+@lowers("GRUUnit")
+def _gru_unit_onnx(g):
+    h_prev = g.ins[2]
+    r, z, n, _ = _gru_activations_onnx(g)
+    return [g.node("Add", [g.node("Mul", [g.node("Sub", [h_prev, n]), z]), n])]
+
+
+def _gru_activations_onnx(g):
+    """(r, z, n) of a GRU step, with the kernels' sigmoid form."""
+    half = g.const(0.5, g.in_vars[0].dtype)
+    xr, xz, xn = g.node("Split", [g.ins[0]], n_out=3, axis=1, num_outputs=3)
+    hr, hz, hn = g.node("Split", [g.ins[1]], n_out=3, axis=1, num_outputs=3)
+    r = _sigmoid_onnx(g, g.node("Add", [xr, hr]), half)
+    z = _sigmoid_onnx(g, g.node("Add", [xz, hz]), half)
+    n = g.node("Tanh", [g.node("Add", [g.node("Mul", [r, hn]), xn])])
+    return r, z, n, hn
 
 
 def gru_unit(xproj: Var, hproj: Var, h_prev: Var) -> Var:
@@ -361,6 +418,22 @@ def _gru_unit_grad(k, xproj, hproj, h_prev, dh):
     return dx, du, dh * z
 
 
+@lowers("GRUUnitGrad")
+def _gru_unit_grad_onnx(g):
+    h_prev, dh = g.ins[2], g.ins[3]
+    one = g.const(1.0, g.in_vars[0].dtype)
+    r, z, n, hn = _gru_activations_onnx(g)
+
+    def slope(s):
+        return g.node("Mul", [s, g.node("Sub", [one, s])])
+    dn = g.node("Mul", [g.node("Mul", [g.node("Sub", [one, g.node("Mul", [n, n])]),
+                                       g.node("Sub", [one, z])]), dh])
+    dz = g.node("Mul", [g.node("Mul", [g.node("Sub", [h_prev, n]), dh]), slope(z)])
+    dr = g.node("Mul", [g.node("Mul", [dn, hn]), slope(r)])
+    return [g.node("Concat", [dr, dz, dn], axis=1), g.node("Concat", [dr, dz, g.node("Mul", [dn, r])], axis=1),
+            g.node("Mul", [dh, z])]
+
+
 def gru_unit_grad(xproj: Var, hproj: Var, h_prev: Var, dh: Var) -> list[Var]:
     """``[dxproj, dhproj, dh_prev]`` of GRUUnit (``dh_prev`` is the direct path ``dh * z`` only)."""
     return append_op("GRUUnitGrad", [xproj, hproj, h_prev, dh], name="gru_unit_grad")
@@ -411,6 +484,17 @@ def _seq_linear(k, x, w, *bias):
     for b in bias:
         out += b
     return xp.reshape(out, lead + (w.shape[-1],))
+
+
+@lowers("SeqLinear")
+def _seq_linear_onnx(g):
+    x, w, *bias = g.ins
+    if g.attrs["transpose_w"]:
+        w = g.node("Transpose", [w], perm=[1, 0])
+    out = g.node("MatMul", [x, w])
+    for b in bias:
+        out = g.node("Add", [out, b])
+    return [out]
 
 
 def seq_linear(x: Var, w: Var, b: Var | None = None, transpose_w: bool = False) -> Var:

@@ -23,6 +23,7 @@ import math
 from ..errors import ShapeError
 from ..ir.program import Var
 from ..ops.registry import append_op, defop
+from ..ops.lowering import lowers
 from ..ops.shapes import require_float, shapes_compatible
 
 STEP_DTYPE = "int64"
@@ -55,6 +56,20 @@ def _sgd_update(k, param, grad):
     return param - k.attrs["lr"] * _decayed(k, param, grad)
 
 
+@lowers("SGDUpdate")
+def _sgd_update_onnx(g):
+    param = g.ins[0]
+    grad = _decayed_onnx(g, param, g.ins[1])
+    return [g.node("Sub", [param, g.node("Mul", [g.const(g.attrs["lr"], g.in_vars[0].dtype), grad])])]
+
+
+def _decayed_onnx(g, param: str, grad: str) -> str:
+    wd = g.attrs.get("weight_decay", 0.0)
+    if not wd:
+        return grad
+    return g.node("Add", [grad, g.node("Mul", [g.const(wd, g.in_vars[0].dtype), param])])
+
+
 def sgd_update(param: Var, grad: Var, lr: float, weight_decay: float = 0.0) -> Var:
     """Append ``param -= lr * grad`` (in place: the op's output is ``param``).
 
@@ -77,6 +92,17 @@ def _momentum_update(k, param, grad, velocity):
     velocity = a["momentum"] * velocity + grad
     step = grad + a["momentum"] * velocity if a["nesterov"] else velocity
     return param - a["lr"] * step, velocity
+
+
+@lowers("MomentumUpdate")
+def _momentum_update_onnx(g):
+    a, dtype = g.attrs, g.in_vars[0].dtype
+    param, velocity = g.ins[0], g.ins[2]
+    grad = _decayed_onnx(g, param, g.ins[1])
+    mu = g.const(a["momentum"], dtype)
+    velocity = g.node("Add", [g.node("Mul", [mu, velocity]), grad])
+    step = g.node("Add", [grad, g.node("Mul", [mu, velocity])]) if a["nesterov"] else velocity
+    return [g.node("Sub", [param, g.node("Mul", [g.const(a["lr"], dtype), step])]), velocity]
 
 
 def momentum_update(param: Var, grad: Var, velocity: Var, lr: float, momentum: float,
@@ -119,6 +145,31 @@ def _adam_update(k, param, grad, m, v, step):
     return param - step_size * (m / denom), m, v, step
 
 
+@lowers("AdamUpdate")
+def _adam_update_onnx(g):
+    """As the kernel: the bias corrections in float64 from the step count, rounded once to the
+    parameter's dtype."""
+    a, dtype = g.attrs, g.in_vars[0].dtype
+    param, _, m, v, step = g.ins
+    b1, b2 = a["beta1"], a["beta2"]
+    grad = _decayed_onnx(g, param, g.ins[1])
+    step = g.node("Add", [step, g.const([1], "int64")])
+    t = g.node("Reshape", [g.cast(step, "float64"), g.const([], "int64")])
+
+    def one_minus_power(beta):
+        return g.node("Sub", [g.const(1.0, "float64"), g.node("Pow", [g.const(beta, "float64"), t])])
+
+    def scaled(c, x):
+        return g.node("Mul", [g.const(c, dtype), x])
+    m = g.node("Add", [scaled(b1, m), scaled(1.0 - b1, grad)])
+    v = g.node("Add", [scaled(b2, v), scaled(1.0 - b2, g.node("Mul", [grad, grad]))])
+    step_size = g.cast(g.node("Div", [g.const(a["lr"], "float64"), one_minus_power(b1)]), dtype)
+    root = g.cast(g.node("Sqrt", [one_minus_power(b2)]), dtype)
+    denom = g.node("Add", [g.node("Div", [g.node("Sqrt", [v]), root]), g.const(a["eps"], dtype)])
+    update = g.node("Mul", [step_size, g.node("Div", [m, denom])])
+    return [g.node("Sub", [param, update]), m, v, step]
+
+
 def adam_update(param: Var, grad: Var, moment1: Var, moment2: Var, step: Var, lr: float,
                 beta1: float = 0.9, beta2: float = 0.999, eps: float = 1e-8,
                 weight_decay: float = 0.0) -> Var:
@@ -147,6 +198,11 @@ def _increment_rule(ins: list[Var], attrs: dict):
 def _increment(k, counter):
     """``counter + 1`` written back to ``counter`` (a persistable step count)."""
     return counter + 1
+
+
+@lowers("Increment")
+def _increment_onnx(g):
+    return [g.node("Add", [g.ins[0], g.const(1, g.in_vars[0].dtype)])]
 
 
 def increment(counter: Var) -> Var:
