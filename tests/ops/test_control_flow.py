@@ -1,7 +1,10 @@
 """cond / while_loop / do: values and gradients against PyTorch eager code (float64)
-with the same trip counts, double backward, nesting, saving, printing, errors, memory."""
+with the same trip counts, double backward, nesting, saving, printing, errors, memory.
+
+Every test runs on every backend (``_on_every_backend``)."""
 from __future__ import annotations
 
+import functools
 import json
 
 import numpy as np
@@ -9,15 +12,31 @@ import pytest
 import torch
 
 import retrograd as rg
-from retrograd.testing import build_program as build, started_executor as executor
+from retrograd.backends import to_numpy
+from retrograd.runtime import Executor
+from retrograd.testing import build_program as build
 from retrograd.ir.verify import verify_program
 from retrograd.testing import check_gradients
 
 F64 = "float64"
 
 
+@pytest.fixture(autouse=True)
+def _on_every_backend(backend, monkeypatch):
+    """``rg.Executor()`` and ``executor(startup)`` in this module make the fixture's backend's
+    executor (results come back as NumPy arrays)."""
+    monkeypatch.setattr(rg, "Executor", functools.partial(rg.Executor, **backend.kwargs))
+
+
+def executor(startup):
+    """A started executor of the backend under test."""
+    exe = rg.Executor()
+    exe.run(startup)
+    return exe
+
+
 def t(a, grad=False):
-    return torch.tensor(np.asarray(a, dtype=np.float64), requires_grad=grad)
+    return torch.tensor(np.asarray(to_numpy(a), dtype=np.float64), requires_grad=grad)
 
 
 def grads_of(loss, xs):
@@ -198,7 +217,7 @@ def test_condition_on_a_bool_loop_var_and_outer_values_returned_unchanged():
     except ImportError:
         pass
     for xp in namespaces:
-        exe = rg.Executor(xp=xp)
+        exe = Executor(xp=xp)                   # the namespaces named here, not the fixture's backend
         exe.run(startup)
         feed = {"x": xv, "go": np.array(True)}
         if xp is not None:
