@@ -21,7 +21,9 @@ from ..ir.program import Block, Op, Var
 from ..ops.creation import constant, fill_like
 from ..ops.math import add_n
 from ..ops.registry import get_op_def, make_grad_ops
+from ..ir.analysis import op_reads
 from ..ir.builder import block_guard, capture_ops
+from .rewrites import backward_rewrite
 
 
 @dataclass
@@ -236,7 +238,6 @@ def _check_reads_current(op: Op, grad_ops: list[Op], overwritten: dict[str, Op])
     after ``op`` used it, or they would see the new value."""
     if not overwritten:
         return
-    from ..ir.analysis import op_reads
     for grad_op in grad_ops:
         for name in op_reads(grad_op):
             if name in overwritten:
@@ -279,7 +280,7 @@ def build_backward(fwd_ops: Sequence[Op], fwd_block: Block, grad_block: Block,
         opdef = get_op_def(op.type)
         wanted = [n in needs and opdef.input_differentiable(i) for i, n in enumerate(op.inputs)]
         grad_ops, in_grad_names = make_grad_ops(op, [None if g is None else g.name for g in out_grads],
-                                                grad_block, wanted)
+                                                grad_block, wanted, state.callbacks)
         _check_reads_current(op, grad_ops, overwrites.get(id(op), {}))
         state.add_op_grads(op, grad_ops, in_grad_names, needs)
     for name in wrt:
@@ -360,9 +361,45 @@ def gradients(targets, inputs, target_gradients=None, no_grad_set=None) -> list[
     no_grad = set(_names(no_grad_set, block, "no_grad_set entry"))
     fwd_ops = list(block.ops)
     target_grads = _combine_seeds(targets, seeds, block)
-    result = build_backward(fwd_ops, block, block, target_grads, wrt, no_grad)
+    grads = _build_through_enclosing(block, fwd_ops, target_grads, wrt, no_grad)
     _bind_shape_stand_ins(block, len(fwd_ops))
-    return [result.grads[n] for n in wrt]
+    return [grads[n] for n in wrt]
+
+
+def _build_through_enclosing(block: Block, ops: list[Op], target_grads: dict[str, Var], wrt: list[str],
+                             no_grad: set[str]) -> dict[str, Var | None]:
+    """``build_backward`` over ``ops`` of ``block`` and, for inputs reached through ops of the
+    enclosing blocks (a gradient taken inside a cond branch or a loop body of a value computed
+    outside it), over those blocks' earlier ops too, innermost first. The gradients of the outer
+    values a level reads become the targets of the level above; every gradient op goes into
+    ``block``, which sees all their values."""
+    levels = _enclosing_levels(block, ops)
+    carry: set[str] = set()           # outer names that depend on an input (root first)
+    for level, level_ops in reversed(levels[1:]):
+        carry |= needs_grad_names(level_ops, level, [n for n in wrt if n in level.vars] + sorted(carry), no_grad)
+    grads: dict[str, Var | None] = {}
+    for level, level_ops in levels:
+        outer = [n for op in level_ops for n in op_reads(op) if n not in level.vars and n in carry]
+        passing = [n for n in target_grads if n not in level.vars]
+        want = list(dict.fromkeys([n for n in wrt if level.find_var(n) is not None] + outer + passing))
+        result = build_backward(level_ops, level, block, target_grads, want, no_grad)
+        grads.update({n: result.grads[n] for n in want if n in level.vars})    # final at its own level
+        target_grads = {n: g for n, g in result.grads.items() if g is not None and n not in level.vars}
+        if not target_grads:
+            break
+    return {n: grads.get(n) for n in wrt}
+
+
+def _enclosing_levels(block: Block, ops: list[Op]) -> list[tuple[Block, list[Op]]]:
+    """``(block, ops)``, then each enclosing block with its ops that run before the op holding
+    the level below (all of them while that op is still being built)."""
+    levels = [(block, ops)]
+    for outer in list(block.ancestors())[1:]:
+        inner = levels[-1][0]
+        holder = next((i for i, op in enumerate(outer.ops)
+                       if any(b is sub for sub in op.sub_blocks() for b in inner.ancestors())), len(outer.ops))
+        levels.append((outer, list(outer.ops[:holder])))
+    return levels
 
 
 def _combine_seeds(targets: list[Var], seeds: list, block: Block) -> dict[str, Var]:
@@ -379,7 +416,8 @@ def _combine_seeds(targets: list[Var], seeds: list, block: Block) -> dict[str, V
 
 
 def append_backward(loss: Var, parameter_list=None, no_grad_set=None, callbacks=None,
-                    checkpoints=None) -> list[tuple[Var, Var]]:
+                    checkpoints=None, memory_budget=None, feed_shapes=None,
+                    memory_reserve: int = 0) -> list[tuple[Var, Var]]:
     """Append the backward pass of scalar ``loss`` to its program; return ``[(param, grad)]``.
 
     Only ops on a path from the parameters to ``loss`` get gradient ops;
@@ -388,6 +426,16 @@ def append_backward(loss: Var, parameter_list=None, no_grad_set=None, callbacks=
     gradient op appended (``context`` maps gradient names to forward Vars and
     holds the op under ``"__current_op__"``). Parameters that the loss does
     not depend on are left out of the result.
+
+    ``checkpoints`` (Vars, names or ``"auto"``) keep only those forward values
+    and recompute the rest in the backward. ``memory_budget`` (bytes) bounds
+    the peak of a run of the whole training step instead: the memory package
+    chooses checkpoints and the budgets of loops and recurrent ops to fit it
+    for the shapes in ``feed_shapes`` ({name: shape}, needed where declared
+    shapes hold -1), and raises ProgramError naming the least budget that fits
+    when it cannot (``retrograd/memory/budget.py``). ``memory_reserve`` is what
+    the caller adds after the backward within the same budget (an optimizer's
+    state and updates: ``minimize`` passes it).
 
     Example::
 
@@ -411,23 +459,39 @@ def append_backward(loss: Var, parameter_list=None, no_grad_set=None, callbacks=
     bad = [cb for cb in (callbacks or ()) if not callable(cb)]
     if bad:
         raise ProgramError(f"append_backward: callbacks must be callables cb(block, context), got {bad!r}")
+    if memory_budget is not None:      # memory/budget.py plans the whole step, then builds it
+        if checkpoints is not None:
+            raise ProgramError("append_backward: give checkpoints or memory_budget, not both")
+        param_names, no_grad_names = [p.name for p in params], sorted(no_grad)
+
+        def build(target: Var = loss, real: bool = True):
+            found = target.block.program.global_block()
+            return _build_append(target, [found.var(n) for n in param_names], set(no_grad_names),
+                                 callbacks if real else None)
+        return backward_rewrite("memory_budget")(loss, memory_budget, feed_shapes, build, memory_reserve)
+    pairs, n_forward = _build_append(loss, params, no_grad, callbacks)
+    if checkpoints is not None:        # memory/recompute.py: recompute segments instead of storing them
+        backward_rewrite("recompute")(block, n_forward, loss, checkpoints, feed_shapes=feed_shapes)
+    return pairs
+
+
+def _build_append(loss: Var, params: list[Var], no_grad: set[str], callbacks) -> tuple[list, int]:
+    """The backward of ``loss`` appended to its block: ``([(param, grad)], ops in the forward part)``."""
+    block = loss.block
     fwd_ops = list(block.ops)
     seed = _seed(loss, None)
     result = build_backward(fwd_ops, block, block, {loss.name: seed}, [p.name for p in params],
                             no_grad, callbacks)
     n_forward = len(fwd_ops) + _bind_shape_stand_ins(block, len(fwd_ops))
-    if checkpoints is not None:  # memory/recompute.py: recompute segments instead of storing them
-        from ..memory.recompute import recompute_backward
-        recompute_backward(block, n_forward, loss, checkpoints)
-    return [(p, result.grads[p.name]) for p in params if result.grads.get(p.name) is not None]
+    pairs = [(p, result.grads[p.name]) for p in params if result.grads.get(p.name) is not None]
+    return pairs, n_forward
 
 
 def _bind_shape_stand_ins(block: Block, n_forward: int) -> int:
-    """memory/shape_reads.py: gradient ops reading a forward value only for its shape read a
-    one-element stand-in, so the value dies at its last real use. Returns the ops inserted
-    into the forward part (before ``block.ops[n_forward]``)."""
-    from ..memory.shape_reads import bind_shape_stand_ins
-    return bind_shape_stand_ins(block, n_forward)
+    """Gradient ops reading a forward value only for its shape read a one-element stand-in, so
+    the value dies at its last real use (memory/shape_reads.py). Returns the ops inserted into
+    the forward part (before ``block.ops[n_forward]``)."""
+    return backward_rewrite("shape_stand_ins")(block, n_forward)
 
 
 def _parameters(block: Block, parameter_list) -> list[Var]:

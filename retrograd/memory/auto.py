@@ -27,6 +27,7 @@ from typing import Mapping, Sequence
 
 import numpy as np
 
+from ..autodiff.backward import append_backward
 from ..errors import ProgramError
 from ..ir.analysis import op_reads
 from ..ir.program import Var
@@ -207,7 +208,6 @@ def auto_checkpoints(loss: Var, budget_bytes: int, feed_shapes: Mapping | None =
         ckpts = rg.memory.auto_checkpoints(loss, 4 << 20, {"x": (64, 784)})
         rg.append_backward(loss, checkpoints=ckpts)
     """
-    from ..autodiff import append_backward
     if not isinstance(loss, Var):
         raise ProgramError(f"auto_checkpoints needs the loss Var, got {type(loss).__name__}")
     program = loss.block.program

@@ -119,7 +119,7 @@ def plan_recompute(info: ForwardValues, checkpoints: Sequence[str]) -> Recompute
     for s, seg in enumerate(segments):
         for i in range(seg.start, seg.stop):
             op = info.block.ops[i]
-            if not _recomputable(op, info):
+            if not recomputable(op, info):
                 continue
             for name in op.outputs:
                 if name in kept:
@@ -131,7 +131,7 @@ def plan_recompute(info: ForwardValues, checkpoints: Sequence[str]) -> Recompute
     return plan
 
 
-def _recomputable(op: Op, info: ForwardValues) -> bool:
+def recomputable(op: Op, info: ForwardValues) -> bool:
     """An op may run again when its op type allows it and it writes only fresh temporaries."""
     if not get_op_def(op.type).extra.get("recomputable", True):
         return False
@@ -154,7 +154,7 @@ def apply_plan(block: Block, info: ForwardValues, plan: RecomputePlan) -> dict[s
         for k, op in enumerate(copies):
             block.insert_op(first + k, op)
         for op in originals:
-            _rename_reads(op, mapping)
+            rename_reads(op, mapping)
         renamed.update(mapping)
     return renamed
 
@@ -177,9 +177,14 @@ def _copy_segment(block: Block, info: ForwardValues, seg: Segment, values: set[s
             chosen.append(op)
             needed.update(n for n in op_reads(op) if n in values)
     chosen.reverse()
-    mapping: dict[str, str] = {}
+    return copy_ops(block, chosen, {})
+
+
+def copy_ops(block: Block, ops: Sequence[Op], mapping: dict[str, str]) -> tuple[list[Op], dict[str, str]]:
+    """Copies of ``ops`` (in order) reading ``mapping``'s names and writing fresh ones; returns the
+    copies and ``mapping`` extended by forward name -> copy name. Not inserted anywhere yet."""
     copies = []
-    for op in chosen:
+    for op in ops:
         inputs, attrs = _renamed_reads(op, block, mapping)
         attrs[RECOMPUTE_ATTR] = list(op.outputs)
         for name in op.outputs:
@@ -196,7 +201,7 @@ def _fresh_var(block: Block, name: str) -> Var:
     return block.create_var(new, var.shape, var.dtype, stop_gradient=var.stop_gradient)
 
 
-def _rename_reads(op: Op, mapping: dict[str, str]) -> None:
+def rename_reads(op: Op, mapping: dict[str, str]) -> None:
     """Make a backward op read the recomputed values (its own sub-blocks are renamed in place)."""
     op.inputs, op.attrs = _renamed_reads(op, op.block, mapping, owner=op)
     op.block.program.bump()

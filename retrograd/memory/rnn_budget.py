@@ -239,7 +239,7 @@ def grad_maker(g: GradCtx) -> list[Var | None]:
     # The store-all backward step block: it reads the tape the budgeted backward re-creates.
     proxy = Op(op.type, op.inputs, op.outputs, {**attrs, "recompute": None})
     proxy.block = op.block
-    bstep = build_backward_step(proxy, wanted, parent=g.block)
+    bstep = build_backward_step(proxy, wanted, parent=g.block, callbacks=g.callbacks)
     _check_static_budget(op, bstep)
     block = op.block
     if not attrs.get("budget_outputs"):
@@ -272,6 +272,7 @@ def grad_maker(g: GradCtx) -> list[Var | None]:
         "dall_given": [d is not None for d in d_all], "dlast_given": [d is not None for d in d_last],
         "dnext": bstep.dnext, "fetch_seq": bstep.fetch_seq, "fetch_state": bstep.fetch_state,
         "fetch_outer": bstep.fetch_outer, "batched": bstep.batched, "grad_of": grad_of,
+        "budget": int(attrs["recompute"]),
     }
     streams.copy_stream(attrs, grad_attrs)   # re-run steps draw the forward's random numbers
     outs = append_op("RecurrentNetworkBudgetGrad", inputs, grad_attrs, name="rnn_grad")

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import math
 
+from ..autodiff.rewrites import register_backward_rewrite
 from ..ir.analysis import op_reads
 from ..ir.builder import block_guard, capture_ops
 from ..ir.program import Block, Op
@@ -45,6 +46,7 @@ def stand_in_names(block: Block) -> set[str]:
     return {name for op in block.ops if get_op_def(op.type).extra.get("stand_in", False) for name in op.outputs}
 
 
+@register_backward_rewrite("shape_stand_ins")
 def bind_shape_stand_ins(block: Block, n_forward: int) -> int:
     """Make the ops after ``block.ops[:n_forward]`` read shapes of forward values from stand-ins.
 

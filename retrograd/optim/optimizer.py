@@ -12,8 +12,11 @@ Example::
 """
 from __future__ import annotations
 
+import math
 import numbers
 from typing import Sequence
+
+import numpy as np
 
 from ..autodiff import append_backward
 from ..errors import ProgramError
@@ -86,7 +89,20 @@ class Optimizer:
         _check_startup(startup, loss.block.program.all_parameters())   # before changing the program
         if checkpoints is not None:
             backward_options["checkpoints"] = checkpoints
+        if backward_options.get("memory_budget") is not None:   # the updates run within it too
+            backward_options.setdefault("memory_reserve", self._update_bytes(loss, parameter_list))
         return append_backward(loss, parameter_list, no_grad_set, **backward_options)
+
+    STATE_SLOTS = 0        # parameter-sized state tensors per parameter (velocity, moments)
+
+    def _update_bytes(self, loss: Var, parameter_list) -> int:
+        """Bytes the updates add after the backward: the state, and while one parameter is updated
+        its new value and new state (plus clipped copies of every gradient with ``clip_norm``)."""
+        params = [p if isinstance(p, Var) else loss.block.var(p) for p in parameter_list] \
+            if parameter_list is not None else [v for v in loss.block.program.all_parameters() if v.trainable]
+        sizes = [math.prod(max(d, 1) for d in p.shape) * np.dtype(p.dtype).itemsize for p in params]
+        clipped = sum(sizes) if self.clip_norm is not None else 0
+        return self.STATE_SLOTS * sum(sizes) + (self.STATE_SLOTS + 2) * max(sizes, default=0) + clipped + 64
 
     def apply_gradients(self, params_grads: Sequence[tuple[Var, Var]], *,
                         main_program: Program | None = None,
@@ -162,6 +178,8 @@ class Momentum(Optimizer):
         self.momentum = float(momentum)
         self.nesterov = bool(nesterov)
 
+    STATE_SLOTS = 1
+
     def _update(self, param: Var, grad: Var) -> None:
         velocity = self._state(param, "velocity")
         ops.momentum_update(param, grad, velocity, self.lr, self.momentum, self.nesterov,
@@ -188,6 +206,8 @@ class Adam(Optimizer):
         if not eps > 0:
             raise ProgramError(f"eps must be positive, got {eps}")
         self.beta1, self.beta2, self.eps = float(beta1), float(beta2), float(eps)
+
+    STATE_SLOTS = 2
 
     def _update(self, param: Var, grad: Var) -> None:
         m = self._state(param, "moment1")

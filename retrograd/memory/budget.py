@@ -1,0 +1,204 @@
+"""One memory budget for a whole training step: ``append_backward(loss, memory_budget=, feed_shapes=)``.
+
+The budget bounds the planned peak of a run (``peak.py``: feeds, parameters,
+activations kept and recomputed, gradients; the run fetching the loss and the
+gradients). The policy, in order:
+
+1. store everything when that fits (tried on a copy of the program);
+2. else every loop op (``RecurrentNetwork``, ``While``) without a recompute
+   setting of its own gets a byte budget, the backward is built, and one
+   activation budget ``A`` is searched for: each loop op keeps at most ``A``
+   bytes (binomial checkpointing over its steps, ``rnn_budget.py`` /
+   ``while_budget.py``), and the feed-forward chain is reversed by a binomial
+   schedule over its units whose checkpoints and tape fit ``A``
+   (``binomial.py``). The largest ``A`` whose planned peak fits wins: the
+   least recomputation;
+3. when none fits, ``ProgramError`` names the least budget that fits (the
+   planned peak at the smallest ``A``), and that budget then works.
+
+The mechanisms (copies of forward ops, budgeted loop kernels) are the other
+modules' business; this one only decides.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable, Mapping
+
+from ..autodiff.rewrites import register_backward_rewrite
+from ..errors import ProgramError
+from ..ir.program import Block, Program, Var
+from ..ops.recurrent_steps import is_budget
+from .auto import build_model
+from .binomial import Units, apply_binomial
+from .lifetimes import ForwardValues
+from .peak import Sizer, planned_peak
+from .recompute import recompute_backward
+from .schedules import budget_plan
+from .sizes import estimated_bytes, resolve_shapes
+
+LOOP_TYPES = ("RecurrentNetwork", "While")
+LOOP_GRAD_TYPES = ("RecurrentNetworkBudgetGrad", "WhileBudgetGrad")
+_PLACEHOLDER = 1 << 60      # a loop's budget until the search sets it
+_TRIALS = 24
+
+
+@register_backward_rewrite("recompute")
+def rewrite_backward(block: Block, n_forward: int, loss: Var, checkpoints, feed_shapes=None):
+    """``append_backward(..., checkpoints=)``: recompute at the checkpoints given (``recompute.py``)."""
+    return recompute_backward(block, n_forward, loss, checkpoints, feed_shapes)
+
+
+@dataclass
+class BudgetPlan:
+    """What ``fit_memory_budget`` chose: the activation budget, the planned peak, and store-all's."""
+    budget: int
+    planned_peak: int
+    store_all_peak: int
+    activation_budget: int | None       # None: everything stored
+    units: int = 0                      # feed-forward units under a binomial schedule (0: none)
+
+
+@register_backward_rewrite("memory_budget")
+def fit_memory_budget(loss: Var, memory_budget: int, feed_shapes: Mapping | None,
+                      build: Callable[[], tuple[list, int]], reserve: int = 0) -> list:
+    """Build the backward of ``loss`` (``build()`` -> (params_grads, n_forward)) within ``memory_budget``,
+    of which ``reserve`` bytes are for what the caller appends afterwards (optimizer updates)."""
+    total = _check_budget(memory_budget)
+    reserve = max(int(reserve), 0)
+    budget = total - reserve
+    program = loss.block.program
+    store_all = _store_all_peak(loss, feed_shapes, build)
+    if store_all <= budget:
+        pairs, _ = build()
+        _record(program, BudgetPlan(total, store_all + reserve, store_all + reserve, None))
+        return pairs
+    loops = [op for op in loss.block.ops if op.type in LOOP_TYPES and op.attrs.get("recompute") is None]
+    for op in loops:
+        op.attrs["recompute"] = _PLACEHOLDER
+    program.bump()
+    pairs, n_forward = build()
+    keep = [loss.name] + [g.name for _, g in pairs]
+    search = _Search(program, loss, n_forward, keep, feed_shapes)
+    best = search.best(budget)
+    if best is None:
+        least = search.least() + reserve
+        raise ProgramError(f"a memory_budget of {total} bytes is below what the training step of "
+                           f"'{loss.name}' can run in for feed_shapes={dict(feed_shapes or {})}: the least "
+                           f"budget that fits is {least} bytes (storing everything peaks at "
+                           f"{store_all + reserve} bytes)")
+    activation, peak = best
+    units = search.apply(program, activation)
+    _record(program, BudgetPlan(total, peak + reserve, store_all + reserve, activation, units))
+    return pairs
+
+
+def _check_budget(memory_budget) -> int:
+    if isinstance(memory_budget, bool) or not isinstance(memory_budget, int) or memory_budget < 0:
+        raise ProgramError(f"memory_budget must be a number of bytes (an int >= 0), got {memory_budget!r}")
+    return memory_budget
+
+
+def _store_all_peak(loss: Var, feed_shapes, build) -> int:
+    """The planned peak of storing everything, built on a copy (loops with unknown trip counts:
+    unknown sizes, so never 'fits')."""
+    scratch = loss.block.program.clone()
+    block = scratch.global_block()
+    pairs, _ = build(block.var(loss.name), real=False)
+    keep = [loss.name] + [g.name for _, g in pairs]
+    try:
+        return planned_peak(block, keep, feed_shapes)
+    except ProgramError:
+        if any(op.type == "While" for op in block.ops):
+            return 1 << 62          # kept values per iteration: the trip count decides
+        raise
+
+
+def _record(program: Program, plan: BudgetPlan) -> None:
+    """Kept on the program for ``rg.memory.report`` (not serialized: a plan is for this build)."""
+    program.memory_plan = plan
+
+
+class _Search:
+    """Planned peaks of the program for activation budgets ``A`` (each tried on a copy)."""
+
+    def __init__(self, program: Program, loss: Var, n_forward: int, keep: list[str], feed_shapes):
+        self.program, self.loss, self.n_forward, self.keep = program, loss, n_forward, keep
+        self.feed_shapes = feed_shapes
+        block = program.global_block()
+        self.shapes = resolve_shapes(block, feed_shapes)
+        info = ForwardValues.of(block, n_forward)
+        sizes = {n: estimated_bytes(block.var(n), self.shapes) for n in info.writers}
+        self.model = build_model(info, loss.name, sizes)
+        self.units = Units.of(self.model, n_forward)
+        self.state_bytes = max(self.model.ckpt_bytes, default=0)
+        reads = [b - a for a, b in zip([0] + self.model.read_before, self.model.read_before + [self.model.store_all])]
+        self.tape_bytes = max(reads, default=0) + self.state_bytes
+        self.loop_least = self._loop_least(block)
+        self.least_a = max(self.tape_bytes, self.loop_least, 1)
+        self.most_a = max(self.model.store_all, self.loop_least) * 2 + 1
+        self.peaks: dict[int, int | None] = {}
+
+    def _loop_least(self, block: Block) -> int:
+        """The least budget a loop op can run with: one step's values (an upper bound)."""
+        sizer = Sizer(block, self.shapes)
+        least = 0
+        for op in block.ops[:self.n_forward]:
+            if op.type in LOOP_TYPES and is_budget(op.attrs.get("recompute")):
+                body = op.attrs["step"] if op.type == "RecurrentNetwork" else op.attrs["body"]
+                rows = max([self.shapes.get(n, (1,))[0] for n in op.inputs if self.shapes.get(n)] + [1])
+                least = max(least, sizer.block_bytes(body, rows))
+        return least
+
+    def peak(self, activation: int) -> int | None:
+        """The planned peak with activation budget ``activation`` (None when no schedule fits it)."""
+        if activation not in self.peaks:
+            scratch = self.program.clone()
+            try:
+                self._configure(scratch, activation)
+                self.peaks[activation] = planned_peak(scratch.global_block(), self.keep, self.feed_shapes)
+            except ProgramError:
+                self.peaks[activation] = None
+        return self.peaks[activation]
+
+    def _configure(self, program: Program, activation: int) -> int:
+        """Give ``program`` (this program or a copy) the loop budgets and FF schedule of ``activation``."""
+        block = program.global_block()
+        for op in block.ops:
+            if op.type in LOOP_TYPES and op.attrs.get("recompute") == _PLACEHOLDER:
+                op.attrs["recompute"] = activation
+            elif op.type in LOOP_GRAD_TYPES and op.attrs.get("budget") == _PLACEHOLDER:
+                op.attrs["budget"] = activation
+        program.bump()
+        if self.units.count < 2 or activation >= self.model.store_all:
+            return 0
+        plan = budget_plan(self.units.count, activation, self.state_bytes, self.tape_bytes)
+        apply_binomial(block, ForwardValues.of(block, self.n_forward), self.units, plan)
+        return self.units.count
+
+    def best(self, budget: int) -> tuple[int, int] | None:
+        """The largest activation budget whose planned peak fits ``budget``, with that peak."""
+        fits = lambda a: self.peak(a) is not None and self.peak(a) <= budget  # noqa: E731
+        if fits(self.most_a):
+            return self.most_a, self.peak(self.most_a)
+        if not fits(self.least_a):
+            return None
+        lo, hi = self.least_a, self.most_a            # fits(lo), not fits(hi)
+        for _ in range(_TRIALS):
+            if hi - lo <= max(1, lo // 64):
+                break
+            mid = (lo + hi) // 2
+            if fits(mid):
+                lo = mid
+            else:
+                hi = mid
+        return lo, self.peak(lo)
+
+    def least(self) -> int:
+        """The least budget that fits: the planned peak at the smallest activation budget."""
+        peak = self.peak(self.least_a)
+        if peak is None:
+            raise ProgramError(f"no recompute schedule of the backward of '{self.loss.name}' fits any budget")
+        return peak
+
+    def apply(self, program: Program, activation: int) -> int:
+        return self._configure(program, activation)

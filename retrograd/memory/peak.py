@@ -1,0 +1,191 @@
+"""The planned peak of a run: the executor's liveness replayed on sizes instead of arrays.
+
+``planned_peak`` compiles the block the way the executor does (the same
+``compile_block``: the same ops skipped, the same values dying after the same
+op) and walks it adding and removing bytes, as ``MemoryMeter`` would. What a
+looping op holds while it runs (states tensors, checkpoints, one step's
+values, time-batched buffers, its budget) comes from a per-op model
+(``HOLDS``); everything else holds only its inputs and outputs. Sizes are
+upper bounds where the executor may share a buffer (a view counts as new),
+so the planned peak bounds the measured one from above for the shapes given.
+"""
+from __future__ import annotations
+
+import math
+from types import SimpleNamespace
+from typing import Callable, Mapping
+
+import numpy as np
+
+from ..errors import ProgramError
+from ..ir.program import Block, Var
+from ..ops.recurrent_steps import is_budget
+from ..runtime.plan import compile_block
+from .shape_reads import stand_in_names
+from .sizes import Shapes, resolve_shapes
+
+
+_NO_BACKEND = SimpleNamespace(xp=np, name="planning")
+
+
+class Sizer:
+    """Bytes of values at resolved shapes; -1 dims inside loop bodies take the batch ``rows``."""
+
+    def __init__(self, block: Block, shapes: Shapes):
+        self.block, self.shapes = block, shapes
+        self.stand_ins = stand_in_names(block)
+        self.unknown: list[str] = []
+
+    def of(self, name: str, block: Block | None = None) -> int:
+        var = (block or self.block).find_var(name)
+        if var is None:
+            return 0
+        if name in self.stand_ins:
+            return np.dtype(var.dtype).itemsize
+        shape = self.shapes.get(name, var.shape) if block is None else var.shape
+        if any(d < 0 for d in shape):
+            self.unknown.append(name)
+            shape = tuple(max(d, 1) for d in shape)
+        return int(math.prod(shape)) * np.dtype(var.dtype).itemsize
+
+    def var_bytes(self, var: Var, rows: int, steps: int = 1) -> int:
+        """A loop body's value with -1 taken as the batch ``rows``, times ``steps``."""
+        return steps * int(math.prod(rows if d < 0 else d for d in var.shape)) * np.dtype(var.dtype).itemsize
+
+    def block_bytes(self, block: Block, rows: int) -> int:
+        """Every value a body declares (nested bodies too): an upper bound of one run's transient."""
+        total = sum(self.var_bytes(v, rows) for v in block.vars.values())
+        for op in block.ops:
+            for sub in op.sub_blocks():
+                total += self.block_bytes(sub, rows)
+        return total
+
+
+# --- what looping ops hold ---------------------------------------------------------------------------
+
+def _rows(sizer: Sizer, op, first_state: int) -> int:
+    """The batch size N of a recurrent op (from its first initial state's resolved shape)."""
+    shape = sizer.shapes.get(op.inputs[first_state], (1,))
+    return max(shape[0], 1) if shape else 1
+
+
+def _steps(sizer: Sizer, op) -> int:
+    """T of a recurrent op, from its first sequence's resolved shape."""
+    steps = sizer.shapes.get(op.inputs[0], (-1,))[0]
+    if steps < 0:
+        sizer.unknown.append(op.inputs[0])
+    return max(steps, 1)
+
+
+def _rnn_holds(sizer: Sizer, op, live) -> tuple[int, list[int]]:
+    attrs = op.attrs
+    n_seq, n_state = len(attrs["inputs_t"]), len(attrs["states"])
+    steps = _steps(sizer, op)
+    rows = _rows(sizer, op, n_seq)
+    states = [sizer.of(n) for n in op.inputs[n_seq:n_seq + n_state]]
+    transient = sizer.block_bytes(attrs["step"], rows)
+    outs = [0] * len(op.outputs)
+    budget = int(attrs["recompute"]) if is_budget(attrs.get("recompute")) else None
+    for i, size in enumerate(states):
+        outs[2 * i] = (steps + 1) * size if 2 * i in live else 0
+        outs[2 * i + 1] = size
+    held = transient + 2 * sum(states)
+    if budget is None:
+        for j, (name, full) in enumerate(zip(attrs.get("saved", ()), attrs.get("saved_full", ()))):
+            if 2 * n_state + j in live and full:
+                outs[2 * n_state + j] = sizer.var_bytes(attrs["step"].var(name), rows, steps)
+    elif attrs.get("budget_outputs"):
+        outs[len(op.outputs) - n_state - 1] = budget    # the checkpoints: within the budget
+    return held, outs
+
+
+def _rnn_grad_holds(sizer: Sizer, op, live) -> tuple[int, list[int]]:
+    attrs = op.attrs
+    n_seq, n_state = len(attrs["inputs_t"]), len(attrs["states"])
+    rows = _rows(sizer, op, n_seq)
+    steps = _steps(sizer, op)
+    backward: Block = attrs["backward"]
+    held = sizer.block_bytes(backward, rows)
+    if "step" in attrs:               # RecurrentNetworkBudgetGrad: re-runs steps within its budget
+        held += sizer.block_bytes(attrs["step"], rows) + int(attrs.get("budget", 0))
+    else:                             # store-all: the time-batched buffers span all steps
+        for _, _, _, d in attrs["batched"]:
+            held += sizer.var_bytes(backward.var(d), rows, steps)
+    return held, [sizer.of(op.inputs[i]) for i in attrs["grad_of"]]
+
+
+def _while_holds(sizer: Sizer, op, live) -> tuple[int, list[int]]:
+    attrs = op.attrs
+    rows = max((sizer.shapes.get(n, (1,)) or (1,))[0] for n in op.inputs[:len(attrs["carry_binds"])]) \
+        if op.inputs else 1
+    held = sizer.block_bytes(attrs["body"], max(rows, 1)) + sizer.block_bytes(attrs["cond"], max(rows, 1))
+    outs = [sizer.of(n) for n in op.outputs]
+    if is_budget(attrs.get("recompute")):
+        n = len(attrs["carry_binds"])
+        ys = len(attrs["ys"])
+        for j in range(n + 1, n + 1 + ys):
+            outs[j] = 0                   # zero-stride stand-ins
+        if attrs.get("budget_outputs"):
+            ckpt = len(op.outputs) - n - 1
+            outs[ckpt:] = [int(attrs["recompute"]) // 2] + [0] * n
+    return held, outs
+
+
+def _while_grad_holds(sizer: Sizer, op, live) -> tuple[int, list[int]]:
+    attrs = op.attrs
+    rows = max(1, max((sizer.shapes.get(n, (1,)) or (1,))[0] for n in op.inputs[1:2]))
+    held = sizer.block_bytes(attrs["body"], rows) + sizer.block_bytes(attrs["fwd_body"], rows)
+    return held + int(attrs["budget"]), [sizer.of(n) for n in op.outputs]
+
+
+def _sub_block_holds(sizer: Sizer, op, live) -> tuple[int, list[int]]:
+    rows = 1
+    for name in op.inputs:
+        shape = sizer.shapes.get(name, ())
+        if shape:
+            rows = max(rows, shape[0])
+    return sum(sizer.block_bytes(b, rows) for b in op.sub_blocks()), [sizer.of(n) for n in op.outputs]
+
+
+HOLDS: dict[str, Callable] = {
+    "RecurrentNetwork": _rnn_holds, "RecurrentNetworkGrad": _rnn_grad_holds,
+    "RecurrentNetworkBudgetGrad": _rnn_grad_holds, "While": _while_holds, "WhileBudgetGrad": _while_grad_holds,
+}
+
+
+def _holds(sizer: Sizer, op, live) -> tuple[int, list[int]]:
+    rule = HOLDS.get(op.type)
+    if rule is not None:
+        return rule(sizer, op, live)
+    if op.sub_blocks():
+        return _sub_block_holds(sizer, op, live)
+    return 0, [sizer.of(n) for n in op.outputs]
+
+
+# --- the walk ------------------------------------------------------------------------------------------
+
+def planned_peak(block: Block, keep, feed_shapes: Mapping | None = None, shapes: Shapes | None = None,
+                 exact: bool = True) -> int:
+    """The peak bytes a run of ``block`` fetching ``keep`` would reach, for the shapes given.
+
+    Raises ProgramError naming the values whose sizes depend on run-time
+    shapes ``feed_shapes`` did not give (with ``exact``).
+    """
+    shapes = shapes if shapes is not None else resolve_shapes(block, feed_shapes)
+    sizer = Sizer(block, shapes)
+    plan = compile_block(block, frozenset(keep), _NO_BACKEND, None)   # liveness only: no kernel runs
+    live: dict[str, int] = {name: sizer.of(name) for name in plan.free_reads}
+    total = peak = sum(live.values())
+    for step in plan.steps:
+        held, outs = _holds(sizer, step.op, step.k.live_outputs)
+        peak = max(peak, total + held + sum(outs))
+        for name, size in zip(step.outputs, outs):
+            total += size - live.get(name, 0)
+            live[name] = size
+        for name in step.dead:
+            total -= live.pop(name, 0)
+    if exact and sizer.unknown:
+        names = list(dict.fromkeys(sizer.unknown))
+        raise ProgramError(f"the sizes of {', '.join(names[:5])}{' ...' if len(names) > 5 else ''} depend on "
+                           "run-time shapes; pass feed_shapes={'x': (batch, ...)} for every fed value")
+    return peak

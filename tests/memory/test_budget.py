@@ -1,0 +1,142 @@
+"""append_backward / minimize(memory_budget=, feed_shapes=): one byte budget for the whole training
+step. Every budgeted run peaks within its budget and gives store-all's gradients (float64: exactly,
+the recomputed ops are the same ops on the same values)."""
+from __future__ import annotations
+
+import re
+
+import numpy as np
+import pytest
+import torch
+
+import retrograd as rg
+from retrograd import Program
+
+ROWS, WIDTH = 256, 32
+
+
+def _mlp(layers: int = 12, memory_budget=None, optimizer=None, rows: int = ROWS):
+    main, startup = Program(), Program()
+    with rg.program_guard(main, startup):
+        x = rg.data("x", [-1, WIDTH], dtype="float64")
+        h = x
+        for i in range(layers):
+            h = rg.layers.fc(h, WIDTH, act="tanh", name=f"fc{i}")
+        loss = rg.mean(h * h)
+        shapes = {"x": (rows, WIDTH)}
+        if optimizer is None:
+            pairs = rg.append_backward(loss, memory_budget=memory_budget, feed_shapes=shapes)
+        else:
+            pairs = optimizer.minimize(loss, memory_budget=memory_budget, feed_shapes=shapes)
+    return main, startup, [loss] + [g for _, g in pairs]
+
+
+def _params(layers: int = 12) -> dict:
+    rng = np.random.RandomState(0)
+    out = {}
+    for i in range(layers):
+        out[f"fc{i}.w"] = rng.randn(WIDTH, WIDTH) * 0.3
+        out[f"fc{i}.b"] = rng.randn(WIDTH) * 0.1
+    return out
+
+
+def _run(built, params, xb, steps: int = 1):
+    main, startup, fetch = built
+    exe = rg.Executor()
+    if startup is not None:
+        exe.run(startup)          # optimizer state
+    for name, value in params.items():
+        exe.scope.set(name, value.copy())
+    for _ in range(steps):
+        out = exe.run(main, feed={"x": xb}, fetch_list=fetch)
+    return out, exe.last_stats.peak_bytes, exe
+
+
+XB = np.random.RandomState(1).randn(ROWS, WIDTH)
+
+
+def test_memory_budget_bounds_the_peak_and_keeps_store_all_gradients():
+    params = _params()
+    ref, store_all, _ = _run(_mlp(), params, XB)
+    for fraction in (0.7, 0.5):
+        budget = int(fraction * store_all)
+        main, startup, fetch = built = _mlp(memory_budget=budget)
+        out, peak, _ = _run(built, params, XB)
+        assert peak <= budget
+        assert main.memory_plan.planned_peak <= budget
+        assert main.memory_plan.planned_peak >= peak          # the plan bounds the run from above
+        for a, b in zip(out, ref):
+            np.testing.assert_array_equal(a, b)
+    # and against torch
+    x = torch.tensor(XB)
+    ws = [torch.tensor(params[f"fc{i}.w"], requires_grad=True) for i in range(12)]
+    bs = [torch.tensor(params[f"fc{i}.b"], requires_grad=True) for i in range(12)]
+    h = x
+    for w, b in zip(ws, bs):
+        h = torch.tanh(h @ w + b)
+    (h * h).mean().backward()
+    np.testing.assert_allclose(out[1], ws[0].grad.numpy(), rtol=1e-10, atol=1e-15)
+
+
+def test_memory_budget_that_fits_everything_changes_nothing():
+    params = _params()
+    ref, store_all, _ = _run(_mlp(), params, XB)
+    main, _, fetch = built = _mlp(memory_budget=store_all + 1000)
+    out, peak, _ = _run(built, params, XB)
+    assert peak == store_all
+    assert not any("recompute_of" in op.attrs for op in main.global_block().ops)
+
+
+def test_memory_budget_too_small_names_the_least_budget_that_then_works():
+    params = _params()
+    _, store_all, _ = _run(_mlp(), params, XB)
+    with pytest.raises(rg.ProgramError, match="the least budget that fits is") as info:
+        _mlp(memory_budget=store_all // 10)
+    least = int(re.search(r"the least budget that fits is (\d+) bytes", str(info.value)).group(1))
+    assert store_all // 10 < least < store_all
+    ref, _, _ = _run(_mlp(), params, XB)
+    out, peak, _ = _run(_mlp(memory_budget=least), params, XB)
+    assert peak <= least
+    for a, b in zip(out, ref):
+        np.testing.assert_array_equal(a, b)
+
+
+def test_binomial_recompute_fits_32_layers_in_five_percent_of_their_activations():
+    """Multi-level recompute: the budget above what every plan holds anyway (parameters, their
+    gradients, the input, the gradient ops' own values) is 5% of what store-all keeps."""
+    rows, layers = 1024, 32
+    xb = np.random.RandomState(2).randn(rows, WIDTH)
+    params = _params(layers)
+    main, _, fetch = _mlp(layers, rows=rows)
+    kept = rg.memory.report(main, {"x": (rows, WIDTH)}).kept_bytes
+    ref, store_all, _ = _run((main, None, fetch), params, xb)
+    fixed = store_all - kept
+    budget = fixed + int(0.05 * kept) + 3 * rows * WIDTH * 8     # + the gradient ops' values (dh, dz)
+    built = _mlp(layers, memory_budget=budget, rows=rows)
+    out, peak, _ = _run(built, params, xb)
+    assert peak <= budget
+    for a, b in zip(out, ref):
+        np.testing.assert_array_equal(a, b)
+
+
+@pytest.mark.parametrize("make", [lambda: rg.optim.SGD(0.1), lambda: rg.optim.Adam(1e-2),
+                                  lambda: rg.optim.Momentum(0.1, 0.9)])
+def test_minimize_with_memory_budget_trains_like_store_all_within_the_budget(make):
+    params = _params()
+    ref, store_all, ref_exe = _run(_mlp(optimizer=make()), params, XB, steps=2)
+    budget = int(0.7 * store_all)
+    out, peak, exe = _run(_mlp(memory_budget=budget, optimizer=make()), params, XB, steps=2)
+    assert peak <= budget
+    for name in params:
+        np.testing.assert_array_equal(exe.scope.get(name), ref_exe.scope.get(name))
+
+
+def test_memory_budget_must_be_bytes():
+    with pytest.raises(rg.ProgramError, match="memory_budget must be"):
+        _mlp(memory_budget=-5)
+    with pytest.raises(rg.ProgramError, match="not both"):
+        main, startup = Program(), Program()
+        with rg.program_guard(main, startup):
+            x = rg.data("x", [4, 3])
+            loss = rg.mean(rg.layers.fc(x, 2))
+            rg.append_backward(loss, checkpoints="auto", memory_budget=1 << 20)
