@@ -3,6 +3,8 @@ that iteration runs again in the same run, and gradients that agree with PyTorch
 masks the forward drew."""
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 import pytest
 import torch
@@ -16,6 +18,13 @@ P = 0.5
 RNG = np.random.default_rng(7)
 X0 = RNG.standard_normal((3, 5))
 W0 = RNG.standard_normal((5, 5)) * 0.5
+
+
+@pytest.fixture(autouse=True)
+def _on_every_backend(backend, monkeypatch):
+    """Every test here runs on each backend of the ``backend`` fixture: ``rg.Executor()`` in
+    this module makes that backend's executor (results come back as NumPy arrays)."""
+    monkeypatch.setattr(rg, "Executor", functools.partial(rg.Executor, **backend.kwargs))
 
 
 def t(a, grad=False):

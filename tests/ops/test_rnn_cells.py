@@ -8,6 +8,8 @@ torch's ``create_graph=True`` and against finite differences.
 """
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 import pytest
 import torch
@@ -17,6 +19,13 @@ from retrograd.ops.rnn_cells import gru_unit_grad, lstm_unit_grad
 from retrograd.testing import check_gradients
 
 N, H = 3, 4
+
+
+@pytest.fixture(autouse=True)
+def _on_every_backend(backend, monkeypatch):
+    """Every test here runs on each backend of the ``backend`` fixture: ``rg.Executor()`` in
+    this module makes that backend's executor (results come back as NumPy arrays)."""
+    monkeypatch.setattr(rg, "Executor", functools.partial(rg.Executor, **backend.kwargs))
 
 
 def _run(build, feed: dict, dtype: str = "float64"):
