@@ -36,7 +36,7 @@ def loss_curve(losses: list[float], held_out: dict[int, float] | None = None, fi
     lines = [label + "".join(row).rstrip() for label, row in zip(labels, grid)]
     lines.append(" " * 8 + "+" + "-" * width)
     left, right = f"step {first_step}", f"{last_step}"
-    lines.append(" " * 9 + left + right.rjust(max(1, width - len(left))))
+    lines.append(" " * 9 + left + right.rjust(max(len(right) + 1, width - len(left))))
     legend = "* training loss (mean per column)" + ("   o held-out loss" if held_out else "")
     return "\n".join(lines + [" " * 9 + legend])
 

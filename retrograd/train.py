@@ -105,23 +105,27 @@ def run_train(args: argparse.Namespace) -> int:
         _check_writable(Path(args.log), "--log")
     if args.resume:
         read_params(args.resume)                # a missing or corrupt file fails before any work
-    ids, files = load_corpus()
-    corpus, held_out = split_corpus(ids)
-    job = Job(args, cfg, save_path, corpus, held_out)
-    out = _Reporter(args, job.first, len(corpus), len(held_out), files)
+    checkpoint = Checkpoint(save_path)
+    job = None
     try:
+        ids, files = load_corpus()
+        corpus, held_out = split_corpus(ids)
+        job = Job(args, cfg, checkpoint, corpus, held_out)
+        out = _Reporter(args, job.first, len(corpus), len(held_out), files)
         with _open_log(args) as log:
             job.train(out, log)
-        job.checkpoint.save(job.exe, job.training, job.step_done)
+        checkpoint.save(job.exe, job.training, job.step_done)
         sample = generate(job.exe, cfg, "def ", args.sample_len, args.temperature, args.seed)
+        out.finish(job.losses, job.val_losses, save_path, sample)
     except KeyboardInterrupt:
         # The scope may hold a half-applied update: keep the last complete checkpoint instead.
-        print(f"retrograd train: interrupted at step {job.step_done}; {job.checkpoint.status()}",
-              file=sys.stderr)
+        when = f"at step {job.step_done}" if job is not None else "before training started"
+        print(f"retrograd train: interrupted {when}; {checkpoint.status()}", file=sys.stderr)
         return 130
     except TrainError as exc:
-        raise TrainError(f"{exc}; {job.checkpoint.status()}") from None
-    out.finish(job.losses, job.val_losses, save_path, sample)
+        if job is None:
+            raise                       # a setup failure: nothing can have been saved
+        raise TrainError(f"{exc}; {checkpoint.status()}") from None
     return 0
 
 
@@ -167,7 +171,7 @@ class Checkpoint:
 class Job:
     """One training run: the executor, the programs, the checkpoint and the history."""
 
-    def __init__(self, args, cfg: ModelConfig, save_path: Path, corpus, held_out):
+    def __init__(self, args, cfg: ModelConfig, checkpoint: Checkpoint, corpus, held_out):
         self.args = args
         self.corpus = corpus
         self.val_batches = held_out_batches(held_out, args.seq_len, args.batch)
@@ -184,7 +188,7 @@ class Job:
                                  "--optimizer of the run that saved it") from None
         self.first = int(self.exe.scope.get(self.training.step.name)[0])
         self.step_done = self.first
-        self.checkpoint = Checkpoint(save_path)
+        self.checkpoint = checkpoint
         self.losses: list[float] = []
         self.val_losses: dict[int, float] = {}
         self.divergence = Divergence(args)
@@ -202,11 +206,16 @@ class Job:
                 self.step_done = step
                 cps = chars_per_step * len(self.losses) / (time.perf_counter() - started)
                 peak = self.exe.last_stats.peak_bytes       # the training step's, before a held-out run
-                val = self.measure_held_out() if out.reports(step) else None
+                checkpoint = bool(args.save_every) and step % args.save_every == 0
+                val = None
+                if out.reports(step) or checkpoint or step == out.total:
+                    # The parameters after this step's update: what a checkpoint would hold.
+                    val = self.measure_held_out()
+                    self.divergence.check(val, step, "held-out loss")
                 tick(step, loss, cps, peak, val)
                 if log is not None:
                     _log_line(log, step, loss, cps, peak, val)
-                if args.save_every and step % args.save_every == 0:
+                if checkpoint:
                     self.checkpoint.save(self.exe, self.training, step)
 
     def run_step(self, step: int) -> float:
@@ -228,7 +237,12 @@ class Job:
 
 
 class Divergence:
-    """Stops a run whose loss is not finite or far above where it started."""
+    """Stops a run whose loss is not finite or far above where it started.
+
+    A step's training loss is that of the parameters before its update; the
+    held-out loss measured after the update checks the parameters a
+    checkpoint would hold, so no checkpoint is written before it passes.
+    """
 
     FACTOR, MARGIN = 3.0, 5.0      # "far above": more than max(3x, +5 nats) the first loss
 
@@ -239,13 +253,14 @@ class Divergence:
     def limit(self) -> float:
         return max(self.FACTOR * self.start, self.start + self.MARGIN)
 
-    def check(self, loss: float, step: int) -> None:
+    def check(self, loss: float, step: int, name: str = "loss") -> None:
+        """TrainError if ``loss`` (the training loss, or ``name``) shows the run diverging."""
         if self.start is None and math.isfinite(loss):
             self.start = loss
         if not math.isfinite(loss):
-            what = f"the loss became {loss} at step {step}"
+            what = f"the {name} became {loss} at step {step}"
         elif loss > self.limit():
-            what = f"the loss diverged at step {step}: {loss:.4g}, up from {self.start:.4g}"
+            what = f"the {name} diverged at step {step}: {loss:.4g}, up from {self.start:.4g}"
         else:
             return
         raise TrainError(f"{what} (learning rate {self.lr:g}); lower --lr or set a smaller --clip-norm")

@@ -184,3 +184,29 @@ def test_main_is_callable_in_process(saved, capsys):
     path, program = saved
     assert main(["show", str(path)]) == 0
     assert capsys.readouterr().out.rstrip("\n") == str(program)
+
+
+def test_show_locations_names_the_line_that_built_each_op(saved):
+    path, _ = saved
+    done = in_process("show", "--locations", str(path))
+    assert done.returncode == 0, done.stderr
+    matmul = next(line for line in done.stdout.splitlines() if "= MatMul(x, fc1.w)" in line)
+    assert re.search(r"# .*test_cli\.py:\d+$", matmul), matmul
+    assert "test_cli.py" not in in_process("show", str(path)).stdout
+
+
+def test_broken_pipe_ends_quietly(tmp_path):
+    """`retrograd show big.json | head -1`: no traceback, no error line, status 0."""
+    main = Program()
+    with rg.program_guard(main, Program()):
+        x = rg.data("x", [-1, 8])
+        for _ in range(3000):            # far more text than a pipe buffers
+            x = rg.tanh(x)
+    path = tmp_path / "big.json"
+    path.write_text(main.to_json())
+    proc = subprocess.Popen([sys.executable, "-m", "retrograd", "show", str(path)],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    assert proc.stdout.readline() == b"block 0:\n"
+    proc.stdout.close()                  # what `head` does once it has its lines
+    err = proc.stderr.read().decode()
+    assert proc.wait(timeout=60) == 0 and err == ""

@@ -1,9 +1,14 @@
 """`retrograd train` run as a user runs it (a subprocess), at small sizes."""
 from __future__ import annotations
 
+import json
+import math
+import os
 import re
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -154,6 +159,194 @@ def test_batches_are_deterministic_windows_of_the_corpus():
 
 
 @pytest.mark.parametrize("text, value", [("none", None), ("steps", "steps"), ("4096", 4096),
-                                         ("64k", 65536), ("8M", 8 * 2**20), ("1g", 2**30)])
+                                         ("64k", 65536), ("8M", 8 * 2**20), ("1g", 2**30),
+                                         ("96K", 96 * 1024), ("2MB", 2 * 2**20)])
 def test_parse_recompute(text, value):
     assert train.parse_recompute(text) == value
+
+
+# --- the training job: log, held-out loss, checkpoints, interruption, divergence, sampling ---
+
+def _read_log(path: Path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+def test_held_out_text_is_never_trained_on():
+    corpus, _ = train.load_corpus()
+    training, held_out = train.split_corpus(corpus)
+    assert len(held_out) == len(corpus) // 10 and len(training) + len(held_out) == len(corpus)
+    np.testing.assert_array_equal(held_out, corpus[len(training):])
+    # a training window and its targets never reach past the training part
+    seq_len = 64
+    for step in range(200):
+        xs, ys = train.batch_at(training, step, seq_len, 32, seed=0)
+    starts = np.random.default_rng([0, 7]).integers(0, len(training) - seq_len - 1, size=32)
+    assert (starts + seq_len < len(training)).all()
+    batches = train.held_out_batches(held_out, 16, 4, count=3)
+    assert len(batches) == 3 and batches[0][0].shape == (16, 4)
+    np.testing.assert_array_equal(batches[1][0][1:], batches[1][1][:-1])
+
+
+def _torch_held_out_loss(params: dict, batches) -> float:
+    """The LSTM language model's mean cross-entropy written in PyTorch (gate order i, f, g, o)."""
+    torch = pytest.importorskip("torch")
+    t = {k: torch.from_numpy(np.asarray(v)) for k, v in params.items()}
+    hidden = t["lstm0.w_hh"].shape[0]
+    lstm = torch.nn.LSTM(t["embed.w"].shape[1], hidden)
+    with torch.no_grad():
+        lstm.weight_ih_l0.copy_(t["lstm0.w_ih"].T)
+        lstm.weight_hh_l0.copy_(t["lstm0.w_hh"].T)
+        lstm.bias_ih_l0.copy_(t["lstm0.b"])
+        lstm.bias_hh_l0.zero_()
+        losses = []
+        for xs, ys in batches:
+            h, _ = lstm(t["embed.w"][torch.from_numpy(xs)])
+            logits = h.reshape(-1, hidden) @ t["out.w"] + t["out.b"]
+            losses.append(float(torch.nn.functional.cross_entropy(logits, torch.from_numpy(ys).reshape(-1))))
+    return float(np.mean(losses))
+
+
+def test_log_has_a_json_line_per_step_and_held_out_losses(tmp_path):
+    log, saved = tmp_path / "run.jsonl", tmp_path / "m.npz"
+    done = retrograd_train(*SMALL, "--steps", "6", "--log-every", "3", "--log", str(log),
+                           "--save", str(saved))
+    assert done.returncode == 0, done.stderr
+    records = _read_log(log)
+    assert [r["step"] for r in records] == [1, 2, 3, 4, 5, 6]
+    printed = _losses(done.stdout)
+    for r in records:
+        assert r["peak_bytes"] > 0 and r["chars_per_s"] > 0 and math.isfinite(r["loss"])
+        assert ("val_loss" in r) == (r["step"] in (3, 6))
+        if r["step"] in printed:
+            assert abs(printed[r["step"]] - r["loss"]) < 1e-4
+    # The held-out loss is the loss of the step's parameters on the held-out windows.
+    corpus, _ = train.load_corpus()
+    batches = train.held_out_batches(train.split_corpus(corpus)[1], 16, 8)
+    expected = _torch_held_out_loss(rg.read_params(saved), batches)
+    assert abs(records[-1]["val_loss"] - expected) < 1e-4
+    # A resumed run appends to the log.
+    done = retrograd_train(*SMALL, "--steps", "2", "--resume", str(saved), "--save", str(saved),
+                           "--log", str(log))
+    assert done.returncode == 0, done.stderr
+    assert [r["step"] for r in _read_log(log)] == [1, 2, 3, 4, 5, 6, 7, 8]
+
+
+def test_save_every_writes_checkpoints(tmp_path):
+    saved = tmp_path / "m.npz"
+    done = retrograd_train(*SMALL, "--steps", "7", "--save-every", "3", "--save", str(saved),
+                           "--no-plot")
+    assert done.returncode == 0, done.stderr
+    assert rg.read_params(saved)["train.step"].tolist() == [7]
+    assert "training loss" not in done.stdout
+
+
+def test_ctrl_c_keeps_the_last_checkpoint_and_names_its_step(tmp_path):
+    saved = tmp_path / "m.npz"
+    proc = subprocess.Popen([sys.executable, "-m", "retrograd", "train", *SMALL, "--steps", "100000",
+                             "--save-every", "4", "--save", str(saved)],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 120
+    while not saved.exists() and time.monotonic() < deadline and proc.poll() is None:
+        time.sleep(0.05)
+    time.sleep(0.3)                       # land somewhere between checkpoints
+    proc.send_signal(signal.SIGINT)
+    err = proc.stderr.read()
+    assert proc.wait(timeout=60) == 130, err
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and "Traceback" not in err, err
+    match = re.fullmatch(r"retrograd train: interrupted at step (\d+); (.+) holds step (\d+) "
+                         r"\(the last checkpoint\)", lines[0])
+    assert match, lines[0]
+    stopped, held = int(match[1]), int(match[3])
+    assert match[2] == str(saved) and held % 4 == 0 and 4 <= held <= stopped
+    assert rg.read_params(saved)["train.step"].tolist() == [held]
+
+
+def test_interrupted_before_any_checkpoint_leaves_the_file_alone(tmp_path, saved_small):
+    before = saved_small.read_bytes()
+    proc = subprocess.Popen([sys.executable, "-m", "retrograd", "train", *SMALL, "--steps", "100000",
+                             "--log-every", "1", "--save", str(saved_small)],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    while not proc.stdout.readline().startswith("step "):
+        pass
+    proc.send_signal(signal.SIGINT)
+    err = proc.stderr.read()
+    proc.stdout.read()
+    assert proc.wait(timeout=60) == 130, err
+    assert f"nothing was saved ({saved_small} is unchanged)" in err
+    assert saved_small.read_bytes() == before
+
+
+def test_divergence_stops_and_saves_nothing_over_a_good_file(saved_small):
+    """lr 1e9: step 1's loss is fine, but the parameters it leaves are not; no checkpoint of them."""
+    done = _unchanged_after(saved_small, lambda: retrograd_train(
+        *SMALL, "--steps", "20", "--lr", "1e9", "--save-every", "1", "--save", str(saved_small)))
+    line = _one_line_error(done, "the held-out loss diverged at step 1", "up from 4.5",
+                           "lower --lr", f"nothing was saved ({saved_small} is unchanged)")
+    assert line.startswith("retrograd train: error:")
+
+
+def test_divergence_keeps_the_last_good_checkpoint(tmp_path):
+    """Healthy steps are checkpointed; once the loss runs away the file keeps the last good step."""
+    saved = tmp_path / "m.npz"
+    done = retrograd_train(*SMALL, "--steps", "60", "--optimizer", "sgd", "--lr", "30",
+                           "--clip-norm", "0", "--save-every", "1", "--save", str(saved))
+    line = _one_line_error(done, "diverged at step", "lower --lr", f"{saved} holds step")
+    held = int(re.search(r"holds step (\d+)", line)[1])
+    bad = int(re.search(r"diverged at step (\d+)", line)[1])
+    assert held == bad - 1
+    assert rg.read_params(saved)["train.step"].tolist() == [held]
+
+
+def test_sample_prints_text_from_a_saved_model(saved_small):
+    done = subprocess.run([sys.executable, "-m", "retrograd", "sample", str(saved_small),
+                           "--length", "25", "--prompt", "import "], capture_output=True, text=True,
+                          timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.startswith("import ") and len(done.stdout) == len("import ") + 25 + 1
+    # the same text generate() gives in this process from the same parameters and seed
+    exe = rg.Executor()
+    for name, value in rg.read_params(saved_small).items():
+        exe.scope.set(name, value)
+    cfg = train.ModelConfig(hidden=32, embed=16)
+    assert done.stdout == train.generate(exe, cfg, "import ", 25, 0.8, 0) + "\n"
+
+
+def test_sample_of_files_that_are_not_models(tmp_path):
+    text = tmp_path / "notes.npz"
+    text.write_text("not an archive")
+    other = tmp_path / "other.npz"
+    np.savez(other, w=np.ones(3, np.float32))
+    for path, fragment in [(text, "is not a readable parameter file"),
+                           (other, "is not a model saved by `retrograd train`"),
+                           (tmp_path / "missing.npz", "does not exist")]:
+        done = subprocess.run([sys.executable, "-m", "retrograd", "sample", str(path)],
+                              capture_output=True, text=True, timeout=120)
+        line = _one_line_error(done, str(path), fragment)
+        assert "pickle" not in line
+
+
+def test_config_is_read_from_the_parameter_names():
+    params = {"embed.w": np.zeros((96, 8)), "gru0.w_hh": np.zeros((5, 15)), "gru1.w_hh": np.zeros((5, 15))}
+    assert train_config(params) == train.ModelConfig(model="gru", hidden=5, layers=2, embed=8)
+
+
+def train_config(params):
+    from retrograd.charlm import config_from_params
+    return config_from_params(params, "f.npz")
+
+
+def test_loss_curve_is_drawn_from_the_losses():
+    from retrograd.termplot import loss_curve
+    text = loss_curve([4.0, 3.0, 2.0, 1.0], {2: 4.0}, first_step=1, width=4, height=4)
+    assert text.splitlines()[:6] == [
+        "  4.000 |*o",
+        "        | *",
+        "        |  *",
+        "  1.000 |   *",
+        "        +----",
+        "         step 1 4"]
+    # held-out points land on their step's column; long runs are averaged per column
+    text = loss_curve([5.0] * 50 + [1.0] * 50, {100: 3.0}, width=10, height=3)
+    assert text.splitlines()[:3] == ["  5.000 |*****", "        |         o", "  1.000 |     *****"]
