@@ -18,7 +18,7 @@ and the same code runs in one process. Importing this package does not start
 MPI; the first ``rank()``, ``world_size()`` or collective does.
 """
 from ..errors import FeedError
-from .comm import abort, launcher_size
+from .comm import abort_all_ranks, launcher_size
 from .comm import world as _world
 from .data_parallel import DataParallel, average_gradients, broadcast_initial_values
 from .ops import all_reduce, broadcast
@@ -70,4 +70,4 @@ def shard(array, axis: int = 0):
 
 
 __all__ = ["rank", "world_size", "DataParallel", "all_reduce", "broadcast", "average_gradients",
-           "broadcast_initial_values", "shard", "abort", "launcher_size"]
+           "broadcast_initial_values", "shard", "abort_all_ranks", "launcher_size"]

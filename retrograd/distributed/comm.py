@@ -46,9 +46,6 @@ class LocalComm:
         """Every rank's ``value``, in rank order."""
         return [value]
 
-    def abort(self, code: int = 1) -> None:
-        sys.exit(code)
-
 
 class MPIComm:
     """mpi4py's ``COMM_WORLD`` with the three collectives retrograd uses, on host NumPy buffers."""
@@ -121,13 +118,19 @@ def _with_abort_on_error(comm: MPIComm) -> MPIComm:
     return comm
 
 
-def abort(code: int = 1) -> None:
-    """Stop every rank with exit status ``code`` (``MPI_Abort``); in one process, ``sys.exit(code)``.
+def abort_all_ranks(code: int = 1) -> None:
+    """When this process is one of several ranks, stop them all now (``MPI_Abort``) with ``code``;
+    in a single process, return (the caller ends as usual).
+
+    For a program that reports its own errors: ranks still waiting in a
+    collective for this one would otherwise hang.
 
     Example::
 
-        except RetrogradError as exc:
+        except rg.RetrogradError as exc:
             print(exc, file=sys.stderr)
-            rg.distributed.abort(2)
+            rg.distributed.abort_all_ranks(2)
+            return 2
     """
-    world().abort(code)
+    if _world is not None and _world.size > 1:
+        _world.abort(code)

@@ -1,0 +1,236 @@
+"""Data parallelism over MPI: AllReduce cost against gradient bytes, and training speed at 1 and 2 ranks.
+
+Two measurements, each in fresh processes started from here:
+
+* ``allreduce``: on 2 ranks (``mpiexec -n 2``), the time of one ``AllReduce``
+  op (mean) over 8 float32 gradients of a given total size, timed around its
+  kernel (fusing copy, MPI call, division, unpacking), beside a bare
+  ``mpi4py`` ``Allreduce(IN_PLACE)`` of one buffer of the same size; median of
+  many repetitions.
+* ``train``: the default ``retrograd train`` model (lstm 1 x 128, embed 64,
+  global batch 32 x 64 characters, Adam 3e-3 with clipping at 5, float32) with
+  ``rg.distributed.DataParallel``, 1 rank (plain ``python``, no MPI) and 2 ranks
+  (``mpiexec -n 2``, each rank fed 16 of the 32 windows), one BLAS thread per
+  rank; rounds alternate 1, 2, 1, 2, ... so both see the same background
+  load. Reported: characters per second of the global batch, and the share
+  of a step the ``AllReduce`` op takes on 2 ranks (timed inside the op, so it
+  includes waiting for the slower rank).
+
+    python benchmarks/distributed.py                  # ~2 minutes
+    python benchmarks/distributed.py --write          # also replace the section in RESULTS.md
+
+Targets (issue #15): 2 ranks >= 1.7x one rank's characters per second; the
+allreduce < 5% of a step.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import re
+import statistics
+import subprocess
+import sys
+import time
+from dataclasses import replace
+from pathlib import Path
+
+for _var in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
+    os.environ[_var] = "1"
+
+import numpy as np  # noqa: E402
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+import retrograd as rg  # noqa: E402
+from retrograd.ops.registry import OPS  # noqa: E402
+
+RESULTS = ROOT / "benchmarks" / "RESULTS.md"
+SECTION = "## Data parallelism (MPI)"
+SIZES_KB = (4, 64, 459, 1024, 4096, 16384)     # 459 KB: the default model's gradients
+SEQ_LEN, BATCH = 64, 32
+
+
+# --- workers (run on the ranks) --------------------------------------------------------------
+
+def worker_allreduce(reps: int) -> dict:
+    """Median seconds of the AllReduce op (timed inside the run) and of a bare Allreduce, per size."""
+    from mpi4py import MPI
+    comm = MPI.COMM_WORLD
+    spent = _time_all_reduce_ops()
+    rows = []
+    for kb in SIZES_KB:
+        count = kb * 1024 // 4
+        shapes = [(count // 8,)] * 7 + [(count - 7 * (count // 8),)]
+        main, startup = rg.Program(), rg.Program()
+        with rg.program_guard(main, startup):
+            grads = [rg.data(f"g{i}", list(s)) for i, s in enumerate(shapes)]
+            means = rg.distributed.all_reduce(grads, "mean")
+        feed = {g.name: np.ones(s, np.float32) for g, s in zip(grads, shapes)}
+        exe = rg.Executor()
+        spent.clear()
+        for _ in range(reps):
+            comm.Barrier()
+            exe.run(main, feed=feed, fetch_list=means)
+        buffer = np.ones(count, np.float32)
+        bare = []
+        for _ in range(reps):
+            comm.Barrier()
+            started = time.perf_counter()
+            comm.Allreduce(MPI.IN_PLACE, buffer, op=MPI.SUM)
+            bare.append(time.perf_counter() - started)
+        rows.append({"kb": kb, "op_ms": 1e3 * statistics.median(spent),
+                     "mpi_ms": 1e3 * statistics.median(bare)})
+    return {"rows": rows}
+
+
+def worker_train(steps: int, warmup: int) -> dict:
+    """Characters per second of the global batch, and the time spent in the AllReduce op."""
+    from retrograd.charlm import ModelConfig, batch_at, build_net, load_corpus
+    spent = _time_all_reduce_ops()
+    rank, size = rg.distributed.rank(), rg.distributed.world_size()
+    main, startup = rg.Program(random_seed=0), rg.Program(random_seed=0)
+    with rg.program_guard(main, startup):
+        net = build_net(ModelConfig(), SEQ_LEN, with_states=False)
+        targets = rg.data("next_chars", [SEQ_LEN, -1], dtype="int64")
+        loss = rg.mean(rg.softmax_cross_entropy(net.logits, rg.reshape(targets, [-1])))
+        params_grads = rg.distributed.DataParallel(rg.optim.Adam(3e-3, clip_norm=5.0)).minimize(loss)
+    grad_bytes = sum(int(np.prod(g.shape)) * 4 for _, g in params_grads)
+    corpus, _ = load_corpus()
+    exe = rg.Executor(threads=1)
+    exe.run(startup)
+
+    def step(i: int) -> float:
+        xs, ys = batch_at(corpus, i, SEQ_LEN, BATCH, 0)
+        feed = {"chars": rg.distributed.shard(xs, axis=1), "next_chars": rg.distributed.shard(ys, axis=1)}
+        return float(exe.run(main, feed=feed, fetch_list=[loss])[0])
+
+    for i in range(warmup):
+        step(i)
+    spent.clear()
+    started = time.perf_counter()
+    for i in range(warmup, warmup + steps):
+        step(i)
+    wall = time.perf_counter() - started
+    return {"ranks": size, "rank": rank, "chars_per_s": SEQ_LEN * BATCH * steps / wall,
+            "step_ms": 1e3 * wall / steps, "allreduce_ms": 1e3 * sum(spent) / steps,
+            "grad_bytes": grad_bytes, "peak_bytes": exe.last_stats.peak_bytes}
+
+
+def _time_all_reduce_ops() -> list[float]:
+    """Make every AllReduce op record its duration (instrumentation for this benchmark only)."""
+    spent: list[float] = []
+    kernel = OPS["AllReduce"].kernel
+
+    def timed(k, *xs):
+        started = time.perf_counter()
+        out = kernel(k, *xs)
+        spent.append(time.perf_counter() - started)
+        return out
+    OPS["AllReduce"] = replace(OPS["AllReduce"], kernel=timed)
+    return spent
+
+
+# --- the driver --------------------------------------------------------------------------------
+
+def launch(ranks: int, worker_args: list[str]) -> list[dict]:
+    """Run this file as a worker on ``ranks`` processes (plain python for 1); every rank's result."""
+    me = [sys.executable, str(Path(__file__).resolve()), "--worker", *worker_args]
+    command = me if ranks == 1 else ["mpiexec", "-n", str(ranks), *me]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=900, check=False)
+    if done.returncode != 0:
+        raise SystemExit(f"{' '.join(command)} failed:\n{done.stdout}\n{done.stderr}")
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def measure(args) -> dict:
+    sweep = launch(2, ["allreduce", "--reps", str(args.reps)])
+    rows = {r: [] for r in (1, 2)}
+    for _ in range(args.rounds):
+        for ranks in (1, 2):
+            results = launch(ranks, ["train", "--steps", str(args.steps), "--warmup", str(args.warmup)])
+            rows[ranks].append(results)
+    return {"sweep": sweep[0]["rows"], "train": rows,
+            "load": os.getloadavg()}
+
+
+def report(data: dict, args) -> str:
+    one = [r[0]["chars_per_s"] for r in data["train"][1]]
+    two = [next(x for x in r if x["rank"] == 0)["chars_per_s"] for r in data["train"][2]]
+    ratios = [b / a for a, b in zip(one, two)]
+    share = [statistics.mean(x["allreduce_ms"] / x["step_ms"] for x in r) for r in data["train"][2]]
+    ar_ms = [statistics.mean(x["allreduce_ms"] for x in r) for r in data["train"][2]]
+    step2 = [r[0]["step_ms"] for r in data["train"][2]]
+    step1 = [r[0]["step_ms"] for r in data["train"][1]]
+    grad_kb = data["train"][1][0][0]["grad_bytes"] / 1024
+    load = ", ".join(f"{x:.1f}" for x in data["load"])
+    lines = [SECTION, "",
+             f"Command: `python benchmarks/distributed.py --rounds {args.rounds} --steps {args.steps}"
+             f"{' --write' if args.write else ''}`  ",
+             f"Machine: {platform.processor() or platform.machine()}, {os.cpu_count()} cores shared with "
+             f"other jobs (load average {load} at the end); Python {platform.python_version()}, "
+             f"NumPy {np.__version__}, MPICH through mpi4py, one BLAS thread per rank.", "",
+             "**AllReduce against gradient bytes** (2 ranks, 8 float32 gradients fused into one buffer; "
+             "median of "
+             f"{args.reps}):", "",
+             "| gradient bytes | AllReduce op ms | bare MPI Allreduce ms | op GB/s |",
+             "|--:|--:|--:|--:|"]
+    for row in data["sweep"]:
+        rate = row["kb"] * 1024 / (row["op_ms"] * 1e-3) / 1e9
+        lines.append(f"| {row['kb']:,} KB | {row['op_ms']:.3f} | {row['mpi_ms']:.3f} | {rate:.2f} |")
+    lines += ["", f"**Training** the default `retrograd train` model (gradients: {grad_kb:.0f} KB), global "
+              f"batch {BATCH} x {SEQ_LEN} characters, {args.steps} timed steps after {args.warmup} warm-up "
+              f"steps per run, {args.rounds} alternating rounds (median shown, every round listed):", "",
+              "| ranks | chars/s (median) | ms/step | AllReduce ms/step | AllReduce share of a step | rounds (chars/s) |",
+              "|--:|--:|--:|--:|--:|:--|",
+              f"| 1 | {statistics.median(one):,.0f} | {statistics.median(step1):.1f} | - | - | "
+              f"{', '.join(f'{x:,.0f}' for x in one)} |",
+              f"| 2 | {statistics.median(two):,.0f} | {statistics.median(step2):.1f} | "
+              f"{statistics.median(ar_ms):.2f} | {100 * statistics.median(share):.1f}% | "
+              f"{', '.join(f'{x:,.0f}' for x in two)} |", "",
+              f"**2 ranks / 1 rank = {statistics.median(ratios):.2f}x** (median of the per-round ratios "
+              f"{', '.join(f'{x:.2f}' for x in ratios)}; target >= 1.7x). AllReduce: "
+              f"{100 * statistics.median(share):.1f}% of a step (target < 5%)."]
+    return "\n".join(lines) + "\n"
+
+
+def write_section(text: str) -> None:
+    """Replace (or append) this benchmark's section of RESULTS.md, leaving the others alone."""
+    current = RESULTS.read_text(encoding="utf-8") if RESULTS.exists() else "# Benchmark results\n"
+    pattern = re.compile(rf"^{re.escape(SECTION)}\n.*?(?=^## |\Z)", re.S | re.M)
+    if pattern.search(current):
+        updated = pattern.sub(lambda _: text + "\n", current)
+    else:
+        updated = current.rstrip("\n") + "\n\n" + text
+    RESULTS.write_text(updated, encoding="utf-8")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--worker", choices=("allreduce", "train"), help=argparse.SUPPRESS)
+    parser.add_argument("--rounds", type=int, default=4)
+    parser.add_argument("--steps", type=int, default=20)
+    parser.add_argument("--warmup", type=int, default=3)
+    parser.add_argument("--reps", type=int, default=50)
+    parser.add_argument("--write", action="store_true", help="replace the section in benchmarks/RESULTS.md")
+    args = parser.parse_args()
+    if args.worker:
+        result = worker_allreduce(args.reps) if args.worker == "allreduce" else \
+            worker_train(args.steps, args.warmup)
+        everyone = [result]
+        if rg.distributed.world_size() > 1:
+            from mpi4py import MPI
+            everyone = MPI.COMM_WORLD.gather(result)
+        if rg.distributed.rank() == 0:
+            sys.stdout.write(json.dumps(everyone) + "\n")       # one line: rank 0 speaks for all
+        return
+    text = report(measure(args), args)
+    print(text)
+    if args.write:
+        write_section(text)
+
+
+if __name__ == "__main__":
+    main()
