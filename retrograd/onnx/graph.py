@@ -220,23 +220,34 @@ class OpContext:
         raise BackendError(f"{self.op.where()} cannot be exported to ONNX: {reason}")
 
     # -- sub-blocks -----------------------------------------------------------------------------
-    def child(self) -> Graph:
-        """A new graph for a control-flow body (value names shared with the model)."""
-        return Graph(self.graph.names, self.graph.opset)
+    def child(self) -> "OpContext":
+        """The same op's context emitting into a new, empty graph (an If branch, a Loop body);
+        values of the enclosing graphs stay readable by name."""
+        return OpContext(Graph(self.graph.names, self.graph.opset), self.op, self.ins, self.env)
 
-    def child_env(self, binds: dict[str, str]) -> Env:
-        """An env for a sub-block of this op: ``binds`` (inner name -> ONNX value), then the op's env."""
-        return Env(self.env, binds)
+    def input(self, hint: str, dtype: str, shape: Sequence | None = None) -> str:
+        """A formal input of this context's graph (a Loop body's iteration count, carries)."""
+        return self.graph.input(hint, dtype, shape)
 
-    def subgraph(self, block: Block, binds: dict[str, str], fetch: Sequence[str],
-                 dtypes: Sequence[str]) -> onnx.GraphProto:
-        """``block`` lowered into a graph without formal inputs (an ``If`` branch): its bound
-        names take the ONNX values ``binds``; its outputs are ``fetch`` (with ``dtypes``)."""
-        sub = self.child()
-        env = self.child_env(binds)
+    def lower(self, block: Block, binds: dict[str, str], fetch: Sequence[str]) -> list[str]:
+        """Lower the ops of ``block`` that ``fetch`` needs into this context's graph, its bound
+        names taking the ONNX values ``binds`` (other names resolve in the op's env); return
+        the ONNX values of ``fetch``."""
         check_no_persistable_writes(block)
-        values = sub.lower_block(block, env, fetch)
-        return sub.proto(f"block{block.idx}", list(zip(values, dtypes)))
+        return self.graph.lower_block(block, Env(self.env, binds), fetch)
+
+    def finish(self, name: str, outputs: Sequence[tuple]) -> onnx.GraphProto:
+        """This (child) context's graph with ``outputs``: ``(ONNX value, Var)`` pairs (the Var
+        gives dtype and shape) or ``(ONNX value, dtype, shape)`` triples."""
+        typed = [(item[0], item[1].dtype, var_shape(item[1])) if isinstance(item[1], Var) else tuple(item)
+                 for item in outputs]
+        return self.graph.proto(name, [(value, dtype) for value, dtype, _ in typed],
+                                shapes=[shape for _, _, shape in typed])
+
+    def nodes(self, op_type: str, inputs: Sequence[str], n_out: int, **attrs) -> list[str]:
+        """``node`` that always returns a list of ``n_out`` names."""
+        out = self.node(op_type, inputs, n_out, **attrs)
+        return [out] if n_out == 1 else list(out)
 
 
 def check_no_persistable_writes(block: Block) -> None:

@@ -153,3 +153,21 @@ def _save_call_values(op: Op, b: int, names: Sequence[str]) -> dict[str, Var]:
     op.attrs["outs"] = outs
     op.block.program.bump()
     return found
+
+
+def lower_call(g, b: int, operands: Sequence[str]) -> list[str]:
+    """ONNX values of the outputs of block ``b`` of an If/Do (see the layout above), lowered into
+    ``g``'s graph: the block's values, zeros shaped like an operand, or empty stand-ins."""
+    attrs = g.attrs
+    binds = {name: value for name, value in zip(attrs["binds"][b], operands) if name is not None}
+    specs = attrs["outs"][b]
+    fetched = iter(g.lower(attrs["blocks"][b], binds, [s for s in specs if isinstance(s, str)]))
+    values = []
+    for var, spec in zip(g.out_vars, specs):
+        if isinstance(spec, str):
+            values.append(next(fetched))
+        elif spec is None:
+            values.append(g.fill(g.const([0] * var.ndim, "int64"), 0, var.dtype))
+        else:
+            values.append(g.fill(g.shape(operands[spec]), 0, var.dtype))
+    return values

@@ -6,8 +6,9 @@ from typing import Callable
 from ..errors import ProgramError, ShapeError
 from ..ir.builder import block_guard, current_block
 from ..ir.program import Block, Var
-from .calls import call_grad, call_rule, run_call
+from .calls import call_grad, call_rule, lower_call, run_call
 from .registry import GradCtx, append_op, defop
+from .lowering import lowers
 from .subblocks import as_vars, check_predicate, names_of, outer_reads, shapes_compatible, truth, unique
 
 
@@ -28,6 +29,18 @@ def _if_grad(g: GradCtx) -> list:
 def _if(k, pred, *operands):
     """Run blocks[0] when ``pred`` holds, else blocks[1]; outputs come from the block that ran."""
     return run_call(k, 0 if truth(k.xp, pred) else 1, operands)
+
+
+@lowers("If")
+def _if_onnx(g):
+    """ONNX If: each branch a graph reading the operands (and outer values) by name."""
+    branches = []
+    for b in (0, 1):
+        body = g.child()
+        values = lower_call(body, b, g.ins[1:])
+        branches.append(body.finish(f"{g.op.outputs[0] if g.op.outputs else 'if'}.branch{b}",
+                                    list(zip(values, g.out_vars))))
+    return g.nodes("If", [g.ins[0]], len(g.out_vars), then_branch=branches[0], else_branch=branches[1])
 
 
 def _check_branches(block: Block, then: list[Var], other: list[Var]) -> None:

@@ -6,8 +6,9 @@ from typing import Callable
 from ..errors import ProgramError
 from ..ir.builder import block_guard, current_block
 from ..ir.program import Var
-from .calls import call_grad, call_rule, run_call
+from .calls import call_grad, call_rule, lower_call, run_call
 from .registry import GradCtx, append_op, defop
+from .lowering import lowers
 from .subblocks import as_vars, bound_var, outer_reads
 
 
@@ -20,6 +21,12 @@ def _do_grad(g: GradCtx) -> list:
 def _do(k, *operands):
     """Run blocks[0] in a fresh scope, its bound names taking the operands' values."""
     return run_call(k, 0, operands)
+
+
+@lowers("Do")
+def _do_onnx(g):
+    """Inlined: the block's ops go straight into the enclosing graph, operands bound by name."""
+    return lower_call(g, 0, g.ins)
 
 
 def do(fn: Callable[..., Var | tuple], *inputs: Var):

@@ -35,8 +35,14 @@ read, e.g. an unused mask). ``g`` is a per-op context
 * ``g.cast(name, dtype)``, ``g.shape(name)`` (int64 1-D), ``g.dim(name, axis)``
   (int64 1-element), ``g.scalar_dim(name, axis)`` (int64 scalar), ``g.ndim(i)``.
 * ``g.onnx_dtype(dtype)``: the ``TensorProto`` enum of a retrograd dtype.
-* ``g.subgraph(block, inputs, outputs, ...)``: lower a sub-block into an
-  ``onnx.GraphProto`` (for ``If``/``Loop`` bodies); see its docstring.
+* Control flow (``If``/``Loop`` bodies): ``g.child()`` is the same context
+  emitting into a new empty graph; on it, ``input(hint, dtype, shape)`` adds
+  a formal input, ``lower(block, binds, fetch)`` lowers the ops of a
+  sub-block that ``fetch`` needs (``binds``: bound name -> ONNX value; other
+  names resolve in the enclosing graphs) and returns the fetched values,
+  and ``finish(name, [(value, Var), ...])`` returns the ``onnx.GraphProto``.
+  ``g.lower(...)`` on the op's own context inlines a block (``Do``).
+  ``g.nodes(...)`` is ``g.node`` always returning a list.
 * ``g.fail(reason)``: raise ``rg.BackendError`` naming the op and its block;
   call it for an attribute value the lowering cannot express. A program with
   an op that has no lowering fails the same way, before anything is written.

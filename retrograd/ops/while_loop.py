@@ -31,6 +31,7 @@ from . import streams
 from .loop_grad import LoopView, loop_grad
 from .loop_stacks import Kept
 from .registry import GradCtx, append_op, defop
+from .lowering import lowers
 from .subblocks import (as_outputs, as_vars, bound_var, check_bound, check_predicate, full_flags,
                         live_indices, merge_shapes, names_of, or_stand_ins, outer_reads, shapes_compatible,
                         truth, unique)
@@ -135,6 +136,37 @@ def _while(k, *arrays):
     return tuple(carries) + (xp.asarray(iters, dtype=backend.dtype_of(xp, "int64")),) + tuple(stacks)
 
 
+@lowers("While")
+def _while_onnx(g):
+    """A Loop with no trip limit: the condition on the initial loop vars decides the first
+    iteration, the body ends by evaluating it on the new ones; a carried counter gives ``iters``.
+    ``max_iters`` is not checked (ONNX cannot raise): a loop runs until its condition fails."""
+    a = g.attrs
+    if _budgeted(a):
+        g.fail("a loop with recompute=<bytes> has no ONNX form; build it without recompute= to export")
+    n = len(a["carry_binds"])
+    carry_vars = g.out_vars[:n]
+    first, = g.lower(a["cond"], dict(zip(a["cond_binds"], g.ins[:n])), [a["cond_out"]])
+    body = g.child()
+    body.input("iter", "int64", [])
+    body.input("cond", "bool", [])
+    carries = [body.input(name, var.dtype, None) for name, var in zip(a["carry_binds"], carry_vars)]
+    count = body.input("iters", "int64", [])
+    values = body.lower(a["body"], dict(zip(a["carry_binds"], carries)), list(a["body_outs"]) + list(a["ys"]))
+    new, kept = values[:n], values[n:]
+    flag, = body.lower(a["cond"], dict(zip(a["cond_binds"], new)), [a["cond_out"]])
+    outputs = ([(_scalar_onnx(body, flag), "bool", [])] + list(zip(new, carry_vars))
+               + [(body.node("Add", [count, body.const(1, "int64")]), "int64", [])]
+               + [(value, a["body"].var(name)) for value, name in zip(kept, a["ys"])])
+    graph = body.finish(f"{g.op.outputs[0]}.body", outputs)
+    return g.nodes("Loop", ["", _scalar_onnx(g, first), *g.ins[:n], g.const(0, "int64")], len(outputs) - 1,
+                   body=graph)
+
+
+def _scalar_onnx(g, value: str) -> str:
+    return g.node("Reshape", [value, g.const([], "int64")])
+
+
 def _check_stable(op: Op, inits: Sequence, carries: Sequence) -> None:
     for j, (init, new) in enumerate(zip(inits, carries)):
         if tuple(init.shape) != tuple(new.shape):
@@ -176,6 +208,37 @@ def _scan(k, count, *arrays):
     computed = dict(zip(stacked, kept.stacks(reverse=attrs["reverse"])))
     computed.update(shaped)
     return as_outputs(list(carries) + or_stand_ins(k, c, len(likes), computed))
+
+
+@lowers("Scan")
+def _scan_onnx(g):
+    """A Loop of n iterations binding xs[j][i] (i = n-1-iteration when reversed); stacks come
+    out in loop order, so a reversed Scan flips them back to index order."""
+    a = g.attrs
+    c, s = len(a["carry_binds"]), len(a["x_binds"])
+    count = _scalar_onnx(g, g.cast(g.ins[0], "int64"))
+    body = g.child()
+    i = body.input("iter", "int64", [])
+    cond = body.input("cond", "bool", [])
+    carries = [body.input(name, var.dtype, None) for name, var in zip(a["carry_binds"], g.out_vars[:c])]
+    index = body.node("Sub", [body.node("Sub", [count, body.const(1, "int64")]), i]) if a["reverse"] else i
+    slices = [body.node("Gather", [x, index], axis=0) for x in g.ins[1 + c:1 + c + s]]
+    binds = {**dict(zip(a["carry_binds"], carries)), **dict(zip(a["x_binds"], slices))}
+    values = body.lower(a["body"], binds, list(a["body_outs"]) + list(a["ys"]))
+    outputs = ([(cond, "bool", [])] + list(zip(values[:c], g.out_vars[:c]))
+               + [(value, a["body"].var(name)) for value, name in zip(values[c:], a["ys"])])
+    outs = g.nodes("Loop", [count, "", *g.ins[1:1 + c]], len(outputs) - 1,
+                   body=body.finish(f"{g.op.outputs[0] if g.op.outputs else 'scan'}.body", outputs))
+    stacks = outs[c:]
+    if a["reverse"]:
+        stacks = [g.node("Slice", [v, g.const([-1], "int64"), g.const([-(1 << 62)], "int64"),
+                                   g.const([0], "int64"), g.const([-1], "int64")]) for v in stacks]
+    for j, like in enumerate(a["ys_like"]):
+        if like is not None:     # shaped like that input: the stack zero-padded to its run-time shape
+            rank = g.in_vars[like].ndim
+            tail = g.node("Sub", [g.shape(g.ins[like]), g.shape(stacks[j])])
+            stacks[j] = g.node("Pad", [stacks[j], g.node("Concat", [g.const([0] * rank, "int64"), tail], axis=0)])
+    return outs[:c] + stacks
 
 
 def _loop_vars(loop_vars) -> tuple[list[Var], type | None]:
