@@ -9,7 +9,9 @@
   dtypes, and only then touches the scope: a bad file changes nothing.
 
 The file is a plain ``.npz``: one array per persistable, keyed by its name,
-so ``np.load(path)`` reads it too.
+so ``np.load(path)`` reads it too. Files are the same on every backend: values
+are copied to the host to save, and ``scope.set`` moves loaded values onto the
+scope's backend (save on torch or CUDA, load on NumPy, and back).
 
 Example::
 
@@ -21,15 +23,22 @@ Example::
 """
 from __future__ import annotations
 
+import lzma
+import math
 import os
 import tempfile
+import time
+import tokenize
 import zipfile
+import zlib
 from pathlib import Path
+from typing import Callable
 
 import numpy as np
 
-from .backend import to_numpy
+from .backends import dtype_name, to_numpy
 from .errors import FeedError
+from .ir.dtypes import DTYPES
 from .ir.program import Program, Var
 from .runtime.scope import Scope
 
@@ -68,15 +77,32 @@ def save_params(scope: Scope, path: str | os.PathLike, program: Program) -> Path
                              f"{_names(missing)} (run the startup program first)")
     if not arrays:
         raise ParamFileError(f"cannot save to {path}: the program has no persistable variables")
+    for name, array in arrays.items():
+        if not isinstance(array, np.ndarray) or array.dtype.hasobject or array.dtype.name not in DTYPES:
+            raise ParamFileError(f"cannot save '{name}' to {path}: its value is "
+                                 f"{getattr(array, 'dtype', type(array).__name__)}; parameter files hold "
+                                 f"arrays of {', '.join(DTYPES)} (never pickled objects)")
+    if path.is_dir():
+        raise ParamFileError(f"cannot save to {path}: it is a directory")
     if not path.parent.is_dir():
         raise ParamFileError(f"cannot save to {path}: directory {path.parent} does not exist")
-    _atomic_write(path, arrays)
+    try:
+        _remove_stale_temps(path)
+        _atomic_write(path, arrays)
+    except OSError as exc:
+        raise ParamFileError(f"cannot save to {path}: {exc.strerror or exc}") from None
     return path
+
+
+# Temporary files are named ``.<file>.<pid>.<random>.tmp``. A save killed midway (SIGKILL,
+# power loss) cannot remove its own; the next save in that directory removes those whose
+# process is gone, or that are older than an hour (a process id may have been reused).
+_STALE_AFTER_S = 3600.0
 
 
 def _atomic_write(path: Path, arrays: dict[str, np.ndarray]) -> None:
     """Write to a temporary file in ``path``'s directory, sync it, then rename it over ``path``."""
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.{os.getpid()}.", suffix=".tmp", dir=path.parent)
     try:
         with os.fdopen(fd, "wb") as file:
             _write_npz(file, arrays)
@@ -89,8 +115,38 @@ def _atomic_write(path: Path, arrays: dict[str, np.ndarray]) -> None:
         raise
 
 
+def _remove_stale_temps(path: Path) -> None:
+    prefix = f".{path.name}."
+    for entry in path.parent.iterdir():
+        name = entry.name
+        if not (name.startswith(prefix) and name.endswith(".tmp")):
+            continue
+        pid = name[len(prefix):].split(".", 1)[0]
+        try:
+            stale = not (pid.isdigit() and _process_alive(int(pid))) \
+                or time.time() - entry.stat().st_mtime > _STALE_AFTER_S
+            if stale:
+                entry.unlink()
+        except OSError:
+            continue     # removed meanwhile, or not ours to remove: leave it
+
+
+def _process_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except (PermissionError, OverflowError, ValueError):
+        return True      # exists but belongs to someone else (or cannot be asked): keep its file
+    return True
+
+
 def _write_npz(file, arrays: dict[str, np.ndarray]) -> None:
-    np.savez(file, **arrays)
+    """What ``np.savez`` writes, but never pickling (and names such as 'file' are fine)."""
+    with zipfile.ZipFile(file, "w", zipfile.ZIP_STORED, allowZip64=True) as archive:
+        for name, array in arrays.items():
+            with archive.open(name + ".npy", "w", force_zip64=True) as member:
+                np.lib.format.write_array(member, np.asanyarray(array), allow_pickle=False)
 
 
 def read_params(path: str | os.PathLike) -> dict[str, np.ndarray]:
@@ -101,19 +157,94 @@ def read_params(path: str | os.PathLike) -> dict[str, np.ndarray]:
         for name, value in rg.read_params("ckpt.npz").items():
             print(name, value.shape, value.dtype)
     """
-    path = Path(path)
+    return _read_npz(Path(path), lambda name, shape, dtype: None, {})
+
+
+# What a member may declare is checked before its data is read: ``check(name, shape,
+# dtype)`` returns a complaint or None (then the member is skipped and the complaint
+# kept); sizes come from the data actually present, never from a header alone.
+_Check = Callable[[str, tuple, np.dtype], "str | None"]
+_CHUNK = 1 << 20
+# Everything a damaged or hostile archive makes zipfile, zlib, bz2 or lzma raise:
+# BadZipFile (bad CRC, directory), zlib.error, lzma's LZMAError, OSError (bz2, disk),
+# EOFError (truncated stream), NotImplementedError (unknown compression method),
+# RuntimeError (an encrypted member), ValueError, SyntaxError and tokenize's TokenError
+# (a .npy header numpy cannot parse; it is read with ast.literal_eval, never eval).
+_ARCHIVE_ERRORS = (zipfile.BadZipFile, zipfile.LargeZipFile, zlib.error, lzma.LZMAError, OSError,
+                   EOFError, NotImplementedError, RuntimeError, ValueError, SyntaxError,
+                   tokenize.TokenError)
+
+
+def _read_npz(path: Path, check: _Check, misfits: dict[str, str]) -> dict[str, np.ndarray]:
+    if path.is_dir():
+        raise ParamFileError(f"parameter file {path} is a directory")
     if not path.is_file():
         raise ParamFileError(f"parameter file {path} does not exist")
     try:
-        loaded = np.load(path, allow_pickle=False)
-        if not isinstance(loaded, np.lib.npyio.NpzFile):  # a .npy file holds one bare array
-            raise ParamFileError(f"{path} holds a single array (.npy), not a parameter file (.npz)")
-        with loaded:
-            arrays = {name: loaded[name] for name in loaded.files}
-    except (zipfile.BadZipFile, ValueError, OSError, EOFError, KeyError) as exc:
-        raise ParamFileError(f"{path} is not a readable parameter file (.npz): "
-                             f"{type(exc).__name__}: {exc}") from None
-    return arrays
+        if not zipfile.is_zipfile(path):
+            with open(path, "rb") as file:
+                single = file.read(6) == b"\x93NUMPY"
+            raise (ParamFileError(f"{path} holds a single array (.npy), not a parameter file (.npz)")
+                   if single else _unreadable(path, "not a zip archive"))
+        arrays: dict[str, np.ndarray] = {}
+        with zipfile.ZipFile(path) as archive:
+            for info in archive.infolist():
+                name = _member_name(info, path, arrays.keys() | misfits.keys())
+                with archive.open(info) as member:
+                    array = _read_member(member, info.file_size, name, check, path, misfits)
+                if array is not None:
+                    arrays[name] = array
+        return arrays
+    except _ARCHIVE_ERRORS as exc:
+        raise _unreadable(path, f"{type(exc).__name__}: {exc}") from None
+
+
+def _member_name(info: zipfile.ZipInfo, path: Path, seen) -> str:
+    if info.is_dir() or not info.filename.endswith(".npy"):
+        raise _unreadable(path, f"it holds '{info.filename}', which is not an array (.npy); "
+                                "a parameter file holds one .npy member per value")
+    name = info.filename[:-len(".npy")]
+    if name in seen:
+        raise _unreadable(path, f"it holds '{name}' twice")
+    return name
+
+
+def _read_member(member, size: int, name: str, check: _Check, path: Path,
+                 misfits: dict[str, str]) -> np.ndarray | None:
+    """One .npy member: header first (dtype, shape checked), then exactly the data it declares;
+    None (and the complaint in ``misfits``) when the header does not pass ``check``."""
+    version = np.lib.format.read_magic(member)
+    if version not in ((1, 0), (2, 0)):
+        raise _unreadable(path, f"'{name}' is a .npy file of version {version}, "
+                                "which retrograd does not read")
+    read_header = (np.lib.format.read_array_header_1_0 if version == (1, 0)
+                   else np.lib.format.read_array_header_2_0)
+    shape, fortran, dtype = read_header(member)
+    if dtype.hasobject or dtype.name not in DTYPES:
+        raise _unreadable(path, f"'{name}' has dtype {dtype}; parameter files hold "
+                                f"{', '.join(DTYPES)} (objects are never unpickled)")
+    problem = check(name, shape, dtype)
+    if problem:
+        misfits[name] = problem
+        return None
+    nbytes = math.prod(shape) * dtype.itemsize
+    if nbytes > size:
+        raise _unreadable(path, f"'{name}' declares shape {list(shape)} ({nbytes} bytes), "
+                                f"more than the {size} bytes it holds")
+    data = bytearray()
+    while len(data) < nbytes:     # grows with the data present, not with what the header claims
+        chunk = member.read(min(_CHUNK, nbytes - len(data)))
+        if not chunk:
+            raise _unreadable(path, f"'{name}' is truncated ({len(data)} of {nbytes} bytes)")
+        data += chunk
+    if member.read(1):            # also makes zipfile check the member's CRC
+        raise _unreadable(path, f"'{name}' holds more data than its shape {list(shape)}")
+    array = np.frombuffer(data, dtype=dtype).reshape(shape, order="F" if fortran else "C")
+    return array.astype(dtype.newbyteorder("="), order="C", copy=False)
+
+
+def _unreadable(path: Path, why: str) -> ParamFileError:
+    return ParamFileError(f"{path} is not a readable parameter file (.npz): {why}")
 
 
 def load_params(scope: Scope, path: str | os.PathLike, program: Program | None = None, *,
@@ -132,8 +263,9 @@ def load_params(scope: Scope, path: str | os.PathLike, program: Program | None =
         exe.run(startup)
         rg.load_params(exe.scope, "ckpt.npz", main)
     """
-    arrays = read_params(path)
-    problems = _mismatches(arrays, scope, program, strict)
+    misfits: dict[str, str] = {}
+    arrays = _read_npz(Path(path), _header_check(scope, program), misfits)
+    problems = _mismatches(arrays, misfits, scope, program, strict)
     if problems:
         what = "the program" if program is not None else "the values in the scope"
         raise ParamFileError(f"{path} does not fit {what}: {'; '.join(problems)} "
@@ -143,16 +275,16 @@ def load_params(scope: Scope, path: str | os.PathLike, program: Program | None =
     return sorted(arrays)
 
 
-def _mismatches(arrays: dict[str, np.ndarray], scope: Scope, program: Program | None,
-                strict: bool) -> list[str]:
-    problems = []
+def _mismatches(arrays: dict[str, np.ndarray], misfits: dict[str, str], scope: Scope,
+                program: Program | None, strict: bool) -> list[str]:
+    problems = list(misfits.values())
     if program is not None:
         wanted = {v.name: v for v in persistable_vars(program)}
-        missing = [n for n in wanted if n not in arrays]
+        missing = [n for n in wanted if n not in arrays and n not in misfits]
         if missing:
             problems.append(f"missing {_names(missing)}")
         if strict:
-            extra = [n for n in arrays if n not in wanted]
+            extra = [n for n in list(arrays) + list(misfits) if n not in wanted]
             if extra:
                 problems.append(f"not in the program: {_names(extra)}")
         expected = {n: (v.shape, v.dtype) for n, v in wanted.items()}
@@ -161,17 +293,37 @@ def _mismatches(arrays: dict[str, np.ndarray], scope: Scope, program: Program | 
         for name in arrays:
             held = scope.find(name)
             if held is not None:
-                expected[name] = (tuple(held.shape), str(to_numpy(held).dtype))
+                expected[name] = (tuple(held.shape), dtype_name(held.dtype))   # no device copy
     for name, value in arrays.items():
-        if name not in expected:
-            continue
-        shape, dtype = expected[name]
-        if len(shape) != value.ndim or any(d >= 0 and d != v for d, v in zip(shape, value.shape)):
-            problems.append(f"'{name}' has shape {list(value.shape)} in the file, expected "
-                            f"{_shape(shape)}")
-        elif str(value.dtype) != dtype:
-            problems.append(f"'{name}' has dtype {value.dtype} in the file, expected {dtype}")
+        if name in expected:
+            problem = _misfit(name, value.shape, str(value.dtype), *expected[name])
+            if problem:
+                problems.append(problem)
     return problems
+
+
+def _header_check(scope: Scope, program: Program | None) -> _Check:
+    """Each member's declared shape and dtype against the program (or the scope's values),
+    before its data is read: a header may declare any size."""
+    wanted = None if program is None else {v.name: v for v in persistable_vars(program)}
+
+    def check(name: str, shape: tuple, dtype: np.dtype) -> str | None:
+        if wanted is not None:
+            var = wanted.get(name)
+            expected = None if var is None else (var.shape, var.dtype)
+        else:
+            held = scope.find(name)
+            expected = None if held is None else (tuple(held.shape), dtype_name(held.dtype))
+        return None if expected is None else _misfit(name, shape, dtype.name, *expected)
+    return check
+
+
+def _misfit(name: str, shape: tuple, dtype: str, want_shape: tuple, want_dtype: str) -> str | None:
+    if len(shape) != len(want_shape) or any(d >= 0 and d != v for d, v in zip(want_shape, shape)):
+        return f"'{name}' has shape {list(shape)} in the file, expected {_shape(want_shape)}"
+    if dtype != want_dtype:
+        return f"'{name}' has dtype {dtype} in the file, expected {want_dtype}"
+    return None
 
 
 def _shape(shape) -> str:
