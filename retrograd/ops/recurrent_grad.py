@@ -229,6 +229,8 @@ def _row_sum(block: Block, step: Block, part: str, parts: list[str], addn: Op, f
     if any(r is not addn for r in readers) or (not _sums_inputs(addn) and readers):
         return None
     a, d = found
+    if _producer(block, d) is None:   # d_t must be a backward value (not a forward one: x @ V^T gives d = x)
+        return None
     for name in (a, d):
         var = block.find_var(name)
         if var is None or var.ndim != 2 or var.block not in (block, step):
