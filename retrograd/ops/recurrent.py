@@ -35,8 +35,10 @@ from ..ir.program import Block, Var
 from . import streams
 from .creation import assign
 from .recurrent_grad import rnn_grad_maker
-from .recurrent_steps import (Held, RnnLayout, StepRunner, budget_variant, check_state_shape,  # noqa: F401
-                              fresh_name, is_budget, step_mask, time_steps, timestep_value)
+from .recurrent_steps import (Held, RnnLayout, StepRunner, budget_variant, check_batches,  # noqa: F401
+                              check_state_shape, fresh_name, is_budget, step_mask, step_mask_onnx, time_steps,
+                              timestep_onnx, timestep_value, with_first_onnx)
+from .lowering import lowers
 from .registry import append_op, defop, infer_specs
 
 
@@ -94,6 +96,7 @@ def _rnn_rule(ins: list[Var], attrs: dict):
 def _rnn_kernel(k, *arrays):
     """Run the step block over time; return per state (all, last) views, then the saved step values."""
     attrs, xp, op, run = k.attrs, k.xp, k.op, k.run
+    check_batches(op, *RnnLayout.of(attrs, len(arrays)).split(arrays)[:3])
     if is_budget(attrs.get("recompute")):   # recompute=<bytes>: memory/rnn_budget.py runs the op
         return budget_variant("RecurrentNetwork").forward(k, *arrays)
     lay = RnnLayout.of(attrs, len(arrays))
@@ -188,6 +191,46 @@ def _widened(xp, held: Held, op, name: str, buf, value, full: bool):
 
 defop("RecurrentNetwork", inputs=("sequences*", "initial_states*", "seq_lengths?", "outer*"),
       outputs=("all_and_last*", "saved*"), infer=_rnn_rule, grad=rnn_grad_maker)(_rnn_kernel)
+
+
+@lowers("RecurrentNetwork")
+def _rnn_onnx(g):
+    """A Loop over t = 0..T-1 carrying the states; per step it stacks the new states (``all``)
+    and the values the backward reads (``saved``). ``all`` is rebuilt from slot 0 so that a
+    zero-step run gives [0, N, ...] as the kernel does."""
+    a = g.attrs
+    if is_budget(a.get("recompute")):
+        g.fail("a recurrent net with recompute=<bytes> has no ONNX form; build it with recompute=None "
+               "or 'steps' to export")
+    lay = RnnLayout.of(a, len(g.ins))
+    seqs, inits, lengths, outers = lay.split(g.ins)
+    k, step = lay.n_state, a["step"]
+    body = g.child()
+    t = body.input("t", "int64", [])
+    cond = body.input("cond", "bool", [])
+    prev = [body.input(name, step.var(name).dtype, None) for name in a["states"]]
+    binds = dict(zip(g.op.inputs[lay.outer_start:lay.n_inputs], outers))
+    binds.update({name: body.node("Gather", [seq, t], axis=0) for name, seq in zip(a["inputs_t"], seqs)})
+    binds.update(zip(a["states"], prev))
+    if a.get("timestep"):
+        binds[a["timestep"]] = timestep_onnx(body, step.var(a["timestep"]), t)
+    saved = list(a.get("saved", ()))
+    values = body.lower(step, binds, list(a["state_outs"]) + saved)
+    new = values[:k]
+    if lengths is not None:   # finished examples keep their state
+        new = [body.node("Where", [step_mask_onnx(body, lengths, t, step.var(name).ndim), v, p])
+               for v, p, name in zip(new, prev, a["states"])]
+    lasts = g.out_vars[1:2 * k:2]
+    outputs = ([(cond, "bool", [])] + list(zip(new, lasts)) + [(v, step.var(n)) for v, n in zip(new, a["states"])]
+               + [(v, step.var(n)) for v, n in zip(values[k:], saved)])
+    outs = g.nodes("Loop", [g.scalar_dim(seqs[0], 0), "", *inits], len(outputs) - 1,
+                   body=body.finish(f"{g.op.outputs[0]}.step", outputs))
+    result = []
+    for i in range(k):
+        states = with_first_onnx(g, inits[i], outs[k + i])
+        result += [g.node("Slice", [states, g.const([1], "int64"), g.const([1 << 62], "int64"),
+                                    g.const([0], "int64")]), outs[i]]
+    return result + outs[2 * k:]
 
 
 # --- Building the op ------------------------------------------------------------------------------
@@ -320,6 +363,7 @@ def recurrent(step_fn: Callable[[list[Var], list[Var]], Sequence[Var]], inputs, 
         raise ProgramError("recurrent() needs at least one input sequence [T, N, ...]")
     if not initial_states:
         raise ProgramError("recurrent() needs at least one initial state (the recurrence it carries)")
+    _check_static_batches(inputs[0], initial_states)
     parent = current_block()
     program = parent.program
     prefix = name or program.unique_name("rnn")
@@ -341,6 +385,17 @@ def recurrent(step_fn: Callable[[list[Var], list[Var]], Sequence[Var]], inputs, 
     outs = build_recurrent_op(step, list(zip(xs, inputs)), list(zip(hs, initial_states, new)), seq_lengths,
                               None, outputs_with_grads, recompute, forward_only, names)
     return outs[0::2], outs[1::2]
+
+
+def _check_static_batches(seq: Var, initial_states: list[Var]) -> None:
+    """An initial state's batch (axis 0) must be the sequences' (axis 1); checked here, before
+    the step is built, so the error names the state rather than an op inside the step."""
+    batch = seq.shape[1] if seq.ndim >= 2 else -1
+    for init in initial_states:
+        if batch >= 0 and init.ndim >= 1 and init.shape[0] >= 0 and init.shape[0] != batch:
+            raise ShapeError(f"recurrent(): initial state '{init.name}' ({init.type_str()}) has batch "
+                             f"{init.shape[0]}, the input sequence '{seq.name}' ({seq.type_str()}, "
+                             f"[T, N, ...]) has batch {batch}")
 
 
 def recurrent_net(cell_net: Block, inputs, initial_cell_inputs, links, timestep=None, scope=None,

@@ -62,6 +62,32 @@ def time_steps(op, seqs: list) -> int:
     return lengths.pop()
 
 
+def check_batches(op, seqs: list, inits: list, lengths) -> None:
+    """Run-time checks a shape rule cannot make while sizes are -1: each initial state and
+    ``seq_lengths`` has the sequences' batch N (axis 1), and every length lies in [0, T].
+
+    Without them a wrong batch fails deep in the step block (an inner Add that
+    does not broadcast) and a length outside [0, T] is silently clamped.
+    """
+    if not seqs or seqs[0].ndim < 2:
+        return
+    steps, batch = int(seqs[0].shape[0]), int(seqs[0].shape[1])
+    names = op.inputs[len(seqs):len(seqs) + len(inits)]
+    for name, init in zip(names, inits):
+        if init.ndim >= 1 and int(init.shape[0]) != batch:
+            raise ExecutionError(f"{op.where()}: initial state '{name}' has batch {int(init.shape[0])} "
+                                 f"(shape {list(init.shape)}), the input sequence '{op.inputs[0]}' has "
+                                 f"batch {batch} (shape {list(seqs[0].shape)}, [T, N, ...])")
+    if lengths is None:
+        return
+    if tuple(lengths.shape) != (batch,):
+        raise ExecutionError(f"{op.where()}: seq_lengths has shape {list(lengths.shape)}, expected "
+                             f"[{batch}] (one length per example of '{op.inputs[0]}')")
+    if batch and not (0 <= int(lengths.min()) and int(lengths.max()) <= steps):
+        raise ExecutionError(f"{op.where()}: seq_lengths holds {int(lengths.min())}..{int(lengths.max())}; "
+                             f"each length must lie in [0, {steps}] (the sequences have {steps} steps)")
+
+
 def timestep_value(xp, step: Block, name: str, t: int):
     """The value bound to the step's timestep variable at step ``t``."""
     var = step.var(name)
@@ -182,3 +208,28 @@ def budget_variant(op_type: str) -> BudgetVariant:
         raise ProgramError(f"{op_type} with recompute=<bytes> has no budget variant registered "
                            "(import retrograd.memory)")
     return variant
+
+
+# --- ONNX lowering pieces (the forward's and the backward's Loop bodies) ------------------------
+
+def step_mask_onnx(g, lengths: str, t: str, ndim: int) -> str:
+    """ONNX ``lengths > t`` shaped [N, 1, ...] to broadcast over a state of rank ``ndim``."""
+    running = g.node("Greater", [g.cast(lengths, "int64"), t])
+    return g.node("Reshape", [running, g.const([-1] + [1] * (ndim - 1), "int64")])
+
+
+def timestep_onnx(g, var, t: str) -> str:
+    """ONNX value bound to the step's timestep variable (``timestep_value``) at step ``t``."""
+    shape = g.const([max(d, 1) for d in var.shape], "int64")
+    return g.node("Expand", [g.cast(t, var.dtype), shape])
+
+
+def with_first_onnx(g, first: str, rest: str) -> str:
+    """``concat([first[None], rest])``: slot 0 and the later slots of a states tensor."""
+    return g.node("Concat", [g.node("Unsqueeze", [first, g.const([0], "int64")]), rest], axis=0)
+
+
+def flip_onnx(g, stack: str) -> str:
+    """``stack[::-1]``: a Loop running t = T-1..0 stacks its per-step values in that order."""
+    return g.node("Slice", [stack, g.const([-1], "int64"), g.const([-(1 << 62)], "int64"),
+                            g.const([0], "int64"), g.const([-1], "int64")])
