@@ -6,6 +6,15 @@ import numpy as np
 from .base import Backend
 
 
+def array_namespace():
+    """NumPy itself from 2.0 on (it is an Array API namespace); before that,
+    ``array_api_compat.numpy``, which adds what 1.26 lacks (``isdtype``, ``astype``, ``concat``, ...)."""
+    if np.lib.NumpyVersion(np.__version__) >= "2.0.0":
+        return np
+    import array_api_compat.numpy as compat
+    return compat
+
+
 def is_array(array) -> bool:
     return isinstance(array, np.ndarray)
 
@@ -18,7 +27,7 @@ class NumpyBackend(Backend):
     name = "numpy"
 
     def __init__(self, device: str | None = None):
-        super().__init__(np, "cpu")
+        super().__init__(array_namespace(), "cpu")
 
     def owns(self, array) -> bool:
         return isinstance(array, np.ndarray)
