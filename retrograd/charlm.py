@@ -201,8 +201,13 @@ class Training:
 
 
 def build_training(cfg: ModelConfig, seq_len: int, optimizer: str, lr: float,
-                   clip_norm: float | None, seed: int) -> Training:
+                   clip_norm: float | None, seed: int, data_parallel: bool = False) -> Training:
     """The training program: mean cross-entropy of next characters, its backward pass and the updates.
+
+    With ``data_parallel`` (several MPI ranks, each fed its shard of the
+    batch) the gradients are averaged over the ranks before the updates
+    (``rg.distributed.DataParallel``) and ``loss`` is the whole batch's: the
+    mean of the ranks' losses.
 
     Example::
 
@@ -215,19 +220,25 @@ def build_training(cfg: ModelConfig, seq_len: int, optimizer: str, lr: float,
         net = build_net(cfg, seq_len, with_states=False)
         targets = rg.data("next_chars", [seq_len, -1], dtype="int64")
         loss = rg.mean(rg.softmax_cross_entropy(net.logits, rg.reshape(targets, [-1])))
-        _optimizer(optimizer, lr, clip_norm).minimize(loss)
+        opt = _optimizer(optimizer, lr, clip_norm)
+        (rg.distributed.DataParallel(opt) if data_parallel else opt).minimize(loss)
+        if data_parallel:
+            loss, = rg.distributed.all_reduce([loss], "mean")
         step = rg.optim.create_state("train.step", [1], "int64")
         rg.optim.increment(step)
     return Training(main, startup, net, loss, step)
 
 
-def build_loss(cfg: ModelConfig, seq_len: int):
-    """A forward-only program of the training loss (for held-out text): ``(program, loss)``."""
+def build_loss(cfg: ModelConfig, seq_len: int, data_parallel: bool = False):
+    """A forward-only program of the training loss (for held-out text): ``(program, loss)``;
+    with ``data_parallel``, the mean of the ranks' losses on their shards."""
     main = rg.Program()
     with rg.program_guard(main, rg.Program()):
         net = build_net(cfg, seq_len, with_states=False)
         targets = rg.data("next_chars", [seq_len, -1], dtype="int64")
         loss = rg.mean(rg.softmax_cross_entropy(net.logits, rg.reshape(targets, [-1])))
+        if data_parallel:
+            loss, = rg.distributed.all_reduce([loss], "mean")
     return main, loss
 
 

@@ -57,7 +57,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (CliError, RetrogradError, OSError) as exc:
         # Verifier messages add the printed op on a second line; keep the report to one.
         message = " | ".join(line.strip() for line in str(exc).splitlines() if line.strip())
-        print(f"retrograd {args.command}: error: {message}", file=sys.stderr)
+        # Prints to stderr; under mpiexec it also stops the ranks that would wait for this one.
+        from .distributed import abort_all_ranks
+        abort_all_ranks(EXIT_USAGE, f"retrograd {args.command}: error: {message}")
         return EXIT_USAGE
 
 

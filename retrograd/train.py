@@ -115,7 +115,8 @@ def run_train(args: argparse.Namespace) -> int:
         with _open_log(args) as log:
             job.train(out, log)
         checkpoint.save(job.exe, job.training, job.step_done)
-        sample = generate(job.exe, cfg, "def ", args.sample_len, args.temperature, args.seed)
+        sample = generate(job.exe, cfg, "def ", args.sample_len, args.temperature, args.seed) \
+            if rg.distributed.rank() == 0 else ""
         out.finish(job.losses, job.val_losses, save_path, sample)
     except KeyboardInterrupt:
         # The scope may hold a half-applied update: keep the last complete checkpoint instead.
@@ -142,8 +143,8 @@ def _check_writable(path: Path, option: str) -> None:
 
 @contextmanager
 def _open_log(args):
-    """The ``--log`` file (appended to when resuming), or None."""
-    if not args.log:
+    """The ``--log`` file (appended to when resuming), or None (always, on ranks other than 0)."""
+    if not args.log or rg.distributed.rank() != 0:
         yield None
         return
     with open(args.log, "a" if args.resume else "w", encoding="utf-8") as file:
@@ -151,7 +152,8 @@ def _open_log(args):
 
 
 class Checkpoint:
-    """The ``--save`` file: written atomically, only with the state after a healthy step."""
+    """The ``--save`` file: written atomically, only with the state after a healthy step
+    (by rank 0 alone when several MPI ranks train together)."""
 
     def __init__(self, path: Path):
         self.path = path
@@ -159,7 +161,8 @@ class Checkpoint:
 
     def save(self, exe, training: Training, step: int) -> None:
         if self.step != step:
-            save_params(exe.scope, self.path, training.main)
+            if rg.distributed.rank() == 0:
+                save_params(exe.scope, self.path, training.main)
             self.step = step
 
     def status(self) -> str:
@@ -175,9 +178,15 @@ class Job:
         self.args = args
         self.corpus = corpus
         self.val_batches = held_out_batches(held_out, args.seq_len, args.batch)
+        # Under `mpiexec -n N`, every rank trains on its 1/N of each batch (the global batch is
+        # unchanged); the gradients and the losses it reports are averaged over the ranks.
+        ranks = rg.distributed.world_size()
+        if args.batch % ranks:
+            raise TrainError(f"--batch {args.batch} does not split evenly over {ranks} MPI ranks; "
+                             f"use a multiple of {ranks}")
         self.training = build_training(cfg, args.seq_len, args.optimizer, args.lr,
-                                       args.clip_norm or None, args.seed)
-        self.val_program, self.val_loss = build_loss(cfg, args.seq_len)
+                                       args.clip_norm or None, args.seed, data_parallel=ranks > 1)
+        self.val_program, self.val_loss = build_loss(cfg, args.seq_len, data_parallel=ranks > 1)
         self.exe = rg.Executor(threads=args.threads)
         self.exe.run(self.training.startup)
         if args.resume:
@@ -220,7 +229,7 @@ class Job:
 
     def run_step(self, step: int) -> float:
         xs, ys = batch_at(self.corpus, step, self.args.seq_len, self.args.batch, self.args.seed)
-        loss, = self.exe.run(self.training.main, feed={"chars": xs, "next_chars": ys},
+        loss, = self.exe.run(self.training.main, feed=_shard_windows(xs, ys),
                              fetch_list=[self.training.loss])
         return float(loss)
 
@@ -228,12 +237,17 @@ class Job:
         """Mean loss over fixed windows of the held-out text (never trained on)."""
         total = 0.0
         for xs, ys in self.val_batches:
-            loss, = self.exe.run(self.val_program, feed={"chars": xs, "next_chars": ys},
+            loss, = self.exe.run(self.val_program, feed=_shard_windows(xs, ys),
                                  fetch_list=[self.val_loss])
             total += float(loss)
         value = total / len(self.val_batches)
         self.val_losses[self.step_done] = value
         return value
+
+
+def _shard_windows(xs, ys) -> dict:
+    """This rank's windows of a ``[seq_len, batch]`` batch (all of them in one process)."""
+    return {"chars": rg.distributed.shard(xs, axis=1), "next_chars": rg.distributed.shard(ys, axis=1)}
 
 
 class Divergence:
@@ -282,9 +296,12 @@ class _Reporter:
         self.args = args
         self.first = first
         self.total = first + args.steps
-        self.console = Console(highlight=False, soft_wrap=True)
+        # Several MPI ranks: rank 0 alone prints.
+        self.console = Console(highlight=False, soft_wrap=True, quiet=rg.distributed.rank() != 0)
         self.every = args.log_every or max(1, args.steps // 10)
         where = f"resuming {args.resume} at step {first}" if args.resume else "from scratch"
+        ranks = rg.distributed.world_size()
+        where += f", on {ranks} MPI ranks ({args.batch // ranks} windows each)" if ranks > 1 else ""
         self.console.print(
             f"retrograd train: {args.model}, {args.layers} x {args.hidden} hidden, "
             f"{args.optimizer} lr {args.lr:g}, batch {args.batch} x {args.seq_len} chars, "

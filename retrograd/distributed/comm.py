@@ -118,19 +118,24 @@ def _with_abort_on_error(comm: MPIComm) -> MPIComm:
     return comm
 
 
-def abort_all_ranks(code: int = 1) -> None:
-    """When this process is one of several ranks, stop them all now (``MPI_Abort``) with ``code``;
-    in a single process, return (the caller ends as usual).
+def abort_all_ranks(code: int = 1, message: str | None = None) -> None:
+    """Print ``message`` to stderr (one write, ``[rank r]`` first on ranks other than 0), then,
+    when this process is one of several ranks, stop them all (``MPI_Abort``) with ``code``;
+    in a single process, return after printing (the caller ends as usual).
 
     For a program that reports its own errors: ranks still waiting in a
-    collective for this one would otherwise hang.
+    collective for this one would otherwise hang. Never starts MPI.
 
     Example::
 
         except rg.RetrogradError as exc:
-            print(exc, file=sys.stderr)
-            rg.distributed.abort_all_ranks(2)
+            rg.distributed.abort_all_ranks(2, f"train.py: {exc}")
             return 2
     """
-    if _world is not None and _world.size > 1:
+    several = _world is not None and _world.size > 1
+    if message is not None:
+        where = f"[rank {_world.rank}] " if several and _world.rank else ""
+        sys.stderr.write(f"{where}{message}\n")
+        sys.stderr.flush()
+    if several:
         _world.abort(code)

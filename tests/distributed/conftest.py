@@ -16,12 +16,14 @@ TIMEOUT_S = 60
 
 
 def _launch(script: str, *args: str, n: int = 2, via_mpi4py: bool = True) -> subprocess.CompletedProcess:
-    """``mpiexec -n n python [-m mpi4py] scripts/<script>.py args``; the whole launch is killed
-    (and the test failed) when it runs past the timeout, so a hanging rank cannot stall the suite.
-    ``python -m mpi4py`` makes an uncaught exception on one rank abort them all."""
+    """``mpiexec -n n python [-m mpi4py] scripts/<script>.py args`` (``script`` "-m": ``-m args``);
+    the whole launch is killed (and the test failed) when it runs past the timeout, so a hanging
+    rank cannot stall the suite. ``python -m mpi4py`` makes an uncaught exception on one rank
+    abort them all."""
     runner = [sys.executable, "-m", "mpi4py"] if via_mpi4py else [sys.executable]
+    target = ["-m"] if script == "-m" else [str(SCRIPTS / f"{script}.py")]
     env = dict(os.environ, OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1")
-    command = ["mpiexec", "-n", str(n), *runner, str(SCRIPTS / f"{script}.py"), *args]
+    command = ["mpiexec", "-n", str(n), *runner, *target, *args]
     proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
                             start_new_session=True)
     try:
