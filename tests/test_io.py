@@ -189,7 +189,7 @@ def test_failed_write_keeps_the_old_file(tmp_path, monkeypatch):
         raise OSError("disk full")
 
     monkeypatch.setattr(rio, "_write_npz", crash_midway)
-    with pytest.raises(OSError, match="disk full"):
+    with pytest.raises(rio.ParamFileError, match="disk full"):
         rg.save_params(exe.scope, path, main)
     assert path.read_bytes() == old_bytes
     assert os.listdir(tmp_path) == ["ckpt.npz"]          # no temporary file left behind
@@ -203,3 +203,214 @@ def test_save_writes_exactly_the_given_path(tmp_path):
     rg.save_params(_fresh(startup).scope, tmp_path / "weights.bin", main)
     assert os.listdir(tmp_path) == ["weights.bin"]
     assert "l1.w" in rg.read_params(tmp_path / "weights.bin")
+
+
+# --- untrusted parameter files, failing saves (issue #10: classes of bad input) -----------------
+
+import io as _bytes_io          # noqa: E402  (only these tests build archives by hand)
+import subprocess               # noqa: E402
+import sys                      # noqa: E402
+import time                     # noqa: E402
+import tracemalloc              # noqa: E402
+import zipfile                  # noqa: E402
+
+
+def _saved(tmp_path):
+    main, startup, loss = _build()
+    exe = _fresh(startup)
+    path = tmp_path / "ckpt.npz"
+    rg.save_params(exe.scope, path, main)
+    with zipfile.ZipFile(path) as archive:
+        members = {info.filename: archive.read(info) for info in archive.infolist()}
+    return main, exe, path, members
+
+
+def _rewrite(path, members, compression=zipfile.ZIP_STORED):
+    with zipfile.ZipFile(path, "w", compression) as archive:
+        for name, data in members.items():
+            archive.writestr(name, data)
+
+
+def _npy_header(shape, descr="<f8") -> bytes:
+    header = repr({"descr": descr, "fortran_order": False, "shape": shape}).encode("latin1")
+    header += b" " * (63 - (len(header) + 10) % 64) + b"\n"
+    return b"\x93NUMPY\x01\x00" + len(header).to_bytes(2, "little") + header
+
+
+def _both_loads_fail(main, path, match):
+    for program in (main, None):
+        scope = rg.Scope()
+        with pytest.raises(rio.ParamFileError, match=match):
+            rg.load_params(scope, path, program)
+        assert scope.names() == []                       # nothing touched
+
+
+@pytest.mark.parametrize("extra", ["notes.txt", "dir/", "l1.w.npy.bak", "x"])
+def test_zip_members_that_are_not_npy_are_refused(tmp_path, extra):
+    main, _, path, members = _saved(tmp_path)
+    members[extra] = b"hello"
+    _rewrite(path, members)
+    _both_loads_fail(main, path, f"holds '{extra}', which is not an array")
+
+
+@pytest.mark.parametrize("shape", [(10**12,), (2**31, 2**31), (4, 10**9)])
+def test_enormous_declared_shapes_are_refused_before_allocating(tmp_path, shape):
+    main, _, path, members = _saved(tmp_path)
+    members["l1.w.npy"] = _npy_header(shape) + b"\0" * 64
+    _rewrite(path, members)
+    tracemalloc.start()
+    try:
+        _both_loads_fail(main, path, r"'l1.w' has shape|declares shape")
+        with pytest.raises(rio.ParamFileError, match=r"declares shape .* more than the \d+ bytes it holds"):
+            rg.read_params(path)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < 8 << 20, f"reading a lying header allocated {peak} bytes"
+
+
+def test_corrupt_compression_is_a_param_file_error(tmp_path):
+    main, _, path, members = _saved(tmp_path)
+    _rewrite(path, members, zipfile.ZIP_DEFLATED)
+    assert rg.read_params(path)["l1.w"].shape == (4, 8)     # deflated files are fine
+    raw = bytearray(path.read_bytes())
+    start = raw.find(b"l1.w.npy") + len("l1.w.npy")            # the member's compressed data
+    for i in range(start + 20, start + 60):
+        raw[i] ^= 0x5A
+    path.write_bytes(bytes(raw))
+    _both_loads_fail(main, path, "not a readable parameter file")
+
+
+@pytest.mark.parametrize("patch", ["encrypted", "unknown method"])
+def test_encrypted_members_and_unknown_compression_methods_are_refused(tmp_path, patch):
+    main, _, path, _ = _saved(tmp_path)
+    raw = bytearray(path.read_bytes())
+    central = raw.find(b"PK\x01\x02")
+    if patch == "encrypted":
+        raw[central + 8] |= 1
+    else:
+        raw[central + 10] = 99
+    path.write_bytes(bytes(raw))
+    _both_loads_fail(main, path, "not a readable parameter file")
+
+
+def test_object_arrays_are_never_unpickled(tmp_path):
+    main, _, path, members = _saved(tmp_path)
+    buf = _bytes_io.BytesIO()
+    np.lib.format.write_array(buf, np.array([{"a": 1}], dtype=object), allow_pickle=True)
+    members["l1.w.npy"] = buf.getvalue()
+    _rewrite(path, members)
+    _both_loads_fail(main, path, "'l1.w' has dtype object")
+
+
+def test_duplicate_members_and_bad_headers_are_refused(tmp_path):
+    main, _, path, members = _saved(tmp_path)
+    members["l1.w.npy"] = b"\x93NUMPY\x01\x00\x10\x00{'descr': '<f8'\n" + b"\0" * 8
+    _rewrite(path, members)
+    _both_loads_fail(main, path, "not a readable parameter file")
+    main, _, path, members = _saved(tmp_path)
+    with zipfile.ZipFile(path, "a") as archive, pytest.warns(UserWarning):
+        archive.writestr("l1.w.npy", members["l1.w.npy"])
+    _both_loads_fail(main, path, "holds 'l1.w' twice")
+
+
+def test_big_endian_and_fortran_members_load_as_native_arrays(tmp_path):
+    main, exe, path, members = _saved(tmp_path)
+    w = np.asarray(exe.scope.get("l1.w"))
+    buf = _bytes_io.BytesIO()
+    np.lib.format.write_array(buf, np.asfortranarray(w.astype(">f8")))
+    members["l1.w.npy"] = buf.getvalue()
+    _rewrite(path, members)
+    scope = rg.Scope()
+    rg.load_params(scope, path, main)
+    np.testing.assert_array_equal(scope.get("l1.w"), w)
+    assert scope.get("l1.w").dtype == np.float64 and scope.get("l1.w").flags.c_contiguous
+
+
+def test_object_values_are_never_saved_as_pickles(tmp_path):
+    main, startup, _ = _build()
+    exe = _fresh(startup)
+    exe.scope.vars["l1.w"] = np.array([object()], dtype=object)
+    with pytest.raises(rio.ParamFileError, match="cannot save 'l1.w'.*never pickled"):
+        rg.save_params(exe.scope, tmp_path / "x.npz", main)
+    assert os.listdir(tmp_path) == []
+
+
+def test_a_value_named_like_a_savez_argument_saves(tmp_path):
+    """np.savez(file, **arrays) failed on a persistable named 'file'."""
+    main, startup = rg.Program(), rg.Program()
+    with rg.program_guard(main, startup):
+        rg.create_parameter("file", [2], init=1.5)
+    exe = _fresh(startup)
+    rg.save_params(exe.scope, tmp_path / "p.npz", main)
+    np.testing.assert_array_equal(np.load(tmp_path / "p.npz")["file"], [1.5, 1.5])
+
+
+def test_os_errors_on_save_are_param_file_errors(tmp_path, monkeypatch):
+    main, startup, _ = _build()
+    exe = _fresh(startup)
+    with pytest.raises(rio.ParamFileError, match="it is a directory"):
+        rg.save_params(exe.scope, tmp_path, main)
+
+    def refuse(*args, **kwargs):
+        raise PermissionError(13, "Permission denied")
+
+    monkeypatch.setattr(rio.tempfile, "mkstemp", refuse)
+    with pytest.raises(rio.ParamFileError, match="cannot save to .*Permission denied"):
+        rg.save_params(exe.scope, tmp_path / "p.npz", main)
+
+
+@pytest.mark.skipif(os.name != "posix" or os.geteuid() == 0, reason="needs a user that permissions stop")
+def test_saving_into_a_read_only_directory_is_a_param_file_error(tmp_path):
+    main, startup, _ = _build()
+    exe = _fresh(startup)
+    tmp_path.chmod(0o500)
+    try:
+        with pytest.raises(rio.ParamFileError, match="Permission denied"):
+            rg.save_params(exe.scope, tmp_path / "p.npz", main)
+    finally:
+        tmp_path.chmod(0o700)
+
+
+_KILLED_SAVE = """
+import os, signal, sys
+import numpy as np
+import retrograd as rg, retrograd.io as rio
+main, startup = rg.Program(), rg.Program()
+with rg.program_guard(main, startup):
+    rg.create_parameter("w", [64, 64])
+exe = rg.Executor(); exe.run(startup)
+def die_midway(file, arrays):
+    file.write(b"PK half written")
+    file.flush()
+    os.kill(os.getpid(), signal.SIGKILL)
+rio._write_npz = die_midway
+rg.save_params(exe.scope, sys.argv[1], main)
+"""
+
+
+def test_a_save_killed_midway_leaves_no_temporary_file_after_the_next_save(tmp_path):
+    path = tmp_path / "ckpt.npz"
+    result = subprocess.run([sys.executable, "-c", _KILLED_SAVE, str(path)], capture_output=True)
+    assert result.returncode != 0
+    left = [p.name for p in tmp_path.iterdir()]
+    assert len(left) == 1 and left[0].startswith(".ckpt.npz.") and left[0].endswith(".tmp"), left
+    stranger = tmp_path / ".other.npz.1.x.tmp"                   # another file's temporary: untouched
+    stranger.write_bytes(b"")
+    main, startup, _ = _build()
+    rg.save_params(_fresh(startup).scope, path, main)
+    assert sorted(p.name for p in tmp_path.iterdir()) == [".other.npz.1.x.tmp", "ckpt.npz"]
+
+
+def test_a_temporary_file_of_a_live_save_is_kept_until_it_is_old(tmp_path):
+    path = tmp_path / "ckpt.npz"
+    live = tmp_path / f".ckpt.npz.{os.getpid()}.abc.tmp"        # this process: still saving
+    live.write_bytes(b"")
+    main, startup, _ = _build()
+    exe = _fresh(startup)
+    rg.save_params(exe.scope, path, main)
+    assert live.exists()
+    old = time.time() - 2 * 3600                               # stale after an hour
+    os.utime(live, (old, old))
+    rg.save_params(exe.scope, path, main)
+    assert not live.exists()

@@ -13,8 +13,8 @@ def canonical(dtype) -> str:
     """Return the dtype's name as retrograd spells it ("float32", ...)."""
     try:
         name = np.dtype(dtype).name
-    except TypeError as exc:
-        raise ProgramError(f"unknown dtype {dtype!r}; use one of {', '.join(DTYPES)}") from exc
+    except (TypeError, ValueError, KeyError) as exc:
+        raise ProgramError(f"unknown dtype {dtype!r:.40}; use one of {', '.join(DTYPES)}") from exc
     if name not in DTYPES:
         raise ProgramError(f"unsupported dtype {name!r}; use one of {', '.join(DTYPES)}")
     return name

@@ -184,6 +184,12 @@ class Block:
         """True when ``var`` is declared in this block or one of its ancestors."""
         return any(block is var.block for block in self.ancestors())
 
+    def home_of(self, var: Var) -> str:
+        """Where ``var`` lives, for errors about a Var this block cannot see: 'block 2', or
+        'block 0 of another program' (Vars of two programs mixed in one op)."""
+        other = "" if var.block.program is self.program else " of another program"
+        return f"block {var.block.idx}{other}"
+
     def create_var(self, name: str, shape, dtype="float32", **flags) -> Var:
         if name in self.vars:
             raise ProgramError(f"block {self.idx} already has a variable named '{name}'")

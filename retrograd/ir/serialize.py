@@ -190,7 +190,7 @@ def _check_nesting(text: str) -> None:
 
 
 def _reject_constant(name: str) -> Any:
-    raise ProgramError(f"program JSON holds {name}, which is not JSON; non-finite floats are "
+    raise ProgramError(f"program JSON is malformed: it holds {name}, which is not JSON; non-finite floats are "
                        'written {"float": "nan"}, {"float": "inf"} or {"float": "-inf"}')
 
 
@@ -300,7 +300,7 @@ def _decode(value: Any, program: Program, where: str) -> Any:
             raise ProgramError(f"{where}: unknown dtype {value['dtype']!r}; use one of {', '.join(DTYPES)}")
         try:
             return np.asarray(_decode(value["array"], program, where), dtype=value["dtype"])
-        except (TypeError, ValueError) as exc:
+        except (TypeError, ValueError, OverflowError) as exc:
             raise ProgramError(f"{where}: not an array of {value['dtype']}: {exc}") from None
     raise ProgramError(f"{where}: unrecognised tagged value {json.dumps(value)[:80]}; expected "
                        "{\"block\": i}, {\"tuple\": [...]}, {\"float\": ...}, {\"dict\": [...]} or "

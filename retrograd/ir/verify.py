@@ -100,8 +100,9 @@ def _check_vars(block: Block) -> None:
         if var.name != name or var.block is not block:
             raise ProgramError(f"block {block.idx}: variable entry '{name}' holds Var '{var.name}' "
                                f"of block {var.block.idx}")
-        if any(d < -1 for d in var.shape):
-            raise ProgramError(f"block {block.idx}: variable '{name}' has shape {list(var.shape)}; "
+        if not all(isinstance(d, (int, np.integer)) and not isinstance(d, bool) and d >= -1
+                   for d in var.shape):
+            raise ProgramError(f"block {block.idx}: variable '{name}' has shape {list(var.shape)!r:.80}; "
                                "dimensions are sizes or -1 (unknown until run time)")
 
 

@@ -114,3 +114,18 @@ def test_format_op_and_block_of_a_built_program():
     assert format_op(block.ops[0], block) == f"{h.name}: float32[?, 16] = MatMul(x, fc1.w)"
     assert format_block(block).splitlines()[:3] == [
         "block 0:", "  data x: float32[?, 8]", "  param fc1.w: float32[8, 16]"]
+
+
+def test_deeply_nested_blocks_print_without_recursion_error():
+    """Printing is how faults are shown: it must work on programs the verifier rejects."""
+    program = Program()
+    outer = program.global_block()
+    for _ in range(3000):
+        inner = program.create_block(outer)
+        outer.append_op(Op("If", [], [], {"blocks": [inner]}))
+        outer = inner
+    text = str(program)
+    headers = [line.strip() for line in text.splitlines() if line.strip().startswith("block ")]
+    assert len(headers) == 3001                              # every block, once
+    assert "(block 33 is printed below)" in text
+    assert max(len(line) - len(line.lstrip()) for line in text.splitlines()) <= 2 * 2 * 33 + 6

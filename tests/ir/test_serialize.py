@@ -302,3 +302,104 @@ def test_malformed_json_raises_program_error(text):
 def test_non_text_input_raises_program_error():
     with pytest.raises(ProgramError, match="must be text"):
         Program.from_json(42)
+
+
+# --- untrusted documents (issue #10: classes of bad input) --------------------------------------
+
+def _cond_program_doc() -> dict:
+    main = Program()
+    with rg.program_guard(main, Program()):
+        x = rg.data("x", [2, 3])
+        y = rg.cond(rg.sum(x) > 0.0, lambda: x * 2.0, lambda: x * 3.0)
+        rg.sum(y, axis=1)
+    return json.loads(main.to_json())
+
+
+def _ops_of(doc, op_type):
+    return [op for block in doc["blocks"] for op in block["ops"] if op["type"] == op_type]
+
+
+@pytest.mark.parametrize("depth", [101, 5_000, 200_000])
+def test_deep_json_nesting_is_a_program_error_not_recursion_error(depth):
+    with pytest.raises(ProgramError, match=f"nests lists and objects {depth} deep"):
+        Program.from_json("[" * depth + "]" * depth)
+    doc = _cond_program_doc()
+    text = json.dumps(doc).replace('"keepdims": false', '"keepdims": ' + "[" * depth + "]" * depth, 1)
+    with pytest.raises(ProgramError, match="nests lists and objects"):
+        Program.from_json(text)
+
+
+def test_brackets_inside_strings_do_not_count_as_nesting():
+    doc = _cond_program_doc()
+    doc["blocks"][0]["ops"][0]["location"] = "[" * 500 + '\\"{' * 100
+    again = Program.from_json(json.dumps(doc))
+    assert again.global_block().ops[0].location.startswith("[[[")
+
+
+@pytest.mark.parametrize("number", ["NaN", "Infinity", "-Infinity", "1e999", "1" * 5000, str(2**63), "-" + "9" * 25])
+def test_non_finite_and_oversized_numbers_are_refused(number):
+    text = json.dumps(_cond_program_doc()).replace('"random_seed": 0', f'"random_seed": {number}', 1)
+    with pytest.raises(ProgramError, match="malformed|too large|64 bits"):
+        Program.from_json(text)
+
+
+@pytest.mark.parametrize("value", [1.0, 1.5, "0", True, None, -2])
+def test_non_integer_numbers_where_integers_belong(value):
+    doc = _cond_program_doc()
+    doc["blocks"][1]["parent"] = value
+    with pytest.raises(ProgramError, match=r"blocks\[1\]|block 1: parent"):
+        Program.from_json(json.dumps(doc))
+    doc = _cond_program_doc()
+    doc["blocks"][0]["vars"][0]["shape"] = [2, value]
+    with pytest.raises(ProgramError, match="shape"):
+        Program.from_json(json.dumps(doc))
+
+
+@pytest.mark.parametrize("ref", [{"block": 1.5}, {"block": "1"}, {"block": True}, {"block": 99},
+                                 {"block": -1}, {"block": None}, {"block": [1]}, 1, "block 1",
+                                 {"block": 0}, {"block": 1, "idx": 2}])
+def test_block_references_of_the_wrong_type_or_out_of_range(ref):
+    doc = _cond_program_doc()
+    [if_op] = _ops_of(doc, "If")
+    if_op["attrs"]["blocks"][0] = ref
+    with pytest.raises(ProgramError, match="block|If"):
+        Program.from_json(json.dumps(doc))
+
+
+def test_blocks_nested_beyond_the_limit_are_refused_when_loading():
+    from retrograd.ir.program import MAX_BLOCK_DEPTH
+    blocks = [{"idx": 0, "parent": -1, "vars": [], "ops": []}]
+    blocks += [{"idx": i, "parent": i - 1, "vars": [], "ops": []} for i in range(1, MAX_BLOCK_DEPTH + 5)]
+    doc = {"format": "retrograd.program", "version": 1, "random_seed": 0, "seed_counter": 0,
+           "name_counts": {}, "blocks": blocks}
+    with pytest.raises(ProgramError, match=f"nested more than {MAX_BLOCK_DEPTH} blocks deep"):
+        Program.from_json(json.dumps(doc))
+
+
+@pytest.mark.parametrize("attrs", [{"axis": 1.5, "keepdims": False}, {"axis": "1", "keepdims": False},
+                                   {"axis": [1, 1], "keepdims": False}, {"axis": [[1]], "keepdims": False},
+                                   {"axis": {"block": 1}, "keepdims": False}, {"keepdims": False}])
+def test_non_integer_axes_in_a_loaded_op_are_shape_errors(attrs):
+    doc = _cond_program_doc()
+    _ops_of(doc, "Sum")[-1]["attrs"] = attrs
+    with pytest.raises(ProgramError, match=r"block 0, op #\d+ Sum"):
+        Program.from_json(json.dumps(doc))
+
+
+@pytest.mark.parametrize("shape", [[1.5, 4], ["a", 4], [None], [[2], 3], [True, 6], [2.0, 3.0]])
+def test_non_integer_shapes_in_a_loaded_op_are_reported_not_crashed_on(shape):
+    """The verifier formatted the rule's shape in its own message and crashed on a string."""
+    main = Program()
+    with rg.program_guard(main, Program()):
+        rg.reshape(rg.data("x", [2, 3]), [3, 2])
+    doc = json.loads(main.to_json())
+    _ops_of(doc, "Reshape")[0]["attrs"]["shape"] = shape
+    with pytest.raises(ProgramError, match="Reshape: shape rule"):
+        Program.from_json(json.dumps(doc))
+
+
+def test_array_attribute_out_of_its_dtype_range_is_a_program_error():
+    doc = _cond_program_doc()
+    _ops_of(doc, "Sum")[-1]["attrs"]["table"] = {"array": [2**62], "dtype": "int32"}
+    with pytest.raises(ProgramError, match="not an array of int32"):
+        Program.from_json(json.dumps(doc))

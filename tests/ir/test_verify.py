@@ -253,3 +253,47 @@ def test_unregistered_op_type_through_the_registry_hook():
     program = _base()
     program.global_block().append_op(Op("NoSuchOp", ["x"], ["x"], {}))
     _fails(program, r"op #0 NoSuchOp", r"'NoSuchOp' is not registered")
+
+
+def _nested(depth: int) -> Program:
+    """Blocks nested ``depth`` deep, each called by an If op in its parent (built by hand)."""
+    program = _base()
+    outer = program.global_block()
+    for _ in range(depth):
+        inner = program.create_block(outer)
+        outer.append_op(Op("If", [], [], {"blocks": [inner]}))
+        outer = inner
+    return program
+
+
+def test_nesting_beyond_the_limit_is_a_program_error_not_recursion_error():
+    from retrograd.ir.program import MAX_BLOCK_DEPTH
+    _fails(_nested(3000), f"nested {MAX_BLOCK_DEPTH + 1} blocks deep; at most {MAX_BLOCK_DEPTH}")
+
+
+def test_shape_rule_results_that_are_not_int_shapes_are_reported(call_block):
+    """A loaded op's attributes feed its shape rule; a string dimension used to crash the
+    verifier's own message formatting with a TypeError."""
+    program = _base()
+    g = program.global_block()
+    body = program.create_block(g)
+    body.create_var("h_in", [-1, 4])
+    body.create_var("weird", [-1, 4])
+    g.create_var("out", [-1, 4])
+    g.append_op(Op(call_block, ["x"], ["out"], {"body": body, "binds": ["h_in"], "results": ["weird"]}))
+    body.vars["weird"].shape = ("a", 4)         # what a bad document or pass could leave
+    _fails(program, r"block 1: variable 'weird' has shape \['a', 4\]")
+    body.vars["weird"].shape = (-1, 4)
+    # The rule (CallBlock's) returns the body's declared shape; a float there is the rule's fault.
+    body.vars["weird"].shape = (1.5, 4)
+    body.vars["weird"].block = body
+    with pytest.raises(ProgramError, match=r"variable 'weird' has shape \[1.5, 4\]"):
+        verify_program(program)
+
+
+def test_shape_rule_crashing_on_attributes_of_the_wrong_type_is_a_program_error():
+    program = _base()
+    g = program.global_block()
+    g.create_var("s", [4])
+    g.append_op(Op("Reshape", ["x"], ["s"], {"shape": None}))
+    _fails(program, r"block 0, op #0 Reshape: shape rule failed \(TypeError")
