@@ -37,6 +37,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ..backends import dtype_name
 from ..errors import ExecutionError, ProgramError, ShapeError
 from ..ir.analysis import op_reads
 from ..ir.program import Block, Op, Var
@@ -118,7 +119,7 @@ class _Steps:
 
 
 def _nbytes(arrays) -> int:
-    return int(sum(int(np.prod(a.shape)) * np.dtype(str(a.dtype)).itemsize for a in arrays))
+    return int(sum(int(np.prod(a.shape)) * np.dtype(dtype_name(a.dtype)).itemsize for a in arrays))
 
 
 def _plan(op: Op, steps: int, budget: int, state_bytes: int, tape_bytes: int, from_alls: bool) -> Plan:
@@ -168,6 +169,7 @@ def forward_kernel(k, *arrays):
         if measure:
             state_bytes = _nbytes(inits)
             tape_bytes = _nbytes(extra) + (0 if from_alls else state_bytes)   # kept states are not taped
+            tape_bytes += _batched_bytes(attrs.get("budget_batched", ()), inits)
             plan = _plan(op, steps, int(attrs["recompute"]), state_bytes, tape_bytes, from_alls)
             if not from_alls:
                 where = {s: j for j, s in enumerate(plan.sweep_stores)}
@@ -203,6 +205,26 @@ def _empty(xp, like):
 
 
 # --- the gradient maker -----------------------------------------------------------------------------
+
+def _batched_rows(bstep) -> list:
+    """[shape, dtype] per step of each value the backward keeps per step of a segment for the
+    gradients batched over time (``TimeBatches``): they count in the budget like the tape."""
+    rows = []
+    for _, kind, ref, d in bstep.batched:
+        names = [d] + ([ref] if kind == "value" and ref not in bstep.saved else [])
+        for name in names:
+            var = bstep.block.find_var(name)
+            if var is not None:
+                rows.append([list(var.shape), var.dtype])
+    return rows
+
+
+def _batched_bytes(rows, inits) -> int:
+    """Bytes of one step of the batched values, -1 (the batch) taken from the first state."""
+    batch = int(inits[0].shape[0]) if inits and len(inits[0].shape) else 1
+    return int(sum(math.prod(batch if d < 0 else d for d in shape) * np.dtype(dtype).itemsize
+                   for shape, dtype in rows))
+
 
 def _read_elsewhere(op: Op, name: str) -> bool:
     """True when an op other than ``op`` (in any block) reads ``name`` or names it in an attribute
@@ -245,6 +267,7 @@ def grad_maker(g: GradCtx) -> list[Var | None]:
     if not attrs.get("budget_outputs"):
         attrs["budget_all"] = [_read_elsewhere(op, op.outputs[2 * i]) for i in range(k)]
         attrs["budget_tape"] = list(bstep.saved)
+        attrs["budget_batched"] = _batched_rows(bstep)
         attrs["budget_outputs"] = True
         prefix = op.outputs[0]
         for name in attrs["states"]:

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from ..backends import dtype_name
 from ..errors import ExecutionError, ProgramError
 from ..ir.builder import capture_ops, emit
 from ..ir.program import Op, Var
@@ -42,7 +43,7 @@ def output_specs(inits: list[Var], attrs: dict) -> list:
 
 
 def _nbytes(arrays) -> int:
-    return int(sum(int(np.prod(a.shape)) * np.dtype(str(a.dtype)).itemsize for a in arrays))
+    return int(sum(int(np.prod(a.shape)) * np.dtype(dtype_name(a.dtype)).itemsize for a in arrays))
 
 
 # --- forward -----------------------------------------------------------------------------------------

@@ -142,3 +142,36 @@ def test_a_file_saved_on_one_backend_loads_on_the_other(backend, tmp_path):
     # the run ids differ (a fresh executor): compare the two backends from the same state instead
     resumed = [_train(exe, main, loss, mask, batches[2:])[0] for exe in (on_numpy, again)]
     np.testing.assert_allclose(resumed[1], resumed[0], **TOL["float32"])
+
+
+def _budgeted_loops():
+    """A while loop and an LSTM, each under a memory budget, with dropout inside the loop."""
+    main, startup = rg.Program(random_seed=6), rg.Program(random_seed=6)
+    with rg.program_guard(main, startup):
+        x = rg.data("x", [-1, 6], "float64", stop_gradient=False)
+        seq = rg.data("seq", [-1, -1, 6], "float64")
+        n = rg.data("n", [], "int64")
+        w = rg.create_parameter("w", [6, 6], "float64")
+        _, h = rg.while_loop(lambda i, h: i < n,
+                             lambda i, h: (i + 1, rg.dropout(rg.tanh(h @ w), 0.2) + x * 0.1),
+                             [rg.constant(0), x], recompute=3000)
+        h_all, _, _, _ = rg.layers.lstm(seq, 6, name="lstm", recompute=4000)
+        loss = rg.mean(h * h) + rg.mean(h_all * h_all)
+        grads = [g for _, g in rg.append_backward(loss)]
+    return main, startup, [loss] + grads
+
+
+def test_loops_under_a_memory_budget_match_across_backends(backend):
+    main, startup, fetch = _budgeted_loops()
+    ops = {op.type for block in main.blocks for op in block.ops}
+    assert {"WhileBudgetGrad", "RecurrentNetworkBudgetGrad"} <= ops
+    rng = np.random.default_rng(2)
+    feed = {"x": rng.standard_normal((4, 6)), "seq": rng.standard_normal((12, 4, 6)), "n": np.array(9)}
+    results = []
+    for exe in (rg.Executor(), backend.executor()):
+        exe.run(startup)
+        results.append((exe.run(main, feed=feed, fetch_list=fetch), exe.last_stats.peak_bytes))
+    (want, peak_want), (got, peak_got) = results
+    for var, a, b in zip(fetch, want, got):
+        np.testing.assert_allclose(b, a, **TOL["float64"], err_msg=var.name)
+    assert peak_got == peak_want
