@@ -478,6 +478,7 @@ def append_backward(loss: Var, parameter_list=None, no_grad_set=None, callbacks=
 def _build_append(loss: Var, params: list[Var], no_grad: set[str], callbacks) -> tuple[list, int]:
     """The backward of ``loss`` appended to its block: ``([(param, grad)], ops in the forward part)``."""
     block = loss.block
+    backward_rewrite("before_backward")(block)    # memory/unhoist.py: budgeted loops' inputs per step
     fwd_ops = list(block.ops)
     seed = _seed(loss, None)
     result = build_backward(fwd_ops, block, block, {loss.name: seed}, [p.name for p in params],

@@ -20,11 +20,12 @@ import math
 from ..errors import ProgramError
 from ..ir.builder import default_main_program
 from ..ir.program import Var
-from ..ops.creation import create_parameter, fill_like
+from ..ops.creation import create_parameter, fill, fill_like
 from ..ops.math import matmul
 from ..ops.recurrent import recurrent
+from ..ops.reduce import sum as reduce_sum
 from ..ops.rnn_cells import gru_unit, lstm_unit, seq_linear
-from ..ops.tensor import slice, squeeze
+from ..ops.tensor import slice
 
 
 def _check_input(x: Var, layer: str) -> int:
@@ -50,9 +51,13 @@ def _params(name: str, hidden: int, dtype: str, shapes: dict, fixed: dict | None
 
 
 def _zero_state(x_proj: Var, hidden: int) -> Var:
-    """Zeros ``[N, H]`` with N read from ``x_proj [T, N, >=H]`` at run time."""
-    first = slice(x_proj, axes=[0, 2], starts=[0, 0], ends=[1, hidden])
-    return fill_like(squeeze(first, 0), 0.0)
+    """Zeros ``[N, H]`` with N read from ``x_proj [T, N, >=H]`` at run time.
+
+    N comes from a sum over time of zeros ``[T, N, 1]``, not from the first
+    step, so that an empty sequence (T = 0) has states too.
+    """
+    column = fill_like(slice(x_proj, axes=[2], starts=[0], ends=[1]), 0.0)
+    return reduce_sum(column, axis=0) + fill([hidden], 0.0, x_proj.dtype)
 
 
 def _state(given: Var | None, x_proj: Var, hidden: int, what: str, layer: str) -> Var:
@@ -100,8 +105,8 @@ def lstm(x: Var, hidden: int, h0: Var | None = None, c0: Var | None = None,
     p = _params(name, hidden, x.dtype, {"w_ih": [d_in, 4 * hidden], "w_hh": [hidden, 4 * hidden],
                                         "b": [4 * hidden]})
     x_proj = seq_linear(x, p["w_ih"], p["b"])
-    h0 = _state(h0, x_proj, hidden, "h0", "lstm")
-    c0 = _state(c0, x_proj, hidden, "c0", "lstm")
+    h0 = _state(h0, x, hidden, "h0", "lstm")    # N from x: under a budget x_proj is made per step
+    c0 = _state(c0, x, hidden, "c0", "lstm")
 
     def step(x_t, states):
         h, c = states
@@ -130,7 +135,7 @@ def gru(x: Var, hidden: int, h0: Var | None = None, seq_lengths: Var | None = No
     p = _params(name, hidden, x.dtype, {"w_ih": [d_in, 3 * hidden], "w_hh": [hidden, 3 * hidden],
                                         "b_ih": [3 * hidden], "b_hh": [3 * hidden]})
     x_proj = seq_linear(x, p["w_ih"], p["b_ih"])
-    h0 = _state(h0, x_proj, hidden, "h0", "gru")
+    h0 = _state(h0, x, hidden, "h0", "gru")
 
     def step(x_t, states):
         h, = states

@@ -8,7 +8,7 @@ Example::
 """
 from . import schedules
 from . import rnn_budget, while_budget  # noqa: F401  (register the budgeted loops' gradient ops)
-from . import budget  # noqa: F401  (registers append_backward's memory_budget and checkpoints rewrites)
+from . import budget, unhoist  # noqa: F401  (register append_backward's memory rewrites)
 from .auto import auto_checkpoints
 from .recompute import RecomputePlan, Segment, plan_recompute, recompute_backward
 from .report import MemoryReport, ValueInfo, report

@@ -144,8 +144,11 @@ class _Search:
         least = 0
         for op in block.ops[:self.n_forward]:
             if op.type in LOOP_TYPES and is_budget(op.attrs.get("recompute")):
-                body = op.attrs["step"] if op.type == "RecurrentNetwork" else op.attrs["body"]
-                rows = max([self.shapes.get(n, (1,))[0] for n in op.inputs if self.shapes.get(n)] + [1])
+                if op.type == "RecurrentNetwork":   # the batch: the first initial state's rows
+                    body, first = op.attrs["step"], op.inputs[len(op.attrs["inputs_t"])]
+                else:
+                    body, first = op.attrs["body"], op.inputs[0]
+                rows = max((self.shapes.get(first) or (1,))[0], 1)
                 least = max(least, sizer.block_bytes(body, rows))
         return least
 
@@ -178,6 +181,7 @@ class _Search:
     def best(self, budget: int) -> tuple[int, int] | None:
         """The largest activation budget whose planned peak fits ``budget``, with that peak."""
         fits = lambda a: self.peak(a) is not None and self.peak(a) <= budget  # noqa: E731
+        self.most_a = max(self.most_a, budget)       # a loop's own keep never needs more than all
         if fits(self.most_a):
             return self.most_a, self.peak(self.most_a)
         if not fits(self.least_a):

@@ -35,6 +35,7 @@ class Sizer:
         self.block, self.shapes = block, shapes
         self.stand_ins = stand_in_names(block)
         self.unknown: list[str] = []
+        self.live: dict[str, int] = {}       # bytes of the values live at the op being planned
 
     def of(self, name: str, block: Block | None = None) -> int:
         var = (block or self.block).find_var(name)
@@ -106,12 +107,22 @@ def _rnn_grad_holds(sizer: Sizer, op, live) -> tuple[int, list[int]]:
     steps = _steps(sizer, op)
     backward: Block = attrs["backward"]
     held = sizer.block_bytes(backward, rows)
-    if "step" in attrs:               # RecurrentNetworkBudgetGrad: re-runs steps within its budget
-        held += sizer.block_bytes(attrs["step"], rows) + int(attrs.get("budget", 0))
+    if "step" in attrs:               # RecurrentNetworkBudgetGrad: re-runs steps within its budget,
+        held += sizer.block_bytes(attrs["step"], rows) + _budget_left(sizer, op, n_state)
     else:                             # store-all: the time-batched buffers span all steps
         for _, _, _, d in attrs["batched"]:
             held += sizer.var_bytes(backward.var(d), rows, steps)
     return held, [sizer.of(op.inputs[i]) for i in attrs["grad_of"]]
+
+
+def _budget_left(sizer: Sizer, op, n_ckpt: int) -> int:
+    """A budgeted loop's gradient holds its budget, of which the forward's checkpoints (its inputs
+    just before the schedule, live already) are a part."""
+    ckpts = op.inputs[-(n_ckpt + 1):-1] if op.type == "WhileBudgetGrad" else []
+    if op.type == "RecurrentNetworkBudgetGrad":
+        n_d = sum(map(bool, op.attrs["dall_given"])) + sum(map(bool, op.attrs["dlast_given"]))
+        ckpts = op.inputs[len(op.inputs) - n_d - n_ckpt - 1:len(op.inputs) - n_d - 1]
+    return max(0, int(op.attrs.get("budget", 0)) - sum(sizer.live.get(n, 0) for n in ckpts))
 
 
 def _while_holds(sizer: Sizer, op, live) -> tuple[int, list[int]]:
@@ -135,7 +146,7 @@ def _while_grad_holds(sizer: Sizer, op, live) -> tuple[int, list[int]]:
     attrs = op.attrs
     rows = max(1, max((sizer.shapes.get(n, (1,)) or (1,))[0] for n in op.inputs[1:2]))
     held = sizer.block_bytes(attrs["body"], rows) + sizer.block_bytes(attrs["fwd_body"], rows)
-    return held + int(attrs["budget"]), [sizer.of(n) for n in op.outputs]
+    return held + _budget_left(sizer, op, int(attrs["n_loop_vars"])), [sizer.of(n) for n in op.outputs]
 
 
 def _sub_block_holds(sizer: Sizer, op, live) -> tuple[int, list[int]]:
@@ -175,6 +186,7 @@ def planned_peak(block: Block, keep, feed_shapes: Mapping | None = None, shapes:
     sizer = Sizer(block, shapes)
     plan = compile_block(block, frozenset(keep), _NO_BACKEND, None)   # liveness only: no kernel runs
     live: dict[str, int] = {name: sizer.of(name) for name in plan.free_reads}
+    sizer.live = live
     total = peak = sum(live.values())
     for step in plan.steps:
         held, outs = _holds(sizer, step.op, step.k.live_outputs)
