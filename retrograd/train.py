@@ -76,6 +76,10 @@ def add_train_arguments(parser: argparse.ArgumentParser) -> None:
     add("--threads", type=pos_int, default=1,
         help="BLAS threads per run (default: 1; more help only with a large --hidden or --batch, and "
              "slow everything down when other programs share the cores)")
+    add("--backend", choices=("numpy", "torch", "cupy", "onnxruntime"), default="numpy",
+        help="array library that runs the program (default: numpy; torch and cupy run on GPUs)")
+    add("--device", default=None,
+        help="device of --backend: cpu, cuda or cuda:N (default: cpu; cuda for cupy)")
     add("--seed", type=int, default=0, help="seed for initialisation, batches and sampling (default: 0)")
     add("--sample-len", type=non_negative_int, default=300, help="characters to generate at the end (default: 300)")
     add("--temperature", type=pos_float, default=0.8, help="sampling temperature (default: 0.8)")
@@ -187,7 +191,7 @@ class Job:
         self.training = build_training(cfg, args.seq_len, args.optimizer, args.lr,
                                        args.clip_norm or None, args.seed, data_parallel=ranks > 1)
         self.val_program, self.val_loss = build_loss(cfg, args.seq_len, data_parallel=ranks > 1)
-        self.exe = rg.Executor(threads=args.threads)
+        self.exe = rg.Executor(threads=args.threads, backend=args.backend, device=args.device)
         self.exe.run(self.training.startup)
         if args.resume:
             try:
@@ -221,7 +225,7 @@ class Job:
                     # The parameters after this step's update: what a checkpoint would hold.
                     val = self.measure_held_out()
                     self.divergence.check(val, step, "held-out loss")
-                tick(step, loss, cps, peak, val)
+                tick(step, loss, cps, peak, val, self.exe.backend.device_memory())
                 if log is not None:
                     _log_line(log, step, loss, cps, peak, val)
                 if checkpoint:
@@ -305,7 +309,8 @@ class _Reporter:
         self.console.print(
             f"retrograd train: {args.model}, {args.layers} x {args.hidden} hidden, "
             f"{args.optimizer} lr {args.lr:g}, batch {args.batch} x {args.seq_len} chars, "
-            f"{args.steps} steps {where}\n"
+            f"{args.steps} steps {where}, backend {args.backend}"
+            f"{'' if args.device is None else ' on ' + args.device}\n"
             f"corpus: {corpus_chars:,} characters of the standard library ({', '.join(files[:4])}, ...), "
             f"{held_out_chars:,} more held out")
 
@@ -327,12 +332,16 @@ class _Reporter:
                 task = progress.add_task("train", total=self.total, completed=self.first,
                                          loss="-", speed="-", peak="-")
 
-                def tick(step: int, loss: float, cps: float, peak: int, val: float | None) -> None:
+                def tick(step: int, loss: float, cps: float, peak: int, val: float | None,
+                         device_bytes: int | None = None) -> None:
+                    # On a GPU, also what the array library holds on the device now.
+                    shown = _megabytes(peak) + ("" if device_bytes is None
+                                                else f", device {_megabytes(device_bytes)}")
                     progress.update(task, completed=step, loss=f"{loss:.3f}", speed=f"{cps:,.0f}",
-                                    peak=_megabytes(peak))
+                                    peak=shown)
                     if val is not None:
                         progress.console.print(f"step {step:>6}  loss {loss:.4f}  held-out {val:.4f}  "
-                                               f"{cps:,.0f} chars/s  peak {_megabytes(peak)}")
+                                               f"{cps:,.0f} chars/s  peak {shown}")
                 yield tick
         return bar()
 
