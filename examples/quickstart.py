@@ -1,7 +1,7 @@
 """Quickstart: a two-layer network fitted to a smooth function, by hand-written SGD.
 
-Run it with ``python examples/quickstart.py`` (or ``retrograd train`` until
-the full training job lands). It shows the whole define-then-run cycle:
+Run it with ``python examples/quickstart.py`` (under a second). It shows the
+whole define-then-run cycle (``retrograd train`` is the full training job):
 
 1. define: data, parameters and ops go into ``main``; initialisers go into
    ``startup``; ``append_backward`` adds the gradient ops to ``main``;

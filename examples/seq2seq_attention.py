@@ -16,7 +16,7 @@ steps by the recurrent op and flows on into the encoder.
 Training uses teacher forcing; evaluation decodes greedily, one step at a
 time, with a one-step program over the same parameter names. The default run
 trains until greedy decoding reverses held-out sequences (sequence accuracy
->= 99%) or the step limit is hit, and takes about a minute.
+>= 99%) or the step limit is hit: about 300 steps and 10 s on 2 cores.
 
 Run it with::
 
