@@ -346,6 +346,16 @@ def _recurrent(r):
                    "u": normal(r, 3, 3) * 0.5})]
 
 
+def _rounding(fn):
+    """a / b at least 0.2 away from an integer, so finite differences never cross a jump."""
+    def cases(r):
+        def pair(a_shape, b_shape):
+            b = away_from_zero(r, *b_shape)
+            return {"a": b * (r.integers(-3, 3, a_shape) + r.uniform(0.2, 0.8, a_shape)), "b": b}
+        return [(fn, pair((3, 4), (3, 4))), (fn, pair((3, 4), (4,))), (fn, pair((2, 3), ()))]
+    return cases
+
+
 CASES = {
     # elementwise binary (broadcasting)
     "Add": _binary(rg.add),
@@ -355,6 +365,8 @@ CASES = {
     "Pow": _pow,
     "Maximum": _minmax(rg.maximum),
     "Minimum": _minmax(rg.minimum),
+    "FloorDivide": _rounding(lambda a, b: rg.floor_divide(a, b) * a),
+    "Mod": _rounding(rg.mod),
     "AddN": _add_n,
     "Where": _where,
     # elementwise unary
@@ -368,6 +380,8 @@ CASES = {
     "Sqrt": _unary(rg.sqrt, positive),
     "Abs": _unary(rg.abs, away_from_zero),
     "Sign": _unary(lambda x: rg.sign(x) * x, away_from_zero),
+    "Sin": _unary(rg.sin),
+    "Cos": _unary(rg.cos),
     "Clip": _clip,
     "Assign": _unary(rg.assign),
     "Cast": _cast,
@@ -414,7 +428,7 @@ DOUBLE_BACKWARD = ["MatMul", "Add", "Sub", "Mul", "Div", "Neg", "Exp", "Log", "T
                    "Relu", "Square", "Sqrt", "Pow", "Sum", "Mean", "Reshape", "Transpose", "Concat",
                    "Split", "Slice", "Gather", "Where", "Maximum", "Minimum", "Clip", "Softmax",
                    "LogSoftmax", "SoftmaxCrossEntropy", "LSTMUnit", "GRUUnit", "SeqLinear",
-                   "If", "Do", "While"]
+                   "If", "Do", "While", "Sin", "Cos", "Mod"]
 
 
 def _import_every_module() -> None:
