@@ -2,7 +2,8 @@
 
 Kernels are not used: ``Executor.run`` hands each program to
 ``retrograd.onnx.engine.OnnxRuntimeEngine`` (``Backend.engine``), which exports
-it to ONNX and runs it. Values in the scope stay NumPy arrays.
+it to ONNX and runs it. Values in the scope stay NumPy arrays (host memory),
+also with ``device="cuda"``, where onnxruntime-gpu's CUDA provider computes.
 """
 from __future__ import annotations
 
@@ -14,8 +15,6 @@ class OnnxRuntimeBackend(NumpyBackend):
     name = "onnxruntime"
 
     def __init__(self, device: str | None = None):
-        if device not in (None, "cpu"):
-            raise BackendError(f'backend "onnxruntime" runs on device "cpu" only, not {device!r}')
         try:
             import onnx  # noqa: F401  (both are needed: export, then run)
             import onnxruntime  # noqa: F401
@@ -24,6 +23,7 @@ class OnnxRuntimeBackend(NumpyBackend):
                                f'pip install "retrograd[onnx]" ({exc})') from None
         super().__init__()
         self.engine = _engine_class()
+        self.engine_device = self.engine.check_device(device)   # "cuda" needs onnxruntime-gpu
 
 
 def _engine_class():

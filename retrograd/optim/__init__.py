@@ -13,6 +13,7 @@ Example::
     exe.run(startup)
     exe.run(main, feed=batch)          # forward, backward and update in one run
 """
+from . import fused  # noqa: F401  (registers FusedAdamUpdate, built by retrograd.passes)
 from .clip import clip_by_global_norm, global_norm  # noqa: F401
 from .ops import adam_update, increment, momentum_update, sgd_update  # noqa: F401
 from .optimizer import SGD, Adam, Momentum, Optimizer  # noqa: F401

@@ -133,6 +133,11 @@ def _adam_rule(ins: list[Var], attrs: dict):
        updates=(0, 2, 3, 4))
 def _adam_update(k, param, grad, m, v, step):
     """PyTorch's bias-corrected Adam; ``step`` counts this parameter's updates."""
+    return adam_math(k, param, grad, m, v, step)
+
+
+def adam_math(k, param, grad, m, v, step) -> tuple:
+    """One Adam update as arrays: (param, m, v, step) after it. Shared with ``FusedAdamUpdate``."""
     a = k.attrs
     b1, b2 = a["beta1"], a["beta2"]
     grad = _decayed(k, param, grad)

@@ -139,15 +139,8 @@ class Executor:
         if self._engine is not None:
             return self._engine.run(program, feed, fetch_list, scope, return_numpy)
         started = time.perf_counter()
-        if not isinstance(program, Program):
-            raise ProgramError(f"Executor.run needs a Program, got {type(program).__name__}")
-        if feed is not None and not isinstance(feed, Mapping):
-            raise FeedError(f"feed must be a dict of name (or Var) -> array, got {type(feed).__name__}")
-        if isinstance(fetch_list, (Var, str)):
-            fetch_list = [fetch_list]                 # one item: still returns a list of one value
+        block, fetch = self.checked_run_args(program, feed, fetch_list)
         scope = scope if scope is not None else self.scope
-        block = program.global_block()
-        fetch = [_fetch_name(f, block) for f in (fetch_list or [])]
         plan = self.plan_for(block, frozenset(fetch))
         run = self._run
         run.run_id += 1
@@ -219,7 +212,20 @@ class Executor:
                     release(value)
         self._run.ops_run += len(plan.steps)
 
-    def _initial_env(self, plan: Plan, block: Block, feed: dict, scope: Scope) -> dict:
+    # -- checks shared with engines (backend="onnxruntime" runs programs its own way) -----
+    def checked_run_args(self, program: Program, feed, fetch_list) -> tuple[Block, list[str]]:
+        """The global block and the fetch names of a ``run`` call, or the error a bad argument gets."""
+        if not isinstance(program, Program):
+            raise ProgramError(f"Executor.run needs a Program, got {type(program).__name__}")
+        if feed is not None and not isinstance(feed, Mapping):
+            raise FeedError(f"feed must be a dict of name (or Var) -> array, got {type(feed).__name__}")
+        if isinstance(fetch_list, (Var, str)):
+            fetch_list = [fetch_list]                 # one item: still returns a list of one value
+        block = program.global_block()
+        return block, [_fetch_name(f, block) for f in (fetch_list or [])]
+
+    def checked_feeds(self, block: Block, feed: dict) -> dict:
+        """name -> the feed as a backend array of the declared dtype and shape (FeedError if not)."""
         env = {}
         for name, value in feed.items():
             name = name.name if isinstance(name, Var) else name
@@ -227,20 +233,28 @@ class Executor:
             if var is None:
                 raise FeedError(f"feed '{name}' is not a variable of block 0")
             env[name] = _check_feed(var, value, self.backend)
+        return env
+
+    def checked_persistable(self, block: Block, name: str, scope: Scope, reader=lambda: "the program"):
+        """The scope value of persistable ``name`` (moved and cast once, stored back); ``reader()``
+        says who reads it, for the error when it has no value."""
+        var = block.find_var(name)
+        value = scope.find(name)
+        if value is None or var is None or not var.persistable:
+            hint = "run the startup program first" if var is not None and var.persistable else "feed it"
+            raise FeedError(f"'{name}' is read by {reader()} but has no value: {hint}")
+        checked = _check_persistable(var, value, self.backend)
+        if checked is not value:
+            scope.set(name, checked)   # moved and cast once, not on every run
+        return checked
+
+    def _initial_env(self, plan: Plan, block: Block, feed: dict, scope: Scope) -> dict:
+        env = self.checked_feeds(block, feed)
+        _refuse_overwritten_feeds(plan, env)
         for name in plan.free_reads:
             if name in env:
                 continue
-            var = block.find_var(name)
-            value = scope.find(name)
-            if value is None or var is None or not var.persistable:
-                readers = [s.op.where() for s in plan.steps if name in s.inputs][:1]
-                hint = "run the startup program first" if var is not None and var.persistable else "feed it"
-                raise FeedError(f"'{name}' is read by {readers[0] if readers else 'the program'} "
-                                f"but has no value: {hint}")
-            checked = _check_persistable(var, value, self.backend)
-            if checked is not value:
-                scope.set(name, checked)   # moved and cast once, not on every run
-            env[name] = checked
+            env[name] = self.checked_persistable(block, name, scope, lambda: _first_reader(plan, name))
         return env
 
     def _backend_str(self) -> str:
@@ -257,6 +271,26 @@ def _resolve_backend(xp, backend, device) -> Backend:
     if xp is not None:
         return backend_for_namespace(xp, device)
     return get_backend("numpy" if backend is None else backend, device)
+
+
+def _refuse_overwritten_feeds(plan: Plan, fed: dict) -> None:
+    """A feed that an op writes before anything reads it would be ignored: refuse it.
+
+    (A fed value the plan reads first, such as a parameter an optimizer then
+    updates, is honoured: the update starts from it.)
+    """
+    for name in fed:
+        if name in plan.free_reads:
+            continue
+        writers = [s.op.where() for s in plan.steps if name in s.outputs]
+        if writers:
+            raise FeedError(f"feed '{name}' would be ignored: {writers[0]} computes it before anything "
+                            "reads it; feed that op's inputs instead, or fetch it")
+
+
+def _first_reader(plan: Plan, name: str) -> str:
+    readers = [s.op.where() for s in plan.steps if name in s.inputs]
+    return readers[0] if readers else "the program"
 
 
 def _fetch_name(item, block: Block) -> str:

@@ -27,7 +27,7 @@ def test_default_backend_is_numpy_on_the_cpu():
     ("torch", "tpu", r'backend "torch" has no device \'tpu\''),
     ("torch", "cuda:x", r'backend "torch" has no device'),
     ("cupy", "cpu", r'backend "cupy" has no device \'cpu\''),
-    ("onnxruntime", "cuda", r'backend "onnxruntime" runs on device "cpu" only'),
+    ("onnxruntime", "tpu", r'backend "onnxruntime" runs on "cpu" or "cuda\[:N\]", not \'tpu\''),
 ])
 def test_unknown_backend_or_device_is_a_backend_error(name, device, match):
     with pytest.raises(rg.BackendError, match=match):

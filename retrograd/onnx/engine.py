@@ -1,0 +1,219 @@
+"""The onnxruntime engine: ``rg.Executor(backend="onnxruntime")`` runs whole programs in onnxruntime.
+
+``Executor.run`` hands each run to ``OnnxRuntimeEngine.run`` (the backend's
+``engine``). For every (program version, fetch set, fed names) the engine
+
+1. applies the whole-program rewrites of ``retrograd.passes`` to a clone of
+   the program (the user's program is never changed),
+2. exports the clone to ONNX (``retrograd.onnx.export``): the feeds and the
+   persistables it reads are graph inputs, the fetches and the persistables
+   it writes are graph outputs,
+3. builds one ``onnxruntime.InferenceSession`` (one thread, all graph
+   optimisations) and keeps it until the program changes
+   (``program.serial`` / ``program.version`` are part of the key).
+
+A run binds the feeds and the scope's parameters and optimizer state as
+inputs without copying them (I/O binding over the NumPy arrays' memory),
+lets onnxruntime allocate the outputs, and stores each written persistable
+back into ``exe.scope`` as the NumPy view of onnxruntime's output buffer (no
+copy either). Earlier values are never overwritten in place, so an array a
+user fetched before keeps its numbers.
+
+Bad input gets the NumPy executor's errors: feeds are checked by the same
+code (``Executor.checked_feeds``), so a wrong shape or dtype is the same
+``FeedError``; an op the exporter cannot lower is a ``BackendError`` naming
+the op at the first ``run`` -- never a silent fallback to NumPy.
+
+``exe.last_stats`` after a run: ``time_s`` is the wall time of the whole
+``run`` call (export and session build included on a first run),
+``ops_run`` the number of nodes of the exported top-level ONNX graph (a
+loop counts once, whatever its trip count), ``peak_bytes`` the bytes of the
+distinct arrays bound to the session at once: inputs (feeds, parameters,
+optimizer state) plus outputs. onnxruntime's own intermediates are not
+visible to Python, so this is a lower bound of the run's memory.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Mapping, Sequence
+
+import numpy as np
+
+from ..errors import BackendError, ExecutionError, FeedError
+from ..ir.program import Program
+from ..runtime.stats import RunStats
+
+
+@dataclass
+class CompiledSession:
+    """One exported program and its onnxruntime session."""
+    session: object                 # onnxruntime.InferenceSession
+    feeds: list[str]                # graph inputs taken from the feed (graph name == program name)
+    params: list[str]               # graph inputs taken from the scope (parameters, optimizer state)
+    outputs: list[str]              # every graph output, in the session's order
+    fetched: dict[str, str]         # fetch name -> graph output
+    written: dict[str, str]         # persistable written -> graph output holding its new value
+    n_nodes: int                    # nodes of the top-level graph
+    build_s: float                  # seconds spent rewriting, exporting and building the session
+
+
+def session_options(threads: int = 1):
+    """onnxruntime options the engine uses: ``threads`` intra-op threads, every graph optimisation."""
+    import onnxruntime as ort
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = threads
+    options.inter_op_num_threads = 1
+    options.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
+    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+    options.log_severity_level = 3            # warnings about unused initializers are noise here
+    return options
+
+
+def providers_for(device: str | None) -> list[str]:
+    """onnxruntime execution providers for a retrograd device ("cpu", "cuda", "cuda:1")."""
+    import onnxruntime as ort
+    if device in (None, "cpu"):
+        return ["CPUExecutionProvider"]
+    if device == "cuda" or (isinstance(device, str) and device.startswith("cuda:")):
+        if "CUDAExecutionProvider" not in ort.get_available_providers():
+            raise BackendError(f'backend "onnxruntime" on device {device!r} needs onnxruntime-gpu '
+                               '(pip install onnxruntime-gpu); this onnxruntime has only '
+                               f"{', '.join(ort.get_available_providers())}")
+        index = int(device.split(":", 1)[1]) if ":" in device else 0
+        return [("CUDAExecutionProvider", {"device_id": index}), "CPUExecutionProvider"]
+    raise BackendError(f'backend "onnxruntime" runs on "cpu" or "cuda[:N]", not {device!r}')
+
+
+class OnnxRuntimeEngine:
+    """Runs programs for an ``Executor`` in onnxruntime; see the module docstring.
+
+    Example::
+
+        exe = rg.Executor(backend="onnxruntime")
+        exe.run(startup)
+        loss_v, = exe.run(main, feed={"x": xb}, fetch_list=[loss])   # exported once, then cached
+    """
+
+    def __init__(self, executor):
+        self.executor = executor
+        self.device = getattr(executor.backend, "engine_device", "cpu")
+        self.providers = providers_for(self.device)
+        self.threads = 1
+        self.sessions_built = 0          # how many sessions this engine has built (cache misses)
+        self._sessions: dict[tuple, CompiledSession] = {}
+
+    @staticmethod
+    def check_device(device: str | None) -> str:
+        """The device the engine computes on ("cpu", "cuda", "cuda:N"); BackendError if unavailable."""
+        providers_for(device)
+        return "cpu" if device is None else device
+
+    # -- running -------------------------------------------------------------------------------
+    def run(self, program: Program, feed: Mapping | None = None, fetch_list: Sequence | None = None,
+            scope=None, return_numpy: bool = True) -> list:
+        started = time.perf_counter()
+        exe = self.executor
+        scope = scope if scope is not None else exe.scope
+        block, fetch = exe.checked_run_args(program, feed, fetch_list)
+        feeds = exe.checked_feeds(block, feed or {})
+        compiled = self.compiled(program, fetch, sorted(feeds))
+        inputs = {name: feeds[name] for name in compiled.feeds}
+        for name in compiled.params:
+            inputs[name] = exe.checked_persistable(block, name, scope)
+        outputs = self._execute(compiled, inputs)
+        for name, graph_name in compiled.written.items():
+            scope.set(name, outputs[graph_name])
+        results = [self._fetched(name, compiled, outputs, feeds, block, scope) for name in fetch]
+        peak = _distinct_bytes(list(inputs.values()) + list(outputs.values()))
+        exe.last_stats = RunStats(time.perf_counter() - started, compiled.n_nodes, peak)
+        return results
+
+    def _execute(self, compiled: CompiledSession, inputs: dict) -> dict:
+        """One session run with I/O binding: inputs bound in place, outputs allocated by onnxruntime
+        and returned as NumPy views of its buffers (graph output name -> array)."""
+        session = compiled.session
+        if session is None:
+            return {}
+        binding = session.io_binding()
+        for name, array in inputs.items():
+            array = np.ascontiguousarray(array)
+            inputs[name] = array            # kept alive until the run is over
+            binding.bind_cpu_input(name, array)
+        for name in compiled.outputs:
+            binding.bind_output(name)
+        try:
+            session.run_with_iobinding(binding)
+        except Exception as exc:            # onnxruntime raises its own Fail/RuntimeException types
+            raise ExecutionError(f"onnxruntime failed running the program: {exc}") from exc
+        outputs = {name: value.numpy() for name, value in zip(compiled.outputs, binding.get_outputs())}
+        return {name: _unaliased(array, inputs) for name, array in outputs.items()}
+
+    @staticmethod
+    def _fetched(name: str, compiled: CompiledSession, outputs: dict, feeds: dict, block, scope):
+        if name in compiled.fetched:
+            return outputs[compiled.fetched[name]]
+        if name in feeds:
+            return feeds[name]
+        var, value = block.find_var(name), scope.find(name)
+        if var is not None and var.persistable and value is not None:
+            return value                     # a parameter the program does not read: its scope value
+        raise FeedError(f"fetch '{name}' has no value after the run: nothing in block 0 writes it "
+                        "and it was not fed")
+
+    # -- compiling -----------------------------------------------------------------------------
+    def compiled(self, program: Program, fetch: list[str], feed_names: list[str]) -> CompiledSession:
+        """The cached session for this program version, fetch set and fed names (built once)."""
+        key = (program.serial, program.version, tuple(fetch), tuple(feed_names))
+        compiled = self._sessions.get(key)
+        if compiled is None:
+            stale = [k for k in self._sessions if k[0] == program.serial and k[1] != program.version]
+            for k in stale:                 # the program changed: its old sessions are useless
+                del self._sessions[k]
+            compiled = self._sessions[key] = self._build(program, fetch, feed_names)
+            self.sessions_built += 1
+        return compiled
+
+    def _build(self, program: Program, fetch: list[str], feed_names: list[str]) -> CompiledSession:
+        import onnxruntime as ort
+        from ..passes import optimize_for_engine
+        from .model import build_model
+        started = time.perf_counter()
+        rewritten = optimize_for_engine(program, fetch)
+        built = build_model(rewritten, fetch, param_inputs=True, feed_names=feed_names)
+        if not built.model.graph.output:    # nothing fetched, nothing written: nothing to run
+            return CompiledSession(None, [], [], [], {}, {}, 0, time.perf_counter() - started)
+        try:
+            session = ort.InferenceSession(built.model.SerializeToString(), session_options(self.threads),
+                                           providers=self.providers)
+        except Exception as exc:            # a graph onnxruntime refuses: say what it said
+            raise BackendError(f'backend "onnxruntime" cannot run this program: {exc}') from exc
+        params = list(built.param_inputs)
+        feeds = [n for n in built.inputs if n not in set(params)]
+        outputs = [o.name for o in session.get_outputs()]
+        return CompiledSession(session, feeds, params, outputs, dict(built.outputs), dict(built.written),
+                               len(built.model.graph.node), time.perf_counter() - started)
+
+
+def _unaliased(array: np.ndarray, inputs: dict) -> np.ndarray:
+    """``array``, or a copy of it when onnxruntime handed back an input's own memory (an input
+    passed through, or reshaped in place): bound inputs are our arrays, which may go away."""
+    start = array.__array_interface__["data"][0]
+    for source in inputs.values():
+        low = source.__array_interface__["data"][0]
+        if low <= start < low + max(source.nbytes, 1):
+            return array.copy()
+    return array
+
+
+def _distinct_bytes(arrays: list) -> int:
+    """Bytes of the distinct buffers among ``arrays`` (a view counts with its base, once)."""
+    seen: dict[int, int] = {}
+    for array in arrays:
+        base = array
+        while isinstance(getattr(base, "base", None), np.ndarray):
+            base = base.base
+        seen[id(base)] = int(getattr(base, "nbytes", 0))
+    return sum(seen.values())
+
+

@@ -1,0 +1,152 @@
+"""The onnxruntime engine: rg.Executor(backend="onnxruntime") against the NumPy executor."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+pytest.importorskip("onnxruntime", reason="the engine needs onnxruntime (retrograd[onnx])")
+
+import retrograd as rg  # noqa: E402
+from retrograd.ops.registry import OPS, OpDef  # noqa: E402
+
+
+def _fc_training(optimizer=None):
+    main, startup = rg.Program(), rg.Program()
+    with rg.program_guard(main, startup):
+        x = rg.data("x", [-1, 6])
+        y = rg.data("y", [-1, 3])
+        h = rg.layers.fc(x, 5, act="tanh", name="fc1")
+        pred = rg.layers.fc(h, 3, name="fc2")
+        loss = rg.mean(rg.square(pred - y))
+        (optimizer or rg.optim.Adam(0.05, clip_norm=1.0)).minimize(loss)
+    return main, startup, loss
+
+
+def _pair(startup):
+    """A NumPy executor and an engine executor starting from the same parameters."""
+    ref = rg.Executor()
+    ref.run(startup)
+    exe = rg.Executor(backend="onnxruntime")
+    for name, value in ref.scope.vars.items():
+        exe.scope.set(name, np.array(value))
+    return ref, exe
+
+
+def _batches(n, seed=0):
+    rng = np.random.default_rng(seed)
+    return [{"x": rng.standard_normal((8, 6)).astype("float32"),
+             "y": rng.standard_normal((8, 3)).astype("float32")} for _ in range(n)]
+
+
+@pytest.mark.parametrize("optimizer", [None, rg.optim.SGD(0.1), rg.optim.Momentum(0.05, 0.9)],
+                         ids=["adam-clip", "sgd", "momentum"])
+def test_training_steps_match_the_numpy_executor(optimizer):
+    main, startup, loss = _fc_training(optimizer)
+    ref, exe = _pair(startup)
+    for feed in _batches(5):
+        want, = ref.run(main, feed=feed, fetch_list=[loss])
+        got, = exe.run(main, feed=feed, fetch_list=[loss])
+        np.testing.assert_allclose(got, want, rtol=1e-5)
+    for var in main.list_vars():
+        if var.persistable:
+            got = exe.scope.get(var.name)
+            assert isinstance(got, np.ndarray)
+            np.testing.assert_allclose(got, ref.scope.get(var.name), rtol=2e-5, atol=1e-6, err_msg=var.name)
+    stats = exe.last_stats
+    assert stats.time_s > 0 and stats.ops_run > 0 and stats.peak_bytes > 0
+
+
+def test_session_is_built_once_and_rebuilt_when_the_program_changes():
+    main, startup, loss = _fc_training()
+    _, exe = _pair(startup)
+    engine = exe._engine
+    feed = _batches(1)[0]
+    for _ in range(3):
+        exe.run(main, feed=feed, fetch_list=[loss])
+    assert engine.sessions_built == 1
+    exe.run(main, feed=feed, fetch_list=[loss, "fc1.w"])        # another fetch set: another session
+    assert engine.sessions_built == 2
+    with rg.program_guard(main, rg.Program()):
+        doubled = loss * 2.0                                     # the program changes (version bump)
+    got_loss, got_doubled = exe.run(main, feed=feed, fetch_list=[loss, doubled])
+    assert engine.sessions_built == 3
+    assert float(got_doubled) == pytest.approx(2 * float(got_loss), rel=1e-6)
+    assert len(engine._sessions) == 1                            # the old version's sessions are gone
+
+
+def test_values_fetched_earlier_keep_their_numbers():
+    main, startup, loss = _fc_training()
+    _, exe = _pair(startup)
+    feed = _batches(1)[0]
+    first = exe.scope.get("fc1.w")
+    kept = first.copy()
+    fetched, = exe.run(main, feed=feed, fetch_list=["fc1.w"])
+    fetched_copy = fetched.copy()
+    for _ in range(3):
+        exe.run(main, feed=feed, fetch_list=[loss])
+    np.testing.assert_array_equal(first, kept)
+    np.testing.assert_array_equal(fetched, fetched_copy)
+    assert not np.array_equal(exe.scope.get("fc1.w"), kept)       # while the scope moved on
+
+
+def _error(run):
+    with pytest.raises(rg.RetrogradError) as info:
+        run()
+    return type(info.value), str(info.value)
+
+
+@pytest.mark.parametrize("bad", [
+    {"x": np.ones((8, 5), "float32"), "y": np.ones((8, 3), "float32")},     # wrong shape
+    {"x": np.full((8, 6), "a"), "y": np.ones((8, 3), "float32")},           # wrong dtype
+    {"x": np.ones((8, 6), "float32")},                                      # missing feed
+], ids=["shape", "dtype", "missing"])
+def test_bad_feeds_get_the_numpy_executors_error(bad):
+    main, startup, loss = _fc_training()
+    ref, exe = _pair(startup)
+    want = _error(lambda: ref.run(main, feed=bad, fetch_list=[loss]))
+    got = _error(lambda: exe.run(main, feed=bad, fetch_list=[loss]))
+    assert got[0] is want[0] is not rg.RetrogradError
+    assert issubclass(got[0], rg.FeedError)
+    if "missing" not in str(bad.keys()) and "y" in bad:
+        assert got[1] == want[1]
+
+
+@pytest.fixture
+def op_without_lowering():
+    """A registered op with a kernel and no ONNX lowering, removed afterwards."""
+    def rule(ins, attrs):
+        return [(ins[0].shape, ins[0].dtype)]
+    OPS["TimesTwoNoOnnx"] = OpDef("TimesTwoNoOnnx", lambda k, x: x * 2, rule)
+    yield "TimesTwoNoOnnx"
+    del OPS["TimesTwoNoOnnx"]
+
+
+def test_an_op_without_a_lowering_is_a_backend_error_naming_it(op_without_lowering):
+    from retrograd.ops.registry import append_op
+    main, startup = rg.Program(), rg.Program()
+    with rg.program_guard(main, startup):
+        x = rg.data("x", [3])
+        y, = append_op(op_without_lowering, [x])
+    assert rg.Executor().run(main, feed={"x": np.ones(3, "float32")}, fetch_list=[y])[0][0] == 2.0
+    exe = rg.Executor(backend="onnxruntime")
+    with pytest.raises(rg.BackendError, match=op_without_lowering):
+        exe.run(main, feed={"x": np.ones(3, "float32")}, fetch_list=[y])
+
+
+def test_cuda_without_onnxruntime_gpu_is_a_backend_error():
+    import onnxruntime
+    if "CUDAExecutionProvider" in onnxruntime.get_available_providers():
+        pytest.skip("onnxruntime-gpu is installed here")
+    with pytest.raises(rg.BackendError, match="onnxruntime-gpu"):
+        rg.Executor(backend="onnxruntime", device="cuda")
+
+
+def test_a_program_with_nothing_to_run_returns_its_feeds_and_parameters():
+    main, startup = rg.Program(), rg.Program()
+    with rg.program_guard(main, startup):
+        x = rg.data("x", [2])
+        w = rg.create_parameter("w", [2], init=0.5)
+    ref, exe = _pair(startup)
+    got = exe.run(main, feed={"x": np.ones(2, "float32")}, fetch_list=[x, w])
+    np.testing.assert_array_equal(got[0], np.ones(2))
+    np.testing.assert_array_equal(got[1], np.full(2, 0.5))

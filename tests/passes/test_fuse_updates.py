@@ -1,0 +1,99 @@
+"""fuse_optimizer_updates: one FusedAdamUpdate gives the separate AdamUpdate ops' numbers exactly."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import retrograd as rg
+from retrograd.ir.verify import verify_program
+from retrograd.passes import fuse_optimizer_updates, optimize_for_engine
+
+
+def _training(weight_decay: float = 0.0):
+    main, startup = rg.Program(), rg.Program()
+    with rg.program_guard(main, startup):
+        x = rg.data("x", [-1, 6])
+        y = rg.data("y", [-1, 3])
+        h = rg.layers.fc(x, 5, act="tanh", name="fc1")
+        pred = rg.layers.fc(h, 3, name="fc2")
+        loss = rg.mean(rg.square(pred - y))
+        rg.optim.Adam(0.05, clip_norm=1.0, weight_decay=weight_decay).minimize(loss)
+    return main, startup, loss
+
+
+def _train(main, startup, loss, steps: int = 4) -> dict:
+    exe = rg.Executor()
+    exe.run(startup)
+    rng = np.random.default_rng(0)
+    for _ in range(steps):
+        exe.run(main, feed={"x": rng.standard_normal((8, 6)), "y": rng.standard_normal((8, 3))},
+                fetch_list=[loss])
+    return {v.name: np.array(exe.scope.get(v.name)) for v in main.list_vars() if v.persistable}
+
+
+@pytest.mark.parametrize("weight_decay", [0.0, 0.01])
+def test_fused_adam_matches_separate_updates_bit_for_bit(weight_decay):
+    main, startup, loss = _training(weight_decay)
+    fused = main.clone()
+    removed = fuse_optimizer_updates(fused)
+    types = [op.type for op in fused.global_block().ops]
+    assert removed == 3 and types.count("FusedAdamUpdate") == 1 and "AdamUpdate" not in types
+    verify_program(fused)
+    want = _train(main, startup, loss)
+    got = _train(fused, startup, loss)
+    assert want.keys() == got.keys()
+    for name in want:
+        np.testing.assert_array_equal(got[name], want[name], err_msg=name)
+    assert int(got["fc1.w.step"][0]) == 4
+
+
+def test_updates_with_different_hyperparameters_stay_apart():
+    main, startup = rg.Program(), rg.Program()
+    with rg.program_guard(main, startup):
+        x = rg.data("x", [-1, 4])
+        a = rg.layers.fc(x, 4, name="a")
+        b = rg.layers.fc(x, 4, name="b")
+        pa = rg.append_backward(rg.mean(a * a), parameter_list=["a.w", "a.b"])
+        pb = rg.append_backward(rg.mean(b * b), parameter_list=["b.w", "b.b"])
+        rg.optim.Adam(0.1).apply_gradients(pa)
+        rg.optim.Adam(0.2).apply_gradients(pb)
+    fused = main.clone()
+    assert fuse_optimizer_updates(fused) == 2
+    assert [op.attrs["lr"] for op in fused.global_block().ops if op.type == "FusedAdamUpdate"] == [0.1, 0.2]
+
+
+def test_an_update_whose_parameter_is_read_before_the_last_update_stays():
+    main, startup = rg.Program(), rg.Program()
+    with rg.program_guard(main, startup):
+        x = rg.data("x", [-1, 4])
+        a = rg.layers.fc(x, 4, name="a")
+        b = rg.layers.fc(x, 4, name="b")
+        pa = rg.append_backward(rg.mean(a * a), parameter_list=["a.w", "a.b"])
+        pb = rg.append_backward(rg.mean(b * b), parameter_list=["b.w", "b.b"])
+        opt = rg.optim.Adam(0.1)
+        opt.apply_gradients(pa)
+        probe = rg.sum(main.global_block().var("a.w"))      # reads a.w after its update
+        opt.apply_gradients(pb)
+    fused = main.clone()
+    fuse_optimizer_updates(fused)
+    ops = fused.global_block().ops
+    assert [op.type for op in ops].count("AdamUpdate") == 1      # a.w's stays before the read
+    want = _train_probe(main, startup, probe)
+    got = _train_probe(fused, startup, probe)
+    np.testing.assert_array_equal(got, want)
+
+
+def _train_probe(main, startup, probe):
+    exe = rg.Executor()
+    exe.run(startup)
+    out, = exe.run(main, feed={"x": np.ones((2, 4), "float32")}, fetch_list=[probe])
+    return out
+
+
+def test_optimize_for_engine_leaves_the_program_alone():
+    main, _, _ = _training()
+    version = main.version
+    text = str(main)
+    rewritten = optimize_for_engine(main)
+    assert str(main) == text and main.version == version
+    assert "FusedAdamUpdate" in str(rewritten)
