@@ -29,7 +29,7 @@ from ..ir.program import Op, Var
 from ..ops import streams
 from ..ops.registry import GradCtx, defop
 from .recompute import seen_from
-from ..ops.recurrent_steps import is_budget
+from ..ops.recurrent_steps import BUDGET_VARIANTS, BudgetVariant, is_budget
 from .schedules import StepRunner, budget_plan, run_backward, sweep
 
 SCHEDULE_LEN = 5          # [iterations, stride k, checkpoints, bytes per loop-var set, bytes per taped iteration]
@@ -288,3 +288,6 @@ class _Iterations(StepRunner):
 
 def is_budgeted(attrs: dict) -> bool:
     return is_budget(attrs.get("recompute"))
+
+
+BUDGET_VARIANTS["While"] = BudgetVariant(output_specs, forward_kernel, grad_maker)

@@ -30,6 +30,7 @@ from ..ir.program import Block, Op, Var
 from . import streams
 from .loop_grad import LoopView, loop_grad
 from .loop_stacks import Kept
+from .recurrent_steps import budget_variant, is_budget
 from .registry import GradCtx, append_op, defop
 from .lowering import lowers
 from .subblocks import (as_outputs, as_vars, bound_var, check_bound, check_predicate, full_flags,
@@ -71,8 +72,7 @@ def _while_rule(ins: list[Var], attrs: dict) -> list:
     specs = (_carry_specs(ins[:n], attrs["body"], attrs["body_outs"]) + [((), "int64")]
              + [_stack_spec(attrs["body"], name) for name in attrs["ys"]])
     if attrs.get("budget_outputs"):  # recompute=<bytes>: checkpoints and schedule (memory/while_budget.py)
-        from ..memory.while_budget import output_specs
-        specs += output_specs(ins[:n], attrs)
+        specs += budget_variant("While").output_specs(ins[:n], attrs)
     return specs
 
 
@@ -91,13 +91,12 @@ def _scan_rule(ins: list[Var], attrs: dict) -> list:
 
 def _while_grad(g: GradCtx) -> list:
     if _budgeted(g.attrs):   # recompute=<bytes>: memory/while_budget.py swaps the Scan for its own op
-        from ..memory.while_budget import grad_maker
-        return grad_maker(g, lambda g: loop_grad(g, LoopView.of_while(g)))
+        return budget_variant("While").grad(g, lambda g: loop_grad(g, LoopView.of_while(g)))
     return loop_grad(g, LoopView.of_while(g))
 
 
 def _budgeted(attrs: dict) -> bool:
-    return isinstance(attrs.get("recompute"), int) and not isinstance(attrs.get("recompute"), bool)
+    return is_budget(attrs.get("recompute"))
 
 
 @defop("While", inputs=("init*", "consts*"), outputs=("finals*", "iters", "ys*"), infer=_while_rule,
@@ -106,8 +105,7 @@ def _while(k, *arrays):
     """Run ``body`` while ``cond`` holds; the final loop vars, the trip count, the kept values."""
     attrs, run, xp, op = k.attrs, k.run, k.xp, k.op
     if _budgeted(attrs):     # recompute=<bytes>: checkpoints instead of kept values (memory/while_budget.py)
-        from ..memory.while_budget import forward_kernel
-        return forward_kernel(k, *arrays, truth=truth, check_stable=_check_stable)
+        return budget_variant("While").forward(k, *arrays, truth=truth, check_stable=_check_stable)
     n = len(attrs["carry_binds"])
     carries, consts = list(arrays[:n]), dict(zip(op.inputs[n:], arrays[n:]))
     ys, full = attrs["ys"], full_flags(attrs, attrs["ys"])
@@ -147,8 +145,10 @@ def _while_onnx(g):
     n = len(a["carry_binds"])
     carry_vars = g.out_vars[:n]
     first, = g.lower(a["cond"], dict(zip(a["cond_binds"], g.ins[:n])), [a["cond_out"]])
+    if streams.contains_random(a["cond"]):
+        g.fail("a loop condition that draws random numbers has no ONNX form")
     body = g.child()
-    body.input("iter", "int64", [])
+    body.stream(body.input("iter", "int64", []))
     body.input("cond", "bool", [])
     carries = [body.input(name, var.dtype, None) for name, var in zip(a["carry_binds"], carry_vars)]
     count = body.input("iters", "int64", [])
@@ -222,6 +222,7 @@ def _scan_onnx(g):
     cond = body.input("cond", "bool", [])
     carries = [body.input(name, var.dtype, None) for name, var in zip(a["carry_binds"], g.out_vars[:c])]
     index = body.node("Sub", [body.node("Sub", [count, body.const(1, "int64")]), i]) if a["reverse"] else i
+    body.stream(index)
     slices = [body.node("Gather", [x, index], axis=0) for x in g.ins[1 + c:1 + c + s]]
     binds = {**dict(zip(a["carry_binds"], carries)), **dict(zip(a["x_binds"], slices))}
     values = body.lower(a["body"], binds, list(a["body_outs"]) + list(a["ys"]))
@@ -290,8 +291,8 @@ def while_loop(cond_fn: Callable[..., Var], body_fn: Callable[..., Var | Sequenc
     inits, kind = _loop_vars(loop_vars)
     for j, var in enumerate(inits):
         if not block.sees(var):
-            raise ProgramError(f"While in block {block.idx}: loop var {j} '{var.name}' belongs to block "
-                               f"{var.block.idx}, which block {block.idx} cannot see")
+            raise ProgramError(f"While in block {block.idx}: loop var {j} '{var.name}' belongs to "
+                               f"{block.home_of(var)}, which block {block.idx} cannot see")
     if max_iters is not None and (isinstance(max_iters, bool) or not isinstance(max_iters, int) or max_iters < 0):
         raise ProgramError(f"While in block {block.idx}: max_iters must be None or an int >= 0, got {max_iters!r}")
     if recompute is not None and not (_budgeted({"recompute": recompute}) and recompute >= 0):
