@@ -34,11 +34,17 @@ def onnx_dtype(dtype: str) -> int:
     return _DTYPES[dtype]
 
 
+RUN_ID = "retrograd.run_id"
+
+
 class Names:
-    """Model-wide unique value names, readable (derived from retrograd names)."""
+    """Model-wide unique value names, readable (derived from retrograd names); also the model's
+    main graph, which gets the run-id input when a random op asks for it."""
 
     def __init__(self):
         self.used: set[str] = set()
+        self.main: "Graph | None" = None
+        self.run_id: str | None = None
 
     def reserve(self, name: str) -> str:
         self.used.add(name)
@@ -76,9 +82,13 @@ class Env:
 class Graph:
     """The nodes of one ONNX graph being built (main graph or a control-flow body)."""
 
-    def __init__(self, names: Names, opset: int):
+    def __init__(self, names: Names, opset: int, rng_path: Sequence = ()):
         self.names = names
         self.opset = opset
+        # (loop key, iteration) pairs of the loops this graph runs in: ints or ONNX int64 scalars
+        self.rng_path = list(rng_path)
+        if names.main is None:
+            names.main = self
         self.nodes: list[onnx.NodeProto] = []
         self.inputs: list[onnx.ValueInfoProto] = []
         self.initializers: list[onnx.TensorProto] = []
@@ -223,7 +233,27 @@ class OpContext:
     def child(self) -> "OpContext":
         """The same op's context emitting into a new, empty graph (an If branch, a Loop body);
         values of the enclosing graphs stay readable by name."""
-        return OpContext(Graph(self.graph.names, self.graph.opset), self.op, self.ins, self.env)
+        return OpContext(Graph(self.graph.names, self.graph.opset, self.graph.rng_path), self.op, self.ins,
+                         self.env)
+
+    def stream(self, index: str) -> None:
+        """This (child) graph is iteration ``index`` (an ONNX int64 scalar) of the op's loop: random
+        ops in it draw from the op's loop key and that index (``ops/streams.py``)."""
+        if "rng_id" in self.attrs:
+            self.graph.rng_path = self.graph.rng_path + [int(self.attrs["rng_id"]), index]
+
+    def random_bits(self, seed: int, shape: str, salt: int = 0, per_run: bool = True) -> str:
+        """The keyed generator's 32-bit hashes (int64) for an op with ``seed``, shaped by the int64
+        1-D value ``shape``: key (seed, run id, loop keys and iterations), as the kernels draw.
+        The run id is the model input ``retrograd.run_id`` (int64 scalar; the executor's count
+        of runs, so feed a new one per run); ``per_run=False`` leaves it out of the key
+        (initialisers draw the same values in every run)."""
+        from .keyed_random import hash_bits
+        names = self.graph.names
+        if names.run_id is None and per_run:
+            names.run_id = names.main.input(RUN_ID, "int64", [])
+        run = [names.run_id] if per_run else []
+        return hash_bits(self, [int(seed), *run, *self.graph.rng_path], shape, salt)
 
     def input(self, hint: str, dtype: str, shape: Sequence | None = None) -> str:
         """A formal input of this context's graph (a Loop body's iteration count, carries)."""

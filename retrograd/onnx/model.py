@@ -13,6 +13,10 @@ Inputs, initializers, outputs of the model built from block 0:
 * each fetch is an output under its own name, except a fetch that is also
   an input's name and that the program overwrites: that output is named
   ``<name>.new``, like the written persistables below;
+* a program with random ops (dropout) has one more input,
+  ``retrograd.run_id`` (int64 scalar): the masks are the keyed generator's for
+  that run id, the same as the NumPy executor draws in its run of that
+  number (``exe._run.run_id`` counts runs); feed a new value per run;
 * every persistable the program writes (optimizer updates, step counters) is
   an output named ``<name>.new`` holding the value after the run, so a runtime
   feeds it back as ``<name>`` on the next run.
@@ -109,6 +113,8 @@ def build_model(program: Program, fetch: Sequence[str], scope=None, param_inputs
             graph.nodes.append(helper.make_node("Identity", [value], [oname]))
         outputs.append(oname)
         infos.append(helper.make_tensor_value_info(oname, onnx_dtype(var.dtype), [None] * var.ndim))
+    if names.run_id is not None:    # a random op reads the run id: an input like the feeds
+        feeds.append(names.run_id)
     gp = helper.make_graph(graph.nodes, name, graph.inputs, infos, initializer=graph.initializers)
     model = helper.make_model(gp, opset_imports=[helper.make_opsetid("", opset)],
                               producer_name="retrograd")

@@ -39,7 +39,7 @@ def _if_onnx(g):
         body = g.child()
         values = lower_call(body, b, g.ins[1:])
         branches.append(body.finish(f"{g.op.outputs[0] if g.op.outputs else 'if'}.branch{b}",
-                                    list(zip(values, g.out_vars))))
+                                    [(v, var.dtype, [None] * var.ndim) for v, var in zip(values, g.out_vars)]))
     return g.nodes("If", [g.ins[0]], len(g.out_vars), then_branch=branches[0], else_branch=branches[1])
 
 
@@ -86,3 +86,60 @@ def cond(pred: Var, true_fn: Callable[[], Var | tuple], false_fn: Callable[[], V
              "outs": [[v.name for v in vars_] for vars_ in results]}
     outs = append_op("If", [pred] + [block.var(n) for n in reads], attrs, name="cond")
     return outs[0] if single and len(outs) == 1 else tuple(outs)
+
+
+def switch_case(branch_index: Var, branch_fns, default: Callable | None = None):
+    """Run the branch whose key equals ``branch_index`` at run time (PaddlePaddle's ``switch_case``).
+
+    ``branch_index`` is an integer scalar Var (shape [] or [1]); ``branch_fns``
+    is a list of functions (keys 0, 1, ...), a list of ``(key, fn)`` pairs or a
+    dict ``{key: fn}`` with int keys. When no key matches, ``default`` runs, or,
+    when ``default`` is None, the branch with the largest key. Every function is
+    called once, to build its block, and returns Vars matching the others in
+    number, dtype and shape. Built as nested ``If`` ops, so it differentiates
+    (to any order) like ``cond``.
+
+    Example::
+
+        y = rg.switch_case(i, {0: lambda: x * 2.0, 3: lambda: rg.sin(x)}, default=lambda: -x)
+    """
+    block = current_block()
+    if not isinstance(branch_index, Var) or branch_index.dtype not in ("int32", "int64") \
+            or branch_index.shape not in ((), (1,)):
+        raise ProgramError(f"switch_case in block {block.idx}: branch_index must be an int32/int64 scalar "
+                           f"Var (shape [] or [1]), got {branch_index!r}")
+    pairs = _branch_pairs(branch_fns, block)
+    if default is None:
+        *pairs, (_, default) = sorted(pairs, key=lambda pair: pair[0])
+    elif not callable(default):
+        raise ProgramError(f"switch_case in block {block.idx}: default must be a function or None, "
+                           f"got {default!r}")
+    return _chain(branch_index, pairs, default)
+
+
+def _branch_pairs(branch_fns, block: Block) -> list[tuple[int, Callable]]:
+    """``branch_fns`` as (key, fn) pairs with distinct int keys."""
+    if isinstance(branch_fns, dict):
+        pairs = list(branch_fns.items())
+    elif isinstance(branch_fns, (list, tuple)) and all(callable(fn) for fn in branch_fns):
+        pairs = list(enumerate(branch_fns))
+    elif isinstance(branch_fns, (list, tuple)) and all(isinstance(p, (list, tuple)) and len(p) == 2
+                                                       for p in branch_fns):
+        pairs = [tuple(p) for p in branch_fns]
+    else:
+        raise ProgramError(f"switch_case in block {block.idx}: branch_fns must be a list of functions, a "
+                           f"list of (int, function) pairs or a dict {{int: function}}, got {branch_fns!r}")
+    keys = [key for key, _ in pairs]
+    if not pairs or any(isinstance(k, bool) or not isinstance(k, int) for k in keys) \
+            or len(set(keys)) != len(keys) or not all(callable(fn) for _, fn in pairs):
+        raise ProgramError(f"switch_case in block {block.idx}: branch_fns needs at least one branch, "
+                           f"distinct int keys and functions, got keys {keys!r}")
+    return pairs
+
+
+def _chain(index: Var, pairs: list[tuple[int, Callable]], default: Callable):
+    """cond(index == k0, fn0, cond(index == k1, fn1, ... default)): each function built once."""
+    if not pairs:
+        return default()
+    (key, fn), rest = pairs[0], pairs[1:]
+    return cond(equal(index, key), fn, lambda: _chain(index, rest, default))

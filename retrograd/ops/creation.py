@@ -202,6 +202,17 @@ def _uniform(k):
                                     a["dtype"])
 
 
+@lowers("UniformRandom")
+def _uniform_onnx(g):
+    """The keyed generator's uniform draw, in float64 as the kernels, rounded once."""
+    a = g.attrs
+    bits = g.random_bits(a["seed"], g.const(list(a["shape"]), "int64"), per_run=False)
+    u = g.node("Mul", [g.cast(bits, "float64"), g.const(2.0 ** -32, "float64")])
+    value = g.node("Add", [g.const(a["low"], "float64"),
+                           g.node("Mul", [g.const(a["high"] - a["low"], "float64"), u])])
+    return [g.cast(value, a["dtype"])]
+
+
 @defop("GaussianRandom", inputs=(), infer=_attr_shape, random=True)
 def _gaussian(k):
     """Normal(mean, std) values from the op's seed (and ``k.run.rng_path`` inside loops)."""

@@ -43,6 +43,11 @@ read, e.g. an unused mask). ``g`` is a per-op context
   and ``finish(name, [(value, Var), ...])`` returns the ``onnx.GraphProto``.
   ``g.lower(...)`` on the op's own context inlines a block (``Do``).
   ``g.nodes(...)`` is ``g.node`` always returning a list.
+* Random ops: ``g.random_bits(seed, shape, per_run=True)`` is the keyed
+  generator's int64 32-bit hashes (``retrograd/onnx/keyed_random.py``), key
+  (seed, run id, loop keys and iterations) as the kernels'; a loop lowering
+  calls ``body.stream(index)`` on its body context so random ops inside draw
+  per iteration (a no-op unless the op has an ``rng_id``).
 * ``g.fail(reason)``: raise ``rg.BackendError`` naming the op and its block;
   call it for an attribute value the lowering cannot express. A program with
   an op that has no lowering fails the same way, before anything is written.

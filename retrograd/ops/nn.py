@@ -7,6 +7,8 @@ call away.
 """
 from __future__ import annotations
 
+import math
+
 from .. import backend
 from ..errors import ProgramError, ShapeError
 from ..ir.builder import current_block
@@ -251,6 +253,18 @@ def _dropout(k, x):
     keep = k.backend.random_keep_mask(random_key(k, k.attrs["seed"]), x.shape, keep_prob)
     mask = xp.where(keep, xp.full(x.shape, 1.0 / keep_prob, dtype=x.dtype), xp.zeros_like(x))
     return x * mask, mask
+
+
+@lowers("Dropout")
+def _dropout_onnx(g):
+    """The keyed generator's keep mask (``retrograd.run_id`` is a model input): the same mask as
+    the kernels for the same run id."""
+    x, dtype, keep_prob = g.ins[0], g.in_vars[0].dtype, 1.0 - g.attrs["p"]
+    threshold = min(int(math.floor(keep_prob * 2.0 ** 32)), 1 << 32)
+    keep = g.node("Less", [g.random_bits(g.attrs["seed"], g.shape(x)), g.const(threshold, "int64")])
+    zero = g.fill(g.shape(x), 0, dtype)
+    mask = g.node("Where", [keep, g.node("Add", [zero, g.const(1.0 / keep_prob, dtype)]), zero])
+    return [g.node("Mul", [x, mask]), mask]
 
 
 def dropout(x: Var, p: float, seed: int | None = None) -> Var:

@@ -96,7 +96,7 @@ def _rnn_rule(ins: list[Var], attrs: dict):
 def _rnn_kernel(k, *arrays):
     """Run the step block over time; return per state (all, last) views, then the saved step values."""
     attrs, xp, op, run = k.attrs, k.xp, k.op, k.run
-    check_batches(op, *RnnLayout.of(attrs, len(arrays)).split(arrays)[:3])
+    check_batches(xp, op, *RnnLayout.of(attrs, len(arrays)).split(arrays)[:3])
     if is_budget(attrs.get("recompute")):   # recompute=<bytes>: memory/rnn_budget.py runs the op
         return budget_variant("RecurrentNetwork").forward(k, *arrays)
     lay = RnnLayout.of(attrs, len(arrays))
@@ -207,6 +207,7 @@ def _rnn_onnx(g):
     k, step = lay.n_state, a["step"]
     body = g.child()
     t = body.input("t", "int64", [])
+    body.stream(t)
     cond = body.input("cond", "bool", [])
     prev = [body.input(name, step.var(name).dtype, None) for name in a["states"]]
     binds = dict(zip(g.op.inputs[lay.outer_start:lay.n_inputs], outers))

@@ -535,6 +535,7 @@ def _rnn_grad_onnx(g):
     dcur = [body.input(f"{n}.dcur", v.dtype, None) for n, v in zip(a["dnext"], init_vars)]
     accs = [body.input(f"{g.op.inputs[lay.fwd.outer_start + j]}.acc", outer_vars[j].dtype, None) for j in summed]
     t = body.node("Sub", [body.node("Sub", [steps, body.const(1, "int64")]), it])
+    body.stream(t)     # step t of the backward replays forward step t's draws
     binds = dict(zip(g.op.inputs[lay.fwd.outer_start:lay.fwd.n_inputs], outers))
     carries = []
     for i in range(k):
