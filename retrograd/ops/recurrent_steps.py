@@ -62,7 +62,7 @@ def time_steps(op, seqs: list) -> int:
     return lengths.pop()
 
 
-def check_batches(op, seqs: list, inits: list, lengths) -> None:
+def check_batches(xp, op, seqs: list, inits: list, lengths) -> None:
     """Run-time checks a shape rule cannot make while sizes are -1: each initial state and
     ``seq_lengths`` has the sequences' batch N (axis 1), and every length lies in [0, T].
 
@@ -83,8 +83,9 @@ def check_batches(op, seqs: list, inits: list, lengths) -> None:
     if tuple(lengths.shape) != (batch,):
         raise ExecutionError(f"{op.where()}: seq_lengths has shape {list(lengths.shape)}, expected "
                              f"[{batch}] (one length per example of '{op.inputs[0]}')")
-    if batch and not (0 <= int(lengths.min()) and int(lengths.max()) <= steps):
-        raise ExecutionError(f"{op.where()}: seq_lengths holds {int(lengths.min())}..{int(lengths.max())}; "
+    low, high = (int(xp.min(lengths)), int(xp.max(lengths))) if batch else (0, 0)
+    if not 0 <= low <= high <= steps:
+        raise ExecutionError(f"{op.where()}: seq_lengths holds {low}..{high}; "
                              f"each length must lie in [0, {steps}] (the sequences have {steps} steps)")
 
 

@@ -122,7 +122,7 @@ def append_op(type: str, inputs: Sequence[Var], attrs: dict | None = None, *,
                                "is not a Var")
         if not block.sees(var):
             raise ProgramError(f"{_building_at(True)}{type} in block {block.idx}: input '{var.name}' "
-                               f"belongs to block {var.block.idx}, which block {block.idx} cannot see")
+                               f"belongs to {block.home_of(var)}, which block {block.idx} cannot see")
     specs = infer_specs(type, in_vars, attrs, block)
     if outputs is None:
         prefix = name or _snake(type)

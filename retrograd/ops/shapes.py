@@ -3,6 +3,8 @@ from __future__ import annotations
 
 from typing import Sequence
 
+import numpy as np
+
 from ..errors import ShapeError
 from ..ir.dtypes import promote
 from ..ir.program import Var
@@ -68,6 +70,8 @@ def compare_rule(ins: list[Var], attrs: dict):
 
 
 def normalize_axis(axis: int, ndim: int) -> int:
+    if isinstance(axis, bool) or not isinstance(axis, (int, np.integer)):
+        raise ShapeError(f"axis {axis!r:.40} is not an integer")
     if not -ndim <= axis < max(ndim, 1):
         raise ShapeError(f"axis {axis} is out of range for rank {ndim}")
     return axis % ndim if ndim else 0
@@ -79,8 +83,11 @@ def normalize_axes(axis, ndim: int) -> tuple[int, ...]:
         return tuple(range(ndim))
     if isinstance(axis, int):
         axis = [axis]
-    axes = sorted({normalize_axis(a, ndim) for a in axis})
-    return tuple(axes)
+    axes = [normalize_axis(a, ndim) for a in axis]
+    if len(set(axes)) != len(axes):
+        # NumPy refuses these too; silently reducing once would hide a typo.
+        raise ShapeError(f"axis {list(axis)} repeats an axis (rank {ndim})")
+    return tuple(sorted(axes))
 
 
 def dims_compatible(a: int, b: int) -> bool:

@@ -77,7 +77,7 @@ def as_vars(result, what: str, block: Block) -> tuple[list[Var], bool]:
             raise ProgramError(f"{what} returned {type(var).__name__} {var!r} at position {i}; return "
                                "Vars (rg.constant makes one from a number)")
         if not block.sees(var):
-            raise ProgramError(f"{what} returned '{var.name}' of block {var.block.idx}, which block "
+            raise ProgramError(f"{what} returned '{var.name}' of {block.home_of(var)}, which block "
                                f"{block.idx} cannot see")
     return items, single
 
@@ -94,8 +94,8 @@ def check_predicate(pred, op_type: str, role: str, block: Block) -> None:
         raise ProgramError(f"{op_type} in block {block.idx}: {role} '{pred.name}' must be a scalar bool "
                            f"(shape [] or [1]), got {pred.type_str()}")
     if not block.sees(pred):
-        raise ProgramError(f"{op_type} in block {block.idx}: {role} '{pred.name}' belongs to block "
-                           f"{pred.block.idx}, which block {block.idx} cannot see")
+        raise ProgramError(f"{op_type} in block {block.idx}: {role} '{pred.name}' belongs to "
+                           f"{block.home_of(pred)}, which block {block.idx} cannot see")
 
 
 # --- Run time ---------------------------------------------------------------------------------

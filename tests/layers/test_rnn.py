@@ -407,3 +407,26 @@ def test_layer_errors_are_program_errors():
         x = rg.data("x", [-1, -1, D])
         with pytest.raises(rg.ProgramError, match=r"h0 must be \[N, 6\]"):
             rg.layers.milstm(x, H, h0=rg.data("h", [-1, H + 1]))
+
+
+@pytest.mark.parametrize("layer", ["lstm", "gru"])
+def test_zero_length_sequence_with_default_states(layer):
+    """Regression (issue #10): default states were sized from x's first step, so T = 0 failed
+    in a Squeeze. They are zeros [N, H]; the last states of an empty sequence are those zeros."""
+    main, startup = rg.Program(), rg.Program()
+    with rg.program_guard(main, startup):
+        x = rg.data("x", [-1, -1, D], dtype="float64")
+        outs = getattr(rg.layers, layer)(x, H, name="rnn")
+        loss = rg.sum(outs[1] * outs[1]) + rg.sum(outs[0])
+        [dx] = rg.gradients(loss, [x])
+    exe = rg.Executor()
+    exe.run(startup)
+    for steps in (0, 2):
+        xb = np.random.default_rng(steps).standard_normal((steps, N, D))
+        got = exe.run(main, feed={"x": xb}, fetch_list=list(outs) + [dx])
+        assert got[0].shape == (steps, N, H) and got[1].shape == (N, H) and got[-1].shape == xb.shape
+        if steps == 0:
+            for value in got[1::2][:2] if layer == "lstm" else [got[1]]:
+                np.testing.assert_array_equal(value, np.zeros((N, H)))
+        else:
+            np.testing.assert_allclose(got[1], got[0][-1])

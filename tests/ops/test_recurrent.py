@@ -646,3 +646,45 @@ def test_zero_time_steps():
     np.testing.assert_array_equal(h_last, feed["h0"])
     np.testing.assert_array_equal(dh0, feed["proj_last"])        # d loss / d h_last passes straight through
     assert not dw.any() and not du.any() and not db.any()
+
+
+def _tanh_rnn(x_shape, h_shape, with_lengths=True):
+    main, startup = rg.Program(), rg.Program()
+    with rg.program_guard(main, startup):
+        x = rg.data("x", x_shape, dtype=F64)
+        h0 = rg.data("h0", h_shape, dtype=F64)
+        lengths = rg.data("lengths", [-1], dtype="int64") if with_lengths else None
+        (h_all,), (h_last,) = rg.recurrent(lambda xs, hs: [rg.tanh(xs[0] + hs[0])], [x], [h0],
+                                           seq_lengths=lengths)
+    return main, h_all, h_last
+
+
+@pytest.mark.parametrize("lengths", [[4, 1], [-1, 2], [0, 3 + 1]])
+def test_seq_lengths_outside_zero_to_t_are_execution_errors(lengths):
+    """Regression (issue #10): lengths above T were silently clamped, negative ones ignored."""
+    main, h_all, h_last = _tanh_rnn([3, -1, 2], [-1, 2])
+    feed = {"x": np.ones((3, 2, 2)), "h0": np.zeros((2, 2)), "lengths": np.array(lengths)}
+    with pytest.raises(ExecutionError, match=r"RecurrentNetwork in block 0: seq_lengths holds -?\d+\.\.\d+; "
+                                             r"each length must lie in \[0, 3\]"):
+        rg.Executor().run(main, feed=feed, fetch_list=[h_last])
+    feed["lengths"] = np.array([0, 3])
+    _, last = rg.Executor().run(main, feed=feed, fetch_list=[h_all, h_last])
+    np.testing.assert_allclose(last, [[0.0, 0.0], np.tanh(1 + np.tanh(1 + np.tanh(1.0))) * np.ones(2)])
+    feed["lengths"] = np.array([1, 2, 3])
+    with pytest.raises(ExecutionError, match=r"seq_lengths has shape \[3\], expected \[2\]"):
+        rg.Executor().run(main, feed=feed, fetch_list=[h_last])
+
+
+def test_initial_state_batch_differing_from_the_input_names_the_state():
+    """Regression (issue #10): the mismatch surfaced as an inner Add that does not broadcast."""
+    main, _, h_last = _tanh_rnn([3, -1, 2], [-1, 2], with_lengths=False)
+    feed = {"x": np.ones((3, 2, 2)), "h0": np.zeros((5, 2))}
+    with pytest.raises(ExecutionError, match=r"RecurrentNetwork in block 0: initial state 'h0' has batch 5 "
+                                             r".*the input sequence 'x' has batch 2"):
+        rg.Executor().run(main, feed=feed, fetch_list=[h_last])
+    with pytest.raises(ProgramError, match=r"initial state 'h0' \(float64\[5, 2\]\) has batch 5, the input "
+                                           r"sequence 'x'"):
+        _tanh_rnn([3, 2, 2], [5, 2], with_lengths=False)
+    with pytest.raises(ProgramError, match=r"initial state 'h0'.* has batch 5"):
+        with rg.program_guard(rg.Program(), rg.Program()):
+            rg.layers.gru(rg.data("x", [3, 2, 2], dtype=F64), 4, h0=rg.data("h0", [5, 4], dtype=F64))

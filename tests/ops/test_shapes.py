@@ -190,3 +190,14 @@ def test_tensor_and_nn_ops_round_trip_through_json():
     got = rg.Executor().run(loaded, feed=feed, fetch_list=[out.name, d.name])
     for w, g in zip(want, got):
         np.testing.assert_array_equal(w, g)
+
+
+@pytest.mark.parametrize("reduce", ["sum", "mean"])
+@pytest.mark.parametrize("axis", [[1, 1], [1, -1], [0, -2, 1]])
+def test_repeated_axes_in_reductions_are_shape_errors(reduce, axis):
+    """Regression (issue #10): repeated axes were silently reduced once (NumPy refuses them)."""
+    with rg.program_guard(rg.Program(), rg.Program()):
+        x = rg.data("x", [2, 3])
+        with pytest.raises(rg.ShapeError, match=rf"{reduce.title()} in block 0: axis .* repeats an axis"):
+            getattr(rg, reduce)(x, axis=axis)
+        assert getattr(rg, reduce)(x, axis=[0, -1]).shape == ()

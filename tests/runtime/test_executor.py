@@ -227,3 +227,28 @@ def test_scope_value_of_another_float_dtype_is_cast_once_and_float_for_int_is_re
     exe.scope.set("count", np.asarray(1.5))
     with pytest.raises(rg.FeedError, match="'count'.*float64.*int64"):
         exe.run(main, feed={"x": xb}, fetch_list=[c])
+
+
+def test_feeding_a_value_an_op_computes_first_is_refused():
+    """Regression (issue #10): the feed was silently replaced by the op's result."""
+    main, startup, h, loss = _mlp()
+    exe = rg.Executor()
+    exe.run(startup)
+    xb = np.ones((2, 4), np.float32)
+    with pytest.raises(FeedError, match=rf"feed '{h.name}' would be ignored: .*op #\d+ Tanh in block 0 computes it"):
+        exe.run(main, feed={"x": xb, h.name: np.zeros((2, 3), np.float32)}, fetch_list=[loss])
+    exe.run(main, feed={"x": xb}, fetch_list=[loss])          # without it: runs
+
+
+def test_feeding_a_parameter_that_an_update_writes_is_honoured():
+    """A fed persistable read before its update (an optimizer step) starts the update."""
+    main, startup = Program(), Program()
+    with rg.program_guard(main, startup):
+        w = rg.create_parameter("w", [2], init=1.0)
+        loss = rg.sum(w * w)
+        rg.optim.SGD(0.25).minimize(loss)
+    exe = rg.Executor()
+    exe.run(startup)
+    [value] = exe.run(main, feed={"w": np.array([2.0, -4.0], np.float32)}, fetch_list=[loss])
+    assert value == pytest.approx(20.0)
+    np.testing.assert_allclose(exe.scope.get("w"), [1.0, -2.0])    # w - 0.25 * 2w, from the fed w
