@@ -7,6 +7,7 @@ from ..errors import ProgramError, ShapeError
 from ..ir.builder import block_guard, current_block
 from ..ir.program import Block, Var
 from .calls import call_grad, call_rule, lower_call, run_call
+from .math import equal
 from .registry import GradCtx, append_op, defop
 from .lowering import lowers
 from .subblocks import as_vars, check_predicate, names_of, outer_reads, shapes_compatible, truth, unique
