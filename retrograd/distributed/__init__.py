@@ -14,11 +14,12 @@ Example (``mpiexec -n 4 python train.py``)::
         exe.run(main, feed={"x": xb[rank::size]})   # each rank its shard
 
 Without ``mpiexec`` (or without mpi4py) ``rank()`` is 0, ``world_size()`` 1
-and the same code runs in one process. Importing this package does not start
-MPI; the first ``rank()``, ``world_size()`` or collective does.
+and the same code runs in one process. Importing this package starts MPI
+only under a launcher that started several processes, so that from then on
+an uncaught exception on one rank stops them all.
 """
 from ..errors import FeedError
-from .comm import abort_all_ranks, launcher_size
+from .comm import abort_all_ranks, launcher_size, start_under_launcher
 from .comm import world as _world
 from .data_parallel import DataParallel, average_gradients, broadcast_initial_values
 from .ops import all_reduce, broadcast
@@ -71,3 +72,5 @@ def shard(array, axis: int = 0):
 
 __all__ = ["rank", "world_size", "DataParallel", "all_reduce", "broadcast", "average_gradients",
            "broadcast_initial_values", "shard", "abort_all_ranks", "launcher_size"]
+
+start_under_launcher()

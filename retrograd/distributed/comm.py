@@ -1,10 +1,10 @@
 """Who the ranks are and how they talk: mpi4py's ``COMM_WORLD``, or one process alone.
 
 MPI is started only when a launcher (``mpiexec``, ``srun``) says this
-process is one of several, or when the user already started it
-(``from mpi4py import MPI``, ``python -m mpi4py``). Otherwise ``world()`` is
-a one-rank stand-in whose collectives do nothing, so the same program runs
-unchanged in a plain ``python train.py``.
+process is one of several (then as soon as ``retrograd`` is imported), or
+when the user already started it (``from mpi4py import MPI``, ``python -m
+mpi4py``). Otherwise ``world()`` is a one-rank stand-in whose collectives do
+nothing, so the same program runs unchanged in a plain ``python train.py``.
 
 Under several ranks, an exception that nobody catches stops every rank
 (``MPI_Abort``) after printing its traceback: the others would otherwise wait
@@ -17,6 +17,7 @@ Example::
 """
 from __future__ import annotations
 
+import importlib.util
 import os
 import sys
 
@@ -80,6 +81,14 @@ def world() -> LocalComm | MPIComm:
     if _world is None:
         _world = _connect()
     return _world
+
+
+def start_under_launcher() -> None:
+    """Under a launcher that started several processes, with mpi4py installed, start MPI now:
+    the abort-on-error hook is then in place before the first collective, so a rank failing
+    early still stops the others (they would wait for it in ``MPI_Init`` or a collective)."""
+    if launcher_size() > 1 and importlib.util.find_spec("mpi4py") is not None:
+        world()
 
 
 def launcher_size() -> int:

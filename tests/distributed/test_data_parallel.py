@@ -39,6 +39,13 @@ def test_a_failing_rank_stops_every_rank_with_its_message(mpiexec, via_mpi4py):
     assert "should not have" not in done.stdout
 
 
+def test_a_rank_failing_before_its_first_collective_stops_every_rank(mpiexec):
+    done = mpiexec("fails_before_mpi", via_mpi4py=False)
+    assert done.returncode != 0
+    assert "RuntimeError: rank 1 fails before its first collective" in done.stderr
+    assert "without rank 1" not in done.stdout
+
+
 def test_mismatched_programs_fail_on_every_rank_naming_the_parameter_before_a_step(mpiexec):
     done = mpiexec("mismatched_ranks")
     assert done.returncode == 0, done.stderr
