@@ -1,9 +1,10 @@
-"""The ``retrograd`` command: ``train``, ``sample``, ``show``, ``graph``.
+"""The ``retrograd`` command: ``train``, ``sample``, ``export``, ``show``, ``graph``.
 
 Examples::
 
     retrograd train                         # the main job: a character-level LSTM (retrograd/train.py)
     retrograd sample retrograd-lstm.npz --length 400 --prompt "def "   # text from a saved model
+    retrograd export retrograd-lstm.npz -o lm.onnx   # its sampling step as ONNX (retrograd/onnx/sampler.py)
     retrograd show model.json               # print a program saved with Program.to_json()
     retrograd graph model.json -o model.svg # draw it (DOT text, or SVG/PNG through Graphviz's `dot`)
 
@@ -79,7 +80,7 @@ def _parser() -> argparse.ArgumentParser:
     from . import __version__
     parser.add_argument("--version", action="version", version=f"retrograd {__version__}")
     commands = parser.add_subparsers(dest="command", metavar="COMMAND")
-    for add in (_add_train, _add_sample, _add_show, _add_graph):
+    for add in (_add_train, _add_sample, _add_export, _add_show, _add_graph):
         add(commands)
     return parser
 
@@ -100,6 +101,16 @@ def _add_sample(commands) -> None:
                                              "parameter file written by `retrograd train`.")
     add_sample_arguments(sample)
     sample.set_defaults(handler=run_sample)
+
+
+def _add_export(commands) -> None:
+    from .onnx.sampler import add_export_arguments, run_export
+    export = commands.add_parser("export", help="write a saved model's sampling step as ONNX",
+                                 description="Write the one-step sampling program of a model saved "
+                                             "by `retrograd train` as an ONNX model (onnxruntime "
+                                             "runs it; see the README's ONNX section).")
+    add_export_arguments(export)
+    export.set_defaults(handler=run_export)
 
 
 def _add_show(commands) -> None:
