@@ -24,7 +24,7 @@ from typing import Sequence
 
 import numpy as np
 
-from ..errors import ProgramError, ShapeError
+from ..errors import ExecutionError, ProgramError, ShapeError
 from ..ir.builder import current_block
 from ..ir.program import Block, Op, Var
 from ..ops.registry import append_op, defop, infer_specs
@@ -81,7 +81,7 @@ def _all_reduce(k, *xs):
     return _fused(k, xs, reduce)
 
 
-def all_reduce(xs: Sequence[Var], reduce: str = "mean", *, name: str | None = None) -> list[Var]:
+def all_reduce(xs: Sequence[Var], reduce: str = "mean") -> list[Var]:
     """One ``AllReduce`` op: each Var's mean (or sum) over all ranks; returns new Vars.
 
     Outputs are named ``<input>.<reduce>``; a mean needs float inputs.
@@ -95,7 +95,7 @@ def all_reduce(xs: Sequence[Var], reduce: str = "mean", *, name: str | None = No
         raise ProgramError("all_reduce needs at least one Var")
     block = current_block()
     outputs = _declare_outputs(block, xs, reduce)
-    return append_op("AllReduce", xs, {"reduce": reduce}, outputs=outputs, block=block, name=name)
+    return append_op("AllReduce", xs, {"reduce": reduce}, outputs=outputs, block=block)
 
 
 def _declare_outputs(block: Block, xs: list[Var], reduce: str) -> list[Var]:
@@ -116,9 +116,11 @@ def _broadcast(k, *xs):
     comm = world()
     if comm.size == 1:
         return xs[0] if len(xs) == 1 else xs
+    root = k.attrs["root"]
+    if not 0 <= root < comm.size:
+        raise ExecutionError(f"{k.op.where()}: root {root} is not a rank of this run (0 to {comm.size - 1})")
     check_same_on_all_ranks(comm, k.op, xs, "the programs' persistable values (parameters, "
                                             "optimizer state)")
-    root = k.attrs["root"]
     return _fused(k, xs, lambda host: comm.broadcast(host, root=root))
 
 
@@ -132,7 +134,8 @@ def broadcast(xs: Sequence[Var], root: int = 0) -> list[Var]:
 
     Example::
 
-        rg.distributed.broadcast(startup.global_block().all_parameters())
+        with rg.program_guard(startup, startup):
+            rg.distributed.broadcast([startup.global_block().var("fc.w")])
     """
     xs = list(xs)
     if not xs:
@@ -178,20 +181,25 @@ def check_same_on_all_ranks(comm, op: Op, arrays, what: str) -> None:
 
 
 def _first_difference(everyone: list[list[tuple]]) -> str | None:
-    reference = everyone[0]
-    ref_by_name = {name: (shape, dtype) for name, shape, dtype in reference}
     for rank, theirs in enumerate(everyone[1:], start=1):
-        their_by_name = {name: (shape, dtype) for name, shape, dtype in theirs}
-        for name, shape, dtype in theirs:
-            if name not in ref_by_name:
-                return f"'{name}' exists on rank {rank} but not on rank 0"
-            if ref_by_name[name] != (shape, dtype):
-                ref_shape, ref_dtype = ref_by_name[name]
-                return (f"'{name}' is {ref_dtype}{list(ref_shape)} on rank 0 but "
-                        f"{dtype}{list(shape)} on rank {rank}")
-        for name, _, _ in reference:
-            if name not in their_by_name:
-                return f"'{name}' exists on rank 0 but not on rank {rank}"
-        if [n for n, _, _ in theirs] != [n for n, _, _ in reference]:
-            return f"the variables are in another order on rank {rank} than on rank 0"
+        problem = _difference(everyone[0], theirs, rank)
+        if problem:
+            return problem
+    return None
+
+
+def _difference(reference: list[tuple], theirs: list[tuple], rank: int) -> str | None:
+    """How rank ``rank``'s ``(name, shape, dtype)`` list differs from rank 0's (None: it does not)."""
+    ours = {name: (shape, dtype) for name, shape, dtype in reference}
+    for name, shape, dtype in theirs:
+        if name not in ours:
+            return f"'{name}' exists on rank {rank} but not on rank 0"
+        if ours[name] != (shape, dtype):
+            return (f"'{name}' is {ours[name][1]}{list(ours[name][0])} on rank 0 but "
+                    f"{dtype}{list(shape)} on rank {rank}")
+    missing = [name for name in ours if name not in {n for n, _, _ in theirs}]
+    if missing:
+        return f"'{missing[0]}' exists on rank 0 but not on rank {rank}"
+    if [n for n, _, _ in theirs] != [n for n, _, _ in reference]:
+        return f"the variables are in another order on rank {rank} than on rank 0"
     return None
