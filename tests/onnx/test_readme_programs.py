@@ -77,3 +77,33 @@ def test_recurrent_example_with_lengths(ort_check):
     feed = {"x": np.random.default_rng(2).random((20, 4, 8)).astype("float32"),
             "lengths": np.array([20, 7, 1, 12]), "h0": np.zeros((4, 16), "float32")}
     ort_check(main, exe, feed, [loss, h_all] + [g for _, g in params_grads])
+
+
+def _onnx_section_code() -> list[str]:
+    import pathlib
+    import re
+    text = (pathlib.Path(__file__).parents[2] / "README.md").read_text()
+    section = text[text.index("## ONNX export"):]
+    section = section[:section.index("\n## ", 3)]
+    return re.findall(r"```python\n(.*?)```", section, re.S)
+
+
+def test_readme_onnx_section_runs(tmp_path, monkeypatch, capsys):
+    """The README's ONNX examples as written: the export/training one, then sampling text with
+    onnxruntime alone from a model `retrograd export` wrote."""
+    from retrograd.charlm import ModelConfig, build_training
+    from retrograd.cli import main as cli_main
+    monkeypatch.chdir(tmp_path)
+    export_example, sampling_example = _onnx_section_code()
+    exec(compile(export_example, "README.md", "exec"), {})
+    losses = [float(line) for line in capsys.readouterr().out.split()]
+    assert len(losses) == 3 and losses[2] < losses[0]
+    t = build_training(ModelConfig(hidden=8, embed=4), seq_len=4, optimizer="adam", lr=1e-3, clip_norm=None, seed=0)
+    exe = rg.Executor()
+    exe.run(t.startup)
+    rg.save_params(exe.scope, "retrograd-lstm.npz", t.main)
+    assert cli_main(["export", "retrograd-lstm.npz", "-o", "lm.onnx"]) == 0
+    capsys.readouterr()
+    exec(compile(sampling_example, "README.md", "exec"), {})
+    text = capsys.readouterr().out
+    assert text.startswith("def ") and len(text.rstrip("\n")) >= 304
