@@ -110,7 +110,7 @@ def lstm(x: Var, hidden: int, h0: Var | None = None, c0: Var | None = None,
 
     def step(x_t, states):
         h, c = states
-        return list(lstm_unit(x_t[0] + matmul(h, p["w_hh"]), c, forget_bias))
+        return list(lstm_unit(x_t[0], c, forget_bias, h_gates=matmul(h, p["w_hh"])))
 
     all_states, last_states = recurrent(step, [x_proj], [h0, c0], seq_lengths=seq_lengths,
                                            recompute=recompute)

@@ -30,7 +30,9 @@ from __future__ import annotations
 import math
 from typing import Sequence
 
-from ..errors import ShapeError
+import numpy as np
+
+from ..errors import ExecutionError, ShapeError
 from ..ir.program import Var
 from .creation import zeros_like
 from .math import add_n, matmul, sigmoid, tanh
@@ -147,13 +149,18 @@ def _lstm_activations(xp, gates, forget_bias: float):
 # recurrent network keeps acts per step (as large as the gates, which it no longer needs).
 
 def _lstm_unit_rule(ins, attrs):
-    gates, c_prev = ins
+    gates, c_prev = ins[:2]
     n, hidden = _check_cell(gates, c_prev, 4)
+    if len(ins) == 3:             # the recurrent half h @ w_hh, added in the kernel: same shape only
+        h_gates = ins[2]
+        n = _merge(n, _check_cell(h_gates, c_prev, 4)[0], "batch sizes")
+        if h_gates.dtype != gates.dtype:
+            raise ShapeError(f"'{h_gates.name}' is {h_gates.dtype}, '{gates.name}' is {gates.dtype}")
     return [((n, hidden), gates.dtype), ((n, hidden), gates.dtype), ((n, 4 * hidden), gates.dtype)]
 
 
 def _lstm_unit_grad_maker(g):
-    gates, c_prev = g.x
+    c_prev = g.x[1]
     h, c, acts = g.out
     dh, dc, dacts = g.dout
     dgates, dc_prev = lstm_unit_grad(acts, c_prev, c, dh if dh is not None else zeros_like(h),
@@ -162,15 +169,21 @@ def _lstm_unit_grad_maker(g):
         i, f, gg, o = split(acts, 4, axis=-1)
         slopes = concat([i * (1.0 - i), f * (1.0 - f), 1.0 - gg * gg, o * (1.0 - o)], axis=-1)
         dgates = dgates + dacts * slopes
-    return [dgates, dc_prev]
+    return [dgates, dc_prev] + ([dgates] if len(g.x) == 3 else [])
 
 
-@defop("LSTMUnit", inputs=("gates", "c_prev"), outputs=("h", "c", "acts"), infer=_lstm_unit_rule,
-       grad=_lstm_unit_grad_maker)
-def _lstm_unit(k, gates, c_prev):
+@defop("LSTMUnit", inputs=("gates", "c_prev", "h_gates?"), outputs=("h", "c", "acts"),
+       infer=_lstm_unit_rule, grad=_lstm_unit_grad_maker)
+def _lstm_unit(k, gates, c_prev, h_gates=None):
     """One LSTM step from pre-activation gates [N, 4H] (order i, f, g, o) and c [N, H];
-    also returns the gate activations for the gradient."""
+    also returns the gate activations for the gradient. ``h_gates`` (same shape as
+    ``gates``), when given, is added to the gates first."""
     hidden = c_prev.shape[1]
+    if h_gates is not None:
+        if tuple(h_gates.shape) != tuple(gates.shape):
+            raise ExecutionError(f"{k.op.where()}: gates {list(gates.shape)} and h_gates "
+                                 f"{list(h_gates.shape)} must have one shape (no broadcasting)")
+        gates = gates + h_gates
     acts = _lstm_activations(k.xp, gates, k.attrs["forget_bias"])
     c = acts[:, hidden:2 * hidden] * c_prev
     c += acts[:, :hidden] * acts[:, 2 * hidden:3 * hidden]
@@ -181,8 +194,13 @@ def _lstm_unit(k, gates, c_prev):
 
 @lowers("LSTMUnit")
 def _lstm_unit_onnx(g):
-    gates, c_prev = g.ins
+    gates, c_prev = g.ins[:2]
     dtype = g.in_vars[0].dtype
+    if len(g.ins) == 3:
+        gates = g.node("Add", [gates, g.ins[2]])
+    hidden = g.in_vars[1].shape[1]
+    if hidden >= 0:
+        return _lstm_unit_onnx_fused(g, gates, c_prev, hidden, dtype)
     half = g.const(0.5, dtype)
     i, f, gg, o = g.node("Split", [gates], n_out=4, axis=1, num_outputs=4)
     if g.attrs["forget_bias"]:
@@ -194,23 +212,43 @@ def _lstm_unit_onnx(g):
     return [h, c, g.node("Concat", [i, f, gg, o], axis=1)]
 
 
+def _lstm_unit_onnx_fused(g, gates: str, c_prev: str, hidden: int, dtype: str) -> list:
+    """The kernel's own arithmetic as few nodes as possible (the nodes of a recurrent step are
+    run T times): every gate activated at once, ``tanh(gates * scale) * scale + offset``."""
+    scale = np.concatenate([np.full(hidden, 0.5 if kind == "s" else 1.0) for kind in "ssts"])
+    scale_c = g.const(scale, dtype)
+    pre = g.node("Mul", [gates, scale_c])
+    if g.attrs["forget_bias"]:
+        shift = np.zeros(4 * hidden)
+        shift[hidden:2 * hidden] = 0.5 * g.attrs["forget_bias"]
+        pre = g.node("Add", [pre, g.const(shift, dtype)])
+    acts = g.node("Add", [g.node("Mul", [g.node("Tanh", [pre]), scale_c]), g.const(1.0 - scale, dtype)])
+    i, f, gg, o = g.node("Split", [acts], n_out=4, axis=1, num_outputs=4)
+    c = g.node("Add", [g.node("Mul", [f, c_prev]), g.node("Mul", [i, gg])])
+    h = g.node("Mul", [g.node("Tanh", [c]), o])
+    return [h, c, acts]
+
+
 def _sigmoid_onnx(g, a: str, half: str) -> str:
     """``0.5 + 0.5 * tanh(a / 2)``: the kernels' form of the sigmoid."""
     return g.node("Add", [g.node("Mul", [g.node("Tanh", [g.node("Mul", [a, half])]), half]), half])
 
 
-def lstm_unit(gates: Var, c_prev: Var, forget_bias: float = 0.0) -> tuple[Var, Var]:
+def lstm_unit(gates: Var, c_prev: Var, forget_bias: float = 0.0,
+              h_gates: Var | None = None) -> tuple[Var, Var]:
     """One fused LSTM step: ``(h, c)`` from pre-activation gates ``[N, 4H]`` (order i, f, g, o).
 
     ``c = sig(f + forget_bias) * c_prev + sig(i) * tanh(g)``, ``h = sig(o) * tanh(c)``.
+    ``h_gates`` (the recurrent half ``h_prev @ w_hh``, the same shape as ``gates``) is
+    added to ``gates`` inside the op: one op fewer per step forward, and no
+    broadcast-undoing ``SumTo`` per step in the backward.
 
     Example::
 
-        gates = x_proj_t + rg.matmul(h_prev, w_hh)          # [N, 4H]
-        h, c = rg.lstm_unit(gates, c_prev, forget_bias=1.0)
+        h, c = rg.lstm_unit(x_proj_t, c_prev, forget_bias=1.0, h_gates=rg.matmul(h_prev, w_hh))
     """
-    h, c, _ = append_op("LSTMUnit", [gates, c_prev], {"forget_bias": float(forget_bias)},
-                        name="lstm_unit")
+    ins = [gates, c_prev] + ([h_gates] if h_gates is not None else [])
+    h, c, _ = append_op("LSTMUnit", ins, {"forget_bias": float(forget_bias)}, name="lstm_unit")
     return h, c
 
 
@@ -269,6 +307,9 @@ def _lstm_unit_grad(k, acts, c_prev, c, dh, dc):
 @lowers("LSTMUnitGrad")
 def _lstm_unit_grad_onnx(g):
     acts, c_prev, c, dh, dc = g.ins
+    hidden = g.in_vars[1].shape[1]
+    if hidden >= 0:
+        return _lstm_unit_grad_onnx_fused(g, hidden)
     one = g.const(1.0, g.in_vars[0].dtype)
     i, f, gg, o = g.node("Split", [acts], n_out=4, axis=1, num_outputs=4)
     tc = g.node("Tanh", [c])
@@ -282,6 +323,23 @@ def _lstm_unit_grad_onnx(g):
     dg = g.node("Mul", [g.node("Mul", [dct, i]), g.node("Sub", [one, g.node("Mul", [gg, gg])])])
     do = g.node("Mul", [g.node("Mul", [dh, tc]), sig_slope(o)])
     return [g.node("Concat", [di, df, dg, do], axis=1), g.node("Mul", [dct, f])]
+
+
+def _lstm_unit_grad_onnx_fused(g, hidden: int) -> list:
+    """The kernel's arithmetic, in its order: the slopes over the whole gate block at once."""
+    acts, c_prev, c, dh, dc = g.ins
+    dtype = g.in_vars[0].dtype
+    one = g.const(1.0, dtype)
+    i, f, gg, o = g.node("Split", [acts], n_out=4, axis=1, num_outputs=4)
+    tc = g.node("Tanh", [c])
+    dct = g.node("Add", [g.node("Mul", [g.node("Mul", [g.node("Sub", [one, g.node("Mul", [tc, tc])]), o]), dh]),
+                         dc])
+    partner = g.node("Concat", [g.node("Mul", [dct, gg]), g.node("Mul", [dct, c_prev]),
+                                g.node("Mul", [dct, i]), g.node("Mul", [dh, tc])], axis=1)
+    tanh_cols = np.concatenate([np.full(hidden, 1.0 if kind == "t" else 0.0) for kind in "ssts"])
+    partner = g.node("Mul", [partner, g.node("Sub", [one, acts])])
+    dgates = g.node("Mul", [partner, g.node("Add", [acts, g.const(tanh_cols, dtype)])])
+    return [dgates, g.node("Mul", [dct, f])]
 
 
 def lstm_unit_grad(acts: Var, c_prev: Var, c: Var, dh: Var, dc: Var) -> list[Var]:

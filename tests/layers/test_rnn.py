@@ -430,3 +430,17 @@ def test_zero_length_sequence_with_default_states(layer):
                 np.testing.assert_array_equal(value, np.zeros((N, H)))
         else:
             np.testing.assert_allclose(got[1], got[0][-1])
+
+
+def test_lstm_step_is_two_ops_and_its_backward_has_no_sum_to():
+    """The recurrent half h @ w_hh goes into LSTMUnit (h_gates): no Add per step forward and no
+    broadcast-undoing SumTo per step backward (each is ~10 ONNX nodes run T times)."""
+    main = rg.Program()
+    with rg.program_guard(main, rg.Program()):
+        x = rg.data("x", [-1, -1, D], stop_gradient=False)
+        h_all, _, _, _ = rg.layers.lstm(x, H, name="enc")
+        rg.gradients(rg.sum(h_all), [x])
+    rnn = next(op for op in main.global_block().ops if op.type == "RecurrentNetwork")
+    grad = next(op for op in main.global_block().ops if op.type == "RecurrentNetworkGrad")
+    assert [op.type for op in rnn.attrs["step"].ops] == ["MatMul", "LSTMUnit"]
+    assert [op.type for op in grad.attrs["backward"].ops] == ["LSTMUnitGrad", "MatMul"]

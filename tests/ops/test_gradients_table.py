@@ -293,7 +293,9 @@ def _rnn_cells(r):
     """The fused recurrent cells (gates [N, 4H] / projections [N, 3H]) and their fused gradients."""
     n, h = 2, 3
     return {
-        "LSTMUnit": [(lambda g, c: list(rg.lstm_unit(g, c, 0.5)), {"g": normal(r, n, 4 * h), "c": normal(r, n, h)})],
+        "LSTMUnit": [(lambda g, c: list(rg.lstm_unit(g, c, 0.5)), {"g": normal(r, n, 4 * h), "c": normal(r, n, h)}),
+                     (lambda g, c, u: list(rg.lstm_unit(g, c, 0.5, h_gates=u)),
+                      {"g": normal(r, n, 4 * h), "c": normal(r, n, h), "u": normal(r, n, 4 * h)})],
         "LSTMUnitGrad": [(lstm_unit_grad, {"acts": r.uniform(0.05, 0.95, (n, 4 * h)),
                                            **{k: normal(r, n, h) for k in ("cp", "c", "dh", "dc")}})],
         "GRUUnit": [(rg.gru_unit, {"x": normal(r, n, 3 * h), "u": normal(r, n, 3 * h), "h": normal(r, n, h)})],
