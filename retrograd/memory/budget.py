@@ -21,8 +21,11 @@ modules' business; this one only decides.
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Callable, Mapping
+
+import numpy as np
 
 from ..autodiff.rewrites import register_backward_rewrite
 from ..errors import ProgramError
@@ -53,7 +56,7 @@ class BudgetPlan:
     """What ``fit_memory_budget`` chose: the activation budget, the planned peak, and store-all's."""
     budget: int
     planned_peak: int
-    store_all_peak: int
+    store_all_peak: int | None          # None: a loop's trip count decides it
     activation_budget: int | None       # None: everything stored
     units: int = 0                      # feed-forward units under a binomial schedule (0: none)
 
@@ -68,7 +71,7 @@ def fit_memory_budget(loss: Var, memory_budget: int, feed_shapes: Mapping | None
     budget = total - reserve
     program = loss.block.program
     store_all = _store_all_peak(loss, feed_shapes, build)
-    if store_all <= budget:
+    if store_all is not None and store_all <= budget:
         pairs, _ = build()
         _record(program, BudgetPlan(total, store_all + reserve, store_all + reserve, None))
         return pairs
@@ -82,13 +85,15 @@ def fit_memory_budget(loss: Var, memory_budget: int, feed_shapes: Mapping | None
     best = search.best(budget)
     if best is None:
         least = search.least() + reserve
+        stored = ("a trip count decides what storing everything takes" if store_all is None
+                  else f"storing everything peaks at {store_all + reserve} bytes")
         raise ProgramError(f"a memory_budget of {total} bytes is below what the training step of "
                            f"'{loss.name}' can run in for feed_shapes={dict(feed_shapes or {})}: the least "
-                           f"budget that fits is {least} bytes (storing everything peaks at "
-                           f"{store_all + reserve} bytes)")
+                           f"budget that fits is {least} bytes ({stored})")
     activation, peak = best
     units = search.apply(program, activation)
-    _record(program, BudgetPlan(total, peak + reserve, store_all + reserve, activation, units))
+    _record(program, BudgetPlan(total, peak + reserve, None if store_all is None else store_all + reserve,
+                                activation, units))
     return pairs
 
 
@@ -98,9 +103,9 @@ def _check_budget(memory_budget) -> int:
     return memory_budget
 
 
-def _store_all_peak(loss: Var, feed_shapes, build) -> int:
-    """The planned peak of storing everything, built on a copy (loops with unknown trip counts:
-    unknown sizes, so never 'fits')."""
+def _store_all_peak(loss: Var, feed_shapes, build) -> int | None:
+    """The planned peak of storing everything, built on a copy (None when a loop's trip count
+    decides it: what it keeps per iteration has no size before the run)."""
     scratch = loss.block.program.clone()
     block = scratch.global_block()
     pairs, _ = build(block.var(loss.name), real=False)
@@ -109,13 +114,31 @@ def _store_all_peak(loss: Var, feed_shapes, build) -> int:
         return planned_peak(block, keep, feed_shapes)
     except ProgramError:
         if any(op.type == "While" for op in block.ops):
-            return 1 << 62          # kept values per iteration: the trip count decides
+            return None
         raise
 
 
 def _record(program: Program, plan: BudgetPlan) -> None:
     """Kept on the program for ``rg.memory.report`` (not serialized: a plan is for this build)."""
     program.memory_plan = plan
+
+
+def _one_step_tape(sizer: Sizer, op) -> int:
+    attrs = op.attrs
+    if op.type == "RecurrentNetwork":
+        n_seq, n_state = len(attrs["inputs_t"]), len(attrs["states"])
+        states = op.inputs[n_seq:n_seq + n_state]
+        rows = max((sizer.shapes.get(states[0]) or (1,))[0], 1)
+        tape = sum(sizer.var_bytes(attrs["step"].var(n), rows) for n in attrs.get("budget_tape", ()))
+        tape += sum(math.prod(rows if d < 0 else d for d in shape) * np.dtype(dtype).itemsize
+                    for shape, dtype in attrs.get("budget_batched", ()))
+    else:
+        n = len(attrs["carry_binds"])
+        states = op.inputs[:n]
+        rows = max([(sizer.shapes.get(s) or (1,))[0] for s in states if len(sizer.shapes.get(s, ())) >= 2] + [1])
+        full = attrs.get("ys_full") or [True] * len(attrs["ys"])
+        tape = sum(sizer.var_bytes(attrs["body"].var(y), rows) for y, f in zip(attrs["ys"], full) if f)
+    return tape + sum(sizer.of(s) for s in states)
 
 
 class _Search:
@@ -139,17 +162,13 @@ class _Search:
         self.peaks: dict[int, int | None] = {}
 
     def _loop_least(self, block: Block) -> int:
-        """The least budget a loop op can run with: one step's values (an upper bound)."""
+        """The least budget a loop op can run with: one taped step (what its backward reads of one
+        step, its states, and for a recurrent op the step's rows of the time-batched buffers)."""
         sizer = Sizer(block, self.shapes)
         least = 0
         for op in block.ops[:self.n_forward]:
             if op.type in LOOP_TYPES and is_budget(op.attrs.get("recompute")):
-                if op.type == "RecurrentNetwork":   # the batch: the first initial state's rows
-                    body, first = op.attrs["step"], op.inputs[len(op.attrs["inputs_t"])]
-                else:
-                    body, first = op.attrs["body"], op.inputs[0]
-                rows = max((self.shapes.get(first) or (1,))[0], 1)
-                least = max(least, sizer.block_bytes(body, rows))
+                least = max(least, _one_step_tape(sizer, op))
         return least
 
     def peak(self, activation: int) -> int | None:

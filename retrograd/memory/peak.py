@@ -18,6 +18,7 @@ from typing import Callable, Mapping
 import numpy as np
 
 from ..errors import ProgramError
+from ..ir.analysis import op_reads
 from ..ir.program import Block, Var
 from ..ops.recurrent_steps import is_budget
 from ..runtime.plan import compile_block
@@ -54,12 +55,29 @@ class Sizer:
         return steps * int(math.prod(rows if d < 0 else d for d in var.shape)) * np.dtype(var.dtype).itemsize
 
     def block_bytes(self, block: Block, rows: int) -> int:
-        """Every value a body declares (nested bodies too): an upper bound of one run's transient."""
-        total = sum(self.var_bytes(v, rows) for v in block.vars.values())
-        for op in block.ops:
-            for sub in op.sub_blocks():
-                total += self.block_bytes(sub, rows)
-        return total
+        """The most bytes one run of a body holds: its values live from their op to their last
+        reader in the body (never-read ones, the results, to the end), nested bodies' peaks on
+        top. What the body reads from outside is bound, not allocated."""
+        last: dict[str, int] = {}
+        for i, op in enumerate(block.ops):
+            for name in op_reads(op):
+                last[name] = i
+        end = len(block.ops)
+        live = peak = 0
+        dying: dict[int, int] = {}
+        for i, op in enumerate(block.ops):
+            out = 0
+            for name in op.outputs:
+                var = block.vars.get(name)
+                if var is not None:
+                    size = self.var_bytes(var, rows)
+                    out += size
+                    dies = last.get(name, end)
+                    dying[max(dies, i)] = dying.get(max(dies, i), 0) + size
+            inner = sum(self.block_bytes(sub, rows) for sub in op.sub_blocks())
+            peak = max(peak, live + out + inner)
+            live += out - dying.pop(i, 0)
+        return peak
 
 
 # --- what looping ops hold ---------------------------------------------------------------------------
@@ -125,36 +143,35 @@ def _budget_left(sizer: Sizer, op, n_ckpt: int) -> int:
     return max(0, int(op.attrs.get("budget", 0)) - sum(sizer.live.get(n, 0) for n in ckpts))
 
 
+def _batch(sizer: Sizer, op) -> int:
+    """The batch a loop body's -1 sizes stand for: the largest leading size of an input of rank 2+."""
+    sizes = [sizer.shapes.get(n, ())[0] for n in op.inputs if len(sizer.shapes.get(n, ())) >= 2]
+    return max([s for s in sizes if s > 0] + [1])
+
+
 def _while_holds(sizer: Sizer, op, live) -> tuple[int, list[int]]:
     attrs = op.attrs
-    rows = max((sizer.shapes.get(n, (1,)) or (1,))[0] for n in op.inputs[:len(attrs["carry_binds"])]) \
-        if op.inputs else 1
-    held = sizer.block_bytes(attrs["body"], max(rows, 1)) + sizer.block_bytes(attrs["cond"], max(rows, 1))
-    outs = [sizer.of(n) for n in op.outputs]
-    if is_budget(attrs.get("recompute")):
-        n = len(attrs["carry_binds"])
-        ys = len(attrs["ys"])
-        for j in range(n + 1, n + 1 + ys):
-            outs[j] = 0                   # zero-stride stand-ins
-        if attrs.get("budget_outputs"):
-            ckpt = len(op.outputs) - n - 1
-            outs[ckpt:] = [int(attrs["recompute"]) // 2] + [0] * n
+    rows = _batch(sizer, op)
+    held = sizer.block_bytes(attrs["body"], rows) + sizer.block_bytes(attrs["cond"], rows)
+    if not is_budget(attrs.get("recompute")):
+        return held, [sizer.of(n) for n in op.outputs]
+    n = len(attrs["carry_binds"])
+    outs = [sizer.of(name) for name in op.outputs[:n]] + [8]     # loop vars, the trip count
+    outs += [0] * (len(op.outputs) - len(outs))                  # kept values: zero-stride stand-ins
+    if attrs.get("budget_outputs"):                              # the checkpoints: half the budget at most
+        outs[len(op.outputs) - n - 1] = int(attrs["recompute"]) // 2
     return held, outs
 
 
 def _while_grad_holds(sizer: Sizer, op, live) -> tuple[int, list[int]]:
     attrs = op.attrs
-    rows = max(1, max((sizer.shapes.get(n, (1,)) or (1,))[0] for n in op.inputs[1:2]))
+    rows = _batch(sizer, op)
     held = sizer.block_bytes(attrs["body"], rows) + sizer.block_bytes(attrs["fwd_body"], rows)
     return held + _budget_left(sizer, op, int(attrs["n_loop_vars"])), [sizer.of(n) for n in op.outputs]
 
 
 def _sub_block_holds(sizer: Sizer, op, live) -> tuple[int, list[int]]:
-    rows = 1
-    for name in op.inputs:
-        shape = sizer.shapes.get(name, ())
-        if shape:
-            rows = max(rows, shape[0])
+    rows = _batch(sizer, op)
     return sum(sizer.block_bytes(b, rows) for b in op.sub_blocks()), [sizer.of(n) for n in op.outputs]
 
 

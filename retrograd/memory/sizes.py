@@ -42,13 +42,29 @@ def resolve_shapes(block: Block, feed_shapes: Mapping[str, Sequence[int]] | None
         shapes[name] = shape
     for op in block.ops:
         inferred = _infer(op, block, shapes)
-        if inferred is None:
-            continue
-        for name, shape in zip(op.outputs, inferred):
-            declared = shapes.get(name, ())
-            if len(shape) == len(declared):
-                shapes[name] = tuple(d if d >= 0 else s for d, s in zip(declared, shape))
+        if inferred is not None:
+            for name, shape in zip(op.outputs, inferred):
+                declared = shapes.get(name, ())
+                if len(shape) == len(declared):
+                    shapes[name] = tuple(d if d >= 0 else s for d, s in zip(declared, shape))
+        if op.sub_blocks():
+            _carried_shapes(op, block, shapes)
     return shapes
+
+
+def _carried_shapes(op, block: Block, shapes: Shapes) -> None:
+    """A control-flow op's rule answers with its body's declared shapes (-1 for the batch): an
+    output still unknown takes the resolved shape of an input declared exactly like it (a loop
+    var carried through, a branch returning its input's kind of value)."""
+    resolved = {}
+    for name in op.inputs:
+        var = block.find_var(name)
+        if var is not None and all(d >= 0 for d in shapes.get(name, var.shape)):
+            resolved.setdefault(tuple(var.shape), shapes.get(name, var.shape))
+    for name in op.outputs:
+        declared = shapes.get(name, ())
+        if any(d < 0 for d in declared) and tuple(declared) in resolved:
+            shapes[name] = resolved[tuple(declared)]
 
 
 def _infer(op, block: Block, shapes: Shapes) -> list[tuple[int, ...]] | None:
