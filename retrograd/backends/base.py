@@ -81,29 +81,31 @@ class Backend:
         return keyed_random.keep_mask(self.xp, key, tuple(shape), keep_prob)
 
 
-class DeviceNamespace:
-    """An array namespace whose creation functions make arrays on one device.
+class Namespace:
+    """An array namespace with a few functions replaced: creation on one device, faster aliases.
 
     Kernels call ``xp.zeros(shape, dtype=...)`` without a device; on a GPU that
-    would create a host array, so the namespace fills ``device=`` in. Every
-    other attribute is the wrapped namespace's.
+    would create a host array, so with ``device`` the creation functions fill
+    ``device=`` in. ``overrides`` replace functions by equivalents for the
+    arguments retrograd passes (e.g. torch's own ``matmul``: shape rules make
+    both operands one dtype, so array_api_compat's type promotion is not needed).
+    Every other name is the wrapped namespace's, copied in once: looking a
+    function up stays a plain attribute access.
     """
 
     CREATION = ("arange", "asarray", "empty", "eye", "full", "linspace", "ones", "zeros")
 
-    def __init__(self, xp, device):
-        self._xp = xp
-        self._device = device
-        for name in self.CREATION:
-            setattr(self, name, self._on_device(getattr(xp, name)))
+    def __init__(self, xp, device=None, **overrides):
+        self.__dict__.update({k: v for k, v in vars(xp).items() if not k.startswith("__")})
+        self.__name__ = getattr(xp, "__name__", type(xp).__name__)
+        self.__dict__.update(overrides)
+        if device is not None:
+            for name in self.CREATION:
+                setattr(self, name, _on_device(getattr(self, name), device))
 
-    def _on_device(self, create):
-        device = self._device
 
-        def on_device(*args, **kwargs):
-            kwargs.setdefault("device", device)
-            return create(*args, **kwargs)
-        return on_device
-
-    def __getattr__(self, name):
-        return getattr(self._xp, name)
+def _on_device(create, device):
+    def on_device(*args, **kwargs):
+        kwargs.setdefault("device", device)
+        return create(*args, **kwargs)
+    return on_device

@@ -11,7 +11,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..errors import BackendError
-from .base import Backend, DeviceNamespace
+from .base import Backend, Namespace
 
 
 def is_array(array) -> bool:
@@ -54,7 +54,7 @@ class CupyBackend(Backend):
             raise BackendError(f'backend "cupy" has no device {device!r}: {count} CUDA device(s) visible')
         self.cupy, self.cupyx = cupy, cupyx
         self.cuda_device = cupy.cuda.Device(index)
-        super().__init__(DeviceNamespace(compat, self.cuda_device), f"cuda:{index}")
+        super().__init__(Namespace(compat, self.cuda_device), f"cuda:{index}")
 
     def owns(self, array) -> bool:
         return isinstance(array, self.cupy.ndarray)

@@ -12,7 +12,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..errors import BackendError
-from .base import Backend, DeviceNamespace, dtype_name
+from .base import Backend, Namespace, dtype_name
 
 
 def is_array(array) -> bool:
@@ -56,7 +56,7 @@ class TorchBackend(Backend):
             raise BackendError(f'backend "torch" does not support device {device!r}: use "cpu", '
                                '"cuda" or "cuda:N"')
         self.torch_device = dev
-        xp = compat if dev.type == "cpu" else DeviceNamespace(compat, dev)
+        xp = Namespace(compat, None if dev.type == "cpu" else dev, matmul=torch.matmul)
         super().__init__(xp, str(dev))
 
     def owns(self, array) -> bool:

@@ -188,7 +188,7 @@ class Executor:
             except RetrogradError:
                 raise
             except (AttributeError, NotImplementedError) as exc:
-                if isinstance(exc, AttributeError) and not isinstance(getattr(exc, "obj", None), ModuleType):
+                if isinstance(exc, AttributeError) and not _is_namespace(getattr(exc, "obj", None), self.xp):
                     raise ExecutionError(f"{step.op.where()} failed: {type(exc).__name__}: {exc}") from exc
                 # The namespace lacks a function the kernel calls: the op does not run here.
                 raise BackendError(f"{step.op.where()} cannot run on {self._backend_str()}: "
@@ -291,6 +291,11 @@ def _refuse_overwritten_feeds(plan: Plan, fed: dict) -> None:
 def _first_reader(plan: Plan, name: str) -> str:
     readers = [s.op.where() for s in plan.steps if name in s.inputs]
     return readers[0] if readers else "the program"
+
+
+def _is_namespace(obj, xp) -> bool:
+    """Whether ``obj`` (what an AttributeError was raised on) is an array namespace."""
+    return obj is xp or isinstance(obj, ModuleType)
 
 
 def _fetch_name(item, block: Block) -> str:

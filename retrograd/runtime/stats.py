@@ -23,7 +23,11 @@ class MemoryMeter:
 
     def __init__(self, buffer_of):
         self.buffer_of = buffer_of
-        self.live: dict[int, list] = {}   # buffer id -> [bytes, references]
+        self.live: dict[int, list] = {}   # buffer id -> [bytes, references, an array of it]
+        # id(array) -> [buffer id, bytes, holds, array] for arrays that are not plain NumPy
+        # arrays: asking a backend for the buffer (torch: the storage) costs more than the
+        # dict lookup, and release() would ask again. The array is kept so its id stays its own.
+        self.seen: dict[int, list] = {}
         self.total = 0
         self.peak = 0
 
@@ -31,7 +35,13 @@ class MemoryMeter:
         if type(array) is np.ndarray and array.base is None:   # the common case, kept fast
             key, nbytes = id(array), array.nbytes
         else:
-            key, nbytes = self.buffer_of(array)
+            known = self.seen.get(id(array))
+            if known is None:
+                key, nbytes = self.buffer_of(array)
+                self.seen[id(array)] = [key, nbytes, 1, array]
+            else:
+                key, nbytes = known[0], known[1]
+                known[2] += 1
         entry = self.live.get(key)
         if entry is None:
             self.live[key] = [nbytes, 1, array]
@@ -42,7 +52,16 @@ class MemoryMeter:
             entry[1] += 1
 
     def release(self, array) -> None:
-        key = id(array) if type(array) is np.ndarray and array.base is None else self.buffer_of(array)[0]
+        if type(array) is np.ndarray and array.base is None:
+            key = id(array)
+        else:
+            known = self.seen.get(id(array))
+            if known is None:
+                return
+            key = known[0]
+            known[2] -= 1
+            if known[2] == 0:
+                del self.seen[id(array)]
         entry = self.live.get(key)
         if entry is None:
             return
