@@ -9,6 +9,7 @@ import numpy as np
 from ..ir.analysis import op_reads
 from ..ir.program import Program, Var
 from .lifetimes import ForwardValues, backward_start
+from .peak import planned_peak
 from .recompute import RECOMPUTE_ATTR
 from .shape_reads import stand_in_names
 from .sizes import resolve_shapes, value_bytes
@@ -47,6 +48,9 @@ class MemoryReport:
     backward_start: int
     peak_recompute_bytes: int | None = 0
     stand_ins: list[ValueInfo] = field(default_factory=list)
+    planned_peak: int | None = None     # the run's planned peak (memory/peak.py), when known
+    budget: int | None = None           # the memory_budget the backward was built for, if any
+    plan: object = None                 # memory/budget.py's BudgetPlan, if any
 
     @property
     def kept_bytes(self) -> int | None:
@@ -76,11 +80,24 @@ class MemoryReport:
         lines = ["  ".join(cell.ljust(w) for cell, w in zip(r, widths)).rstrip() for r in rows]
         lines.insert(1, "  ".join("-" * w for w in widths))
         lines.append("")
+        if self.planned_peak is not None:
+            against = "" if self.budget is None else f" against a budget of {_fmt(self.budget)} B"
+            lines.append(f"planned peak {_fmt(self.planned_peak)} B{against}" + _plan_note(self.plan))
         lines.append(f"kept {_fmt(self.kept_bytes)} B in {len(self.kept)} values; recomputed "
                      f"{_fmt(self.recomputed_bytes)} B in {len(self.recomputed)} values (largest segment "
                      f"{_fmt(self.peak_recompute_bytes)} B); inputs {_fmt(self.input_bytes)} B"
                      + (f"; {len(self.stand_ins)} read for their shape only" if self.stand_ins else ""))
         return "\n".join(lines)
+
+
+def _plan_note(plan) -> str:
+    if plan is None:
+        return ""
+    stored = "?" if plan.store_all_peak is None else _fmt(plan.store_all_peak)
+    if plan.activation_budget is None:
+        return f" (everything stored: {stored} B)"
+    ff = f", feed-forward reversed over {plan.units} units" if plan.units else ""
+    return f" (store-all {stored} B; loops and checkpoints keep <= {_fmt(plan.activation_budget)} B each{ff})"
 
 
 def _total(rows: Sequence[ValueInfo]) -> int | None:
@@ -94,7 +111,7 @@ def _fmt(n: int | None) -> str:
 
 
 def report(program: Program, feed_shapes: Mapping[str, Sequence[int]] | None = None,
-           loss: Var | str | None = None) -> MemoryReport:
+           loss: Var | str | None = None, fetch_list: Sequence | None = None) -> MemoryReport:
     """Which forward values the backward part of ``program`` keeps, recomputes, and their sizes.
 
     The backward part starts at the op seeding the loss gradient (or after the
@@ -107,6 +124,10 @@ def report(program: Program, feed_shapes: Mapping[str, Sequence[int]] | None = N
         r = rg.memory.report(main, feed_shapes={"x": (64, 784)})
         print(r)                       # a table: value, shape, bytes, kept / recomputed
         r.kept_bytes, r.recomputed_bytes
+
+    A program built with ``memory_budget=`` reports its planned peak against
+    the budget (``r.planned_peak``, ``r.budget``); with ``fetch_list`` the
+    planned peak of a run fetching those is computed for any program.
     """
     block = program.global_block()
     start = backward_start(block, loss)
@@ -152,4 +173,13 @@ def report(program: Program, feed_shapes: Mapping[str, Sequence[int]] | None = N
             peak = None
             break
         peak = max(peak, sum(sizes))
-    return MemoryReport(kept, recomputed, inputs, start, peak, stand_ins)
+    result = MemoryReport(kept, recomputed, inputs, start, peak, stand_ins)
+    plan = getattr(program, "memory_plan", None)
+    if fetch_list is not None:
+        keep = [f.name if isinstance(f, Var) else f for f in fetch_list]
+        result.planned_peak = planned_peak(block, keep, feed_shapes, exact=False)
+    elif plan is not None:
+        result.planned_peak = plan.planned_peak
+    if plan is not None:
+        result.budget, result.plan = plan.budget, plan
+    return result

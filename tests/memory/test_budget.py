@@ -140,3 +140,17 @@ def test_memory_budget_must_be_bytes():
             x = rg.data("x", [4, 3])
             loss = rg.mean(rg.layers.fc(x, 2))
             rg.append_backward(loss, checkpoints="auto", memory_budget=1 << 20)
+
+
+def test_report_shows_the_planned_peak_against_the_budget():
+    params = _params()
+    _, store_all, _ = _run(_mlp(), params, XB)
+    budget = int(0.6 * store_all)
+    main, _, fetch = built = _mlp(memory_budget=budget)
+    r = rg.memory.report(main, {"x": (ROWS, WIDTH)})
+    assert r.budget == budget and r.planned_peak <= budget
+    assert f"against a budget of {budget:,} B" in str(r)
+    _, peak, _ = _run(built, params, XB)
+    assert peak <= r.planned_peak
+    plain, _, plain_fetch = _mlp()
+    assert rg.memory.report(plain, {"x": (ROWS, WIDTH)}, fetch_list=plain_fetch).planned_peak == store_all
