@@ -56,6 +56,7 @@ class CompiledSession:
     written: dict[str, str]         # persistable written -> graph output holding its new value
     n_nodes: int                    # nodes of the top-level graph
     build_s: float                  # seconds spent rewriting, exporting and building the session
+    run_id_input: str | None = None  # the int64 input random ops key on (the run's number), if any
 
 
 def session_options(threads: int = 1):
@@ -101,6 +102,7 @@ class OnnxRuntimeEngine:
         self.providers = providers_for(self.device)
         self.threads = 1
         self.sessions_built = 0          # how many sessions this engine has built (cache misses)
+        self.run_id = 0                  # runs so far (random ops draw from (seed, run id, ...))
         self._sessions: dict[tuple, CompiledSession] = {}
 
     @staticmethod
@@ -118,7 +120,10 @@ class OnnxRuntimeEngine:
         block, fetch = exe.checked_run_args(program, feed, fetch_list)
         feeds = exe.checked_feeds(block, feed or {})
         compiled = self.compiled(program, fetch, sorted(feeds))
+        self.run_id += 1             # counted as the NumPy executor counts: random ops key on it
         inputs = {name: feeds[name] for name in compiled.feeds}
+        if compiled.run_id_input is not None:
+            inputs[compiled.run_id_input] = np.array(self.run_id, dtype=np.int64)
         for name in compiled.params:
             inputs[name] = exe.checked_persistable(block, name, scope)
         outputs = self._execute(compiled, inputs)
@@ -177,6 +182,7 @@ class OnnxRuntimeEngine:
     def _build(self, program: Program, fetch: list[str], feed_names: list[str]) -> CompiledSession:
         import onnxruntime as ort
         from ..passes import optimize_for_engine
+        from .graph import RUN_ID
         from .model import build_model
         started = time.perf_counter()
         rewritten = optimize_for_engine(program, fetch)
@@ -189,10 +195,11 @@ class OnnxRuntimeEngine:
         except Exception as exc:            # a graph onnxruntime refuses: say what it said
             raise BackendError(f'backend "onnxruntime" cannot run this program: {exc}') from exc
         params = list(built.param_inputs)
-        feeds = [n for n in built.inputs if n not in set(params)]
+        run_id = RUN_ID if RUN_ID in built.inputs else None
+        feeds = [n for n in built.inputs if n not in set(params) and n != run_id]
         outputs = [o.name for o in session.get_outputs()]
         return CompiledSession(session, feeds, params, outputs, dict(built.outputs), dict(built.written),
-                               len(built.model.graph.node), time.perf_counter() - started)
+                               len(built.model.graph.node), time.perf_counter() - started, run_id)
 
 
 def _unaliased(array: np.ndarray, inputs: dict) -> np.ndarray:

@@ -150,3 +150,17 @@ def test_a_program_with_nothing_to_run_returns_its_feeds_and_parameters():
     got = exe.run(main, feed={"x": np.ones(2, "float32")}, fetch_list=[x, w])
     np.testing.assert_array_equal(got[0], np.ones(2))
     np.testing.assert_array_equal(got[1], np.full(2, 0.5))
+
+
+def test_dropout_draws_the_numpy_executors_masks_run_after_run():
+    main, startup = rg.Program(), rg.Program()
+    with rg.program_guard(main, startup):
+        x = rg.data("x", [-1, 50])
+        y = rg.dropout(x, 0.5, seed=7)
+    ref, exe = rg.Executor(), rg.Executor(backend="onnxruntime")
+    feed = {"x": np.ones((4, 50), "float32")}
+    runs = [(ref.run(main, feed=feed, fetch_list=[y])[0], exe.run(main, feed=feed, fetch_list=[y])[0])
+            for _ in range(3)]
+    for want, got in runs:
+        np.testing.assert_array_equal(got, want)
+    assert not np.array_equal(runs[0][1], runs[1][1])          # a new mask every run
