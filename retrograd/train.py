@@ -25,7 +25,9 @@ import argparse
 import json
 import math
 import os
+import signal
 import sys
+import threading
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -165,14 +167,32 @@ class Checkpoint:
 
     def save(self, exe, training: Training, step: int) -> None:
         if self.step != step:
-            if rg.distributed.rank() == 0:
-                save_params(exe.scope, self.path, training.main)
-            self.step = step
+            with _ctrl_c_deferred():    # the file and ``self.step`` change together
+                if rg.distributed.rank() == 0:
+                    save_params(exe.scope, self.path, training.main)
+                self.step = step
 
     def status(self) -> str:
         if self.step is None:
             return f"nothing was saved ({self.path} is unchanged)"
         return f"{self.path} holds step {self.step} (the last checkpoint)"
+
+
+@contextmanager
+def _ctrl_c_deferred():
+    """Hold a Ctrl-C that arrives inside the ``with`` until its end (main thread only)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    caught = []
+    previous = signal.signal(signal.SIGINT, lambda signum, frame: caught.append(signum))
+    try:
+        yield
+    finally:
+        if previous is not None:        # None: a handler not set from Python, cannot be put back
+            signal.signal(signal.SIGINT, previous)
+    if caught:
+        raise KeyboardInterrupt
 
 
 class Job:
