@@ -8,7 +8,7 @@ prints a sample.
 
 Examples::
 
-    retrograd train                                    # the default run: about a minute on 2 cores
+    retrograd train                                    # the default run: about 30 s on 2 cores
     retrograd train --steps 2000 --save m.npz --save-every 200 --log m.jsonl
     retrograd train --resume m.npz --save m.npz --steps 500
     retrograd train --recompute 96K                    # byte sizes take K/M/G suffixes
@@ -47,7 +47,7 @@ from .termplot import loss_curve
 # --- the command ------------------------------------------------------------------------------
 
 def add_train_arguments(parser: argparse.ArgumentParser) -> None:
-    """The options of ``retrograd train`` (defaults: the one-minute demonstration run).
+    """The options of ``retrograd train`` (defaults: the half-minute demonstration run).
 
     Example::
 
