@@ -279,6 +279,14 @@ def _sum_to(r):
             (lambda x, like: sum_to(x, like), {"x": normal(r, 3, 4), "like": normal(r, 3, 4)})]
 
 
+def _all_reduce(r):
+    # One process: the mean (sum) over the ranks is the identity; on 2 ranks the gradient is
+    # checked in tests/distributed/test_ops.py.
+    return [(lambda x: rg.distributed.all_reduce([x * x])[0], {"x": normal(r, 3, 4)}),
+            (lambda x, y: rg.distributed.all_reduce([x, y * x], "sum")[1],
+             {"x": normal(r, 2, 3), "y": normal(r, 2, 3)})]
+
+
 def _squeeze(r):
     return [(lambda x: rg.squeeze(x, 1), {"x": normal(r, 3, 1, 2)}),
             (lambda x: rg.squeeze(x), {"x": normal(r, 1, 2, 1)})]
@@ -423,6 +431,8 @@ CASES = {
     "While": _while,
     "Scan": _scan,
     "RecurrentNetwork": _recurrent,
+    # collectives (data parallelism)
+    "AllReduce": _all_reduce,
 }
 
 # The core set whose gradients are themselves differentiable (issue 3).
