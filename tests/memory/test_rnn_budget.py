@@ -260,3 +260,21 @@ def test_bug5_budgeted_recurrent_with_per_step_while_trip_count():
     (state * state).sum().backward()
     for a, ref in zip(outs[4096], (x.grad, h.grad, w.grad)):
         np.testing.assert_allclose(a, ref.numpy(), rtol=1e-10, atol=1e-14)
+
+
+def test_per_op_budget_counts_the_hoisted_projection_and_batched_buffers():
+    """Issue #14: a layer's per-op budget bounds everything the op keeps. The peak is the fixed
+    part (x, dx, parameters, their gradients), the budget, and a few per-step values; the hoisted
+    [T, N, 4H] projection and its gradient (each larger than the budget here) are gone."""
+    steps = 200
+    xb = np.random.RandomState(7).randn(steps, N, D)
+    ref, _, _ = _run(_lstm_model(None), xb)
+    projection = steps * N * 4 * H * 8
+    budget = projection // 4
+    built = _lstm_model(budget)
+    out, peak, _ = _run(built, xb)
+    params = sum(int(np.prod(p.shape)) * 8 for p, _ in built[3])
+    fixed = 2 * xb.nbytes + 2 * params
+    assert peak <= fixed + budget + 40 * N * 4 * H * 8
+    assert not any(op.type == "SeqLinear" for op in built[0].global_block().ops)
+    _assert_close(out, ref)
