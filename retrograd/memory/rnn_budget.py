@@ -47,6 +47,8 @@ from ..ops.recurrent_steps import (BUDGET_VARIANTS, BudgetVariant, Held, RnnLayo
                                    time_steps, timestep_value)
 from ..ops.recurrent_steps import StepRunner as BlockRunner
 from ..ops import streams
+from ..ops.lowering import lowers
+from ..ops.recurrent_onnx import backward_loop_onnx, forward_loop_onnx
 from ..ops.registry import GradCtx, append_op, defop
 from .recompute import seen_from
 from .schedules import Plan, StepRunner, budget_plan, make_plan, minimum_budget, run_backward
@@ -378,6 +380,19 @@ def _budget_grad_kernel(k, *arrays):
     run_backward(plan, checkpoints, back)
     return back.results()
 
+
+
+@lowers("RecurrentNetworkBudgetGrad")
+def _budget_grad_onnx(g):
+    """ONNX has no memory budget to keep: store-all. The steps run again from the start keeping
+    every state and the tape (``recurrent_onnx.forward_loop_onnx``), then the store-all backward
+    loop; the checkpoints and schedule are not read. Same gradients, the store-all memory."""
+    a, lay = g.attrs, _Layout.of(g.attrs)
+    _, _, _, _, d_all, d_last = lay.split(g.ins)
+    saved_names = list(a["tape"]) + list(a["shape_only"])
+    alls, _, saved = forward_loop_onnx(g, a, lay.fwd, saved_names)
+    return backward_loop_onnx(g, a, lay.fwd, alls, saved, saved_names, per_state(a["dall_given"], d_all),
+                              per_state(a["dlast_given"], d_last))
 
 class _Backward(StepRunner):
     """The backward of one budgeted op: re-runs segments with tape and runs the backward step block."""

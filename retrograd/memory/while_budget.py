@@ -27,6 +27,7 @@ from ..errors import ExecutionError, ProgramError
 from ..ir.builder import capture_ops, emit
 from ..ir.program import Op, Var
 from ..ops import streams
+from ..ops.lowering import lowers
 from ..ops.registry import GradCtx, defop
 from .recompute import seen_from
 from ..ops.recurrent_steps import BUDGET_VARIANTS, BudgetVariant, is_budget
@@ -223,6 +224,40 @@ def _while_budget_grad(k, count, *arrays):
         run_backward(plan, sweep(plan, state, runner), runner)
     return runner.carries[0] if c == 1 else tuple(runner.carries)
 
+
+
+@lowers("WhileBudgetGrad")
+def _while_budget_grad_onnx(g):
+    """ONNX has no memory budget to keep: store-all. A Loop re-runs the forward iterations from
+    the initial loop vars stacking what the Scan body reads, a reversed Loop runs the Scan body
+    over them (checkpoints and schedule are not read). The Scan's gradients, store-all memory."""
+    a = g.attrs
+    c, m, n = len(a["carry_binds"]), int(a["n_consts"]), int(a["n_loop_vars"])
+    count = g.node("Reshape", [g.cast(g.ins[0], "int64"), g.const([], "int64")])
+    names, values = g.op.inputs, g.ins
+    loop_names, loop_in = names[1 + c + m:len(names) - n - 1], values[1 + c + m:len(values) - n - 1]
+    fwd = g.child()
+    fwd.stream(fwd.input("iter", "int64", []))
+    cond = fwd.input("cond", "bool", [])
+    state = [fwd.input(name, v.dtype, None) for name, v in zip(a["fwd_carry_binds"], g.in_vars[1 + c + m:])]
+    binds = {**dict(zip(loop_names[n:], loop_in[n:])), **dict(zip(a["fwd_carry_binds"], state))}
+    new = fwd.lower(a["fwd_body"], binds, list(a["fwd_body_outs"]) + list(a["x_binds"]))
+    carried = g.in_vars[1 + c + m:1 + c + m + n]
+    outputs = ([(cond, "bool", [])] + list(zip(new[:n], carried))
+               + [(v, a["fwd_body"].var(x)) for v, x in zip(new[n:], a["x_binds"])])
+    stacks = g.nodes("Loop", [count, "", *loop_in[:n]], len(outputs) - 1,
+                     body=fwd.finish(f"{g.op.outputs[0]}.forward", outputs))[n:]
+    back = g.child()
+    i = back.input("iter", "int64", [])
+    cond = back.input("cond", "bool", [])
+    i = back.node("Sub", [back.node("Sub", [count, back.const(1, "int64")]), i])
+    back.stream(i)
+    carries = [back.input(name, v.dtype, None) for name, v in zip(a["carry_binds"], g.out_vars)]
+    binds = {**dict(zip(names[1 + c:1 + c + m], values[1 + c:1 + c + m])), **dict(zip(a["carry_binds"], carries)),
+             **{x: back.node("Gather", [stack, i], axis=0) for x, stack in zip(a["x_binds"], stacks)}}
+    new = back.lower(a["body"], binds, list(a["body_outs"]))
+    graph = back.finish(f"{g.op.outputs[0]}.backward", [(cond, "bool", [])] + list(zip(new, g.out_vars)))
+    return g.nodes("Loop", [count, "", *values[1:1 + c]], c, body=graph)
 
 class _Iterations(StepRunner):
     """Runs loop iterations (the forward body) and the Scan body's backward over them."""

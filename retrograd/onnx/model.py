@@ -115,12 +115,33 @@ def build_model(program: Program, fetch: Sequence[str], scope=None, param_inputs
         infos.append(helper.make_tensor_value_info(oname, onnx_dtype(var.dtype), [None] * var.ndim))
     if names.run_id is not None:    # a random op reads the run id: an input like the feeds
         feeds.append(names.run_id)
-    gp = helper.make_graph(graph.nodes, name, graph.inputs, infos, initializer=graph.initializers)
+    nodes = _live_nodes(graph.nodes, outputs)
+    gp = helper.make_graph(nodes, name, graph.inputs, infos, initializer=graph.initializers)
     model = helper.make_model(gp, opset_imports=[helper.make_opsetid("", opset)],
                               producer_name="retrograd")
     model.ir_version = IR_VERSION
     return BuiltModel(model, feeds + (params if (param_inputs or scope is None) else []),
                       params if (param_inputs or scope is None) else [], out_names, written_out)
+
+
+def _live_nodes(nodes: list, outputs: Sequence[str]) -> list:
+    """The nodes the outputs depend on (lowerings may emit values nobody reads, e.g. the empty
+    checkpoints of a budgeted loop); a node's subgraphs read outer values by name."""
+    needed = set(outputs)
+    live = []
+    for node in reversed(nodes):
+        if any(o in needed for o in node.output):
+            live.append(node)
+            needed.update(_reads(node))
+    return live[::-1]
+
+
+def _reads(node) -> set[str]:
+    names = set(node.input)
+    for attr in node.attribute:
+        for sub in list(attr.g.node if attr.HasField("g") else []) + [n for g in attr.graphs for n in g.node]:
+            names.update(_reads(sub))
+    return names
 
 
 def _persistable_writes(block) -> list[str]:

@@ -35,9 +35,9 @@ from ..ir.program import Block, Var
 from . import streams
 from .creation import assign
 from .recurrent_grad import rnn_grad_maker
+from .recurrent_onnx import forward_loop_onnx
 from .recurrent_steps import (Held, RnnLayout, StepRunner, budget_variant, check_batches,  # noqa: F401
-                              check_state_shape, fresh_name, is_budget, step_mask, step_mask_onnx, time_steps,
-                              timestep_onnx, timestep_value, with_first_onnx)
+                              check_state_shape, fresh_name, is_budget, step_mask, time_steps, timestep_value)
 from .lowering import lowers
 from .registry import append_op, defop, infer_specs
 
@@ -195,43 +195,18 @@ defop("RecurrentNetwork", inputs=("sequences*", "initial_states*", "seq_lengths?
 
 @lowers("RecurrentNetwork")
 def _rnn_onnx(g):
-    """A Loop over t = 0..T-1 carrying the states; per step it stacks the new states (``all``)
-    and the values the backward reads (``saved``). ``all`` is rebuilt from slot 0 so that a
-    zero-step run gives [0, N, ...] as the kernel does."""
+    """A Loop over the steps (``recurrent_onnx.py``). Built with ``recompute=<bytes>``, it keeps
+    every state (its backward re-runs all steps: store-all), and its checkpoint and schedule
+    outputs are empty (only its ONNX backward reads them, and it does not need them)."""
     a = g.attrs
-    if is_budget(a.get("recompute")):
-        g.fail("a recurrent net with recompute=<bytes> has no ONNX form; build it with recompute=None "
-               "or 'steps' to export")
     lay = RnnLayout.of(a, len(g.ins))
-    seqs, inits, lengths, outers = lay.split(g.ins)
-    k, step = lay.n_state, a["step"]
-    body = g.child()
-    t = body.input("t", "int64", [])
-    body.stream(t)
-    cond = body.input("cond", "bool", [])
-    prev = [body.input(name, step.var(name).dtype, None) for name in a["states"]]
-    binds = dict(zip(g.op.inputs[lay.outer_start:lay.n_inputs], outers))
-    binds.update({name: body.node("Gather", [seq, t], axis=0) for name, seq in zip(a["inputs_t"], seqs)})
-    binds.update(zip(a["states"], prev))
-    if a.get("timestep"):
-        binds[a["timestep"]] = timestep_onnx(body, step.var(a["timestep"]), t)
-    saved = list(a.get("saved", ()))
-    values = body.lower(step, binds, list(a["state_outs"]) + saved)
-    new = values[:k]
-    if lengths is not None:   # finished examples keep their state
-        new = [body.node("Where", [step_mask_onnx(body, lengths, t, step.var(name).ndim), v, p])
-               for v, p, name in zip(new, prev, a["states"])]
-    lasts = g.out_vars[1:2 * k:2]
-    outputs = ([(cond, "bool", [])] + list(zip(new, lasts)) + [(v, step.var(n)) for v, n in zip(new, a["states"])]
-               + [(v, step.var(n)) for v, n in zip(values[k:], saved)])
-    outs = g.nodes("Loop", [g.scalar_dim(seqs[0], 0), "", *inits], len(outputs) - 1,
-                   body=body.finish(f"{g.op.outputs[0]}.step", outputs))
-    result = []
-    for i in range(k):
-        states = with_first_onnx(g, inits[i], outs[k + i])
-        result += [g.node("Slice", [states, g.const([1], "int64"), g.const([1 << 62], "int64"),
-                                    g.const([0], "int64")]), outs[i]]
-    return result + outs[2 * k:]
+    budget = is_budget(a.get("recompute"))
+    alls, lasts, saved = forward_loop_onnx(g, a, lay, [] if budget else list(a.get("saved", ())))
+    outputs = [v for pair in zip(alls, lasts) for v in pair] + saved
+    if budget and a.get("budget_outputs"):
+        outputs += [g.fill(g.const([0] * var.ndim, "int64"), 0, var.dtype) for var in g.out_vars[len(outputs):-1]]
+        outputs.append(g.const([0] * g.out_vars[-1].shape[0], "int64"))
+    return outputs
 
 
 # --- Building the op ------------------------------------------------------------------------------

@@ -41,10 +41,11 @@ from ..ir.analysis import op_reads
 from ..ir.dtypes import is_float
 from ..ir.program import Block, Op, Var
 from . import streams
-from .recurrent_steps import (Held, RnnLayout, StepRunner, add_optional, budget_variant, flip_onnx, fresh_name,
-                              is_budget, per_state, step_mask, step_mask_onnx, time_steps, timestep_onnx,
-                              timestep_value, with_first_onnx)
+from .recurrent_onnx import backward_loop_onnx
+from .recurrent_steps import (Held, RnnLayout, StepRunner, add_optional, budget_variant, fresh_name,
+                              is_budget, per_state, step_mask, time_steps, timestep_value)
 from .lowering import lowers
+from .recurrent_grad_scan import rnn_grad_grad
 from .registry import GradCtx, append_op, defop, get_op_def
 
 
@@ -364,6 +365,7 @@ def rnn_grad_maker(g: GradCtx) -> list[Var | None]:
         "dall_given": [d is not None for d in d_all], "dlast_given": [d is not None for d in d_last],
         "dnext": bstep.dnext, "fetch_seq": bstep.fetch_seq, "fetch_state": bstep.fetch_state,
         "fetch_outer": bstep.fetch_outer, "batched": bstep.batched, "grad_of": grad_of,
+        "step_block": attrs["step"].idx,   # the forward step, recomputed by the second derivative
     }
     streams.copy_stream(attrs, grad_attrs)   # step t of the backward replays forward step t's draws
     outs = append_op("RecurrentNetworkGrad", inputs, grad_attrs, name="rnn_grad")
@@ -429,7 +431,7 @@ def _grad_rule(ins: list[Var], attrs: dict):
 
 
 @defop("RecurrentNetworkGrad", inputs=("forward_inputs*", "state_alls*", "saved*", "d_all*", "d_last*"),
-       outputs=("grads*",), infer=_grad_rule)
+       outputs=("grads*",), infer=_grad_rule, grad=rnn_grad_grad)
 def _rnn_grad_kernel(k, *arrays):
     """Run the backward step block in reverse time; return the gradients listed in ``grad_of``."""
     attrs, xp, op, run = k.attrs, k.xp, k.op, k.run
@@ -513,94 +515,11 @@ def _rnn_grad_kernel(k, *arrays):
 
 @lowers("RecurrentNetworkGrad")
 def _rnn_grad_onnx(g):
-    """A Loop over t = T-1..0 (the kernel's walk, above) carrying each state's incoming gradient
-    and each outer value's sum; per step it stacks d(input_t) and the values of the gradients
-    batched over time, whose products follow the loop."""
+    """A Loop over t = T-1..0 doing what the kernel above does (``recurrent_onnx.py``)."""
     a, lay = g.attrs, _GradLayout.of(g.attrs)
-    fwd, alls, saved, d_all, d_last = lay.split(g.ins)
-    d_all, d_last = per_state(a["dall_given"], d_all), per_state(a["dlast_given"], d_last)
-    seqs, inits, lengths, outers = lay.fwd.split(fwd)
-    seq_vars, init_vars, _, outer_vars = lay.fwd.split(g.in_vars[:lay.fwd.n_inputs])
-    block, n_seq, k = a["backward"], lay.fwd.n_seq, lay.fwd.n_state
-    steps = g.scalar_dim(seqs[0], 0)
-    prevs = [with_first_onnx(g, init, all_) for init, all_ in zip(inits, alls)]
-    fetch_seq = [n if i in a["grad_of"] else None for i, n in enumerate(a["fetch_seq"])]
-    summed = [j for j, n in enumerate(a["fetch_outer"]) if n]
-    per_step = list(dict.fromkeys([n for n in fetch_seq if n] + [d for *_, d in a["batched"]]
-                                  + [ref for _, kind, ref, _ in a["batched"]
-                                     if kind == "value" and ref not in a["saved"]]))
-    body = g.child()
-    it = body.input("iter", "int64", [])
-    cond = body.input("cond", "bool", [])
-    dcur = [body.input(f"{n}.dcur", v.dtype, None) for n, v in zip(a["dnext"], init_vars)]
-    accs = [body.input(f"{g.op.inputs[lay.fwd.outer_start + j]}.acc", outer_vars[j].dtype, None) for j in summed]
-    t = body.node("Sub", [body.node("Sub", [steps, body.const(1, "int64")]), it])
-    body.stream(t)     # step t of the backward replays forward step t's draws
-    binds = dict(zip(g.op.inputs[lay.fwd.outer_start:lay.fwd.n_inputs], outers))
-    carries = []
-    for i in range(k):
-        dn = dcur[i] if d_all[i] is None else body.node("Add", [dcur[i], body.node("Gather", [d_all[i], t], axis=0)])
-        carry = None
-        if lengths is not None:   # rows past their length pass the gradient straight to the previous slot
-            mask, zero = step_mask_onnx(body, lengths, t, init_vars[i].ndim), body.const(0, init_vars[i].dtype)
-            carry = body.node("Where", [mask, zero, dn])
-            dn = body.node("Where", [mask, dn, zero])
-        binds[a["dnext"][i]] = dn
-        carries.append(carry)
-    binds.update({n: body.node("Gather", [seq, t], axis=0) for n, seq in zip(a["inputs_t"], seqs)})
-    binds.update({n: body.node("Gather", [p, t], axis=0) for n, p in zip(a["states"], prevs)})
-    binds.update({n: body.node("Gather", [s, t], axis=0) for n, s in zip(a["state_outs"], alls)})
-    binds.update({n: body.node("Gather", [s, t], axis=0) for n, s in zip(a["saved"], saved)})
-    if a.get("timestep") and a["timestep"] in block.vars:
-        binds[a["timestep"]] = timestep_onnx(body, block.var(a["timestep"]), t)
-    fetch = [n for n in a["fetch_state"] if n] + [a["fetch_outer"][j] for j in summed] + per_step
-    values = dict(zip(fetch, body.lower(block, binds, fetch)))
-    new_dcur = []
-    for i, name in enumerate(a["fetch_state"]):
-        parts = [p for p in (values.get(name) if name else None, carries[i]) if p is not None]
-        new_dcur.append(parts[0] if len(parts) == 1 else body.node("Add", parts) if parts
-                        else body.fill(body.shape(dcur[i]), 0, init_vars[i].dtype))
-    new_accs = [body.node("Add", [acc, values[a["fetch_outer"][j]]]) for acc, j in zip(accs, summed)]
-    outputs = ([(cond, "bool", [])] + list(zip(new_dcur, init_vars)) + [(v, outer_vars[j]) for v, j in zip(new_accs, summed)]
-               + [(values[n], block.find_var(n)) for n in per_step])
-    starts = [d if d is not None else g.fill(g.shape(init), 0, v.dtype) for d, init, v in zip(d_last, inits, init_vars)]
-    starts += [g.fill(g.shape(outers[j]), 0, outer_vars[j].dtype) for j in summed]
-    outs = g.nodes("Loop", [steps, "", *starts], len(outputs) - 1,
-                   body=body.finish(f"{g.op.outputs[0]}.step", outputs))
-    dstate, acc = outs[:k], dict(zip(summed, outs[k:k + len(summed)]))
-    stacks = {n: flip_onnx(g, v) for n, v in zip(per_step, outs[k + len(summed):])}
-    sources = {"seq": seqs, "new": alls,
-               "prev": [g.node("Slice", [p, g.const([0], "int64"), g.const([-1], "int64"), g.const([0], "int64")])
-                        for p in prevs]}
-    for j, kind, ref, d in a["batched"]:
-        if kind == "value":
-            stack = saved[a["saved"].index(ref)] if ref in a["saved"] else stacks[ref]
-        else:
-            stack = sources[kind][ref]
-        product = g.node("MatMul", [g.node("Transpose", [_rows_onnx(g, stack)], perm=[1, 0]),
-                                    _rows_onnx(g, stacks[d], block.find_var(d).shape[-1])])
-        acc[j] = g.node("Add", [acc[j], product]) if j in acc else product
-    results = []
-    for position in a["grad_of"]:
-        if position < n_seq:
-            name = fetch_seq[position]
-            shape = g.shape(seqs[position])
-            results.append(g.node("Reshape", [stacks[name], shape], allowzero=1) if name
-                           else g.fill(shape, 0, seq_vars[position].dtype))
-        elif position < n_seq + k:
-            results.append(dstate[position - n_seq])
-        else:
-            j = position - lay.fwd.outer_start
-            results.append(acc[j] if j in acc else g.fill(g.shape(outers[j]), 0, outer_vars[j].dtype))
-    return results
-
-
-def _rows_onnx(g, stack: str, width: int = -1) -> str:
-    """``stack [T, N, ..., W]`` as ``[T*N*..., W]`` (W from the Var when known, else at run time)."""
-    if width >= 0:
-        return g.node("Reshape", [stack, g.const([-1, width], "int64")])
-    return g.node("Reshape", [stack, g.node("Concat", [g.const([-1], "int64"),
-                                                      g.node("Shape", [stack], start=-1)], axis=0)])
+    _, alls, saved, d_all, d_last = lay.split(g.ins)
+    return backward_loop_onnx(g, a, lay.fwd, alls, saved, a["saved"], per_state(a["dall_given"], d_all),
+                              per_state(a["dlast_given"], d_last))
 
 
 class TimeBatches:

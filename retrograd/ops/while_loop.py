@@ -138,10 +138,9 @@ def _while(k, *arrays):
 def _while_onnx(g):
     """A Loop with no trip limit: the condition on the initial loop vars decides the first
     iteration, the body ends by evaluating it on the new ones; a carried counter gives ``iters``.
-    ``max_iters`` is not checked (ONNX cannot raise): a loop runs until its condition fails."""
+    ``max_iters`` is not checked (ONNX cannot raise): a loop runs until its condition fails.
+    With ``recompute=<bytes>`` the kept values are computed (store-all)."""
     a = g.attrs
-    if _budgeted(a):
-        g.fail("a loop with recompute=<bytes> has no ONNX form; build it without recompute= to export")
     n = len(a["carry_binds"])
     carry_vars = g.out_vars[:n]
     first, = g.lower(a["cond"], dict(zip(a["cond_binds"], g.ins[:n])), [a["cond_out"]])
@@ -159,8 +158,13 @@ def _while_onnx(g):
                + [(body.node("Add", [count, body.const(1, "int64")]), "int64", [])]
                + [(value, a["body"].var(name)) for value, name in zip(kept, a["ys"])])
     graph = body.finish(f"{g.op.outputs[0]}.body", outputs)
-    return g.nodes("Loop", ["", _scalar_onnx(g, first), *g.ins[:n], g.const(0, "int64")], len(outputs) - 1,
+    outs = g.nodes("Loop", ["", _scalar_onnx(g, first), *g.ins[:n], g.const(0, "int64")], len(outputs) - 1,
                    body=graph)
+    if a.get("budget_outputs"):   # recompute=<bytes>: its ONNX backward re-runs every iteration
+        extra = g.out_vars[len(outs):]  # (store-all) and reads no checkpoints: empty ones
+        outs += [g.fill(g.const([0] * var.ndim, "int64"), 0, var.dtype) for var in extra[:-1]]
+        outs.append(g.const([0] * extra[-1].shape[0], "int64"))
+    return outs
 
 
 def _scalar_onnx(g, value: str) -> str:

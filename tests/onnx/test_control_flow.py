@@ -116,11 +116,34 @@ def test_dropout_in_a_recurrent_step_draws_the_executors_masks(ort_check):
     assert 0 < np.count_nonzero(got[1]) < got[1].size      # some, not all, units dropped
 
 
-def test_budgeted_loops_are_refused_by_name():
+@pytest.mark.parametrize("kind", ["lstm", "while"])
+def test_budgeted_loops_export_store_all_with_the_same_gradients(kind, ort_check):
+    """recompute=<bytes> loops export as store-all: the backward re-runs every step, no budget."""
     main, startup = rg.Program(), rg.Program()
     with rg.program_guard(main, startup):
-        x = rg.data("x", [-1, -1, 6])
-        h_all, _, _, _ = rg.layers.lstm(x, 5, name="lstm", recompute=1 << 20)
-        rg.append_backward(rg.sum(h_all))
-    with pytest.raises(rg.BackendError, match="RecurrentNetwork in block 0.*recompute=<bytes>"):
-        rg.onnx.export(main, None, [h_all])
+        if kind == "lstm":
+            x = rg.data("x", [-1, -1, 6])
+            lengths = rg.data("lengths", [-1], dtype="int64")
+            h_all, h_last, _, _ = rg.layers.lstm(x, 5, seq_lengths=lengths, name="lstm", recompute=3000)
+            loss = rg.sum(h_last * h_last) + rg.sum(h_all)
+        else:
+            x = rg.data("x", [-1, 4], dtype="float64")
+            n = rg.data("n", [], dtype="int64")
+            w = rg.create_parameter("w", [4, 4], dtype="float64")
+            _, h = rg.while_loop(lambda i, h: i < n, lambda i, h: (i + 1, rg.tanh(h @ w) + rg.dropout(h, 0.3)),
+                                 [rg.constant(0), x], recompute=2000)
+            loss = rg.sum(h * h)
+        params_grads = rg.append_backward(loss)
+        dx, = rg.gradients(loss, [x])
+    budget_ops = {"RecurrentNetworkBudgetGrad", "WhileBudgetGrad"}
+    assert budget_ops & {op.type for op in main.global_block().ops}
+    exe = rg.Executor()
+    exe.run(startup)
+    fetch = [loss, dx] + [g for _, g in params_grads]
+    r = np.random.default_rng(5)
+    for steps in (0, 1, 12):
+        if kind == "lstm":
+            feed = {"x": r.standard_normal((steps, 3, 6)).astype("float32"), "lengths": r.integers(0, steps + 1, 3)}
+        else:
+            feed = {"x": r.standard_normal((3, 4)), "n": np.array(steps)}
+        ort_check(main, exe, feed, fetch)
