@@ -1,0 +1,295 @@
+"""Random programs with control flow, built the same way in retrograd and in PyTorch.
+
+Shared by the hypothesis tests (``test_random_control_flow.py``) and the
+long-running fuzz script (``benchmarks/fuzz_random_programs.py``). A program is
+a plain description (a dict of ints, strings and lists, printable as a
+reproducer) drawn from any source of choices (``Choices``: hypothesis'
+``draw`` or ``random.Random``):
+
+* ``pre``: a small DAG of elementwise ops and products with a weight ``W``
+  over the leaves ``x`` and ``y`` (``[m, n]``); every node is ``[m, n]``;
+* one structure over those nodes: ``cond`` (two branch expressions, taken on
+  whether a node's sum exceeds -0.3: a row-centred node sums to 0 up to
+  rounding, so a threshold of 0 would pick branches by rounding), ``while``
+  (a loop var updated by an expression for a trip count fed at run time,
+  optionally under a ``recompute`` byte budget), ``recurrent`` (a state
+  updated from a sequence ``s [T, m, n]``, with ``recompute`` None,
+  ``"steps"`` or a byte budget, one or two states, with or without
+  per-example ``seq_lengths``) or ``none``; loop bodies may nest a ``cond``
+  or a ``while_loop``;
+* the loss projects the structure's result and the last node onto fixed
+  random weights; ``second`` asks for second derivatives: the gradients of
+  ``x`` and ``W`` are projected again and differentiated once more.
+
+Values and gradients (first and, where asked, second order) are compared with
+torch in float64.
+"""
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import numpy as np
+import torch
+
+import retrograd as rg
+
+# name -> (retrograd, torch). Singular ops see safe arguments so every program is smooth
+# enough to compare (log/sqrt of x*x + 1, division by y*y + 1).
+UNARY = {
+    "neg": (lambda x: -x, lambda x: -x),
+    "exp": (lambda x: rg.exp(rg.tanh(x)), lambda x: torch.exp(torch.tanh(x))),
+    "tanh": (rg.tanh, torch.tanh),
+    "sigmoid": (rg.sigmoid, torch.sigmoid),
+    "square": (rg.square, torch.square),
+    "relu": (rg.relu, torch.relu),
+    "log": (lambda x: rg.log(x * x + 1.0), lambda x: torch.log(x * x + 1.0)),
+    "sqrt": (lambda x: rg.sqrt(x * x + 1.0), lambda x: torch.sqrt(x * x + 1.0)),
+    "scale": (lambda x: x * 0.5 + 1.0, lambda x: x * 0.5 + 1.0),
+    "softmax": (lambda x: rg.softmax(x, axis=-1), lambda x: torch.softmax(x, -1)),
+    "rowmean": (lambda x: x - rg.mean(x, axis=1, keepdims=True), lambda x: x - x.mean(1, keepdim=True)),
+}
+BINARY = {
+    "add": (rg.add, torch.add),
+    "sub": (rg.sub, torch.sub),
+    "mul": (rg.mul, torch.mul),
+    "div": (lambda a, b: a / (b * b + 1.0), lambda a, b: a / (b * b + 1.0)),
+    "maximum": (rg.maximum, torch.maximum),
+    "where": (lambda a, b: rg.where(a > b, a * b, b), lambda a, b: torch.where(a > b, a * b, b)),
+}
+STRUCTURES = ("none", "cond", "while", "recurrent")
+
+Choices = Callable[[str, list], Any]   # choose(label, options) -> one of options
+
+
+def draw_expression(choose: Choices, inputs: int, length: int, nested: bool = False) -> list:
+    """Ops over ``inputs`` nodes: ("u", name, i), ("b", name, i, j), ("mm", i) (node @ W) and,
+    when ``nested``, ("if", i, j, k) (a cond on the sign of node i's sum) and ("loop", i, trips)
+    (a while_loop with a constant trip count), so that control flow nests inside loop bodies."""
+    ops = []
+    kinds = ["u", "b", "b", "mm"] + (["if", "loop"] if nested else [])
+    for k in range(length):
+        nodes = inputs + k
+        kind = choose("kind", kinds)
+        args = list(range(nodes))
+        if kind == "if":
+            ops.append(("if", choose("arg", args), choose("arg", args), choose("arg", args)))
+        elif kind == "loop":
+            ops.append(("loop", choose("arg", args), choose("trips", [0, 1, 3])))
+        elif kind == "u":
+            ops.append(("u", choose("unary", sorted(UNARY)), choose("arg", list(range(nodes)))))
+        elif kind == "b":
+            ops.append(("b", choose("binary", sorted(BINARY)), choose("arg", list(range(nodes))),
+                        choose("arg", list(range(nodes)))))
+        else:
+            ops.append(("mm", choose("arg", list(range(nodes)))))
+    return ops
+
+
+def draw_program(choose: Choices) -> dict:
+    """A description: sizes, the ``pre`` DAG, one structure and its options."""
+    structure = choose("structure", list(STRUCTURES))
+    desc = {"m": choose("m", [1, 2, 3]), "n": choose("n", [1, 2, 3]), "T": choose("T", [0, 1, 3, 7]),
+            "structure": structure, "pre": draw_expression(choose, 2, choose("len", [1, 2, 3])),
+            "a": draw_expression(choose, 2, choose("len", [1, 2, 3]), nested=choose("nested", [False, True])),
+            "b": draw_expression(choose, 2, choose("len", [1, 2])),
+            "pick": choose("pick", [0, 1, 2]), "trips": choose("trips", [0, 1, 2, 5]),
+            "recompute": None, "second": choose("second", [False, True])}
+    if structure == "recurrent":
+        desc["recompute"] = choose("recompute", [None, "steps", 1 << 8, 1 << 10, 1 << 12, 1 << 16])
+        desc["two_states"] = choose("two_states", [False, True])
+        if choose("with_lengths", [False, True]):
+            desc["lengths"] = [choose("length", list(range(desc["T"] + 1))) for _ in range(desc["m"])]
+    elif structure == "while":
+        desc["recompute"] = choose("recompute", [None, None, 1 << 8, 1 << 10, 1 << 12, 1 << 16])
+    return desc
+
+
+# --- building --------------------------------------------------------------------------------
+
+def _apply(ops: list, env: list, w, fw: int) -> Any:
+    """Evaluate ``ops`` over ``env`` (retrograd Vars for fw=0, torch tensors for fw=1); the last node."""
+    nodes = list(env)
+    for op in ops:
+        if op[0] == "if":
+            nodes.append(_nested_cond(nodes[op[1]], nodes[op[2]], nodes[op[3]], fw))
+        elif op[0] == "loop":
+            nodes.append(_nested_loop(nodes[op[1]], op[2], fw))
+        elif op[0] == "u":
+            nodes.append(UNARY[op[1]][fw](nodes[op[2]]))
+        elif op[0] == "b":
+            nodes.append(BINARY[op[1]][fw](nodes[op[2]], nodes[op[3]]))
+        else:
+            nodes.append(nodes[op[1]] @ w)
+    return nodes[-1]
+
+
+def _nested_cond(p, a, b, fw: int):
+    if fw == 0:
+        return rg.cond(rg.sum(p) > -0.3, lambda: rg.tanh(a), lambda: b * 0.5)
+    return torch.tanh(a) if float(p.detach().sum()) > -0.3 else b * 0.5
+
+
+def _nested_loop(v0, trips: int, fw: int):
+    """v <- tanh(0.9 v + v0), ``trips`` times (a trip count known only to the loop's condition)."""
+    if fw == 0:
+        _, v = rg.while_loop(lambda i, v: i < trips, lambda i, v: [i + 1, rg.tanh(v * 0.9 + v0)],
+                             [rg.constant(0, dtype="int64"), v0])
+        return v
+    v = v0
+    for _ in range(trips):
+        v = torch.tanh(v * 0.9 + v0)
+    return v
+
+
+def _structure(desc: dict, pre: Any, x, w, s, trips, fw: int, lengths=None):
+    """The structure's result over the node ``pre`` (and leaf ``x``), in one framework."""
+    kind, a, b = desc["structure"], desc["a"], desc["b"]
+    if kind == "none":
+        return _apply(a, [pre, x], w, fw)
+    if kind == "cond":
+        if fw == 0:
+            return rg.cond(rg.sum(pre) > -0.3, lambda: _apply(a, [pre, x], w, 0), lambda: _apply(b, [pre, x], w, 0))
+        return _apply(a, [pre, x], w, 1) if float(pre.detach().sum()) > -0.3 else _apply(b, [pre, x], w, 1)
+    if kind == "while":
+        # tanh keeps the loop var bounded however many times the body runs
+        if fw == 0:
+            zero = rg.constant(0, dtype="int64")
+            _, v = rg.while_loop(lambda i, v: i < trips, lambda i, v: [i + 1, rg.tanh(_apply(a, [v, x], w, 0))],
+                                 [zero, pre], recompute=desc["recompute"])
+            return v
+        v = pre
+        for _ in range(desc["trips"]):
+            v = torch.tanh(_apply(a, [v, x], w, 1))
+        return v
+    return _recurrent(desc, pre, w, s, lengths, fw)
+
+
+def _recurrent(desc: dict, pre, w, s, lengths, fw: int):
+    """h' = tanh(a(x_t, h)) over s [T, m, n] (and c' = 0.5 c + h' with ``two_states``); rows past
+    their length (``lengths``) keep their state."""
+    a, two = desc["a"], desc.get("two_states", False)
+    if fw == 0:
+        def step(xs, hs):
+            h = rg.tanh(_apply(a, [xs[0], hs[0]], w, 0))
+            return [h, hs[1] * 0.5 + h] if two else [h]
+        alls, lasts = rg.recurrent(step, [s], [pre, pre * 0.25] if two else [pre], seq_lengths=lengths,
+                                   recompute=desc["recompute"])
+        out = lasts[0] + rg.sum(alls[0], axis=0) * 0.5
+        return out + lasts[1] * 0.3 + rg.sum(alls[1], axis=0) * 0.2 if two else out
+    h, c = pre, pre * 0.25
+    total_h, total_c = torch.zeros_like(pre), torch.zeros_like(pre)
+    for t in range(s.shape[0]):
+        new_h = torch.tanh(_apply(a, [s[t], h], w, 1))
+        new_c = c * 0.5 + new_h
+        if desc.get("lengths") is not None:
+            running = torch.tensor([t < n for n in desc["lengths"]]).reshape(-1, 1)
+            new_h, new_c = torch.where(running, new_h, h), torch.where(running, new_c, c)
+        h, c = new_h, new_c
+        total_h, total_c = total_h + h, total_c + c
+    out = h + total_h * 0.5
+    return out + c * 0.3 + total_c * 0.2 if two else out
+
+
+def _values(desc: dict, seed: int) -> dict:
+    r = np.random.default_rng(seed)
+    m, n, steps = desc["m"], desc["n"], desc["T"]
+    return {"x": r.uniform(-1.5, 1.5, (m, n)), "y": r.uniform(-1.5, 1.5, (m, n)),
+            "W": r.uniform(-1.0, 1.0, (n, n)), "s": r.uniform(-1.5, 1.5, (steps, m, n)),
+            "p1": r.standard_normal((m, n)), "p2": r.standard_normal((m, n)),
+            "q1": r.standard_normal((m, n)), "q2": r.standard_normal((n, n))}
+
+
+def _leaf_names(desc: dict) -> list[str]:
+    return ["x", "y", "W"] + (["s"] if desc["structure"] == "recurrent" else [])
+
+
+def torch_reference(desc: dict, seed: int) -> dict:
+    """loss, first gradients (per leaf) and, with ``second``, loss2 and its gradients."""
+    vals = _values(desc, seed)
+    names = _leaf_names(desc)
+    leaves = {k: torch.tensor(vals[k], requires_grad=True) for k in names}
+    x, w = leaves["x"], leaves["W"]
+    nodes = [x, leaves["y"]]
+    pre = _apply(desc["pre"], nodes, w, 1)
+    out = _structure(desc, pre, x, w, leaves.get("s"), desc["trips"], 1)
+    loss = (out * torch.tensor(vals["p1"])).sum() + (pre * torch.tensor(vals["p2"])).sum()
+    second = desc["second"]
+    grads = torch.autograd.grad(loss, [leaves[k] for k in names], allow_unused=True, create_graph=second)
+    result = {"loss": loss.detach().numpy(), "grads": _as_numpy(names, grads, vals)}
+    if second:
+        gx, gw = grads[0], grads[2]
+        loss2 = sum((g * torch.tensor(vals[q])).sum() for g, q in ((gx, "q1"), (gw, "q2")) if g is not None)
+        if isinstance(loss2, torch.Tensor) and loss2.requires_grad:
+            grads2 = torch.autograd.grad(loss2, [leaves[k] for k in names], allow_unused=True)
+        else:
+            grads2 = [None] * len(names)
+        result["loss2"] = float(loss2.detach()) if isinstance(loss2, torch.Tensor) else 0.0
+        result["grads2"] = _as_numpy(names, grads2, vals)
+    return result
+
+
+def _as_numpy(names, grads, vals) -> dict:
+    return {k: np.zeros_like(vals[k]) if g is None else g.detach().numpy() for k, g in zip(names, grads)}
+
+
+def retrograd_result(desc: dict, seed: int) -> dict:
+    """The same as ``torch_reference``, computed by a retrograd program."""
+    vals = _values(desc, seed)
+    names = _leaf_names(desc)
+    main, startup = rg.Program(), rg.Program()
+    with rg.program_guard(main, startup):
+        leaves = {k: rg.data(k, list(vals[k].shape), dtype="float64") for k in names}
+        trips = rg.data("trips", [], dtype="int64")
+        lengths = rg.data("lengths", [-1], dtype="int64") if desc.get("lengths") is not None else None
+        x, w = leaves["x"], leaves["W"]
+        pre = _apply(desc["pre"], [x, leaves["y"]], w, 0)
+        out = _structure(desc, pre, x, w, leaves.get("s"), trips, 0, lengths)
+        loss = rg.sum(out * rg.constant(vals["p1"], dtype="float64")) + \
+            rg.sum(pre * rg.constant(vals["p2"], dtype="float64"))
+        grads = rg.gradients(loss, [leaves[k] for k in names])
+        fetch = [loss] + [g for g in grads if g is not None]
+        loss2, grads2 = None, []
+        if desc["second"]:
+            terms = [rg.sum(g * rg.constant(vals[q], dtype="float64"))
+                     for g, q in ((grads[0], "q1"), (grads[2], "q2")) if g is not None]
+            if terms:
+                loss2 = rg.add_n(terms) if len(terms) > 1 else terms[0]
+                grads2 = rg.gradients(loss2, [leaves[k] for k in names])
+                fetch += [loss2] + [g for g in grads2 if g is not None]
+    feed = {k: vals[k] for k in names}
+    feed["trips"] = np.array(desc["trips"])
+    if desc.get("lengths") is not None:
+        feed["lengths"] = np.array(desc["lengths"], dtype=np.int64)
+    got = iter(rg.Executor().run(main, feed=feed, fetch_list=fetch))
+    result = {"loss": next(got), "grads": {k: next(got) if g is not None else np.zeros_like(vals[k])
+                                           for k, g in zip(names, grads)}}
+    if desc["second"]:
+        result["loss2"] = float(next(got)) if loss2 is not None else 0.0
+        result["grads2"] = {k: next(got) if g is not None else np.zeros_like(vals[k])
+                            for k, g in zip(names, grads2 or [None] * len(names))}
+    return result
+
+
+def compare(desc: dict, seed: int, rtol: float = 1e-7) -> None:
+    """AssertionError (naming the quantity and the description) where retrograd and torch differ."""
+    ref = torch_reference(desc, seed)
+    if not all(np.all(np.isfinite(v)) for v in _flat(ref)):
+        return                                       # an overflow in both: nothing to compare
+    got = retrograd_result(desc, seed)
+    for key in ("loss", "loss2"):
+        if key in ref:
+            np.testing.assert_allclose(got[key], ref[key], rtol=rtol, atol=1e-9,
+                                       err_msg=f"{key}; program: {desc}, seed {seed}")
+    for key in ("grads", "grads2"):
+        for name, expected in ref.get(key, {}).items():
+            value = got[key][name]
+            assert np.shape(value) == np.shape(expected), f"{key} of {name} has shape {np.shape(value)}"
+            scale = 1.0 + float(np.max(np.abs(expected), initial=0.0))
+            np.testing.assert_allclose(value, expected, rtol=rtol, atol=1e-9 * scale,
+                                       err_msg=f"{key} of {name}; program: {desc}, seed {seed}")
+
+
+def _flat(result: dict):
+    yield np.asarray(result["loss"])
+    for key in ("grads", "grads2"):
+        yield from result.get(key, {}).values()
