@@ -73,7 +73,8 @@ def export_sampler(params: dict, where: str, path, opset: int | None = None):
         model.graph.node.append(helper.make_node("Identity", [info.name], [new]))
         info.name = new
         model.graph.output.append(info)
-    helper.set_model_props(model, {"vocab": VOCAB, "model": f"{cfg.model} x{cfg.layers}, hidden {cfg.hidden}"})
+    description = f"{cfg.model} x{cfg.layers}, hidden {cfg.hidden}"
+    helper.set_model_props(model, {"vocab": VOCAB, "model": description})
     check(model)
     if path is not None:
         onnx.save(model, str(path))

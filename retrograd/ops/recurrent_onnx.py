@@ -75,10 +75,13 @@ def backward_loop_onnx(g, attrs: dict, lay: RnnLayout, alls: list, saved: list, 
     binds = dict(zip(g.op.inputs[lay.outer_start:lay.n_inputs], outers))
     carries = []
     for i in range(k):
-        dn = dcur[i] if d_all[i] is None else body.node("Add", [dcur[i], body.node("Gather", [d_all[i], t], axis=0)])
+        dn = dcur[i]
+        if d_all[i] is not None:
+            dn = body.node("Add", [dn, body.node("Gather", [d_all[i], t], axis=0)])
         carry = None
         if lengths is not None:   # rows past their length pass the gradient straight to the previous slot
-            mask, zero = step_mask_onnx(body, lengths, t, init_vars[i].ndim), body.const(0, init_vars[i].dtype)
+            mask = step_mask_onnx(body, lengths, t, init_vars[i].ndim)
+            zero = body.const(0, init_vars[i].dtype)
             carry = body.node("Where", [mask, zero, dn])
             dn = body.node("Where", [mask, dn, zero])
         binds[a["dnext"][i]] = dn
@@ -100,7 +103,8 @@ def backward_loop_onnx(g, attrs: dict, lay: RnnLayout, alls: list, saved: list, 
     outputs = ([(cond, "bool", [])] + list(zip(new_dcur, init_vars))
                + [(v, outer_vars[j]) for v, j in zip(new_accs, summed)]
                + [(values[n], block.find_var(n)) for n in per_step])
-    starts = [d if d is not None else g.fill(g.shape(init), 0, v.dtype) for d, init, v in zip(d_last, inits, init_vars)]
+    starts = [d if d is not None else g.fill(g.shape(init), 0, v.dtype)
+              for d, init, v in zip(d_last, inits, init_vars)]
     starts += [g.fill(g.shape(outers[j]), 0, outer_vars[j].dtype) for j in summed]
     outs = g.nodes("Loop", [steps, "", *starts], len(outputs) - 1,
                    body=body.finish(f"{g.op.outputs[0]}.step", outputs))
@@ -124,9 +128,8 @@ def backward_loop_onnx(g, attrs: dict, lay: RnnLayout, alls: list, saved: list, 
 
 def _add_time_batched(g, a, block, acc: dict, stacks: dict, seqs, alls, prevs, saved, saved_names) -> None:
     """``acc[j] += A^T D`` for each gradient batched over time (``TimeBatches.products``)."""
-    sources = {"seq": seqs, "new": alls,
-               "prev": [g.node("Slice", [p, g.const([0], "int64"), g.const([-1], "int64"), g.const([0], "int64")])
-                        for p in prevs]}
+    zero, last = g.const([0], "int64"), g.const([-1], "int64")
+    sources = {"seq": seqs, "new": alls, "prev": [g.node("Slice", [p, zero, last, zero]) for p in prevs]}
     for j, kind, ref, d in a["batched"]:
         if kind == "value":
             stack = saved[saved_names.index(ref)] if ref in saved_names else stacks[ref]

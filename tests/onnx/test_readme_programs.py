@@ -98,7 +98,8 @@ def test_readme_onnx_section_runs(tmp_path, monkeypatch, capsys):
     exec(compile(export_example, "README.md", "exec"), {})
     losses = [float(line) for line in capsys.readouterr().out.split()]
     assert len(losses) == 3 and losses[2] < losses[0]
-    t = build_training(ModelConfig(hidden=8, embed=4), seq_len=4, optimizer="adam", lr=1e-3, clip_norm=None, seed=0)
+    t = build_training(ModelConfig(hidden=8, embed=4), seq_len=4, optimizer="adam", lr=1e-3, clip_norm=None,
+                       seed=0)
     exe = rg.Executor()
     exe.run(t.startup)
     rg.save_params(exe.scope, "retrograd-lstm.npz", t.main)

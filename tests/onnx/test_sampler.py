@@ -28,7 +28,8 @@ def test_exported_sampler_steps_like_the_numpy_sampler(tmp_path, model, capsys):
     sess = ort.InferenceSession(str(tmp_path / "m.onnx"))
     assert sess.get_modelmeta().custom_metadata_map["vocab"] == VOCAB
     states = [i.name for i in sess.get_inputs() if i.name != "chars"]
-    assert states == [f"{model}{k}.{s}" for k in range(2) for s in (("h0", "c0") if model == "lstm" else ("h0",))]
+    per_layer = ("h0", "c0") if model == "lstm" else ("h0",)
+    assert states == [f"{model}{k}.{s}" for k in range(2) for s in per_layer]
     program, net, probs = build_sampler(cfg)
     state_out = [v for pair in zip(net.h_last, net.c_last) for v in pair if v is not None]
     ours = {n: np.zeros((2, 12), np.float32) for n in states}
