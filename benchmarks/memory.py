@@ -151,12 +151,13 @@ def measure(model: str, size: str, settings: list, rounds: int) -> list[str]:
     return rows
 
 
-def run_model(model: str, size: str, build, feed, rounds: int, extra_budgets=()) -> list[str]:
+def run_model(model: str, size: str, build, feed, rounds: int, extra_budgets=None) -> list[str]:
     store = Setting("store all", build(None), feed)
     store.run()
     params = store.params()
     settings: list = [store]
-    budgets = [(f"budget {f:.0%}", int(f * store.peak)) for f in FRACTIONS] + list(extra_budgets(store))
+    budgets = [(f"budget {f:.0%}", int(f * store.peak)) for f in FRACTIONS]
+    budgets += list(extra_budgets(store)) if extra_budgets is not None else []
     for label, budget in budgets:
         try:
             settings.append(Setting(label, build(budget), feed, budget, params))

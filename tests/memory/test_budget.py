@@ -154,3 +154,50 @@ def test_report_shows_the_planned_peak_against_the_budget():
     assert peak <= r.planned_peak
     plain, _, plain_fetch = _mlp()
     assert rg.memory.report(plain, {"x": (ROWS, WIDTH)}, fetch_list=plain_fetch).planned_peak == store_all
+
+
+def _mixed(memory_budget=None, steps: int = 60, batch: int = 4):
+    """Feed-forward layers around an LSTM and a while_loop: one budget covers them together."""
+    main, startup = Program(), Program()
+    with rg.program_guard(main, startup):
+        x = rg.data("x", [-1, -1, 6], dtype="float64")
+        h = rg.layers.fc(x, 8, act="tanh", name="pre")
+        _, last, _, _ = rg.layers.lstm(h, 8, name="rnn")
+        w = rg.create_parameter("loop.w", [8, 8], "float64")
+        _, z = rg.while_loop(lambda i, z: i < 5, lambda i, z: (i + 1, rg.tanh(z @ w)), [rg.constant(0), last])
+        out = rg.layers.fc(z, 8, act="tanh", name="post")
+        loss = rg.mean(out * out)
+        pairs = rg.append_backward(loss, memory_budget=memory_budget,
+                                   feed_shapes={"x": (steps, batch, 6)})
+    return main, startup, [loss] + [g for _, g in pairs]
+
+
+def test_one_budget_covers_feed_forward_recurrent_and_loop_ops_together():
+    xb = np.random.RandomState(5).randn(60, 4, 6)
+    main, startup, fetch = _mixed()
+    exe = rg.Executor()
+    exe.run(startup)
+    params = {v.name: np.array(exe.scope.get(v.name)) for v in main.all_parameters()}
+    ref = exe.run(main, feed={"x": xb}, fetch_list=fetch)
+    store_all = exe.last_stats.peak_bytes
+    with pytest.raises(rg.ProgramError, match="the least budget that fits is") as info:
+        _mixed(store_all // 4)
+    least = int(re.search(r"the least budget that fits is (\d+) bytes", str(info.value)).group(1))
+    for budget in (int(0.9 * store_all), least):
+        built = _mixed(budget)
+        assert any(op.attrs.get("recompute") is not None for op in built[0].global_block().ops
+                   if op.type in ("RecurrentNetwork", "While"))
+        out, peak, _ = _run_feed(built, params, {"x": xb})
+        assert peak <= budget
+        for a, b in zip(out, ref):      # the recurrent weights' sums are regrouped per segment
+            np.testing.assert_allclose(a, b, rtol=1e-9, atol=1e-13 * max(1.0, float(np.abs(b).max())))
+
+
+def _run_feed(built, params, feed):
+    main, startup, fetch = built
+    exe = rg.Executor()
+    exe.run(startup)
+    for name, value in params.items():
+        exe.scope.set(name, value.copy())
+    out = exe.run(main, feed=feed, fetch_list=fetch)
+    return out, exe.last_stats.peak_bytes, exe
