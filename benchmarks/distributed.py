@@ -59,7 +59,7 @@ def worker_allreduce(reps: int) -> dict:
     """Median seconds of the AllReduce op (timed inside the run) and of a bare Allreduce, per size."""
     from mpi4py import MPI
     comm = MPI.COMM_WORLD
-    spent = _time_all_reduce_ops()
+    spent, _ = _time_all_reduce_ops()
     rows = []
     for kb in SIZES_KB:
         count = kb * 1024 // 4
@@ -88,7 +88,7 @@ def worker_allreduce(reps: int) -> dict:
 def worker_train(steps: int, warmup: int) -> dict:
     """Characters per second of the global batch, and the time spent in the AllReduce op."""
     from retrograd.charlm import ModelConfig, batch_at, build_net, load_corpus
-    spent = _time_all_reduce_ops()
+    spent, cpu = _time_all_reduce_ops()
     rank, size = rg.distributed.rank(), rg.distributed.world_size()
     main, startup = rg.Program(random_seed=0), rg.Program(random_seed=0)
     with rg.program_guard(main, startup):
@@ -109,27 +109,34 @@ def worker_train(steps: int, warmup: int) -> dict:
     for i in range(warmup):
         step(i)
     spent.clear()
+    cpu.clear()
+    step_cpu = []
     started = time.perf_counter()
     for i in range(warmup, warmup + steps):
+        before = time.process_time()
         step(i)
+        step_cpu.append(time.process_time() - before)
     wall = time.perf_counter() - started
     return {"ranks": size, "rank": rank, "chars_per_s": SEQ_LEN * BATCH * steps / wall,
             "step_ms": 1e3 * wall / steps, "allreduce_s": list(spent),
+            "step_cpu_s": step_cpu, "allreduce_cpu_s": list(cpu),
             "grad_bytes": grad_bytes, "peak_bytes": exe.last_stats.peak_bytes}
 
 
-def _time_all_reduce_ops() -> list[float]:
-    """Make every AllReduce op record its duration (instrumentation for this benchmark only)."""
+def _time_all_reduce_ops() -> tuple[list[float], list[float]]:
+    """Make every AllReduce op record its wall and CPU time (instrumentation for this benchmark only)."""
     spent: list[float] = []
+    cpu: list[float] = []
     kernel = OPS["AllReduce"].kernel
 
     def timed(k, *xs):
-        started = time.perf_counter()
+        started, started_cpu = time.perf_counter(), time.process_time()
         out = kernel(k, *xs)
         spent.append(time.perf_counter() - started)
+        cpu.append(time.process_time() - started_cpu)
         return out
     OPS["AllReduce"] = replace(OPS["AllReduce"], kernel=timed)
-    return spent
+    return spent, cpu
 
 
 # --- the driver --------------------------------------------------------------------------------
@@ -159,6 +166,28 @@ def last_arrival_ms(per_rank: list[list[float]]) -> list[float]:
     """Per call, the shortest time over the ranks: that of the last rank to arrive, which waits for
     no one (the others' extra time is waiting for it)."""
     return [1e3 * min(times) for times in zip(*per_rank)]
+
+
+def cpu_estimate(data: dict) -> list[str]:
+    """What two idle cores would give, from CPU time, which other jobs on the machine do not inflate.
+
+    Per step of a 2-rank run: the slower rank's CPU time outside the AllReduce, plus the
+    AllReduce's CPU time on the rank that arrived last (the others' includes spinning while
+    waiting: MPICH polls); against the CPU time of a 1-rank step.
+    """
+    one = statistics.median(t for r in data["train"][1] for t in r[0]["step_cpu_s"])
+    costs, shares = [], []
+    for r in data["train"][2]:
+        for steps in zip(*([zip(x["step_cpu_s"], x["allreduce_cpu_s"]) for x in r])):
+            compute = max(step - op for step, op in steps)
+            collective = min(op for _, op in steps)
+            costs.append(compute + collective)
+            shares.append(collective / (compute + collective))
+    two = statistics.median(costs)
+    return [f"CPU time per step (other jobs do not inflate it): 1 rank {1e3 * one:.1f} ms; 2 ranks "
+            f"{1e3 * two:.1f} ms (slower rank's compute + AllReduce on the last rank to arrive), "
+            f"so **{one / two:.2f}x on two idle cores**, the AllReduce {100 * statistics.median(shares):.1f}% "
+            "of a step (an estimate, not a measurement of throughput).", ""]
 
 
 def report(data: dict, args) -> str:
@@ -205,6 +234,7 @@ def report(data: dict, args) -> str:
               f"| 2 | {statistics.median(two):,.0f} | {statistics.median(step2):.1f} | "
               f"{statistics.median(waited):.2f} | {statistics.median(itself):.2f} | "
               f"{pct(share_waited)} / {pct(share_itself)} | {', '.join(f'{x:,.0f}' for x in two)} |", "",
+              *cpu_estimate(data),
               f"**2 ranks / 1 rank = {statistics.median(ratios):.2f}x** (median of the per-round ratios "
               f"{', '.join(f'{x:.2f}' for x in ratios)}; target >= 1.7x). AllReduce: {pct(share_itself)} "
               f"of a step itself, {pct(share_waited)} with the waiting for the slower rank (target < 5%)."]
