@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import json
 import math
+import warnings
 import re
 from typing import Any
 
@@ -299,8 +300,11 @@ def _decode(value: Any, program: Program, where: str) -> Any:
         if value["dtype"] not in DTYPES:
             raise ProgramError(f"{where}: unknown dtype {value['dtype']!r}; use one of {', '.join(DTYPES)}")
         try:
-            return np.asarray(_decode(value["array"], program, where), dtype=value["dtype"])
-        except (TypeError, ValueError, OverflowError) as exc:
+            with warnings.catch_warnings():
+                # NumPy < 2 only warns (DeprecationWarning) where 2.x raises OverflowError.
+                warnings.simplefilter("error", DeprecationWarning)
+                return np.asarray(_decode(value["array"], program, where), dtype=value["dtype"])
+        except (TypeError, ValueError, OverflowError, DeprecationWarning) as exc:
             raise ProgramError(f"{where}: not an array of {value['dtype']}: {exc}") from None
     raise ProgramError(f"{where}: unrecognised tagged value {json.dumps(value)[:80]}; expected "
                        "{\"block\": i}, {\"tuple\": [...]}, {\"float\": ...}, {\"dict\": [...]} or "
