@@ -138,8 +138,42 @@ def _random_value(rng, names, blocks):
     return rng.choice(choices)()
 
 
+def mutate_semantic(rng, doc, names):
+    """A change that keeps the document well-typed, so more mutants load and run: an input
+    renamed, an integer attribute nudged, a dimension or dtype changed, two ops swapped."""
+    blocks = doc.get("blocks") or []
+    ops = [op for b in blocks if isinstance(b, dict) for op in b.get("ops", []) if isinstance(op, dict)]
+    var_docs = [v for b in blocks if isinstance(b, dict) for v in b.get("vars", []) if isinstance(v, dict)]
+    action = rng.randrange(5)
+    if action == 0 and ops:
+        op = rng.choice(ops)
+        if op.get("inputs"):
+            op["inputs"][rng.randrange(len(op["inputs"]))] = rng.choice(names)
+    elif action == 1 and ops:
+        op = rng.choice(ops)
+        ints = [k for k, v in op.get("attrs", {}).items() if isinstance(v, int) and not isinstance(v, bool)]
+        if ints:
+            key = rng.choice(ints)
+            op["attrs"][key] += rng.choice([-2, -1, 1, 2])
+    elif action == 2 and var_docs:
+        var = rng.choice(var_docs)
+        if var.get("shape"):
+            var["shape"][rng.randrange(len(var["shape"]))] = rng.choice([-1, 0, 1, 2, 3])
+    elif action == 3 and var_docs:
+        rng.choice(var_docs)["dtype"] = rng.choice(["float32", "float64", "int64", "int32", "bool"])
+    elif blocks:
+        block = rng.choice(blocks)
+        block_ops = block.get("ops") if isinstance(block, dict) else None
+        if block_ops and len(block_ops) > 1:
+            i, j = rng.randrange(len(block_ops)), rng.randrange(len(block_ops))
+            block_ops[i], block_ops[j] = block_ops[j], block_ops[i]
+    return doc
+
+
 def mutate_doc(rng, doc, names, blocks):
     """Change 1-3 places of a parsed program document."""
+    if rng.random() < 0.4:
+        return mutate_semantic(rng, doc, names)
     for _ in range(rng.randint(1, 3)):
         paths = _paths(doc)
         if not paths:
@@ -258,6 +292,16 @@ def check_loaded(program, startup_exe, np_rng, counts):
     with time_limit(2.0):
         exe.run(program, feed=_feed_for(program, np_rng), fetch_list=fetch)
     counts["json: ran"] += 1
+    floats = [v for v in program.global_block().vars.values()
+              if v.dtype.startswith("float") and not v.persistable and not v.is_data]
+    if floats and np_rng.random() < 0.3:      # differentiate the mutant too
+        with rg.program_guard(program, rg.Program()):
+            loss = rg.sum(floats[-1])
+            inputs = [v for v in program.global_block().vars.values() if v.is_data and v.dtype.startswith("float")]
+            grads = [g for g in rg.gradients(loss, inputs) if g is not None] if inputs else []
+        with time_limit(2.0):
+            exe.run(program, feed=_feed_for(program, np_rng), fetch_list=[loss] + grads)
+        counts["json: differentiated and ran"] += 1
     return text
 
 
