@@ -11,7 +11,7 @@ Example (``mpiexec -n 4 python train.py``)::
     exe = rg.Executor()
     exe.run(startup)                           # every rank starts from rank 0's parameters
     for xb in batches:
-        exe.run(main, feed={"x": xb[rank::size]})   # each rank its shard
+        exe.run(main, feed={"x": rg.distributed.shard(xb)})   # each rank its 1/size of the batch
 
 Without ``mpiexec`` (or without mpi4py) ``rank()`` is 0, ``world_size()`` 1
 and the same code runs in one process. Importing this package starts MPI
