@@ -26,7 +26,8 @@ from ..ir.program import Block, Op, Var
 from ..ops.lowering import LOWERINGS
 
 _DTYPES = {"float32": onnx.TensorProto.FLOAT, "float64": onnx.TensorProto.DOUBLE,
-           "int64": onnx.TensorProto.INT64, "int32": onnx.TensorProto.INT32, "bool": onnx.TensorProto.BOOL}
+           "int64": onnx.TensorProto.INT64, "int32": onnx.TensorProto.INT32, "bool": onnx.TensorProto.BOOL,
+           "uint64": onnx.TensorProto.UINT64}   # uint64: the keyed generator's shifts only
 
 
 def onnx_dtype(dtype: str) -> int:
@@ -225,6 +226,12 @@ class OpContext:
 
     def ndim(self, i: int) -> int:
         return self.in_vars[i].ndim
+
+    def normal_from_bits(self, h1: str, h2: str) -> str:
+        """float64 standard normals from two ``random_bits`` arrays (the second drawn with
+        ``salt=0x5BD1E995``), the backends' Box-Muller operation for operation."""
+        from .keyed_random import normal
+        return normal(self, h1, h2)
 
     def fail(self, reason: str):
         raise BackendError(f"{self.op.where()} cannot be exported to ONNX: {reason}")

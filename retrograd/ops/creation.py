@@ -221,6 +221,18 @@ def _gaussian(k):
                                    a["dtype"])
 
 
+@lowers("GaussianRandom")
+def _gaussian_onnx(g):
+    """The keyed generator's Box-Muller draw in the graph (``+ - * /`` only, operation for
+    operation as the kernels, so the numbers are the same bit for bit; inside loops too)."""
+    a = g.attrs
+    shape = g.const(list(a["shape"]), "int64")
+    z = g.normal_from_bits(g.random_bits(a["seed"], shape, per_run=False),
+                           g.random_bits(a["seed"], shape, salt=0x5BD1E995, per_run=False))
+    value = g.node("Add", [g.const(a["mean"], "float64"), g.node("Mul", [g.const(a["std"], "float64"), z])])
+    return [g.cast(value, a["dtype"])]
+
+
 def _init_op(init, shape: list[int], dtype: str, seed: int) -> tuple[str, dict]:
     """Translate an ``init=`` argument into (op type, attrs) for the startup program."""
     base = {"shape": shape, "dtype": dtype}
