@@ -132,3 +132,37 @@ def test_rg_onnx_imports_without_onnx_installed():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     assert 'pip install "retrograd[onnx]"' in out.stdout
+
+
+def test_initialisers_draw_the_backends_numbers_bit_for_bit():
+    """The startup program (uniform and normal draws) exported: the keyed generator in ONNX ops."""
+    main, startup = rg.Program(random_seed=3), rg.Program(random_seed=3)
+    with rg.program_guard(main, startup):
+        names = []
+        for dtype in ("float32", "float64"):
+            for init in (("normal", 0.5, 2.0), ("uniform", -0.3, 0.7), "xavier"):
+                names.append(rg.create_parameter(f"p{len(names)}", [40, 30], dtype=dtype, init=init).name)
+    model = rg.onnx.export(startup, None, names)
+    got = ort.InferenceSession(model.SerializeToString()).run(names, {})
+    want = rg.Executor().run(startup, fetch_list=names)
+    for name, g, w in zip(names, got, want):
+        assert g.dtype == w.dtype and np.array_equal(g, w), name
+
+
+def test_normal_draws_inside_a_loop_change_per_iteration_like_the_executor():
+    from retrograd.ops.registry import append_op
+    main, startup = rg.Program(), rg.Program()
+    with rg.program_guard(main, startup):
+        n = rg.data("n", [], dtype="int64")
+
+        def body(i, acc):
+            r, = append_op("GaussianRandom", [], {"shape": [5], "dtype": "float64", "mean": 0.0, "std": 1.0,
+                                                  "seed": 3})
+            return i + 1, acc * 2.0 + r
+        _, acc = rg.while_loop(lambda i, a: i < n, body, [rg.constant(0), rg.fill([5], 0.0, "float64")])
+    sess = ort.InferenceSession(rg.onnx.export(main, None, [acc]).SerializeToString())
+    exe = rg.Executor()
+    for trips in (0, 1, 4):
+        got, = sess.run(None, {"n": np.array(trips)})
+        want, = exe.run(main, feed={"n": np.array(trips)}, fetch_list=[acc])
+        assert np.array_equal(got, want)

@@ -26,7 +26,6 @@ _spec.loader.exec_module(table)
 NOT_EXPORTED = {
     "AllReduce": "a collective across MPI ranks",
     "Broadcast": "a collective across MPI ranks",
-    "GaussianRandom": "normal initialiser (export the main program, initialised, not the startup)",
 }
 
 
