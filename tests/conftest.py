@@ -41,18 +41,43 @@ BACKEND_PARAMS = [
     pytest.param(BackendParam("torch", "cpu"), id="torch-cpu"),
     pytest.param(BackendParam("torch", "cuda"), id="torch-cuda"),
     pytest.param(BackendParam("cupy", "cuda"), id="cupy"),
+    pytest.param(BackendParam("onnxruntime", None), id="onnxruntime"),
 ]
+
+
+def pytest_configure(config):
+    config.addinivalue_line("markers", "engine: the module's tests also run on the onnxruntime engine "
+                            '(backend="onnxruntime"); without it the engine\'s case is skipped')
+    config.addinivalue_line("markers", "engine_skip(reason): the test checks what only array backends "
+                            "have (buffer views, the executor's memory plan, a kernel's message)")
+    config.addinivalue_line("markers", "engine_gap(reason): not yet supported by the ONNX export: "
+                            "expected to fail on the engine (strict, so a fix shows)")
 
 
 @pytest.fixture(params=BACKEND_PARAMS)
 def backend(request) -> BackendParam:
     """Every backend the test should pass on: numpy and torch-cpu always (CI), torch-cuda and
-    cupy where a GPU and the library are present (skipped with the reason elsewhere)."""
+    cupy where a GPU and the library are present (skipped with the reason elsewhere), and the
+    onnxruntime engine in modules marked ``pytest.mark.engine``."""
     param = request.param
     reason = _unavailable(param.name, param.device)
     if reason is not None:
         pytest.skip(f"{param} unavailable: {reason}")
+    if param.name == "onnxruntime":
+        _engine_marks(request.node)
     return param
+
+
+def _engine_marks(node) -> None:
+    """Skip or expect failure on the onnxruntime engine as the test's marks say."""
+    if node.get_closest_marker("engine") is None:
+        pytest.skip("this module is not run on the onnxruntime engine (no pytest.mark.engine)")
+    skip = node.get_closest_marker("engine_skip")
+    if skip is not None:
+        pytest.skip(f"not on the onnxruntime engine: {skip.args[0]}")
+    gap = node.get_closest_marker("engine_gap")
+    if gap is not None:
+        node.add_marker(pytest.mark.xfail(reason=f"onnxruntime engine: {gap.args[0]}", strict=True))
 
 
 def _call_block_rule(ins, attrs):

@@ -10,7 +10,7 @@ from .. import backend
 from ..errors import ProgramError, ShapeError
 from ..ir.builder import current_block, default_main_program, default_startup_program
 from ..ir.dtypes import canonical, is_float
-from ..ir.program import Block, Op, Var
+from ..ir.program import Block, Op, Var, as_int, as_ints, as_list
 from .registry import append_op, defop
 from .lowering import lowers
 from .shapes import same_as_first
@@ -21,7 +21,7 @@ def _attr_shape(ins, attrs):
 
 
 def _static_shape(shape: Sequence[int], what: str) -> list[int]:
-    shape = [int(d) for d in shape]
+    shape = as_ints(shape, f"{what}: shape")
     if any(d < 0 for d in shape):
         raise ShapeError(f"{what} needs a fully known shape, got {shape}")
     return shape
@@ -49,7 +49,10 @@ def constant(value, dtype=None, name: str | None = None) -> Var:
         two = rg.constant(2.0)                    # float32 scalar
         ids = rg.constant([1, 2, 3])              # int64 vector
     """
-    array = np.asarray(value)
+    try:
+        array = np.asarray(value)
+    except (ValueError, TypeError) as exc:          # ragged nested lists, ...
+        raise ProgramError(f"cannot make a constant of {type(value).__name__}: {exc}") from None
     if dtype is None:
         dtype = _default_dtype(array)
     dtype = canonical(dtype)
@@ -320,7 +323,7 @@ def data(name: str, shape: Sequence[int], dtype: str = "float32", stop_gradient:
         labels = rg.data("labels", [-1], dtype="int64")
     """
     block = default_main_program().global_block()
-    shape = [-1 if d is None else int(d) for d in shape]
+    shape = [-1 if d is None else as_int(d, f"data '{name}': a dimension") for d in as_list(shape, f"data '{name}': shape")]
     return block.create_var(name, shape, dtype, is_data=True, stop_gradient=stop_gradient)
 
 

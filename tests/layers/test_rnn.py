@@ -20,6 +20,8 @@ from retrograd.backends import to_numpy
 from retrograd.testing import check_gradients
 
 T, N, D, H = 5, 3, 4, 6
+pytestmark = pytest.mark.engine     # these tests also run on the onnxruntime engine
+
 LSTM_PARAMS = ("w_ih", "w_hh", "b")
 GRU_PARAMS = ("w_ih", "w_hh", "b_ih", "b_hh")
 MILSTM_PARAMS = ("w_ih", "b_ih", "w_hh", "b_hh", "alpha", "beta1", "beta2", "b")

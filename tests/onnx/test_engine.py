@@ -164,3 +164,32 @@ def test_dropout_draws_the_numpy_executors_masks_run_after_run():
     for want, got in runs:
         np.testing.assert_array_equal(got, want)
     assert not np.array_equal(runs[0][1], runs[1][1])          # a new mask every run
+
+
+def test_startup_programs_run_on_the_engine_with_the_numpy_executors_numbers():
+    main, startup = rg.Program(), rg.Program()
+    with rg.program_guard(main, startup):
+        rg.create_parameter("u", [4, 5], init=("uniform", -0.3, 0.3))
+        rg.create_parameter("n", [6, 3], init=("normal", 0.5, 2.0))
+        rg.create_parameter("x", [5, 5])                       # Xavier-uniform
+        rg.create_parameter("b", [5])                          # zeros
+    ref, exe = rg.Executor(), rg.Executor(backend="onnxruntime")
+    ref.run(startup)
+    exe.run(startup)
+    for name in ("u", "n", "x", "b"):
+        np.testing.assert_array_equal(exe.scope.get(name), ref.scope.get(name), err_msg=name)
+
+
+def test_a_normal_draw_inside_a_loop_is_refused_by_name():
+    main, startup = rg.Program(), rg.Program()
+    with rg.program_guard(main, startup):
+        n = rg.data("n", [], dtype="int64")
+        from retrograd.ops.registry import append_op
+
+        def body(i, acc):
+            noise, = append_op("GaussianRandom", [], {"shape": [2], "dtype": "float32", "mean": 0.0,
+                                                      "std": 1.0, "seed": 3})
+            return i + 1, acc + noise
+        _, total = rg.while_loop(lambda i, acc: i < n, body, [rg.constant(0), rg.fill([2], 0.0)])
+    with pytest.raises(rg.BackendError, match="GaussianRandom"):
+        rg.Executor(backend="onnxruntime").run(main, feed={"n": np.array(3)}, fetch_list=[total])

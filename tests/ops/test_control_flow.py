@@ -18,6 +18,8 @@ from retrograd.testing import build_program as build
 from retrograd.ir.verify import verify_program
 from retrograd.testing import check_gradients
 
+pytestmark = pytest.mark.engine     # these tests also run on the onnxruntime engine
+
 F64 = "float64"
 
 
@@ -344,6 +346,7 @@ def test_do_runs_in_a_fresh_scope_with_explicit_bindings():
 
 # --- nesting -----------------------------------------------------------------------------------------
 
+@pytest.mark.engine_gap("loop values whose shape changes between iterations (Loop scan outputs must keep one shape)")
 def test_cond_inside_while():
     """Each iteration picks a branch from the current value."""
     def fn():
@@ -406,6 +409,7 @@ def test_while_inside_cond():
             close(dxv, grads_of(tl, [x])[0])
 
 
+@pytest.mark.engine_gap("loop values whose shape changes between iterations (Loop scan outputs must keep one shape)")
 def test_while_inside_while_with_a_varying_inner_trip_count():
     """Inner loop runs i times in outer iteration i: the kept inner stacks differ in length."""
     def fn():
@@ -693,6 +697,7 @@ def test_body_must_keep_count_dtype_and_shape_and_condition_must_be_a_scalar_boo
         _building(condition)
 
 
+@pytest.mark.engine_gap("max_iters is not checked in the exported Loop")
 def test_max_iters_exceeded_raises_with_the_count():
     main, startup, (h, op) = build(lambda: (
         rg.while_loop(lambda h: rg.sum(h) < 100.0, lambda h: h + 1.0, rg.data("x", [2], dtype=F64), max_iters=5),
@@ -739,6 +744,7 @@ def test_inference_keeps_nothing_per_iteration():
     assert peaks[0] == peaks[1]
 
 
+@pytest.mark.engine_skip("peak_bytes on the engine counts bound inputs and outputs, not the executor's memory plan")
 @pytest.mark.parametrize("batch", [8, -1])
 def test_training_keeps_only_what_each_iterations_backward_reads(batch):
     """tanh's backward reads its output and matmul's reads h (w comes from outside): two [8, 64]

@@ -12,6 +12,8 @@ import torch
 import retrograd as rg
 from retrograd.backends import to_numpy
 
+pytestmark = pytest.mark.engine     # these tests also run on the onnxruntime engine
+
 NAMES = ["w1", "b1", "w2", "b2"]
 
 
