@@ -7,7 +7,10 @@ Ops refer to variables by name; attributes may reference sub-blocks.
 from __future__ import annotations
 
 import itertools
+import math
 from typing import Any, Callable, Iterator
+
+import numpy as np
 
 from ..errors import ProgramError
 from .dtypes import canonical
@@ -24,6 +27,35 @@ _program_serials = itertools.count()
 # Blocks inside blocks: passes, the printer and the executor walk nested blocks
 # recursively, so loading and verifying refuse deeper nesting than this.
 MAX_BLOCK_DEPTH = 64
+
+
+def as_int(value, what: str) -> int:
+    """``value`` as an int: ints (NumPy's too) and integral floats; ProgramError for anything
+    else (1.5, NaN, "1", None, True), which ``int()`` would truncate, parse or crash on."""
+    if isinstance(value, (int, np.integer)) and not isinstance(value, (bool, np.bool_)):
+        return int(value)
+    if isinstance(value, (float, np.floating)) and math.isfinite(value) and float(value).is_integer():
+        return int(value)
+    raise ProgramError(f"{what} must be an integer, got {type(value).__name__} {value!r:.40}")
+
+
+def as_ints(values, what: str) -> list[int]:
+    """A list of ints from any iterable (see ``as_int``); ProgramError if ``values`` is not one."""
+    return [as_int(v, what) for v in as_list(values, what)]
+
+
+def as_list(values, what: str) -> list:
+    """``list(values)``; ProgramError for a non-iterable (or a string) where a list belongs."""
+    if isinstance(values, (str, bytes)) or not hasattr(values, "__iter__"):
+        raise ProgramError(f"{what} must be a list, got {type(values).__name__} {values!r:.40}")
+    return list(values)
+
+
+def as_float(value, what: str) -> float:
+    """``float(value)`` for numbers; ProgramError for strings, None and other objects."""
+    if isinstance(value, (int, float, np.integer, np.floating)) and not isinstance(value, (bool, np.bool_)):
+        return float(value)
+    raise ProgramError(f"{what} must be a number, got {type(value).__name__} {value!r:.40}")
 
 
 def _format_shape(shape: tuple[int, ...]) -> str:
@@ -48,7 +80,7 @@ class Var:
                  is_data: bool = False):
         self.block = block
         self.name = name
-        self.shape = tuple(int(d) for d in shape)
+        self.shape = tuple(as_ints(shape, f"the shape of '{name}'"))
         self.dtype = canonical(dtype)
         self.persistable = persistable
         self.trainable = trainable

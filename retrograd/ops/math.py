@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from ..errors import ShapeError
 from ..ir.dtypes import is_float
-from ..ir.program import OPERATORS, Var
+from ..ir.program import OPERATORS, Var, as_float
 from .creation import constant, fill_like, scalar_like, zeros_like
 from .registry import append_op, defop
 from .lowering import axes_input, compare, elementwise, lowers
@@ -563,8 +563,8 @@ def _clip_onnx(g):
 
 def clip(x: Var, lo: float | None, hi: float | None) -> Var:
     """Clamp to ``[lo, hi]`` (either may be None); the gradient passes where lo <= x <= hi."""
-    return append_op("Clip", [x], {"lo": None if lo is None else float(lo),
-                                   "hi": None if hi is None else float(hi)})[0]
+    return append_op("Clip", [x], {"lo": None if lo is None else as_float(lo, "clip: lo"),
+                                   "hi": None if hi is None else as_float(hi, "clip: hi")})[0]
 
 
 @defop("LogicalAnd", inputs=("x", "y"), infer=compare_rule)

@@ -13,7 +13,7 @@ from .. import backend
 from ..errors import ProgramError, ShapeError
 from ..ir.builder import current_block
 from ..ir.dtypes import canonical
-from ..ir.program import Var
+from ..ir.program import Var, as_int
 from .creation import assign
 from .math import exp
 from .reduce import sum as reduce_sum
@@ -81,7 +81,7 @@ def softmax(x: Var, axis: int = -1) -> Var:
 
         probs = rg.softmax(logits)               # over the last axis
     """
-    return append_op("Softmax", [x], {"axis": int(axis)})[0]
+    return append_op("Softmax", [x], {"axis": as_int(axis, "softmax: axis")})[0]
 
 
 def log_softmax(x: Var, axis: int = -1) -> Var:
@@ -91,7 +91,7 @@ def log_softmax(x: Var, axis: int = -1) -> Var:
 
         logp = rg.log_softmax(logits)
     """
-    return append_op("LogSoftmax", [x], {"axis": int(axis)})[0]
+    return append_op("LogSoftmax", [x], {"axis": as_int(axis, "log_softmax: axis")})[0]
 
 
 # --- One-hot -----------------------------------------------------------------------

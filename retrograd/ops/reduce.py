@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 from ..ir.dtypes import is_float
-from ..ir.program import Var
+from ..ir.program import Var, as_int, as_ints
 from .registry import append_op, defop
 from .lowering import axes_input, lowers
 from .shapes import normalize_axes
@@ -77,7 +77,7 @@ def _mean_onnx(g):
 def _axis_attr(axis):
     if axis is None or isinstance(axis, int):
         return axis
-    return [int(a) for a in axis]
+    return as_ints(axis, "axis") if hasattr(axis, "__iter__") else as_int(axis, "axis")
 
 
 def sum(x: Var, axis=None, keepdims: bool = False) -> Var:

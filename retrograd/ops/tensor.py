@@ -16,7 +16,7 @@ from typing import Sequence
 from .. import backend
 from ..errors import ProgramError, ShapeError
 from ..ir.dtypes import canonical, is_float
-from ..ir.program import Var
+from ..ir.program import Var, as_int, as_ints, as_list
 from .creation import zeros_like
 from .registry import append_op, defop
 from .lowering import lowers
@@ -102,7 +102,7 @@ def reshape(x: Var, shape: Sequence[int]) -> Var:
 
         flat = rg.reshape(x, [-1, 8 * 8])        # x [N, 8, 8] -> [N, 64]
     """
-    shape = [-1 if d is None else int(d) for d in shape]
+    shape = [-1 if d is None else as_int(d, "reshape: a dimension") for d in as_list(shape, "reshape: shape")]
     return append_op("Reshape", [x], {"shape": shape})[0]
 
 
@@ -116,7 +116,7 @@ def reshape_as(x: Var, like: Var) -> Var:
 def _perm(perm, ndim: int) -> list[int]:
     if perm is None:
         return list(range(ndim))[::-1]
-    normalized = [normalize_axis(int(p), ndim) for p in perm]
+    normalized = [normalize_axis(as_int(p, "transpose: perm"), ndim) for p in perm]
     if sorted(normalized) != list(range(ndim)):
         raise ShapeError(f"perm {list(perm)} is not a permutation of the {ndim} axes")
     return normalized
@@ -153,7 +153,7 @@ def transpose(x: Var, perm: Sequence[int] | None = None) -> Var:
 
         xt = rg.transpose(x, [1, 0, 2])          # [T, N, D] -> [N, T, D]
     """
-    return append_op("Transpose", [x], {"perm": None if perm is None else [int(p) for p in perm]})[0]
+    return append_op("Transpose", [x], {"perm": None if perm is None else as_ints(perm, "transpose: perm")})[0]
 
 
 # --- Concat and its inverses ---------------------------------------------------------
@@ -246,7 +246,7 @@ def _cut(x, axis: int, sizes: Sequence[int]) -> list:
 
 def split_like(x: Var, likes: Sequence[Var], axis: int) -> list[Var]:
     """Cut ``x`` along ``axis`` into one piece per ``like``, sized like it at run time."""
-    return append_op("SplitLike", [x, *likes], {"axis": int(axis)})
+    return append_op("SplitLike", [x, *likes], {"axis": as_int(axis, "split: axis")})
 
 
 def _split_sizes(dim: int, attrs) -> list[int]:
@@ -321,7 +321,7 @@ def concat(xs: Sequence[Var], axis: int = 0) -> Var:
         both = rg.concat([h_fwd, h_bwd], axis=-1)      # [N, H] + [N, H] -> [N, 2H]
     """
     xs = list(xs)
-    return append_op("Concat", xs, {"axis": int(axis)})[0]
+    return append_op("Concat", xs, {"axis": as_int(axis, "concat: axis")})[0]
 
 
 def split(x: Var, num_or_sizes, axis: int = 0) -> list[Var]:
@@ -336,12 +336,12 @@ def split(x: Var, num_or_sizes, axis: int = 0) -> list[Var]:
     if isinstance(num_or_sizes, int):
         if num_or_sizes < 1:
             raise ProgramError(f"split of '{x.name}' into {num_or_sizes} pieces: need at least 1")
-        attrs = {"axis": int(axis), "num": num_or_sizes, "sections": None}
+        attrs = {"axis": as_int(axis, "split: axis"), "num": num_or_sizes, "sections": None}
     else:
-        sizes = [int(s) for s in num_or_sizes]
+        sizes = as_ints(num_or_sizes, "split: num_or_sizes (a count or a list of sizes)")
         if not sizes or sizes.count(-1) > 1 or any(s < -1 for s in sizes):
             raise ProgramError(f"split of '{x.name}': sizes {sizes} must be >= 0 with at most one -1")
-        attrs = {"axis": int(axis), "num": None, "sections": sizes}
+        attrs = {"axis": as_int(axis, "split: axis"), "num": None, "sections": sizes}
     return append_op("Split", [x], attrs)
 
 
@@ -441,8 +441,8 @@ def slice(x: Var, axes: Sequence[int], starts: Sequence[int], ends: Sequence[int
 
         last = rg.slice(x, axes=[0], starts=[-1], ends=[2**31])   # x[-1:]
     """
-    attrs = {"axes": [int(a) for a in axes], "starts": [int(s) for s in starts],
-             "ends": [int(e) for e in ends]}
+    attrs = {"axes": as_ints(axes, "slice: axes"), "starts": as_ints(starts, "slice: starts"),
+             "ends": as_ints(ends, "slice: ends")}
     return append_op("Slice", [x], attrs)[0]
 
 
@@ -559,7 +559,7 @@ def cast(x: Var, dtype: str) -> Var:
 # --- Unsqueeze / squeeze -------------------------------------------------------------------
 
 def _axes_list(axis) -> list[int]:
-    return [int(axis)] if isinstance(axis, int) else [int(a) for a in axis]
+    return [as_int(axis, "axis")] if isinstance(axis, int) else as_ints(axis, "axes")
 
 
 def _unsqueeze_axes(axes, ndim: int) -> list[int]:
@@ -683,3 +683,30 @@ def stop_gradient(x: Var) -> Var:
     out = append_op("StopGradient", [x])[0]
     out.stop_gradient = True
     return out
+
+
+# --- Dim: one run-time size ---------------------------------------------------------------
+
+def _dim_rule(ins, attrs):
+    normalize_axis(attrs["axis"], ins[0].ndim)     # ShapeError for an axis the input lacks
+    return [((), "int64")]
+
+
+@defop("Dim", infer=_dim_rule, nondiff=(0,), shape_only=(0,))
+def _dim(k, x):
+    return k.xp.asarray(x.shape[normalize_axis(k.attrs["axis"], x.ndim)], dtype=backend.dtype_of(k.xp, "int64"))
+
+
+@lowers("Dim")
+def _dim_onnx(g):
+    return [g.scalar_dim(g.ins[0], normalize_axis(g.attrs["axis"], g.in_vars[0].ndim))]
+
+
+def dim(x: Var, axis: int) -> Var:
+    """The run-time size of ``x`` along ``axis``, an int64 scalar (a trip count for a loop).
+
+    Example::
+
+        steps = rg.ops.tensor.dim(seq, 0)        # T of a [T, N, D] sequence
+    """
+    return append_op("Dim", [x], {"axis": int(axis)})[0]
