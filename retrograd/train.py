@@ -42,6 +42,7 @@ from .charlm import (MIN_CORPUS_CHARS, MODELS, VOCAB, ModelConfig, TrainError, T
                      held_out_batches, load_corpus, split_corpus)
 from .io import ParamFileError, load_params, read_params, save_params
 from .options import non_negative, non_negative_int, parse_recompute, positive  # noqa: F401
+from . import plot
 from .termplot import loss_curve
 
 # --- the command ------------------------------------------------------------------------------
@@ -96,6 +97,9 @@ def add_train_arguments(parser: argparse.ArgumentParser) -> None:
              "interrupted run keeps its last checkpoint")
     add("--plot", action=argparse.BooleanOptionalAction, default=True,
         help="draw the loss curve as text at the end (default: on)")
+    add("--plot-file", metavar="PATH", default=None,
+        help="also draw the loss curve into an image (.png, .svg or .pdf; needs matplotlib: "
+             'pip install "retrograd[plot]")')
 
 
 def run_train(args: argparse.Namespace) -> int:
@@ -109,6 +113,8 @@ def run_train(args: argparse.Namespace) -> int:
     _check_writable(save_path, "--save")
     if args.log:
         _check_writable(Path(args.log), "--log")
+    if args.plot_file:
+        _check_plot_file(Path(args.plot_file))
     if args.resume:
         read_params(args.resume)                # a missing or corrupt file fails before any work
     checkpoint = Checkpoint(save_path)
@@ -134,6 +140,15 @@ def run_train(args: argparse.Namespace) -> int:
             raise                       # a setup failure: nothing can have been saved
         raise TrainError(f"{exc}; {checkpoint.status()}") from None
     return 0
+
+
+def _check_plot_file(path: Path) -> None:
+    if path.suffix.lower() not in plot.FORMATS:
+        raise TrainError(f"cannot draw {path}: use a file name ending in {', '.join(plot.FORMATS)} "
+                         "for --plot-file")
+    if not plot.available():
+        raise TrainError(f"--plot-file needs matplotlib, which is not installed: {plot.INSTALL_HINT}")
+    _check_writable(path, "--plot-file")
 
 
 def _check_writable(path: Path, option: str) -> None:
@@ -372,6 +387,9 @@ class _Reporter:
         self.console.print(f"loss {head:.4f} -> {tail:.4f} (mean of the first and last tenth of the steps)")
         if self.args.plot and len(losses) > 1:
             self.console.print(loss_curve(losses, val_losses, self.first + 1), markup=False)
+        if self.args.plot_file:
+            plot.save_loss_curve(self.args.plot_file, losses, val_losses, self.first + 1)
+            self.console.print(f"drew the loss curve into {self.args.plot_file}")
         self.console.print(f"saved parameters and optimizer state to {save_path}")
         self.console.print("sample:", style="bold")
         self.console.print(sample, markup=False)

@@ -1,6 +1,7 @@
 """`retrograd train` run as a user runs it (a subprocess), at small sizes."""
 from __future__ import annotations
 
+import importlib.util
 import json
 import math
 import os
@@ -374,3 +375,20 @@ def test_backend_torch_trains_like_numpy_and_files_load_on_either(tmp_path):
 def test_unavailable_backend_is_one_line_naming_the_fix():
     done = retrograd_train(*SMALL, "--steps", "1", "--backend", "torch", "--device", "tpu")
     _one_line_error(done, 'backend "torch" has no device', "cuda")
+
+
+def test_plot_file_without_matplotlib_fails_before_training(tmp_path):
+    if importlib.util.find_spec("matplotlib") is not None:
+        pytest.skip("matplotlib is installed; the image is checked by test_plot_file_draws_an_image")
+    done = retrograd_train(*SMALL, "--steps", "2", "--plot-file", str(tmp_path / "loss.png"),
+                           "--save", str(tmp_path / "m.npz"))
+    _one_line_error(done, "--plot-file needs matplotlib", 'pip install "retrograd[plot]"')
+    assert not (tmp_path / "m.npz").exists()
+
+
+def test_plot_file_draws_an_image(tmp_path):
+    pytest.importorskip("matplotlib")
+    image = tmp_path / "loss.png"
+    done = retrograd_train(*SMALL, "--steps", "4", "--plot-file", str(image), "--save", str(tmp_path / "m.npz"))
+    assert done.returncode == 0, done.stderr
+    assert image.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and f"drew the loss curve into {image}" in done.stdout
