@@ -16,7 +16,7 @@ from .. import backend
 from ..errors import ProgramError, ShapeError
 from ..ir.analysis import free_reads
 from ..ir.builder import block_guard, capture_ops
-from ..ir.program import Block, Var
+from ..ir.program import Block, Op, Var
 
 
 # --- Building sub-blocks ---------------------------------------------------------------------
@@ -128,3 +128,38 @@ def or_stand_ins(k, first: int, count: int, computed: dict) -> list:
     nothing reads in this plan) an empty stand-in of the right rank and dtype."""
     return [computed[j] if j in computed else empty_stand_in(k.xp, k.op.block.var(k.op.outputs[first + j]))
             for j in range(count)]
+
+
+# --- Copying blocks ----------------------------------------------------------------------------
+
+def clone_ops_into(src: Block, dst: Block, ops: Sequence[Op] | None = None,
+                   copies: dict[int, Block] | None = None) -> None:
+    """Append copies of ``ops`` of ``src`` (default: all) to ``dst``, declaring the variables of
+    ``src`` that ``dst`` lacks. The sub-blocks they run are copied too, each under the copy of its
+    parent (``copies``: block index -> copy, ``src`` -> ``dst`` added), so the copies stay
+    children of the blocks holding their ops."""
+    copies = {} if copies is None else copies
+    copies.setdefault(src.idx, dst)
+    for name, var in src.vars.items():
+        if name not in dst.vars:
+            dst.create_var(name, var.shape, var.dtype, persistable=var.persistable, trainable=var.trainable,
+                           stop_gradient=var.stop_gradient, is_parameter=var.is_parameter, is_data=var.is_data)
+    for op in (src.ops if ops is None else ops):
+        attrs = {key: _with_copied_blocks(value, copies) for key, value in op.attrs.items()}
+        dst.append_op(Op(op.type, list(op.inputs), list(op.outputs), attrs, location=op.location))
+
+
+def _with_copied_blocks(value, copies: dict[int, Block]):
+    if isinstance(value, Block):
+        if value.idx not in copies:
+            parent = copies.get(value.parent_idx)
+            if parent is None:
+                raise ProgramError(f"block {value.idx} is run by a copied op but is not nested in the "
+                                   "copied block")
+            clone_ops_into(value, value.program.create_block(parent), None, copies)
+        return copies[value.idx]
+    if isinstance(value, (list, tuple)):
+        return type(value)(_with_copied_blocks(v, copies) for v in value)
+    if isinstance(value, dict):
+        return {k: _with_copied_blocks(v, copies) for k, v in value.items()}
+    return value

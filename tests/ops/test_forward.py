@@ -216,6 +216,31 @@ def _unary(g: Gen, type_: str) -> Case:
     return Case([(g.declare(s), x)], builder, fn)
 
 
+@case("Sin", "Cos")
+def _trig(g: Gen, type_: str) -> Case:
+    s, dtype = g.shape(), g.pick(FLOATS)
+    builder, fn = {"Sin": (rg.sin, np.sin), "Cos": (rg.cos, np.cos)}[type_]
+    return Case([(g.declare(s), g.floats(s, dtype, -7.0, 7.0))], builder, fn, rtol=1e-5)
+
+
+@case("FloorDivide", "Mod")
+def _rounding_division(g: Gen, type_: str) -> Case:
+    sa, sb = g.broadcastable(2)
+    dtype = g.pick(FLOATS + ("int64",))
+    a = g.ints(sa, -20, 20).astype(dtype) if dtype == "int64" else g.floats(sa, dtype, -9.0, 9.0)
+    b = g.away_from_zero(sb, "float64").round().astype(dtype) if dtype == "int64" else g.away_from_zero(sb, dtype)
+    builder, fn = {"FloorDivide": (rg.floor_divide, np.floor_divide), "Mod": (rg.mod, np.remainder)}[type_]
+    return Case([(g.declare(sa), a), (g.declare(sb), b)], builder, fn, rtol=1e-5)
+
+
+@case("Dim")
+def _dim(g: Gen, type_: str) -> Case:
+    s = g.shape(min_dims=1, min_side=0)
+    axis = g.int(-len(s), len(s) - 1)
+    return Case([(g.declare(s), g.floats(s))], lambda x: ops_tensor.dim(x, axis),
+                lambda x: np.asarray(x.shape[axis], dtype=np.int64))
+
+
 @case("Clip")
 def _clip(g: Gen, type_: str) -> Case:
     s, dtype = g.shape(), g.pick(FLOATS)

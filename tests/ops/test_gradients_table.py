@@ -366,6 +366,17 @@ def _rounding(fn):
     return cases
 
 
+def _recurrent_grad(r):
+    """The first-order gradients of a recurrent op (a RecurrentNetworkGrad), differentiated again."""
+    from retrograd.ops.recurrent import recurrent
+
+    def rnn_grads(x, h0, w, u):
+        (h_all,), (h_last,) = recurrent(lambda xs, hs: [rg.tanh(xs[0] @ w + hs[0] @ u)], [x], [h0])
+        return rg.gradients(rg.sum(h_all * h_all) + rg.sum(rg.sin(h_last)), [x, h0, w, u])
+    return [(rnn_grads, {"x": normal(r, 3, 2, 2), "h0": normal(r, 2, 3), "w": normal(r, 2, 3),
+                         "u": normal(r, 3, 3) * 0.5})]
+
+
 CASES = {
     # elementwise binary (broadcasting)
     "Add": _binary(rg.add),
@@ -431,6 +442,7 @@ CASES = {
     "While": _while,
     "Scan": _scan,
     "RecurrentNetwork": _recurrent,
+    "RecurrentNetworkGrad": _recurrent_grad,
     # collectives (data parallelism)
     "AllReduce": _all_reduce,
 }
@@ -440,7 +452,7 @@ DOUBLE_BACKWARD = ["MatMul", "Add", "Sub", "Mul", "Div", "Neg", "Exp", "Log", "T
                    "Relu", "Square", "Sqrt", "Pow", "Sum", "Mean", "Reshape", "Transpose", "Concat",
                    "Split", "Slice", "Gather", "Where", "Maximum", "Minimum", "Clip", "Softmax",
                    "LogSoftmax", "SoftmaxCrossEntropy", "LSTMUnit", "GRUUnit", "SeqLinear",
-                   "If", "Do", "While", "Sin", "Cos", "Mod"]
+                   "If", "Do", "While", "Sin", "Cos", "Mod", "RecurrentNetwork"]
 
 
 def _import_every_module() -> None:
