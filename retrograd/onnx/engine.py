@@ -151,8 +151,10 @@ class OnnxRuntimeEngine:
             session.run_with_iobinding(binding)
         except Exception as exc:            # onnxruntime raises its own Fail/RuntimeException types
             raise ExecutionError(f"onnxruntime failed running the program: {exc}") from exc
-        outputs = {name: value.numpy() for name, value in zip(compiled.outputs, binding.get_outputs())}
-        return {name: _unaliased(array, inputs) for name, array in outputs.items()}
+        starts = np.array([a.__array_interface__["data"][0] for a in inputs.values()], dtype=np.int64)
+        ends = starts + np.array([max(a.nbytes, 1) for a in inputs.values()], dtype=np.int64)
+        return {name: _unaliased(value.numpy(), starts, ends)
+                for name, value in zip(compiled.outputs, binding.get_outputs())}
 
     @staticmethod
     def _fetched(name: str, compiled: CompiledSession, outputs: dict, feeds: dict, block, scope):
@@ -202,14 +204,13 @@ class OnnxRuntimeEngine:
                                len(built.model.graph.node), time.perf_counter() - started, run_id)
 
 
-def _unaliased(array: np.ndarray, inputs: dict) -> np.ndarray:
-    """``array``, or a copy of it when onnxruntime handed back an input's own memory (an input
-    passed through, or reshaped in place): bound inputs are our arrays, which may go away."""
+def _unaliased(array: np.ndarray, starts: np.ndarray, ends: np.ndarray) -> np.ndarray:
+    """``array``, or a copy of it when onnxruntime handed back memory of a bound input (``starts``
+    .. ``ends``: an input passed through, or reshaped in place): those are our arrays, which the
+    caller may drop or the scope replace."""
     start = array.__array_interface__["data"][0]
-    for source in inputs.values():
-        low = source.__array_interface__["data"][0]
-        if low <= start < low + max(source.nbytes, 1):
-            return array.copy()
+    if np.any((starts <= start) & (start < ends)):
+        return array.copy()
     return array
 
 
