@@ -88,7 +88,10 @@ def start_under_launcher() -> None:
     the abort-on-error hook is then in place before the first collective, so a rank failing
     early still stops the others (they would wait for it in ``MPI_Init`` or a collective)."""
     if launcher_size() > 1 and importlib.util.find_spec("mpi4py") is not None:
-        world()
+        try:
+            world()
+        except BackendError:
+            pass        # not at import: the first rank(), world_size() or collective raises it
 
 
 def launcher_size() -> int:
@@ -101,18 +104,28 @@ def launcher_size() -> int:
 
 
 def _connect() -> LocalComm | MPIComm:
-    started = sys.modules.get("mpi4py.MPI")
-    if started is not None and started.Is_initialized() and not started.Is_finalized():
-        return _with_abort_on_error(MPIComm(started))
     requested = launcher_size()
-    if requested <= 1:
-        return LocalComm()
+    mpi = sys.modules.get("mpi4py.MPI")
+    if mpi is None or not mpi.Is_initialized() or mpi.Is_finalized():
+        if requested <= 1:
+            return LocalComm()
+        mpi = _import_mpi(requested)
+    comm = MPIComm(mpi)
+    if requested > 1 and comm.size != requested:
+        # Each process would train alone, all of them writing the same files.
+        raise BackendError(f"the launcher started {requested} processes but MPI sees {comm.size}: "
+                           "mpi4py's MPI library is not the launcher's (use the mpiexec of the MPI "
+                           "mpi4py was built with; under Slurm, srun --mpi=pmix or pmi2 as the site says)")
+    return _with_abort_on_error(comm)
+
+
+def _import_mpi(requested: int):
     try:
         from mpi4py import MPI
     except ImportError:
         raise BackendError(f"this process was started as one of {requested} ranks, but mpi4py cannot "
                            f"be imported; install it: {INSTALL_HINT}") from None
-    return _with_abort_on_error(MPIComm(MPI))
+    return MPI
 
 
 def _with_abort_on_error(comm: MPIComm) -> MPIComm:

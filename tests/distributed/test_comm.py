@@ -34,3 +34,15 @@ def test_missing_mpi4py_under_a_launcher_is_a_backend_error_naming_the_extra():
     assert done.returncode == 0, done.stderr
     assert done.stdout.startswith("BackendError:")
     assert 'pip install "retrograd[mpi]"' in done.stdout and "2 ranks" in done.stdout
+
+
+def test_a_launcher_whose_size_mpi_does_not_see_is_a_backend_error(mpiexec):
+    # PMI_SIZE=3 without a process manager: MPI starts as a singleton of size 1, so the processes
+    # would each train alone; the first use of the ranks says so (import still works).
+    code = ("import retrograd as rg\n"
+            "try:\n    rg.distributed.rank()\n"
+            "except rg.BackendError as exc:\n    print('BackendError:', exc)\n")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          env=dict(os.environ, PMI_SIZE="3"), timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.startswith("BackendError: the launcher started 3 processes but MPI sees 1")
