@@ -29,3 +29,4 @@ from . import layers  # noqa: E402
 from . import memory  # noqa: E402
 from . import testing  # noqa: E402
 from . import onnx  # noqa: E402  (rg.onnx.export; onnx itself is imported only when exporting)
+from . import passes  # noqa: E402  (whole-program rewrites: rg.passes.optimize_for_engine)

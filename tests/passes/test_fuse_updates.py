@@ -97,3 +97,8 @@ def test_optimize_for_engine_leaves_the_program_alone():
     rewritten = optimize_for_engine(main)
     assert str(main) == text and main.version == version
     assert "FusedAdamUpdate" in str(rewritten)
+
+
+def test_readme_spelling_rg_passes():
+    main, _, _ = _training()
+    assert "FusedAdamUpdate" in str(rg.passes.optimize_for_engine(main))
