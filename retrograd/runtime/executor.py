@@ -224,15 +224,21 @@ class Executor:
         block = program.global_block()
         return block, [_fetch_name(f, block) for f in (fetch_list or [])]
 
-    def checked_feeds(self, block: Block, feed: dict) -> dict:
-        """name -> the feed as a backend array of the declared dtype and shape (FeedError if not)."""
+    def checked_feeds(self, block: Block, feed: dict, plan: Plan | None = None) -> dict:
+        """name -> the feed as a backend array of the declared dtype and shape (FeedError if not;
+        with ``plan``, the error names the first op that reads the feed, and so the user's line)."""
         env = {}
         for name, value in feed.items():
             name = name.name if isinstance(name, Var) else name
             var = block.vars.get(name)
             if var is None:
                 raise FeedError(f"feed '{name}' is not a variable of block 0")
-            env[name] = _check_feed(var, value, self.backend)
+            try:
+                env[name] = _check_feed(var, value, self.backend)
+            except FeedError as exc:
+                if plan is None:
+                    raise
+                raise type(exc)(f"{exc} (it is read by {_first_reader(plan, name)})") from None
         return env
 
     def checked_persistable(self, block: Block, name: str, scope: Scope, reader=lambda: "the program"):
@@ -249,7 +255,7 @@ class Executor:
         return checked
 
     def _initial_env(self, plan: Plan, block: Block, feed: dict, scope: Scope) -> dict:
-        env = self.checked_feeds(block, feed)
+        env = self.checked_feeds(block, feed, plan)
         _refuse_overwritten_feeds(plan, env)
         for name in plan.free_reads:
             if name in env:

@@ -153,3 +153,13 @@ def test_ops_built_inside_control_flow_functions_point_into_them():
 def test_explicit_location_wins_and_none_means_unknown():
     assert Op("Tanh", ["x"], ["y"], location="model.py:7").location == "model.py:7"
     assert Op("Tanh", ["x"], ["y"], location=None).location is None
+
+
+def test_feed_error_about_a_wrong_shape_names_the_reading_line():
+    main, startup = rg.Program(), rg.Program()
+    with rg.program_guard(main, startup):
+        x = rg.data("x", [-1, 3])
+        line = _line() + 1
+        out = rg.tanh(x)
+    with pytest.raises(rg.FeedError, match=rf"shape \[2, 4\].*read by .*{HERE}:{line}: op #0 Tanh"):
+        rg.Executor().run(main, feed={"x": np.ones((2, 4), np.float32)}, fetch_list=[out])
