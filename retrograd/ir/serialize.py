@@ -173,18 +173,18 @@ def _parse(text: str) -> Any:
 
 
 _STRINGS = re.compile(r'"(?:[^"\\]|\\.)*"')
-_OPEN_CLOSE = {ord("["): 1, ord("{"): 1, ord("]"): -1, ord("}"): -1}
+_BRACKET_STEPS = np.zeros(256, dtype=np.int8)   # byte -> +1 opening, -1 closing, 0 otherwise
+_BRACKET_STEPS[[ord("["), ord("{")]] = 1
+_BRACKET_STEPS[[ord("]"), ord("}")]] = -1
 
 
 def _check_nesting(text: str) -> None:
     # The decoder recurses once per nested list or object; measure the depth first (strings
     # removed, brackets counted with NumPy) so that no document reaches the recursion limit.
     brackets = _STRINGS.sub("", text).encode("ascii", errors="ignore")
-    codes = np.frombuffer(brackets, dtype=np.uint8)
-    steps = np.zeros(256, dtype=np.int64)
-    for code, step in _OPEN_CLOSE.items():
-        steps[code] = step
-    depth = int(np.cumsum(steps[codes]).max(initial=0))
+    steps = _BRACKET_STEPS[np.frombuffer(brackets, dtype=np.uint8)]
+    steps = steps[steps != 0].astype(np.int32)        # only the brackets: a small array
+    depth = int(np.cumsum(steps).max(initial=0))
     if depth > MAX_JSON_DEPTH:
         raise ProgramError(f"program JSON nests lists and objects {depth} deep; at most "
                            f"{MAX_JSON_DEPTH} are allowed")
