@@ -11,6 +11,8 @@ numbers for the same key.
 """
 from __future__ import annotations
 
+import contextlib
+
 import numpy as np
 
 from . import keyed_random
@@ -68,6 +70,10 @@ class Backend:
     def device_memory(self) -> int | None:
         """Bytes the library holds on the device now, or None where it does not say (host)."""
         return None
+
+    def on_device(self):
+        """A context in which kernels run: libraries with a current device (CuPy) select ours."""
+        return contextlib.nullcontext()
 
     # -- keyed random draws (the same numbers on every backend) -------------------------
     def random_uniform(self, key, shape, low: float, high: float, dtype: str):

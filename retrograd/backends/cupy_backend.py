@@ -1,7 +1,7 @@
 """The CuPy backend: arrays on a CUDA device.
 
-Kernels use ``array_api_compat.cupy`` with creation functions bound to the
-device. What the standard lacks: scatter-add is ``cupyx.scatter_add`` (NumPy's
+Kernels use ``array_api_compat.cupy`` and run with the executor's device made
+current (``on_device``). What the standard lacks: scatter-add is ``cupyx.scatter_add`` (NumPy's
 ``add.at``), a buffer is the array's memory allocation (views share it),
 transfers are ``cupy.asarray`` and ``cupy.asnumpy``; device memory is the
 default memory pool's bytes in use.
@@ -54,7 +54,9 @@ class CupyBackend(Backend):
             raise BackendError(f'backend "cupy" has no device {device!r}: {count} CUDA device(s) visible')
         self.cupy, self.cupyx = cupy, cupyx
         self.cuda_device = cupy.cuda.Device(index)
-        super().__init__(Namespace(compat, self.cuda_device), f"cuda:{index}")
+        # CuPy creates arrays on its current device (array_api_compat ignores device=): the
+        # executor runs kernels inside ``on_device()``, which makes ours current.
+        super().__init__(Namespace(compat), f"cuda:{index}")
 
     def owns(self, array) -> bool:
         return isinstance(array, self.cupy.ndarray)
@@ -82,3 +84,6 @@ class CupyBackend(Backend):
 
     def device_memory(self) -> int | None:
         return int(self.cupy.get_default_memory_pool().used_bytes())
+
+    def on_device(self):
+        return self.cuda_device

@@ -151,7 +151,7 @@ class Executor:
         env = self._initial_env(plan, block, feed or {}, scope)
         for value in env.values():
             run.meter.hold(value)
-        with self.blas.limit():
+        with self.blas.limit(), self.backend.on_device():
             self.execute(plan, env)
         for name in plan.persistable_writes:
             if name in env:
