@@ -118,7 +118,11 @@ class OnnxRuntimeEngine:
         exe = self.executor
         scope = scope if scope is not None else exe.scope
         block, fetch = exe.checked_run_args(program, feed, fetch_list)
-        feeds = exe.checked_feeds(block, feed or {})
+        try:
+            feeds = exe.checked_feeds(block, feed or {})
+        except FeedError:                   # again with the executor's plan: the error names the reader
+            exe.checked_feeds(block, feed or {}, exe.plan_for(block, frozenset(fetch)))
+            raise
         compiled = self.compiled(program, fetch, sorted(feeds))
         self.run_id += 1             # counted as the NumPy executor counts: random ops key on it
         inputs = {name: feeds[name] for name in compiled.feeds}
