@@ -25,7 +25,7 @@ from ..ops.math import matmul
 from ..ops.recurrent import recurrent
 from ..ops.reduce import sum as reduce_sum
 from ..ops.rnn_cells import gru_unit, lstm_unit, seq_linear
-from ..ops.tensor import slice
+from ..ops.tensor import concat, slice
 
 
 def _check_input(x: Var, layer: str) -> int:
@@ -82,9 +82,9 @@ def _check_hidden(hidden: int, layer: str) -> int:
     return hidden
 
 
-def lstm(x: Var, hidden: int, h0: Var | None = None, c0: Var | None = None,
-         seq_lengths: Var | None = None, forget_bias: float = 0.0, name: str | None = None,
-         recompute=None) -> tuple[Var, Var, Var, Var]:
+def lstm(x: Var, hidden: int, h0=None, c0=None, seq_lengths: Var | None = None, forget_bias: float = 0.0,
+         name: str | None = None, recompute=None, reverse: bool = False,
+         bidirectional: bool = False) -> tuple[Var, Var, Var, Var]:
     """An LSTM over ``x [T, N, D]``; returns ``(h_all [T,N,H], h_last [N,H], c_all, c_last)``.
 
     Parameters ``<name>.w_ih [D, 4H]``, ``<name>.w_hh [H, 4H]``, ``<name>.b [4H]``;
@@ -94,36 +94,55 @@ def lstm(x: Var, hidden: int, h0: Var | None = None, c0: Var | None = None,
     length and ``h_last``/``c_last`` are taken there. ``recompute`` is passed to
     ``rg.recurrent`` (None, ``"steps"`` or a byte budget).
 
+    ``reverse=True`` reads the sequence right to left (each example's own
+    steps with ``seq_lengths``): ``h_all[t]`` is the state after reading
+    ``x[t]``, ``h_last`` the state after ``x[0]``. ``bidirectional=True`` runs
+    both directions, the right-to-left one with parameters
+    ``<name>.w_ih_reverse`` etc., and concatenates them on the last axis as
+    ``torch.nn.LSTM(bidirectional=True)`` does: ``h_all [T,N,2H]``,
+    ``h_last [N,2H]`` (forward then reverse); ``h0``/``c0`` are then pairs
+    ``(forward, reverse)`` of ``[N, H]`` (or None).
+
     Example::
 
         x = rg.data("x", [-1, -1, 32])                     # [T, N, D]
         h_all, h_last, c_all, c_last = rg.layers.lstm(x, 64, name="enc")
+        both, _, _, _ = rg.layers.lstm(x, 64, name="bi", bidirectional=True)   # [T, N, 128]
     """
     hidden = _check_hidden(hidden, "lstm")
     d_in = _check_input(x, "lstm")
     name = _name(name, "lstm")
-    p = _params(name, hidden, x.dtype, {"w_ih": [d_in, 4 * hidden], "w_hh": [hidden, 4 * hidden],
-                                        "b": [4 * hidden]})
-    x_proj = seq_linear(x, p["w_ih"], p["b"])
-    h0 = _state(h0, x, hidden, "h0", "lstm")    # N from x: under a budget x_proj is made per step
-    c0 = _state(c0, x, hidden, "c0", "lstm")
 
-    def step(x_t, states):
-        h, c = states
-        return list(lstm_unit(x_t[0], c, forget_bias, h_gates=matmul(h, p["w_hh"])))
+    def direction(suffix: str, h0, c0, backwards: bool):
+        p = _params(name, hidden, x.dtype, {f"w_ih{suffix}": [d_in, 4 * hidden],
+                                            f"w_hh{suffix}": [hidden, 4 * hidden], f"b{suffix}": [4 * hidden]})
+        x_proj = seq_linear(x, p[f"w_ih{suffix}"], p[f"b{suffix}"])
+        h0 = _state(h0, x, hidden, "h0", "lstm")    # N from x: under a budget x_proj is made per step
+        c0 = _state(c0, x, hidden, "c0", "lstm")
 
-    all_states, last_states = recurrent(step, [x_proj], [h0, c0], seq_lengths=seq_lengths,
-                                           recompute=recompute)
-    return all_states[0], last_states[0], all_states[1], last_states[1]
+        def step(x_t, states):
+            h, c = states
+            return list(lstm_unit(x_t[0], c, forget_bias, h_gates=matmul(h, p[f"w_hh{suffix}"])))
+
+        all_states, last_states = recurrent(step, [x_proj], [h0, c0], seq_lengths=seq_lengths,
+                                            recompute=recompute, reverse=backwards)
+        return all_states[0], last_states[0], all_states[1], last_states[1]
+
+    if not bidirectional:
+        return direction("", h0, c0, reverse)
+    (h0_f, h0_b), (c0_f, c0_b) = _pair(h0, "h0", "lstm"), _pair(c0, "c0", "lstm")
+    return _joined(direction("", h0_f, c0_f, False), direction("_reverse", h0_b, c0_b, True))
 
 
-def gru(x: Var, hidden: int, h0: Var | None = None, seq_lengths: Var | None = None,
-        name: str | None = None, recompute=None) -> tuple[Var, Var]:
+def gru(x: Var, hidden: int, h0=None, seq_lengths: Var | None = None, name: str | None = None,
+        recompute=None, reverse: bool = False, bidirectional: bool = False) -> tuple[Var, Var]:
     """A GRU over ``x [T, N, D]`` (as ``torch.nn.GRU``); returns ``(h_all [T,N,H], h_last [N,H])``.
 
     Parameters ``w_ih [D, 3H]``, ``w_hh [H, 3H]``, ``b_ih [3H]``, ``b_hh [3H]``;
     gate order r, z, n: ``n = tanh(xW_n + b_in + r * (hU_n + b_hn))``,
-    ``h' = (1 - z) * n + z * h``.
+    ``h' = (1 - z) * n + z * h``. ``reverse`` and ``bidirectional`` (then
+    ``h_all [T,N,2H]``, ``h_last [N,2H]``, ``h0`` a pair, parameters
+    ``<name>.w_ih_reverse`` etc.) work as for ``lstm``.
 
     Example::
 
@@ -132,18 +151,40 @@ def gru(x: Var, hidden: int, h0: Var | None = None, seq_lengths: Var | None = No
     hidden = _check_hidden(hidden, "gru")
     d_in = _check_input(x, "gru")
     name = _name(name, "gru")
-    p = _params(name, hidden, x.dtype, {"w_ih": [d_in, 3 * hidden], "w_hh": [hidden, 3 * hidden],
-                                        "b_ih": [3 * hidden], "b_hh": [3 * hidden]})
-    x_proj = seq_linear(x, p["w_ih"], p["b_ih"])
-    h0 = _state(h0, x, hidden, "h0", "gru")
 
-    def step(x_t, states):
-        h, = states
-        return [gru_unit(x_t[0], matmul(h, p["w_hh"]) + p["b_hh"], h)]
+    def direction(suffix: str, h0, backwards: bool):
+        p = _params(name, hidden, x.dtype, {f"w_ih{suffix}": [d_in, 3 * hidden], f"w_hh{suffix}": [hidden, 3 * hidden],
+                                            f"b_ih{suffix}": [3 * hidden], f"b_hh{suffix}": [3 * hidden]})
+        x_proj = seq_linear(x, p[f"w_ih{suffix}"], p[f"b_ih{suffix}"])
+        h0 = _state(h0, x, hidden, "h0", "gru")
 
-    all_states, last_states = recurrent(step, [x_proj], [h0], seq_lengths=seq_lengths,
-                                           recompute=recompute)
-    return all_states[0], last_states[0]
+        def step(x_t, states):
+            h, = states
+            return [gru_unit(x_t[0], matmul(h, p[f"w_hh{suffix}"]) + p[f"b_hh{suffix}"], h)]
+
+        all_states, last_states = recurrent(step, [x_proj], [h0], seq_lengths=seq_lengths,
+                                            recompute=recompute, reverse=backwards)
+        return all_states[0], last_states[0]
+
+    if not bidirectional:
+        return direction("", h0, reverse)
+    h0_f, h0_b = _pair(h0, "h0", "gru")
+    return _joined(direction("", h0_f, False), direction("_reverse", h0_b, True))
+
+
+def _pair(given, what: str, layer: str) -> tuple:
+    """A bidirectional layer's initial state: None, or (forward, reverse)."""
+    if given is None:
+        return None, None
+    if isinstance(given, (list, tuple)) and len(given) == 2:
+        return tuple(given)
+    raise ProgramError(f"layers.{layer}(bidirectional=True): {what} must be None or a pair "
+                       f"(forward [N, H], reverse [N, H]), got {given!r}")
+
+
+def _joined(forward: tuple, backward: tuple) -> tuple:
+    """Each result of the two directions concatenated on the last axis (forward first)."""
+    return tuple(concat([f, b], axis=-1) for f, b in zip(forward, backward))
 
 
 def milstm(x: Var, hidden: int, h0: Var | None = None, c0: Var | None = None,

@@ -13,6 +13,7 @@ from .rnn_cells import gru_unit, lstm_unit, seq_linear  # noqa: F401
 from .recurrent import recurrent, recurrent_net  # noqa: F401
 from .trig import cos, sin  # noqa: F401
 from .rounding_division import floor_divide, mod  # noqa: F401
+from .sequence import reverse_sequence  # noqa: F401
 from .cond import cond, switch_case  # noqa: F401
 from .do import do  # noqa: F401
 from .while_loop import while_loop  # noqa: F401

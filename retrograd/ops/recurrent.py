@@ -35,6 +35,8 @@ from ..ir.program import Block, Var
 from . import streams
 from .creation import assign
 from .recurrent_grad import rnn_grad_maker
+from .recurrent_outputs import output_init, split_step_result
+from .sequence import reverse_sequence
 from .recurrent_onnx import forward_loop_onnx
 from .recurrent_steps import (Held, RnnLayout, StepRunner, budget_variant, check_batches,  # noqa: F401
                               check_state_shape, fresh_name, is_budget, step_mask, time_steps, timestep_value)
@@ -305,7 +307,7 @@ def _fresh_step_output(step: Block, value, state: Var, taken: set[str], index: i
 
 def recurrent(step_fn: Callable[[list[Var], list[Var]], Sequence[Var]], inputs, initial_states,
               seq_lengths: Var | None = None, outputs_with_grads=None, recompute=None,
-              forward_only: bool = False, name: str | None = None) -> tuple[list[Var], list[Var]]:
+              forward_only: bool = False, name: str | None = None, reverse: bool = False):
     """Run ``step_fn`` over time; return ``(all_states, last_states)`` in the order of ``initial_states``.
 
     ``inputs`` are sequences ``[T, N, ...]``; ``step_fn(x_t_list, state_list)``
@@ -320,6 +322,16 @@ def recurrent(step_fn: Callable[[list[Var], list[Var]], Sequence[Var]], inputs, 
     (None: all). ``recompute="steps"`` stores only the states and recomputes
     each step's intermediates in the backward; ``forward_only=True`` forbids
     a gradient and keeps nothing per step.
+
+    Per-step outputs that are not states (PaddlePaddle's ``step_output``):
+    ``step_fn`` returns ``(new_states, outputs)``, two lists; the result is
+    then ``(all_states, last_states, all_outputs)``, each output stacked to
+    ``[T, N, ...]`` (its sizes after the batch axis must be known when the
+    step is built; past an example's length it repeats its last value, as the
+    states do). ``reverse=True`` runs right to left: step t reads
+    ``x[T-1-t]`` (with ``seq_lengths``, each example's own steps reversed),
+    ``all_*[t]`` is the value after reading ``x[t]`` and ``last_states`` the
+    value after ``x[0]``.
 
     Example::
 
@@ -340,6 +352,8 @@ def recurrent(step_fn: Callable[[list[Var], list[Var]], Sequence[Var]], inputs, 
     if not initial_states:
         raise ProgramError("recurrent() needs at least one initial state (the recurrence it carries)")
     _check_static_batches(inputs[0], initial_states)
+    if reverse:         # right to left: the same recurrence over the reversed sequences
+        inputs = [reverse_sequence(seq, seq_lengths) for seq in inputs]
     parent = current_block()
     program = parent.program
     prefix = name or program.unique_name("rnn")
@@ -349,18 +363,29 @@ def recurrent(step_fn: Callable[[list[Var], list[Var]], Sequence[Var]], inputs, 
               for seq in inputs]
         hs = [step.create_var(fresh_name(program, f"{prefix}.{init.name}_prev"), init.shape, init.dtype)
               for init in initial_states]
-        new = step_fn(list(xs), list(hs))
+        new, step_outputs = split_step_result(step_fn(list(xs), list(hs)))
         new = _as_list(new)
         if len(new) != len(hs):
             raise ProgramError(f"recurrent(): step_fn returned {len(new)} states for {len(hs)} initial states")
         taken: set[str] = set()
         new = [_fresh_step_output(step, v, h, taken, i) for i, (v, h) in enumerate(zip(new, hs))]
+        outs_t = [_fresh_step_output(step, v, v, taken, len(hs) + j) for j, v in enumerate(step_outputs or [])]
+    # A per-step output is a state the step never reads: its 'all' stacks the outputs.
+    hs += [step.create_var(fresh_name(program, f"{prefix}.out{j}_prev"), v.shape, v.dtype)
+           for j, v in enumerate(outs_t)]
+    initial_states = initial_states + [output_init(v, inputs[0], f"step output {j}") for j, v in enumerate(outs_t)]
+    if outputs_with_grads is not None and outs_t:
+        outputs_with_grads = list(outputs_with_grads) + [2 * (len(new) + j) for j in range(len(outs_t))]
     names = []
     for init in initial_states:
         names += [f"{prefix}.{init.name}_all", f"{prefix}.{init.name}_last"]
-    outs = build_recurrent_op(step, list(zip(xs, inputs)), list(zip(hs, initial_states, new)), seq_lengths,
-                              None, outputs_with_grads, recompute, forward_only, names)
-    return outs[0::2], outs[1::2]
+    outs = build_recurrent_op(step, list(zip(xs, inputs)), list(zip(hs, initial_states, new + outs_t)),
+                              seq_lengths, None, outputs_with_grads, recompute, forward_only, names)
+    alls, lasts = outs[0::2], outs[1::2]
+    if reverse:         # all_*[t] back at the step that read x[t]
+        alls = [reverse_sequence(a, seq_lengths) for a in alls]
+    k = len(new)
+    return (alls[:k], lasts[:k]) if step_outputs is None else (alls[:k], lasts[:k], alls[k:])
 
 
 def _check_static_batches(seq: Var, initial_states: list[Var]) -> None:

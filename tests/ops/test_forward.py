@@ -233,6 +233,22 @@ def _rounding_division(g: Gen, type_: str) -> Case:
     return Case([(g.declare(sa), a), (g.declare(sb), b)], builder, fn, rtol=1e-5)
 
 
+@case("ReverseSequence")
+def _reverse_sequence(g: Gen, type_: str) -> Case:
+    s = g.shape(min_dims=2, min_side=0)
+    x = g.floats(s)
+    if g.draw(st.booleans()):
+        return Case([(g.declare(s), x)], rg.reverse_sequence, lambda a: a[::-1])
+    lengths = g.ints((s[1],), 0, s[0] + 1)
+
+    def ref(a, n):
+        out = a.copy()
+        for i, length in enumerate(n):
+            out[:length, i] = a[:length, i][::-1]
+        return out
+    return Case([(g.declare(s), x), (g.declare((s[1],)), lengths)], rg.reverse_sequence, ref)
+
+
 @case("Dim")
 def _dim(g: Gen, type_: str) -> Case:
     s = g.shape(min_dims=1, min_side=0)

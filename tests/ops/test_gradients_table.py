@@ -377,6 +377,11 @@ def _recurrent_grad(r):
                          "u": normal(r, 3, 3) * 0.5})]
 
 
+def _reverse_sequence(r):
+    return [(rg.reverse_sequence, {"x": normal(r, 4, 3, 2)}),
+            (rg.reverse_sequence, {"x": normal(r, 4, 3, 2), "lengths": np.array([4, 0, 2], dtype=np.int64)})]
+
+
 CASES = {
     # elementwise binary (broadcasting)
     "Add": _binary(rg.add),
@@ -443,6 +448,7 @@ CASES = {
     "Scan": _scan,
     "RecurrentNetwork": _recurrent,
     "RecurrentNetworkGrad": _recurrent_grad,
+    "ReverseSequence": _reverse_sequence,
     # collectives (data parallelism)
     "AllReduce": _all_reduce,
 }
