@@ -182,10 +182,7 @@ def _read_npz(path: Path, check: _Check, misfits: dict[str, str]) -> dict[str, n
         raise ParamFileError(f"parameter file {path} does not exist")
     try:
         if not zipfile.is_zipfile(path):
-            with open(path, "rb") as file:
-                single = file.read(6) == b"\x93NUMPY"
-            raise (ParamFileError(f"{path} holds a single array (.npy), not a parameter file (.npz)")
-                   if single else _unreadable(path, "not a zip archive"))
+            raise _not_a_zip(path)
         arrays: dict[str, np.ndarray] = {}
         with zipfile.ZipFile(path) as archive:
             for info in archive.infolist():
@@ -241,6 +238,13 @@ def _read_member(member, size: int, name: str, check: _Check, path: Path,
         raise _unreadable(path, f"'{name}' holds more data than its shape {list(shape)}")
     array = np.frombuffer(data, dtype=dtype).reshape(shape, order="F" if fortran else "C")
     return array.astype(dtype.newbyteorder("="), order="C", copy=False)
+
+
+def _not_a_zip(path: Path) -> ParamFileError:
+    with open(path, "rb") as file:
+        if file.read(6) == b"\x93NUMPY":
+            return ParamFileError(f"{path} holds a single array (.npy), not a parameter file (.npz)")
+    return _unreadable(path, "not a zip archive")
 
 
 def _unreadable(path: Path, why: str) -> ParamFileError:
