@@ -351,21 +351,23 @@ def test_loss_curve_is_drawn_from_the_losses():
     assert text.splitlines()[:3] == ["  5.000 |*****", "        |         o", "  1.000 |     *****"]
 
 
-def test_backend_torch_trains_like_numpy_and_files_load_on_either(tmp_path):
-    """`--backend torch --device cpu`: the same losses as NumPy (float32) and the same file format."""
-    pytest.importorskip("torch")
+@pytest.mark.parametrize("other", ["torch", "onnxruntime"])
+def test_backend_torch_trains_like_numpy_and_files_load_on_either(tmp_path, other):
+    """`--backend torch --device cpu` (or the onnxruntime engine): the same losses as NumPy
+    (float32) and the same file format."""
+    pytest.importorskip(other)
     runs = {}
-    for backend in ("numpy", "torch"):
+    for backend in ("numpy", other):
         log, saved = tmp_path / f"{backend}.jsonl", tmp_path / f"{backend}.npz"
         done = retrograd_train(*SMALL, "--steps", "4", "--log", str(log), "--save", str(saved),
                                "--backend", backend, "--device", "cpu", "--no-plot")
         assert done.returncode == 0, done.stderr
         assert f"backend {backend} on cpu" in done.stdout
         runs[backend] = ([r["loss"] for r in _read_log(log)], rg.read_params(saved))
-    np.testing.assert_allclose(runs["torch"][0], runs["numpy"][0], rtol=1e-5)
+    np.testing.assert_allclose(runs[other][0], runs["numpy"][0], rtol=1e-5)
     for name, value in runs["numpy"][1].items():
-        np.testing.assert_allclose(runs["torch"][1][name], value, rtol=1e-4, atol=1e-6, err_msg=name)
-    done = retrograd_train(*SMALL, "--steps", "1", "--resume", str(tmp_path / "torch.npz"),
+        np.testing.assert_allclose(runs[other][1][name], value, rtol=1e-4, atol=1e-6, err_msg=name)
+    done = retrograd_train(*SMALL, "--steps", "1", "--resume", str(tmp_path / f"{other}.npz"),
                            "--save", str(tmp_path / "again.npz"), "--no-plot")
     assert done.returncode == 0, done.stderr
 
