@@ -175,3 +175,27 @@ def test_loops_under_a_memory_budget_match_across_backends(backend):
     for var, a, b in zip(fetch, want, got):
         np.testing.assert_allclose(b, a, **TOL["float64"], err_msg=var.name)
     assert peak_got == peak_want
+
+
+def test_fused_adam_shape_and_broadcast_run_on_every_backend(backend):
+    """Ops that the op tables do not reach: the fused optimizer update (passes), Shape, Broadcast."""
+    from retrograd.ops.registry import append_op
+    from retrograd.passes.fuse_updates import fuse_optimizer_updates
+    main, startup = rg.Program(random_seed=3), rg.Program(random_seed=3)
+    with rg.program_guard(main, startup):
+        x = rg.data("x", [-1, 4])
+        h = rg.layers.fc(rg.layers.fc(x, 5, act="tanh", name="a"), 3, name="b")
+        loss = rg.mean(h * h)
+        rg.optim.Adam(0.1).minimize(loss)
+        shape = append_op("Shape", [x], {})[0]
+        rg.distributed.broadcast([main.global_block().var("a.w")])
+    assert fuse_optimizer_updates(main) > 0
+    assert {"FusedAdamUpdate", "Shape", "Broadcast"} <= {op.type for op in main.global_block().ops}
+    xb = np.random.default_rng(0).standard_normal((6, 4)).astype("float32")
+    runs = []
+    for exe in (rg.Executor(), backend.executor()):
+        exe.run(startup)
+        runs.append([exe.run(main, feed={"x": xb}, fetch_list=[loss, shape]) for _ in range(3)])
+    for (loss_a, shape_a), (loss_b, shape_b) in zip(*runs):
+        np.testing.assert_array_equal(shape_b, [6, 4])
+        np.testing.assert_allclose(loss_b, loss_a, **TOL["float32"])
