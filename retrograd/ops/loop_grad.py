@@ -9,6 +9,7 @@ from ..ir.dtypes import is_float
 from ..ir.program import Block, Op, Var
 from . import streams
 from .creation import zeros_like
+from .tensor import shape
 from .math import add
 from .registry import GradCtx, append_op, get_op_def
 from .subblock_grad import detach, report_ops, run_backward
@@ -120,6 +121,8 @@ def loop_grad(g: GradCtx, L: LoopView) -> list:
 
     # Per iteration: the kept values' gradients, then the forward values the backward reads.
     stacks = _save_loop_values(L, [n for n in saved if n not in L.x_binds], shape_only)
+    ragged = bool(L.op.attrs.get("ragged"))     # loop vars change shape: each iteration's shapes kept too
+    shapes = _saved_shapes(L, x, saved) if ragged else {}
     for name in saved:
         if name in L.x_binds and name not in shape_only:
             _need_in_full(x[L.xs_pos[L.x_binds.index(name)]])
@@ -135,10 +138,17 @@ def loop_grad(g: GradCtx, L: LoopView) -> list:
         if not any(v.name == ref.name for v in inputs[1 + len(inits):]):
             inputs.append(ref)
         ys_like.append(next(p for p, v in enumerate(inputs) if p > len(inits) and v.name == ref.name))
+    x_shapes = [None] * len(ys_in)
+    for name in saved:      # a padded stack is cut back to iteration i's shape when bound
+        x_shapes.append(len(inputs) if name in shapes else None)
+        if name in shapes:
+            inputs.append(shapes[name])
     attrs = {"body": G, "carry_binds": [dcarry[j].name for j in carries] + [a.name for a in accs],
              "body_outs": fetch[:len(carries) + len(accs)], "x_binds": x_binds,
              "ys": [v.name for _, v in dxs], "ys_like": ys_like, "ys_full": [True] * len(dxs),
              "reverse": not L.reverse}
+    if ragged:
+        attrs.update(ragged=True, x_shapes=x_shapes)
     streams.copy_stream(L.op.attrs, attrs)   # iteration i replays the forward's iteration i
     outs = append_op("Scan", inputs, attrs, name="scan_grad")
     for var, j in zip(outs, carries):
@@ -149,6 +159,24 @@ def loop_grad(g: GradCtx, L: LoopView) -> list:
     for var, (i, _) in zip(outs[len(carries) + len(summed):], dxs):
         result[L.xs_pos[i]] = var
     return result
+
+
+def _saved_shapes(L: LoopView, x: list[Var], names: Sequence[str]) -> dict[str, Var]:
+    """Per saved name, the [iterations, rank] stack of its shape in each iteration: computed in the
+    body (``Shape``) and kept like any value, or, for a slice of a ragged Scan input, that input's."""
+    found, made = {}, {}
+    x_shapes = L.op.attrs.get("x_shapes") or [None] * len(L.x_binds)
+    for name in names:
+        if name in L.x_binds:
+            position = x_shapes[L.x_binds.index(name)]
+            if position is not None:
+                found[name] = x[position]
+            continue
+        with build_into(L.body):
+            made[name] = shape(L.body.var(name)).name
+    stacks = _save_loop_values(L, list(made.values()), set())
+    found.update({name: stacks[inner] for name, inner in made.items()})
+    return found
 
 
 def _save_loop_values(L: LoopView, names: Sequence[str], shape_only: set[str]) -> dict[str, Var]:

@@ -710,3 +710,18 @@ def dim(x: Var, axis: int) -> Var:
         steps = rg.ops.tensor.dim(seq, 0)        # T of a [T, N, D] sequence
     """
     return append_op("Dim", [x], {"axis": int(axis)})[0]
+
+
+@defop("Shape", infer=lambda ins, attrs: [((ins[0].ndim,), "int64")], nondiff=(0,), shape_only=(0,))
+def _shape(k, x):
+    return k.xp.asarray(tuple(x.shape), dtype=backend.dtype_of(k.xp, "int64"))
+
+
+@lowers("Shape")
+def _shape_onnx(g):
+    return [g.shape(g.ins[0])]
+
+
+def shape(x: Var) -> Var:
+    """The run-time shape of ``x``, an int64 ``[rank]`` vector."""
+    return append_op("Shape", [x])[0]

@@ -83,6 +83,11 @@ def _scan_rule(ins: list[Var], attrs: dict) -> list:
     if len(ins) < 1 + c + s or len(attrs["ys_like"]) != len(attrs["ys"]):
         raise ShapeError(f"{c} carries and {s} sliced inputs need at least {1 + c + s} inputs, got {len(ins)}")
     check_bound(attrs["body"], list(attrs["carry_binds"]) + list(attrs["x_binds"]), "bound name")
+    x_shapes = attrs.get("x_shapes")
+    if x_shapes is not None and (len(x_shapes) != s or any(
+            p is not None and not (isinstance(p, int) and 1 + c + s <= p < len(ins)) for p in x_shapes)):
+        raise ShapeError(f"x_shapes must give, per sliced input, None or the position of its shapes "
+                         f"(an input after the sliced ones), got {x_shapes!r}")
     specs = _carry_specs(ins[1:1 + c], attrs["body"], attrs["body_outs"])
     for name, like in zip(attrs["ys"], attrs["ys_like"]):
         specs.append(_stack_spec(attrs["body"], name) if like is None else (ins[like].shape, ins[like].dtype))
@@ -125,7 +130,7 @@ def _while(k, *arrays):
                                  f"holds, exceeding max_iters={max_iters}")
         values = run.run_block(attrs["body"], {**consts, **dict(zip(attrs["carry_binds"], carries))}, fetch,
                                stream)
-        if ys:
+        if ys and not attrs.get("ragged"):
             _check_stable(op, arrays[:n], values[:n])
         carries = values[:n]
         kept.add(values[n:])
@@ -142,6 +147,9 @@ def _while_onnx(g):
     With ``recompute=<bytes>`` the kept values are computed (store-all)."""
     a = g.attrs
     n = len(a["carry_binds"])
+    if a.get("ragged") and a["ys"]:
+        g.fail("a loop whose loop vars change shape keeps values of changing shape for its backward, "
+               "which an ONNX Loop cannot stack")
     carry_vars = g.out_vars[:n]
     first, = g.lower(a["cond"], dict(zip(a["cond_binds"], g.ins[:n])), [a["cond_out"]])
     if streams.contains_random(a["cond"]):
@@ -175,8 +183,8 @@ def _check_stable(op: Op, inits: Sequence, carries: Sequence) -> None:
     for j, (init, new) in enumerate(zip(inits, carries)):
         if tuple(init.shape) != tuple(new.shape):
             raise ExecutionError(f"{op.where()}: loop var {j} ('{op.inputs[j]}') changes shape from "
-                                 f"{list(init.shape)} to {list(new.shape)}; gradients through a loop need "
-                                 "loop vars that keep their shape")
+                                 f"{list(init.shape)} to {list(new.shape)}; declare the sizes that may change "
+                                 "with while_loop(..., shape_invariants=...) (-1 for each)")
 
 
 @defop("Scan", inputs=("n", "init*", "xs*", "consts*"), outputs=("finals*", "ys*"), infer=_scan_rule,
@@ -198,9 +206,10 @@ def _scan(k, count, *arrays):
     full = full_flags(attrs, attrs["ys"])
     kept = Kept(k, [attrs["ys"][j] for j in stacked], attrs["body"], [full[j] for j in stacked])
     fetch = list(attrs["body_outs"]) + [attrs["ys"][j] for j in live]
+    x_shapes = [None if p is None else inputs[p] for p in attrs.get("x_shapes") or [None] * s]
     for i in (range(n - 1, -1, -1) if attrs["reverse"] else range(n)):
         bindings = {**consts, **dict(zip(attrs["carry_binds"], carries)),
-                    **{name: x[i, ...] for name, x in zip(attrs["x_binds"], xs)}}
+                    **{name: _row(x, i, sizes) for name, x, sizes in zip(attrs["x_binds"], xs, x_shapes)}}
         # i indexes the forward's iterations whichever way this Scan runs: its random stream
         values = run.run_block(attrs["body"], bindings, fetch, streams.stream(attrs, i))
         carries, ys = values[:c], dict(zip(live, values[c:]))
@@ -212,6 +221,13 @@ def _scan(k, count, *arrays):
     computed = dict(zip(stacked, kept.stacks(reverse=attrs["reverse"])))
     computed.update(shaped)
     return as_outputs(list(carries) + or_stand_ins(k, c, len(likes), computed))
+
+
+def _row(stack, i: int, sizes):
+    """Row ``i`` of a stack; cut to ``sizes[i]`` when the rows were zero-padded (ragged loops)."""
+    if sizes is None:
+        return stack[i, ...]
+    return stack[(i,) + tuple(slice(0, int(d)) for d in sizes[i])]
 
 
 @lowers("Scan")
@@ -228,6 +244,10 @@ def _scan_onnx(g):
     index = body.node("Sub", [body.node("Sub", [count, body.const(1, "int64")]), i]) if a["reverse"] else i
     body.stream(index)
     slices = [body.node("Gather", [x, index], axis=0) for x in g.ins[1 + c:1 + c + s]]
+    for j, position in enumerate(a.get("x_shapes") or []):
+        if position is not None:     # a ragged loop's padded stack: cut row i to its own shape
+            sizes = body.node("Gather", [g.ins[position], index], axis=0)
+            slices[j] = body.node("Slice", [slices[j], body.node("Mul", [sizes, body.const(0, "int64")]), sizes])
     binds = {**dict(zip(a["carry_binds"], carries)), **dict(zip(a["x_binds"], slices))}
     values = body.lower(a["body"], binds, list(a["body_outs"]) + list(a["ys"]))
     outputs = ([(cond, "bool", [])] + list(zip(values[:c], g.out_vars[:c]))
@@ -244,6 +264,27 @@ def _scan_onnx(g):
             tail = g.node("Sub", [g.shape(g.ins[like]), g.shape(stacks[j])])
             stacks[j] = g.node("Pad", [stacks[j], g.node("Concat", [g.const([0] * rank, "int64"), tail], axis=0)])
     return outs[:c] + stacks
+
+
+def _invariant_vars(block: Block, inits: list[Var], shape_invariants) -> list[Var]:
+    """Stand-ins typed as the loop vars inside the loop: ``inits``, or their shape invariants."""
+    if shape_invariants is None:
+        return inits
+    if not isinstance(shape_invariants, (list, tuple)) or len(shape_invariants) != len(inits):
+        raise ProgramError(f"While in block {block.idx}: shape_invariants must be a list with one shape per "
+                           f"loop var ({len(inits)}), got {shape_invariants!r}")
+    declared = []
+    for j, (init, shape) in enumerate(zip(inits, shape_invariants)):
+        if shape is None:
+            shape = init.shape
+        if not isinstance(shape, (list, tuple)) or len(shape) != init.ndim or not all(
+                isinstance(d, int) and not isinstance(d, bool) and d >= -1 for d in shape) \
+                or not shapes_compatible(init.shape, shape):
+            raise ProgramError(f"While in block {block.idx}: shape invariant {shape!r} of loop var {j} "
+                               f"('{init.name}' {init.type_str()}) must be a list of {init.ndim} sizes "
+                               "(-1 where it may change) that the initial value has")
+        declared.append(Var(block, init.name, tuple(shape), init.dtype))
+    return declared
 
 
 def _loop_vars(loop_vars) -> tuple[list[Var], type | None]:
@@ -270,7 +311,7 @@ def _check_body(block: Block, inits: list[Var], new: list[Var]) -> None:
 
 
 def while_loop(cond_fn: Callable[..., Var], body_fn: Callable[..., Var | Sequence[Var]], loop_vars,
-               max_iters: int | None = None, recompute: int | None = None):
+               max_iters: int | None = None, recompute: int | None = None, shape_invariants=None):
     """Repeat ``vars = body_fn(*vars)`` while ``cond_fn(*vars)`` holds: a ``While`` op.
 
     ``loop_vars`` is a Var or a list/tuple of Vars; the result has the same
@@ -284,6 +325,12 @@ def while_loop(cond_fn: Callable[..., Var], body_fn: Callable[..., Var | Sequenc
     iteration's backward reads is kept, and nothing when no gradient is built.
     ``recompute=<bytes>`` bounds what is kept: loop vars at checkpoints, the
     rest recomputed in the backward (``retrograd/memory/while_budget.py``).
+
+    ``shape_invariants`` (one shape per loop var, -1 where the size may
+    change from one iteration to the next, as TensorFlow's) lets loop vars
+    change shape, e.g. grow by ``rg.concat`` (decoding outputs of unknown
+    length); gradients flow through them too (each iteration's backward sees
+    the shapes that iteration had).
 
     Example::
 
@@ -303,23 +350,26 @@ def while_loop(cond_fn: Callable[..., Var], body_fn: Callable[..., Var | Sequenc
         raise ProgramError(f"While in block {block.idx}: recompute must be None or a byte budget (an int "
                            f">= 0), got {recompute!r}")
     program = block.program
+    declared = _invariant_vars(block, inits, shape_invariants)
     cond_block = program.create_block(block)
-    cond_vars = [bound_var(cond_block, f"{v.name}.cur", v) for v in inits]
+    cond_vars = [bound_var(cond_block, f"{v.name}.cur", v) for v in declared]
     with block_guard(cond_block):
         flag = cond_fn(*cond_vars)
     check_predicate(flag, "While", "cond_fn's result", cond_block)
     body = program.create_block(block)
-    body_vars = [bound_var(body, f"{v.name}.cur", v) for v in inits]
+    body_vars = [bound_var(body, f"{v.name}.cur", v) for v in declared]
     with block_guard(body):
         new = body_fn(*body_vars)
     new_vars, _ = as_vars(new, f"While in block {block.idx}: body_fn", body)
-    _check_body(block, inits, new_vars)
+    _check_body(block, declared, new_vars)
     reads = unique(outer_reads(cond_block, [flag.name]) + outer_reads(body, [v.name for v in new_vars]))
     attrs = {"cond": cond_block, "cond_binds": [v.name for v in cond_vars], "cond_out": flag.name,
              "body": body, "carry_binds": [v.name for v in body_vars], "body_outs": [v.name for v in new_vars],
              "ys": [], "ys_full": [], "max_iters": max_iters}
     if recompute is not None:   # keep at most this many bytes for the backward (memory/while_budget.py)
         attrs["recompute"] = int(recompute)
+    if shape_invariants is not None:     # loop vars may change shape: the backward keeps each one's shape
+        attrs["ragged"] = True
     attrs.update(streams.stream_attrs(cond_block, body))   # a loop key when the loop draws random numbers
     outs = append_op("While", inits + [block.var(n) for n in reads], attrs, name="while")
     finals = outs[:len(inits)]

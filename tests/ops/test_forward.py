@@ -249,6 +249,12 @@ def _reverse_sequence(g: Gen, type_: str) -> Case:
     return Case([(g.declare(s), x), (g.declare((s[1],)), lengths)], rg.reverse_sequence, ref)
 
 
+@case("Shape")
+def _shape(g: Gen, type_: str) -> Case:
+    s = g.shape(min_side=0)
+    return Case([(g.declare(s), g.floats(s))], ops_tensor.shape, lambda x: np.asarray(x.shape, dtype=np.int64))
+
+
 @case("Dim")
 def _dim(g: Gen, type_: str) -> Case:
     s = g.shape(min_dims=1, min_side=0)
