@@ -6,6 +6,11 @@ functions are bound to that device (``DeviceNamespace``). What the standard
 lacks: scatter-add is ``index_add_``, a buffer is the tensor's untyped storage
 (views share it), transfers are ``torch.from_numpy(...).to(device)`` and
 ``.cpu().numpy()``.
+
+Programs run under ``torch.inference_mode()`` (retrograd computes gradients
+itself), so the tensors a run creates, fetched with ``return_numpy=False`` or
+read from the scope, are inference tensors: to use one with torch's autograd or
+to change it in place outside a run, ``.clone()`` it first.
 """
 from __future__ import annotations
 
@@ -86,6 +91,11 @@ class TorchBackend(Backend):
     def buffer_of(self, array) -> tuple[int, int]:
         storage = array.untyped_storage()
         return storage.data_ptr(), storage.nbytes()
+
+    def on_device(self):
+        # retrograd differentiates programs itself: torch's autograd bookkeeping (version
+        # counters, autograd dispatch) is pure cost here, ~15% of a small LSTM step.
+        return self.torch.inference_mode()
 
     def device_memory(self) -> int | None:
         if self.torch_device.type != "cuda":
