@@ -72,7 +72,8 @@ class Backend:
         return None
 
     def on_device(self):
-        """A context in which kernels run: libraries with a current device (CuPy) select ours."""
+        """The context the executor runs kernels in (CuPy: our device made current; torch:
+        inference mode, as retrograd does its own differentiation)."""
         return contextlib.nullcontext()
 
     # -- keyed random draws (the same numbers on every backend) -------------------------
