@@ -19,6 +19,7 @@ from .ir import (Block, Op, Program, Var, block_guard, default_main_program,
 from .ops import *  # noqa: F401,F403  (the math/tensor/nn builders)
 from .ops import OPS
 from .runtime import Executor, RunStats, Scope, ScopeError
+from . import backends  # noqa: F401  (rg.backends.get_backend; torch/cupy load only when asked for)
 
 __version__ = "0.1.0"
 from .autodiff import append_backward, gradients  # noqa: E402
