@@ -20,7 +20,7 @@ from ..ir.dtypes import is_float
 from ..ir.program import Block, Op, Var
 from ..ops.creation import constant, fill_like
 from ..ops.math import add_n
-from ..ops.registry import get_op_def, make_grad_ops
+from ..ops.registry import get_op_def, make_grad_ops, register_backward_builder
 from ..ir.analysis import op_reads
 from ..ir.builder import block_guard, capture_ops
 from .rewrites import backward_rewrite
@@ -289,6 +289,9 @@ def build_backward(fwd_ops: Sequence[Op], fwd_block: Block, grad_block: Block,
         if grad is not None:
             result.grad_of.setdefault(grad.name, name)
     return result
+
+
+register_backward_builder(build_backward)     # control-flow gradient makers build sub-block backwards
 
 
 # --- front ends -------------------------------------------------------------------------------

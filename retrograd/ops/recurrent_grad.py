@@ -46,7 +46,7 @@ from .recurrent_steps import (Held, RnnLayout, StepRunner, add_optional, budget_
                               is_budget, per_state, step_mask, time_steps, timestep_value)
 from .lowering import lowers
 from .recurrent_grad_scan import rnn_grad_grad
-from .registry import GradCtx, append_op, defop, get_op_def
+from .registry import GradCtx, append_op, build_sub_backward, defop, get_op_def
 
 
 # --- Rewrite rules ------------------------------------------------------------------------------
@@ -109,7 +109,6 @@ def build_backward_step(op: Op, wanted: list[bool], parent: Block | None = None,
     while loop's backward), declaring the step values it uses as its own.
     ``callbacks`` (``append_backward``'s) are called for its gradient ops too.
     """
-    from ..autodiff.backward import build_backward
     names = _StepNames(op)
     step, lay = names.step, names.lay
     program = step.program
@@ -126,7 +125,7 @@ def build_backward_step(op: Op, wanted: list[bool], parent: Block | None = None,
     wrt = [n for n, w in zip(names.inputs_t, wanted_seq) if w]
     wrt += [n for n in names.states if is_float(step.var(n).dtype)]
     wrt += [n for n, w in zip(names.outers, wanted_outer) if w]
-    result = build_backward(list(step.ops), step, block, targets, wrt, callbacks=callbacks)
+    result = build_sub_backward(list(step.ops), step, block, targets, wrt, callbacks=callbacks)
     # Control-flow ops in the step add outputs (values their backward keeps) while it is built.
     names.intermediates = _StepNames(op).intermediates
 

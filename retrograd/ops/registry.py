@@ -233,6 +233,24 @@ def _ops_leading_to(ops: list[Op], needed: set[str]) -> list[Op]:
     return kept
 
 
+# Gradient makers of ops with sub-blocks (control flow, recurrent) build those blocks' backward with
+# autodiff's build_backward, which autodiff hands over here when imported: ops never imports autodiff.
+_BACKWARD_BUILDER: dict[str, Callable] = {}
+
+
+def register_backward_builder(fn: Callable) -> Callable:
+    """Called by ``retrograd/autodiff/backward.py`` with its ``build_backward``."""
+    _BACKWARD_BUILDER["build"] = fn
+    return fn
+
+
+def build_sub_backward(*args, **kwargs):
+    """``autodiff.build_backward(*args, **kwargs)`` for a sub-block's backward."""
+    if "build" not in _BACKWARD_BUILDER:
+        raise ProgramError("no backward builder is registered; import retrograd (or retrograd.autodiff)")
+    return _BACKWARD_BUILDER["build"](*args, **kwargs)
+
+
 # The verifier (ir/verify.py) checks op types and shape rules through this hook: the IR imports no ops.
 register_op_schema(OpSchema(
     is_registered=lambda op_type: op_type in OPS,

@@ -13,7 +13,7 @@ from typing import Callable, Sequence
 from ..ir.analysis import free_reads
 from ..ir.program import Block, Op, Var
 from .math import add_n
-from .registry import get_op_def
+from .registry import build_sub_backward, get_op_def
 from .subblocks import build_into, unique
 
 
@@ -22,12 +22,11 @@ def run_backward(grad_block: Block, fwd: Block, parts: dict[str, list[Var]], wrt
     """Build into ``grad_block`` (a child of ``fwd``) the backward of ``fwd`` from the gradients
     ``parts`` (summed per forward name) to ``wrt``; the gradient Var (or None) per name.
     ``callbacks`` (``append_backward``'s) are called for its gradient ops too."""
-    from ..autodiff.backward import build_backward
     with build_into(grad_block):
         targets = {name: vs[0] if len(vs) == 1 else add_n(vs) for name, vs in parts.items()}
     if not targets or not wrt:
         return {name: None for name in wrt}
-    return dict(build_backward(list(fwd.ops), fwd, grad_block, targets, list(wrt), callbacks=callbacks).grads)
+    return dict(build_sub_backward(list(fwd.ops), fwd, grad_block, targets, list(wrt), callbacks=callbacks).grads)
 
 
 def report_ops(block: Block, ops: Sequence[Op], callbacks: Sequence[Callable]) -> None:
