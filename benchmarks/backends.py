@@ -309,7 +309,9 @@ def machine() -> str:
     except OSError:
         pass
     gpu = torch.cuda.get_device_name() if torch.cuda.is_available() else "no GPU"
-    return (f"{cpu}, {os.cpu_count()} cores, {gpu}; Python {platform.python_version()}, "
+    load = ", ".join(f"{v:.1f}" for v in os.getloadavg())
+    return (f"{cpu}, {os.cpu_count()} cores (load average {load} at the end), {gpu}; "
+            f"Python {platform.python_version()}, "
             f"NumPy {np.__version__}, PyTorch {torch.__version__}; "
             f"{os.environ['OMP_NUM_THREADS']} thread(s) for BLAS and PyTorch")
 
