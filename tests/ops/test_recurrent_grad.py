@@ -109,3 +109,26 @@ def test_second_derivative_through_lstm_with_lengths_finite_differences(recomput
               "c0": rng.standard_normal((2, 2)) * 0.5, "lengths": np.array([3, 1], dtype=np.int64)}
     errors = check_gradients(fn, inputs, wrt=["x", "h0", "c0"], rtol=1e-5, atol=1e-7)
     assert max(errors.values()) < 1e-5
+
+
+def test_second_derivative_of_bidirectional_lstm_exports_to_onnx():
+    """The second-order Scan (with Dim, ReverseSequence and step outputs around it) runs in onnxruntime."""
+    ort = pytest.importorskip("onnxruntime", reason="runs the exported model")
+    pytest.importorskip("onnx", reason="ONNX export needs onnx")
+
+    def model():
+        x = rg.data("x", [-1, -1, 3], dtype=F64, stop_gradient=False)
+        lengths = rg.data("lengths", [-1], dtype="int64")
+        both, _, _, _ = rg.layers.lstm(x, 2, seq_lengths=lengths, name="bi", bidirectional=True)
+        _, _, (y,) = rg.recurrent(lambda xs, hs: ([rg.tanh(xs[0] + hs[0])], [hs[0] * 2.0]), [x],
+                                  [rg.sum(x, axis=0) * 0.0], reverse=True)
+        dx, = rg.gradients(rg.sum(both * both) + rg.sum(y * y), [x])
+        return [both, y, dx] + rg.gradients(rg.sum(dx * dx), [x])
+    main, startup, fetch = build(model)
+    exe = executor(startup)
+    feed = {"x": RNG.standard_normal((4, 2, 3)), "lengths": np.array([4, 2])}
+    want = exe.run(main, feed=feed, fetch_list=fetch)
+    sess = ort.InferenceSession(rg.onnx.export(main, None, fetch, scope=exe.scope).SerializeToString(),
+                                providers=["CPUExecutionProvider"])
+    for got, ref in zip(sess.run([v.name for v in fetch], feed), want):
+        np.testing.assert_allclose(got, ref, rtol=1e-10, atol=1e-12)
