@@ -51,7 +51,8 @@ class TorchBackend(Backend):
         if dev.type == "cuda":
             if not torch.cuda.is_available():
                 raise BackendError(f'backend "torch" cannot use device {device!r}: this PyTorch '
-                                   f'({torch.__version__}) sees no CUDA GPU')
+                                   f'({torch.__version__}) sees no CUDA GPU (a GPU and a CUDA build '
+                                   'of PyTorch are needed; device="cpu" runs anywhere)')
             index = dev.index if dev.index is not None else torch.cuda.current_device()
             if index >= torch.cuda.device_count():
                 raise BackendError(f'backend "torch" has no device {device!r}: '
