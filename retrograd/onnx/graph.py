@@ -122,13 +122,21 @@ class Graph:
 
     def proto(self, name: str, outputs: Sequence[tuple[str, str]], out_names: Sequence[str] | None = None,
               shapes: Sequence | None = None) -> onnx.GraphProto:
-        """The finished graph; ``outputs`` are (value, dtype) pairs, each passed through an
-        Identity so that an output is always a value computed in this graph."""
+        """The finished graph; ``outputs`` are (value, dtype) pairs. An output is always a value
+        computed in this graph: one that is not (an input, an outer value), one named otherwise
+        (``out_names``) or one output twice passes through an Identity. In a loop body each
+        Identity is a copy per iteration, so values computed here are output as they are."""
         infos = []
+        computed = {name for node in self.nodes for name in node.output}
+        taken: set[str] = set()
         for i, (value, dtype) in enumerate(outputs):
-            out = (self.names.reserve(out_names[i]) if out_names is not None
-                   else self.names.fresh(f"{value}.out"))
-            self.nodes.append(helper.make_node("Identity", [value], [out]))
+            if out_names is None and value in computed and value not in taken:
+                out = value
+            else:
+                out = (self.names.reserve(out_names[i]) if out_names is not None
+                       else self.names.fresh(f"{value}.out"))
+                self.nodes.append(helper.make_node("Identity", [value], [out]))
+            taken.add(value)
             shape = shapes[i] if shapes is not None else None
             infos.append(helper.make_tensor_value_info(out, onnx_dtype(dtype), shape))
         return helper.make_graph(self.nodes, name, self.inputs, infos, initializer=self.initializers)

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from typing import Sequence
 
+from ..ir.analysis import free_reads
 from .recurrent_steps import RnnLayout, flip_onnx, step_mask_onnx, timestep_onnx, with_first_onnx
 
 _END = 1 << 62
@@ -86,10 +87,10 @@ def backward_loop_onnx(g, attrs: dict, lay: RnnLayout, alls: list, saved: list, 
             dn = body.node("Where", [mask, dn, zero])
         binds[a["dnext"][i]] = dn
         carries.append(carry)
-    binds.update({n: body.node("Gather", [seq, t], axis=0) for n, seq in zip(a["inputs_t"], seqs)})
-    binds.update({n: body.node("Gather", [p, t], axis=0) for n, p in zip(a["states"], prevs)})
-    binds.update({n: body.node("Gather", [s, t], axis=0) for n, s in zip(a["state_outs"], alls)})
-    binds.update({n: body.node("Gather", [s, t], axis=0) for n, s in zip(saved_names, saved)})
+    reads = set(free_reads(block))           # a Gather per step only for what the block reads
+    for names, stacks in ((a["inputs_t"], seqs), (a["states"], prevs), (a["state_outs"], alls),
+                          (saved_names, saved)):
+        binds.update({n: body.node("Gather", [s, t], axis=0) for n, s in zip(names, stacks) if n in reads})
     if a.get("timestep") and a["timestep"] in block.vars:
         binds[a["timestep"]] = timestep_onnx(body, block.var(a["timestep"]), t)
     fetch = [n for n in a["fetch_state"] if n] + [a["fetch_outer"][j] for j in summed] + per_step
