@@ -66,12 +66,13 @@ def backward_loop_onnx(g, attrs: dict, lay: RnnLayout, alls: list, saved: list, 
     per_step = list(dict.fromkeys([n for n in fetch_seq if n] + [d for *_, d in a["batched"]]
                                   + [ref for _, kind, ref, _ in a["batched"]
                                      if kind == "value" and ref not in saved_names]))
+    last = g.node("Sub", [steps, g.const(1, "int64")])      # outside the loop: one node less per step
     body = g.child()
     it = body.input("iter", "int64", [])
     cond = body.input("cond", "bool", [])
     dcur = [body.input(f"{n}.dcur", v.dtype, None) for n, v in zip(a["dnext"], init_vars)]
     accs = [body.input(f"{g.op.inputs[lay.outer_start + j]}.acc", outer_vars[j].dtype, None) for j in summed]
-    t = body.node("Sub", [body.node("Sub", [steps, body.const(1, "int64")]), it])
+    t = body.node("Sub", [last, it])
     body.stream(t)     # step t of the backward replays forward step t's draws
     binds = dict(zip(g.op.inputs[lay.outer_start:lay.n_inputs], outers))
     carries = []
