@@ -31,7 +31,8 @@ The algorithm (simple enough to write as ONNX integer ops later):
 
    * keep mask (dropout): ``h < floor(keep_prob * 2**32)``: exact integer compare;
    * uniform(low, high): ``u = h * 2**-32`` in [0, 1) (exact in float64), then
-     ``low + (high - low) * u`` in float64, rounded once to the dtype;
+     ``low + (high - low) * u`` in float64, rounded once to the dtype (a float32
+     value can round up to ``high`` itself);
    * normal(mean, std): Box-Muller in float64 from two hashes (key words
      ``k0 ^ 0x5bd1e995`` for the second): ``u1 = (h1 + 0.5) * 2**-32``,
      ``z = sqrt(-2 log u1) * cos(2 pi h2 * 2**-32)``, ``mean + std * z``,
@@ -111,7 +112,8 @@ def keep_mask(xp, key, shape, keep_prob: float, *, device=None):
 
 
 def uniform(xp, key, shape, low: float, high: float, dtype, *, device=None):
-    """Uniform [low, high) values of ``dtype`` (a dtype object of ``xp``)."""
+    """Uniform values in [low, high) of ``dtype`` (a dtype object of ``xp``; float32 rounding
+    can give ``high``)."""
     u = xp.astype(hash_bits(xp, key, shape, device=device), xp.float64) * 2.0 ** -32
     return xp.astype(low + (high - low) * u, dtype)
 
