@@ -80,6 +80,8 @@ class CupyBackend(Backend):
 
     def buffer_of(self, array) -> tuple[int, int]:
         memory = array.data.mem
+        if memory is None:                 # an empty array owns no allocation
+            return id(array), 0
         return memory.ptr, memory.size
 
     def device_memory(self) -> int | None:
