@@ -505,8 +505,8 @@ def reading_notes(rows: list[dict]) -> list[str]:
         f"configurations): {'met' if met else 'missed'} — {ratios}. Against the tuned NumPy "
         f"version: {versus_tuned}.",
         "What retrograd runs: the input projection as one GEMM before the loop (`SeqLinear`, bias "
-        "added in place); per step `MatMul` + `Add` + the fused `LSTMUnit` forward and `LSTMUnitGrad` "
-        "+ `MatMul` backward (the gate activations are kept from the forward, not recomputed); "
+        "added in place); per step `MatMul` + the fused `LSTMUnit` (which adds `h @ w_hh` itself) "
+        "forward and `LSTMUnitGrad` + `MatMul` backward (the gate activations are kept from the forward, not recomputed); "
         "`w_hh`'s gradient batched over time by the RecurrentNetwork op as one GEMM. The remaining "
         "gap to NumPy is the executor's per-op dispatch, the op's per-step copies into its "
         "[T, ...] buffers, and kernels that allocate their results where tuned NumPy writes in "
