@@ -374,7 +374,11 @@ def test_backend_torch_trains_like_numpy_and_files_load_on_either(tmp_path, othe
 
 def test_unavailable_backend_is_one_line_naming_the_fix():
     done = retrograd_train(*SMALL, "--steps", "1", "--backend", "torch", "--device", "tpu")
-    _one_line_error(done, 'backend "torch" has no device', "cuda")
+    if importlib.util.find_spec("torch") is None:
+        # Without the extra the first thing missing is PyTorch itself.
+        _one_line_error(done, 'backend "torch" needs PyTorch', 'pip install "retrograd[torch]"')
+    else:
+        _one_line_error(done, 'backend "torch" has no device', "cuda")
 
 
 def test_plot_file_without_matplotlib_fails_before_training(tmp_path):
