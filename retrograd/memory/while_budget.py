@@ -49,7 +49,7 @@ def _nbytes(arrays) -> int:
 
 # --- forward -----------------------------------------------------------------------------------------
 
-def forward_kernel(k, *arrays, truth, check_stable):
+def forward_kernel(k, *arrays, condition_holds, check_stable):
     """Run the loop keeping loop vars at online checkpoints; kept-value stacks are stand-ins."""
     attrs, run, xp, op = k.attrs, k.run, k.xp, k.op
     n = len(attrs["carry_binds"])
@@ -62,7 +62,6 @@ def forward_kernel(k, *arrays, truth, check_stable):
         len(op.outputs) - 1 - j in k.live_outputs for j in range(n + 1))
     budget = int(attrs["recompute"])
     fetch = list(attrs["body_outs"]) + (ys if graded else [])
-    max_iters = attrs.get("max_iters")
     meter = run.meter
     stride, kept = 1, []            # kept: (iteration, loop vars), iteration > 0
     carry_bytes = tape_bytes = capacity = 0
@@ -70,13 +69,8 @@ def forward_kernel(k, *arrays, truth, check_stable):
     iters = 0
     while True:
         stream = streams.stream(attrs, iters)    # random ops draw per iteration (ops/streams.py)
-        flag, = run.run_block(attrs["cond"], {**consts, **dict(zip(attrs["cond_binds"], carries))},
-                              [attrs["cond_out"]], stream)
-        if not truth(xp, flag):
+        if not condition_holds(k, consts, carries, iters, stream):
             break
-        if max_iters is not None and iters >= max_iters:
-            raise ExecutionError(f"{op.where()}: the loop ran {iters} iterations and its condition still "
-                                 f"holds, exceeding max_iters={max_iters}")
         if graded and iters and iters % stride == 0:
             for value in carries:
                 meter.hold(value)

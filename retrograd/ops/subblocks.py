@@ -13,7 +13,7 @@ from contextlib import contextmanager
 from typing import Iterator, Sequence
 
 from .. import backend
-from ..errors import ProgramError, ShapeError
+from ..errors import ExecutionError, ProgramError, ShapeError
 from ..ir.analysis import free_reads
 from ..ir.builder import block_guard, capture_ops
 from ..ir.program import Block, Op, Var
@@ -102,6 +102,22 @@ def check_predicate(pred, op_type: str, role: str, block: Block) -> None:
 
 def truth(xp, pred) -> bool:
     return bool(xp.reshape(pred, ()))
+
+
+def condition_holds(k, consts: dict, carries: Sequence, iters: int, stream) -> bool:
+    """Whether a While (``k``: its kernel context) runs iteration ``iters`` on ``carries``.
+
+    A condition that still holds after ``max_iters`` iterations is an ExecutionError."""
+    attrs = k.attrs
+    flag, = k.run.run_block(attrs["cond"], {**consts, **dict(zip(attrs["cond_binds"], carries))},
+                            [attrs["cond_out"]], stream)
+    if not truth(k.xp, flag):
+        return False
+    max_iters = attrs.get("max_iters")
+    if max_iters is not None and iters >= max_iters:
+        raise ExecutionError(f"{k.op.where()}: the loop ran {iters} iterations and its condition still "
+                             f"holds, exceeding max_iters={max_iters}")
+    return True
 
 
 def empty_stand_in(xp, var: Var):

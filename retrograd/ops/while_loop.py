@@ -35,7 +35,7 @@ from .registry import GradCtx, append_op, defop
 from .lowering import lowers
 from .subblocks import (as_outputs, as_vars, bound_var, check_bound, check_predicate, full_flags,
                         live_indices, merge_shapes, names_of, or_stand_ins, outer_reads, shapes_compatible,
-                        truth, unique)
+                        condition_holds, unique)
 
 
 def _carry_specs(inits: Sequence[Var], body: Block, body_outs: Sequence[str]) -> list:
@@ -110,24 +110,19 @@ def _while(k, *arrays):
     """Run ``body`` while ``cond`` holds; the final loop vars, the trip count, the kept values."""
     attrs, run, xp, op = k.attrs, k.run, k.xp, k.op
     if _budgeted(attrs):     # recompute=<bytes>: checkpoints instead of kept values (memory/while_budget.py)
-        return budget_variant("While").forward(k, *arrays, truth=truth, check_stable=_check_stable)
+        return budget_variant("While").forward(k, *arrays, condition_holds=condition_holds,
+                                                 check_stable=_check_stable)
     n = len(attrs["carry_binds"])
     carries, consts = list(arrays[:n]), dict(zip(op.inputs[n:], arrays[n:]))
     ys, full = attrs["ys"], full_flags(attrs, attrs["ys"])
     live = live_indices(k, n + 1, ys)      # kept values this plan reads (not when only the forward runs)
     kept = Kept(k, [ys[j] for j in live], attrs["body"], [full[j] for j in live])
     fetch = list(attrs["body_outs"]) + kept.names
-    max_iters = attrs.get("max_iters")
     iters = 0
     while True:
         stream = streams.stream(attrs, iters)
-        flag, = run.run_block(attrs["cond"], {**consts, **dict(zip(attrs["cond_binds"], carries))},
-                              [attrs["cond_out"]], stream)
-        if not truth(xp, flag):
+        if not condition_holds(k, consts, carries, iters, stream):
             break
-        if max_iters is not None and iters >= max_iters:
-            raise ExecutionError(f"{op.where()}: the loop ran {iters} iterations and its condition still "
-                                 f"holds, exceeding max_iters={max_iters}")
         values = run.run_block(attrs["body"], {**consts, **dict(zip(attrs["carry_binds"], carries))}, fetch,
                                stream)
         if ys and not attrs.get("ragged"):
