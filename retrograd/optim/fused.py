@@ -14,8 +14,8 @@ and concatenated, the update runs once over all elements, and the results
 are split back, so the graph holds about 7n + 25 nodes instead of ~20 per
 parameter. Per-parameter step counts stay separate: the bias corrections are
 computed per parameter (float64, as the kernel) and spread over each
-parameter's elements with one ``Gather``, so the numbers are those of the
-separate ops too.
+parameter's elements (``Expand`` + ``Concat``), so the numbers are those of
+the separate ops too.
 """
 from __future__ import annotations
 
@@ -83,10 +83,9 @@ def _fused_adam_onnx(g):
     def one_minus_power(beta):
         return g.node("Sub", [g.const(1.0, "float64"), g.node("Pow", [g.const(beta, "float64"), t])])
 
-    segment = g.const(np.repeat(np.arange(n, dtype=np.int64), sizes), "int64")     # element -> parameter
-    step_size = g.node("Gather", [g.cast(g.node("Div", [g.const(a["lr"], "float64"), one_minus_power(b1)]),
-                                         dtype), segment])
-    root = g.node("Gather", [g.cast(g.node("Sqrt", [one_minus_power(b2)]), dtype), segment])
+    step_size = _spread(g, g.cast(g.node("Div", [g.const(a["lr"], "float64"), one_minus_power(b1)]), dtype),
+                        sizes)
+    root = _spread(g, g.cast(g.node("Sqrt", [one_minus_power(b2)]), dtype), sizes)
 
     def scaled(c, x):
         return g.node("Mul", [g.const(c, dtype), x])
@@ -99,6 +98,20 @@ def _fused_adam_onnx(g):
         outs += _unflat(g, flat, params, sizes)
     outs += g.node("Split", [steps, g.const([1] * n, "int64")], n_out=n, axis=0) if n > 1 else [steps]
     return outs
+
+
+def _spread(g, values: str, sizes: list[int]) -> str:
+    """Per-parameter scalars ``values`` ([n]) repeated over each parameter's ``sizes`` elements.
+
+    One ``Expand`` per parameter and a ``Concat`` (memory-speed copies); a ``Gather`` by an
+    element -> parameter index ran at ~4 ns per element in onnxruntime (~0.5 ms per spread in
+    the default training step). One parameter needs no spreading: ``[1]`` broadcasts.
+    """
+    if len(sizes) == 1:
+        return values
+    pieces = g.node("Split", [values, g.const([1] * len(sizes), "int64")], n_out=len(sizes), axis=0)
+    return g.node("Concat", [g.node("Expand", [piece, g.const([size], "int64")])
+                             for piece, size in zip(pieces, sizes)], axis=0)
 
 
 def _flat(g, names: list[str]) -> str:
