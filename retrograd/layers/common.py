@@ -2,20 +2,20 @@
 from __future__ import annotations
 
 import numbers
-from typing import Callable
-
 from ..errors import ProgramError
-from ..ir.builder import default_main_program
+from ..ir.builder import current_block, default_main_program
 from ..ir.program import Var
 from ..ops.creation import create_parameter
-from ..ops.math import matmul, relu, sigmoid, tanh
-from ..ops.nn import softmax
+from ..ops.math import matmul
+from ..ops.registry import append_op
 from ..ops.rnn_cells import seq_linear
 from ..ops.tensor import gather
 
-ACTIVATIONS: dict[str | None, Callable[[Var], Var] | None] = {
-    None: None, "tanh": tanh, "sigmoid": sigmoid, "relu": relu, "softmax": softmax,
-    "identity": None, "linear": None}
+# act -> the op fc ends with (type, attrs), None for none: fc appends it itself, so that it can
+# write the Var named after the layer.
+ACTIVATIONS: dict[str | None, tuple[str, dict] | None] = {
+    None: None, "tanh": ("Tanh", {}), "sigmoid": ("Sigmoid", {}), "relu": ("Relu", {}),
+    "softmax": ("Softmax", {"axis": -1}), "identity": None, "linear": None}
 
 
 def _layer_name(name: str | None, kind: str) -> str:
@@ -28,7 +28,9 @@ def fc(x: Var, size: int, act: str | None = None, name: str | None = None) -> Va
     Creates ``<name>.w [D, size]`` (Xavier-uniform) and ``<name>.b [size]``
     (zeros) in ``x``'s dtype; ``act`` is None, "tanh", "sigmoid", "relu" or
     "softmax" (over the last axis). Calling again with the same name shares
-    the parameters.
+    the parameters. A ``name`` given (and not yet used) also names the output
+    Var, so it can be fetched by that name (``fetch_list=["fc1"]``, or the
+    output of an exported ONNX model).
 
     Example::
 
@@ -43,13 +45,20 @@ def fc(x: Var, size: int, act: str | None = None, name: str | None = None) -> Va
                            f"got '{x.name}': {x.type_str()}")
     if isinstance(size, bool) or not isinstance(size, numbers.Integral) or size < 1:
         raise ProgramError(f"fc: size must be a positive int, got {size!r}")
+    named = name is not None and not current_block().program.has_name(name)
     name = _layer_name(name, "fc")
     w = create_parameter(f"{name}.w", [x.shape[-1], int(size)], dtype=x.dtype)
     b = create_parameter(f"{name}.b", [int(size)], dtype=x.dtype, init="zeros")
     # A [T, N, D] input is one [T*N, D] GEMM (and one GEMM for w's gradient), not T of them.
-    out = (matmul(x, w) if x.ndim == 2 else seq_linear(x, w)) + b
+    out = matmul(x, w) if x.ndim == 2 else seq_linear(x, w)
     activation = ACTIVATIONS[act]
-    return out if activation is None else activation(out)
+    # The last op writes a Var named after the layer (when no variable has that name yet), so the
+    # output can be fetched by name, e.g. sess.run(["logits"], ...) on an exported model.
+    target = [current_block().create_var(name, [*x.shape[:-1], int(size)], x.dtype)] if named else None
+    out = append_op("Add", [out, b], outputs=None if activation else target)[0]
+    if activation is not None:
+        out = append_op(activation[0], [out], activation[1], outputs=target)[0]
+    return out
 
 
 def embedding(ids: Var, vocab: int, dim: int, name: str | None = None, dtype: str = "float32") -> Var:

@@ -192,7 +192,10 @@ class OnnxRuntimeEngine:
         from .model import build_model
         started = time.perf_counter()
         rewritten = optimize_for_engine(program, fetch)
-        built = build_model(rewritten, fetch, param_inputs=True, feed_names=feed_names)
+        try:
+            built = build_model(rewritten, fetch, param_inputs=True, feed_names=feed_names)
+        except BackendError as exc:         # an op without an ONNX form: name the backend too
+            raise BackendError(f'backend "onnxruntime" cannot run this program: {exc}') from exc
         if not built.model.graph.output:    # nothing fetched, nothing written: nothing to run
             return CompiledSession(None, [], [], [], {}, {}, 0, time.perf_counter() - started)
         try:
