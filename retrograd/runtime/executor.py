@@ -11,6 +11,7 @@ import numpy as np
 from ..backends import Backend, backend_for_namespace, dtype_name, get_backend
 from ..errors import BackendError, ExecutionError, FeedDeviceError, FeedError, ProgramError, RetrogradError
 from ..ir.program import Block, Program, Var
+from .malloc import keep_freed_memory
 from .plan import Plan, compile_block
 from .scope import Scope
 from .threads import BlasThreads
@@ -96,6 +97,7 @@ class Executor:
 
     def __init__(self, scope: Scope | None = None, xp=None, backend=None, device: str | None = None,
                  threads: int | None = None):
+        keep_freed_memory()                # once per process: no page faults per step (runtime/malloc.py)
         self.blas = BlasThreads(threads)   # BLAS threads during each run (runtime/threads.py)
         self.backend = _resolve_backend(xp, backend, device)
         self.xp = self.backend.xp
@@ -253,6 +255,12 @@ class Executor:
         if checked is not value:
             scope.set(name, checked)   # moved and cast once, not on every run
         return checked
+
+    def check_run_values(self, block: Block, feed: dict, fetch: Sequence[str], scope: Scope) -> dict:
+        """The values a run of ``fetch`` starts from (feeds, persistables read), checked as ``run``
+        checks them: the FeedError names the op that reads a missing value, or the op that
+        overwrites a fed one. Engines call it to word their refusals as this executor does."""
+        return self._initial_env(self.plan_for(block, frozenset(fetch)), block, feed, scope)
 
     def _initial_env(self, plan: Plan, block: Block, feed: dict, scope: Scope) -> dict:
         env = self.checked_feeds(block, feed, plan)
