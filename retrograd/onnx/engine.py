@@ -34,8 +34,9 @@ visible to Python, so this is a lower bound of the run's memory.
 """
 from __future__ import annotations
 
+import re
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Mapping, Sequence
 
 import numpy as np
@@ -57,6 +58,8 @@ class CompiledSession:
     n_nodes: int                    # nodes of the top-level graph
     build_s: float                  # seconds spent rewriting, exporting and building the session
     run_id_input: str | None = None  # the int64 input random ops key on (the run's number), if any
+    model: object = None            # the exported onnx.ModelProto (a failed check's values are read from it)
+    checks: list = field(default_factory=list)   # the model's run-time checks (onnx/graph.py ``Check``)
 
 
 def session_options(threads: int = 1):
@@ -67,7 +70,8 @@ def session_options(threads: int = 1):
     options.inter_op_num_threads = 1
     options.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
     options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
-    options.log_severity_level = 3            # warnings about unused initializers are noise here
+    options.log_severity_level = 4            # warnings about unused initializers are noise here, and
+    # a failed run is an exception already (a failed check's, say): its log lines only repeat it
     return options
 
 
@@ -123,13 +127,19 @@ class OnnxRuntimeEngine:
         except FeedError:                   # again with the executor's plan: the error names the reader
             exe.checked_feeds(block, feed or {}, exe.plan_for(block, frozenset(fetch)))
             raise
-        compiled = self.compiled(program, fetch, sorted(feeds))
+        try:
+            compiled = self.compiled(program, fetch, sorted(feeds))
+            if len(compiled.feeds) < len(feeds):    # a feed the graph does not read: one an op overwrites?
+                exe.check_run_values(block, feed or {}, fetch, scope)
+            params = {name: exe.checked_persistable(block, name, scope) for name in compiled.params}
+        except FeedError:                   # a value missing: the NumPy executor's words, naming the reader
+            exe.check_run_values(block, feed or {}, fetch, scope)
+            raise
         self.run_id += 1             # counted as the NumPy executor counts: random ops key on it
         inputs = {name: feeds[name] for name in compiled.feeds}
         if compiled.run_id_input is not None:
             inputs[compiled.run_id_input] = np.array(self.run_id, dtype=np.int64)
-        for name in compiled.params:
-            inputs[name] = exe.checked_persistable(block, name, scope)
+        inputs.update(params)
         outputs = self._execute(compiled, inputs)
         for name, graph_name in compiled.written.items():
             scope.set(name, outputs[graph_name])
@@ -154,7 +164,8 @@ class OnnxRuntimeEngine:
         try:
             session.run_with_iobinding(binding)
         except Exception as exc:            # onnxruntime raises its own Fail/RuntimeException types
-            raise ExecutionError(f"onnxruntime failed running the program: {exc}") from exc
+            error = self._failed_check(compiled, inputs, exc)
+            raise error or ExecutionError(f"onnxruntime failed running the program: {exc}") from exc
         starts = np.array([a.__array_interface__["data"][0] for a in inputs.values()], dtype=np.int64)
         ends = starts + np.array([max(a.nbytes, 1) for a in inputs.values()], dtype=np.int64)
         return {name: _unaliased(value.numpy(), starts, ends)
@@ -208,7 +219,35 @@ class OnnxRuntimeEngine:
         feeds = [n for n in built.inputs if n not in set(params) and n != run_id]
         outputs = [o.name for o in session.get_outputs()]
         return CompiledSession(session, feeds, params, outputs, dict(built.outputs), dict(built.written),
-                               len(built.model.graph.node), time.perf_counter() - started, run_id)
+                               len(built.model.graph.node), time.perf_counter() - started, run_id,
+                               built.model, list(built.checks))
+
+    # -- run-time checks -----------------------------------------------------------------------
+    def _failed_check(self, compiled: CompiledSession, inputs: dict, exc: Exception) -> ExecutionError | None:
+        """The kernel's ExecutionError for a run that failed in a check's guard node (``exc`` names
+        ``retrograd.check.<n>``), or None when the failure is not a check's."""
+        from .graph import CHECK_PREFIX
+        match = re.search(re.escape(CHECK_PREFIX) + r"(\d+)", str(exc))
+        if match is None or int(match.group(1)) >= len(compiled.checks):
+            return None
+        check = compiled.checks[int(match.group(1))]
+        if check.verify is not None:
+            try:
+                check.verify(*(self._payload(compiled, check.payload, inputs) if check.payload else []))
+            except ExecutionError as error:
+                return error
+        return ExecutionError(f"{check.op.where()}: {check.what} (checked inside onnxruntime, which cannot "
+                              "report the values from inside a loop or branch)")
+
+    def _payload(self, compiled: CompiledSession, payload: list[str], inputs: dict) -> list:
+        """The values ``payload`` of the main graph on ``inputs``, from a session computing only them
+        (built when a check fails, which ends the run: never on the fast path)."""
+        import onnxruntime as ort
+        from .model import checks_model
+        small = checks_model(compiled.model, payload)
+        session = ort.InferenceSession(small.SerializeToString(), session_options(self.threads),
+                                       providers=self.providers)
+        return session.run(list(payload), inputs)
 
 
 def _unaliased(array: np.ndarray, starts: np.ndarray, ends: np.ndarray) -> np.ndarray:

@@ -14,7 +14,8 @@
 """
 from __future__ import annotations
 
-from typing import Sequence
+from dataclasses import dataclass, field
+from typing import Callable, Sequence
 
 import numpy as np
 import onnx
@@ -46,6 +47,7 @@ class Names:
         self.used: set[str] = set()
         self.main: "Graph | None" = None
         self.run_id: str | None = None
+        self.checks: list[Check] = []     # the model's run-time checks, numbered by position
 
     def reserve(self, name: str) -> str:
         self.used.add(name)
@@ -59,6 +61,21 @@ class Names:
             name = f"{hint}__{n}"
         self.used.add(name)
         return name
+
+
+CHECK_PREFIX = "retrograd.check."
+
+
+@dataclass
+class Check:
+    """A run-time check of a kernel inside the model (``OpContext.check``): its guard node is
+    named ``retrograd.check.<index> (<op>: <what>)`` and fails the run when the check fails.
+    ``payload``: int64 ONNX values of the main graph whose NumPy values ``verify`` takes to raise the
+    kernel's own ExecutionError (empty for a check inside a loop or branch body)."""
+    op: Op
+    what: str
+    verify: Callable[..., None] | None
+    payload: list[str] = field(default_factory=list)
 
 
 class Env:
@@ -243,6 +260,26 @@ class OpContext:
 
     def fail(self, reason: str):
         raise BackendError(f"{self.op.where()} cannot be exported to ONNX: {reason}")
+
+    def check(self, failed: str, what: str, verify: Callable[..., None] | None = None,
+              payload: Sequence[str] = ()) -> str:
+        """A run-time check the kernel makes, which ONNX cannot raise: ``failed`` (a bool scalar)
+        is true when the kernel would raise. Returns a bool scalar that is true when the check
+        passes; the op's outputs must depend on it (e.g. a Loop's first condition), and a failed
+        check makes onnxruntime fail the run in the guard node ``retrograd.check.<n> (<op>:
+        <what>)``. The engine then raises ``verify(*payload values)``'s ExecutionError (the
+        kernel's message): the NumPy values of ``payload`` (int64 values of the main graph, read in a
+        second, small session); for a check with a payload inside a loop or branch body, whose
+        values are not reachable, an ExecutionError naming the op and ``what``."""
+        names = self.graph.names
+        top = self.graph is names.main
+        index = len(names.checks)
+        reachable = top or not payload     # a body's values cannot be read after a failed run
+        names.checks.append(Check(self.op, what, verify if reachable else None, list(payload) if top else []))
+        row = self.node("Cast", [failed], to=onnx.TensorProto.INT64)
+        name = f"{CHECK_PREFIX}{index} ({self.op.where()}: {what})"
+        return self.graph.node("Gather", [self.const([True], "bool"), row], hint=f"{self.hint(0)}.ok",
+                               name=name)
 
     # -- sub-blocks -----------------------------------------------------------------------------
     def child(self) -> "OpContext":

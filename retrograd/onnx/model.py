@@ -23,7 +23,7 @@ Inputs, initializers, outputs of the model built from block 0:
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Iterable, Sequence
 
 import numpy as np
@@ -32,7 +32,7 @@ from onnx import helper
 
 from ..errors import BackendError, FeedError
 from ..ir.program import Program, Var
-from .graph import Env, Graph, Names, needed_ops, onnx_dtype, var_shape
+from .graph import Check, Env, Graph, Names, needed_ops, onnx_dtype, var_shape
 from ..ir.analysis import op_reads
 
 DEFAULT_OPSET = 28        # the newest opset onnxruntime 1.32 accepts (tests/onnx check it)
@@ -54,6 +54,7 @@ class BuiltModel:
     param_inputs: list[str]
     outputs: dict[str, str]
     written: dict[str, str]
+    checks: list[Check] = field(default_factory=list)   # run-time checks by guard number (graph.py)
 
 
 def build_model(program: Program, fetch: Sequence[str], scope=None, param_inputs: bool = False,
@@ -115,13 +116,27 @@ def build_model(program: Program, fetch: Sequence[str], scope=None, param_inputs
         infos.append(helper.make_tensor_value_info(oname, onnx_dtype(var.dtype), [None] * var.ndim))
     if names.run_id is not None:    # a random op reads the run id: an input like the feeds
         feeds.append(names.run_id)
-    nodes = _live_nodes(graph.nodes, outputs)
+    # a check's payload is read only if it fails (``checks_model``): keep the nodes computing it
+    nodes = _live_nodes(graph.nodes, outputs + [v for c in names.checks for v in c.payload])
     gp = helper.make_graph(nodes, name, graph.inputs, infos, initializer=graph.initializers)
     model = helper.make_model(gp, opset_imports=[helper.make_opsetid("", opset)],
                               producer_name="retrograd")
     model.ir_version = IR_VERSION
     return BuiltModel(model, feeds + (params if (param_inputs or scope is None) else []),
-                      params if (param_inputs or scope is None) else [], out_names, written_out)
+                      params if (param_inputs or scope is None) else [], out_names, written_out,
+                      names.checks)
+
+
+def checks_model(model: onnx.ModelProto, payload: Sequence[str]) -> onnx.ModelProto:
+    """``model`` reduced to computing the int64 values ``payload`` of its main graph (the
+    inputs of a failed run-time check's message), as its outputs; its inputs stay the same."""
+    graph = model.graph
+    nodes = _live_nodes(list(graph.node), payload)
+    outputs = [helper.make_tensor_value_info(name, onnx.TensorProto.INT64, None) for name in payload]
+    reduced = helper.make_graph(nodes, graph.name, graph.input, outputs, initializer=graph.initializer)
+    small = helper.make_model(reduced, opset_imports=model.opset_import, producer_name="retrograd")
+    small.ir_version = model.ir_version
+    return small
 
 
 def _live_nodes(nodes: list, outputs: Sequence[str]) -> list:

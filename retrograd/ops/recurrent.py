@@ -39,6 +39,7 @@ from .recurrent_outputs import output_init, split_step_result
 from .sequence import reverse_sequence
 from .recurrent_onnx import forward_loop_onnx
 from .recurrent_steps import (Held, RnnLayout, StepRunner, budget_variant, check_batches,  # noqa: F401
+                              checked_inputs_onnx,
                               check_state_shape, fresh_name, is_budget, step_mask, time_steps, timestep_value)
 from .lowering import lowers
 from .registry import append_op, defop, infer_specs
@@ -203,7 +204,8 @@ def _rnn_onnx(g):
     a = g.attrs
     lay = RnnLayout.of(a, len(g.ins))
     budget = is_budget(a.get("recompute"))
-    alls, lasts, saved = forward_loop_onnx(g, a, lay, [] if budget else list(a.get("saved", ())))
+    alls, lasts, saved = forward_loop_onnx(g, a, lay, [] if budget else list(a.get("saved", ())),
+                                           checked_inputs_onnx(g, lay))
     outputs = [v for pair in zip(alls, lasts) for v in pair] + saved
     if budget and a.get("budget_outputs"):
         outputs += [g.fill(g.const([0] * var.ndim, "int64"), 0, var.dtype) for var in g.out_vars[len(outputs):-1]]

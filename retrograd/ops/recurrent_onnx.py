@@ -18,9 +18,11 @@ from .recurrent_steps import RnnLayout, flip_onnx, step_mask_onnx, timestep_onnx
 _END = 1 << 62
 
 
-def forward_loop_onnx(g, attrs: dict, lay: RnnLayout, saved: Sequence[str]) -> tuple[list, list, list]:
+def forward_loop_onnx(g, attrs: dict, lay: RnnLayout, saved: Sequence[str],
+                      first: str | None = None) -> tuple[list, list, list]:
     """(all per state [T, N, ...], last per state, a [T, ...] stack per name of ``saved``) of the
-    steps of ``attrs["step"]`` over the op's forward inputs (``g.ins[:lay.n_inputs]``)."""
+    steps of ``attrs["step"]`` over the op's forward inputs (``g.ins[:lay.n_inputs]``).
+    ``first``: a bool scalar that must hold for the first step to run (a run-time check's)."""
     seqs, inits, lengths, outers = lay.split(g.ins)
     k, step = lay.n_state, attrs["step"]
     body = g.child()
@@ -41,7 +43,7 @@ def forward_loop_onnx(g, attrs: dict, lay: RnnLayout, saved: Sequence[str]) -> t
     state_vars = [step.var(n) for n in attrs["states"]]
     outputs = ([(cond, "bool", [])] + list(zip(new, state_vars)) + list(zip(new, state_vars))
                + [(v, step.var(n)) for v, n in zip(values[k:], saved)])
-    outs = g.nodes("Loop", [g.scalar_dim(seqs[0], 0), "", *inits], len(outputs) - 1,
+    outs = g.nodes("Loop", [g.scalar_dim(seqs[0], 0), first or "", *inits], len(outputs) - 1,
                    body=body.finish(f"{g.op.outputs[0]}.step", outputs))
     # all = states[1:], rebuilt from slot 0 so that zero steps give [0, N, ...] as the kernel does
     alls = [g.node("Slice", [with_first_onnx(g, init, stack), g.const([1], "int64"), g.const([_END], "int64"),

@@ -213,6 +213,49 @@ def budget_variant(op_type: str) -> BudgetVariant:
 
 # --- ONNX lowering pieces (the forward's and the backward's Loop bodies) ------------------------
 
+def checked_inputs_onnx(g, lay: RnnLayout) -> str | None:
+    """The kernel's run-time checks of the op's inputs (``check_batches``, then ``time_steps``) as
+    a check of the model (``g.check``): a bool scalar, true when they pass, for the Loop's first
+    condition (None when there is nothing to check). On failure the engine re-runs the kernel's checks on the shapes and lengths."""
+    seqs, inits, lengths, _ = lay.split(g.ins)
+    seq_vars, init_vars, _, _ = lay.split(g.in_vars)
+    shapes = [g.shape(v) for v in seqs + inits]
+    steps = g.node("Slice", [shapes[0], g.const([0], "int64"), g.const([1], "int64")])
+    bad = [g.node("Not", [g.node("Equal", [g.node("Slice", [shape, g.const([0], "int64"),
+                                                             g.const([1], "int64")]), steps])])
+           for shape in shapes[1:lay.n_seq]]
+    payload = list(shapes)
+    if seq_vars[0].ndim >= 2:
+        batch = g.node("Slice", [shapes[0], g.const([1], "int64"), g.const([2], "int64")])
+        bad += [g.node("Not", [g.node("Equal", [g.node("Slice", [shape, g.const([0], "int64"),
+                                                                  g.const([1], "int64")]), batch])])
+                for shape, var in zip(shapes[lay.n_seq:], init_vars) if var.ndim >= 1]
+        if lengths is not None:
+            lengths = g.cast(lengths, "int64")
+            payload.append(lengths)
+            padded = g.node("Concat", [lengths, g.const([0], "int64")], axis=0)   # {0}: no empty reductions
+            bad += [g.node("Not", [g.node("Equal", [g.shape(lengths), batch])]),
+                    g.node("Less", [g.node("ReduceMin", [padded]), g.const([0], "int64")]),
+                    g.node("Greater", [g.node("ReduceMax", [padded]), steps])]
+    if not bad:
+        return None
+    failed = bad[0]
+    for more in bad[1:]:
+        failed = g.node("Or", [failed, more])
+    failed = g.node("Reshape", [failed, g.const([], "int64")])
+    n_seq, n_state, op, with_lengths = lay.n_seq, lay.n_state, g.op, len(payload) > len(shapes)
+
+    def verify(*values):
+        import numpy as np
+        stand_ins = [np.broadcast_to(np.zeros((), dtype=np.int8), tuple(int(d) for d in shape))
+                     for shape in values[:n_seq + n_state]]
+        check_batches(np, op, stand_ins[:n_seq], stand_ins[n_seq:], values[-1] if with_lengths else None)
+        time_steps(op, stand_ins[:n_seq])
+
+    return g.check(failed, "the input sequences' lengths, the initial states' batch or seq_lengths do "
+                   "not fit the input sequences", verify, payload)
+
+
 def step_mask_onnx(g, lengths: str, t: str, ndim: int) -> str:
     """ONNX ``lengths > t`` shaped [N, 1, ...] to broadcast over a state of rank ``ndim``."""
     running = g.node("Greater", [g.cast(lengths, "int64"), t])

@@ -115,9 +115,15 @@ def condition_holds(k, consts: dict, carries: Sequence, iters: int, stream) -> b
         return False
     max_iters = attrs.get("max_iters")
     if max_iters is not None and iters >= max_iters:
-        raise ExecutionError(f"{k.op.where()}: the loop ran {iters} iterations and its condition still "
-                             f"holds, exceeding max_iters={max_iters}")
+        raise max_iters_exceeded(k.op, iters)
     return True
+
+
+def max_iters_exceeded(op: Op, iters: int) -> ExecutionError:
+    """The error of a While whose condition still holds after ``iters`` >= max_iters iterations
+    (its kernels, and the onnxruntime engine's check of the exported Loop)."""
+    return ExecutionError(f"{op.where()}: the loop ran {iters} iterations and its condition still "
+                          f"holds, exceeding max_iters={op.attrs['max_iters']}")
 
 
 def empty_stand_in(xp, var: Var):

@@ -35,7 +35,7 @@ from .registry import GradCtx, append_op, defop
 from .lowering import lowers
 from .subblocks import (as_outputs, as_vars, bound_var, check_bound, check_predicate, full_flags,
                         live_indices, merge_shapes, names_of, or_stand_ins, outer_reads, shapes_compatible,
-                        condition_holds, unique)
+                        condition_holds, max_iters_exceeded, unique)
 
 
 def _carry_specs(inits: Sequence[Var], body: Block, body_outs: Sequence[str]) -> list:
@@ -138,8 +138,8 @@ def _while(k, *arrays):
 def _while_onnx(g):
     """A Loop with no trip limit: the condition on the initial loop vars decides the first
     iteration, the body ends by evaluating it on the new ones; a carried counter gives ``iters``.
-    ``max_iters`` is not checked (ONNX cannot raise): a loop runs until its condition fails.
-    With ``recompute=<bytes>`` the kept values are computed (store-all)."""
+    ``max_iters`` is a run-time check (``_max_iters_onnx``). With ``recompute=<bytes>`` the kept
+    values are computed (store-all)."""
     a = g.attrs
     n = len(a["carry_binds"])
     if a.get("ragged") and a["ys"]:
@@ -150,18 +150,24 @@ def _while_onnx(g):
     if streams.contains_random(a["cond"]):
         g.fail("a loop condition that draws random numbers has no ONNX form")
     body = g.child()
-    body.stream(body.input("iter", "int64", []))
+    iteration = body.input("iter", "int64", [])
+    body.stream(iteration)
     body.input("cond", "bool", [])
     carries = [body.input(name, var.dtype, None) for name, var in zip(a["carry_binds"], carry_vars)]
     count = body.input("iters", "int64", [])
     values = body.lower(a["body"], dict(zip(a["carry_binds"], carries)), list(a["body_outs"]) + list(a["ys"]))
     new, kept = values[:n], values[n:]
     flag, = body.lower(a["cond"], dict(zip(a["cond_binds"], new)), [a["cond_out"]])
-    outputs = ([(_scalar_onnx(body, flag), "bool", [])] + list(zip(new, carry_vars))
+    first, flag = _scalar_onnx(g, first), _scalar_onnx(body, flag)
+    if a.get("max_iters") == 0:     # only then can the first condition exceed it
+        first = _max_iters_onnx(g, first, g.const(0, "int64"))
+    if a.get("max_iters") is not None:
+        flag = _max_iters_onnx(body, flag, body.node("Add", [iteration, body.const(1, "int64")]))
+    outputs = ([(flag, "bool", [])] + list(zip(new, carry_vars))
                + [(body.node("Add", [count, body.const(1, "int64")]), "int64", [])]
                + [(value, a["body"].var(name)) for value, name in zip(kept, a["ys"])])
     graph = body.finish(f"{g.op.outputs[0]}.body", outputs)
-    outs = g.nodes("Loop", ["", _scalar_onnx(g, first), *g.ins[:n], g.const(0, "int64")], len(outputs) - 1,
+    outs = g.nodes("Loop", ["", first, *g.ins[:n], g.const(0, "int64")], len(outputs) - 1,
                    body=graph)
     if a.get("budget_outputs"):   # recompute=<bytes>: its ONNX backward re-runs every iteration
         extra = g.out_vars[len(outs):]  # (store-all) and reads no checkpoints: empty ones
@@ -172,6 +178,20 @@ def _while_onnx(g):
 
 def _scalar_onnx(g, value: str) -> str:
     return g.node("Reshape", [value, g.const([], "int64")])
+
+
+def _max_iters_onnx(g, holds: str, done: str) -> str:
+    """The loop condition ``holds`` after ``done`` iterations (int64 scalars), guarded by the
+    kernel's check: holding after max_iters iterations fails the run (``max_iters_exceeded``)."""
+    max_iters = g.attrs["max_iters"]
+    over = g.node("And", [holds, g.node("GreaterOrEqual", [done, g.const(max_iters, "int64")])])
+    ok = g.check(over, f"the loop's condition still holds after max_iters={max_iters} iterations",
+                 lambda: _raise(max_iters_exceeded(g.op, max_iters)))
+    return g.node("And", [holds, ok])
+
+
+def _raise(error: Exception):
+    raise error
 
 
 def _check_stable(op: Op, inits: Sequence, carries: Sequence) -> None:

@@ -195,3 +195,101 @@ def test_normal_draws_inside_a_loop_match_the_numpy_executor():
     want, = rg.Executor().run(main, feed=feed, fetch_list=[total])
     got, = rg.Executor(backend="onnxruntime").run(main, feed=feed, fetch_list=[total])
     np.testing.assert_allclose(got, want, rtol=1e-6)
+
+
+# --- run-time checks: the kernels' errors, never a silently different result ---------------------
+
+def _both_raise(main, feed, fetch, error=rg.ExecutionError):
+    """The NumPy executor's and the engine's errors for one run: (numpy message, engine message)."""
+    messages = []
+    for exe in (rg.Executor(), rg.Executor(backend="onnxruntime")):
+        with pytest.raises(error) as info:
+            exe.run(main, feed=feed, fetch_list=fetch)
+        messages.append(str(info.value))
+    return messages
+
+
+def _counting_loop(max_iters, nested=False):
+    """x + 1 while sum(x) < 100 (bounded by max_iters), at the top or inside a one-iteration loop."""
+    main = rg.Program()
+    with rg.program_guard(main, rg.Program()):
+        x = rg.data("x", [2], dtype="float64")
+
+        def inner(h):
+            return rg.while_loop(lambda h: rg.sum(h) < 100.0, lambda h: h + 1.0, h, max_iters=max_iters)
+
+        if nested:
+            _, h = rg.while_loop(lambda i, h: i < 1, lambda i, h: (i + 1, inner(h)), [rg.constant(0), x])
+        else:
+            h = inner(x)
+    return main, h
+
+
+@pytest.mark.parametrize("nested", [False, True], ids=["top", "in-a-loop-body"])
+def test_max_iters_exceeded_is_the_kernels_error_at_any_depth(nested):
+    """Regression (engine gap): the exported Loop ran past max_iters and returned its carries."""
+    main, h = _counting_loop(5, nested)
+    exe = rg.Executor(backend="onnxruntime")
+    np.testing.assert_allclose(exe.run(main, feed={"x": np.array([45.0, 45.0])}, fetch_list=[h])[0], [50, 50])
+    want, got = _both_raise(main, {"x": np.zeros(2)}, [h])
+    assert got == want and "While in block" in got and "ran 5 iterations" in got and "max_iters=5" in got
+
+
+def test_max_iters_zero_refuses_a_first_iteration():
+    main, h = _counting_loop(0)
+    want, got = _both_raise(main, {"x": np.zeros(2)}, [h])
+    assert got == want and "ran 0 iterations" in got
+
+
+def test_a_failed_recurrent_check_inside_a_branch_names_the_op():
+    """Inside an If branch the shapes cannot be read back: the error names the op and the check."""
+    main = rg.Program()
+    with rg.program_guard(main, rg.Program()):
+        x = rg.data("x", [-1, -1, 2], dtype="float64")
+        h0 = rg.data("h0", [-1, 2], dtype="float64")
+        use = rg.data("use", [], dtype="bool")
+        out = rg.cond(use, lambda: rg.recurrent(lambda xs, hs: [rg.tanh(xs[0] + hs[0])], [x], [h0])[1][0],
+                      lambda: h0 * 1.0)
+    feed = {"x": np.ones((3, 2, 2)), "use": np.array(True), "h0": np.zeros((1, 2))}  # batch 1 broadcasts
+    want, got = _both_raise(main, feed, [out])
+    assert "RecurrentNetwork in block 1: initial state 'h0' has batch 1" in want
+    assert "RecurrentNetwork in block 1: the input sequences' lengths, the initial states' batch" in got
+    feed["h0"] = np.zeros((2, 2))
+    got, = rg.Executor(backend="onnxruntime").run(main, feed=feed, fetch_list=[out])
+    np.testing.assert_allclose(got, np.tanh(1 + np.tanh(1 + np.tanh(1.0))) * np.ones((2, 2)))
+
+
+def test_an_exported_model_fails_in_onnxruntime_where_the_kernel_raises(tmp_path):
+    """rg.onnx.export keeps the checks: a failed one stops onnxruntime in a node naming the op."""
+    import onnxruntime
+    main, h = _counting_loop(5)
+    rg.onnx.export(main, tmp_path / "loop.onnx", fetch_list=[h])
+    session = onnxruntime.InferenceSession(str(tmp_path / "loop.onnx"))
+    got, = session.run(None, {"x": np.array([45.0, 46.0])})
+    np.testing.assert_allclose(got, [50.0, 51.0])                 # 5 iterations: the most allowed
+    with pytest.raises(Exception, match=r"retrograd\.check\.\d+ \(.*While in block 0: .*max_iters=5"):
+        session.run(None, {"x": np.zeros(2)})
+
+
+def test_a_fed_value_an_op_computes_is_refused_as_by_the_numpy_executor():
+    """Regression (engine gap): the engine computed the value and ignored the feed."""
+    main = rg.Program()
+    with rg.program_guard(main, rg.Program()):
+        x = rg.data("x", [3], dtype="float64")
+        y = x * 2.0
+        z = y + 1.0
+    want, got = _both_raise(main, {"x": np.ones(3), y.name: np.zeros(3)}, [z], rg.FeedError)
+    assert got == want and "would be ignored" in got and "Mul" in got
+
+
+def test_missing_values_get_the_numpy_executors_words():
+    main, startup, loss = _fc_training()
+    ref, exe = _pair(startup)
+    feed = {"x": np.ones((8, 6), "float32")}
+    want = _error(lambda: ref.run(main, feed=feed, fetch_list=[loss]))
+    assert _error(lambda: exe.run(main, feed=feed, fetch_list=[loss])) == want
+    assert "'y' is read by" in want[1] and "Sub in block 0" in want[1]
+    fresh = rg.Executor(backend="onnxruntime")                 # startup not run: no parameters
+    want = _error(lambda: rg.Executor().run(main, feed=_batches(1)[0], fetch_list=[loss]))
+    assert _error(lambda: fresh.run(main, feed=_batches(1)[0], fetch_list=[loss])) == want
+    assert "run the startup program first" in want[1]

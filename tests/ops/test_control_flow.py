@@ -697,7 +697,6 @@ def test_body_must_keep_count_dtype_and_shape_and_condition_must_be_a_scalar_boo
         _building(condition)
 
 
-@pytest.mark.engine_gap("max_iters is not checked in the exported Loop")
 def test_max_iters_exceeded_raises_with_the_count():
     main, startup, (h, op) = build(lambda: (
         rg.while_loop(lambda h: rg.sum(h) < 100.0, lambda h: h + 1.0, rg.data("x", [2], dtype=F64), max_iters=5),

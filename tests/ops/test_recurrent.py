@@ -516,7 +516,6 @@ def test_step_function_mistakes_are_program_errors():
             rg.recurrent(lambda xs, hs: hs, [], [h0])
 
 
-@pytest.mark.engine_gap("run-time checks inside onnxruntime cannot raise the kernel's message naming the op")
 def test_mismatched_sequence_lengths_fail_at_run_time_naming_the_op():
     main = rg.Program()
     with rg.program_guard(main, rg.Program()):
@@ -666,7 +665,6 @@ def _tanh_rnn(x_shape, h_shape, with_lengths=True):
     return main, h_all, h_last
 
 
-@pytest.mark.engine_gap("run-time checks inside onnxruntime cannot raise the kernel's message naming the op")
 @pytest.mark.parametrize("lengths", [[4, 1], [-1, 2], [0, 3 + 1]])
 def test_seq_lengths_outside_zero_to_t_are_execution_errors(lengths):
     """Regression (issue #10): lengths above T were silently clamped, negative ones ignored."""
@@ -683,7 +681,6 @@ def test_seq_lengths_outside_zero_to_t_are_execution_errors(lengths):
         rg.Executor().run(main, feed=feed, fetch_list=[h_last])
 
 
-@pytest.mark.engine_gap("run-time checks inside onnxruntime cannot raise the kernel's message naming the op")
 def test_initial_state_batch_differing_from_the_input_names_the_state():
     """Regression (issue #10): the mismatch surfaced as an inner Add that does not broadcast."""
     main, _, h_last = _tanh_rnn([3, -1, 2], [-1, 2], with_lengths=False)
