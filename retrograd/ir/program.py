@@ -272,6 +272,8 @@ class Program:
         self.blocks: list[Block] = [Block(self, 0)]
         self.version = 0
         self.serial = next(_program_serials)
+        # serials of the programs this one was cloned from (``clone``): their Vars are its Vars too
+        self.lineage: frozenset[int] = frozenset()
         self._name_counts: dict[str, int] = {}
         self._seed_counter = 0
 
@@ -352,5 +354,21 @@ class Program:
         return program_from_json(text)
 
     def clone(self) -> "Program":
-        """A deep copy (through the JSON form, so nothing is shared)."""
-        return Program.from_json(self.to_json())
+        """A deep copy (through the JSON form, so nothing is shared).
+
+        The copy remembers where it came from, so the original's Vars can be
+        fetched from it and fed to it: ``exe.run(main.clone(), fetch_list=[loss])``.
+        """
+        copy = Program.from_json(self.to_json())
+        copy.lineage = self.lineage | {self.serial}
+        return copy
+
+    def owns(self, var: Var) -> bool:
+        """Whether ``var`` is a Var of this program or of one related to it by ``clone``
+        (its source, a clone of it, a clone of the same source). Executors and the ONNX
+        exporter check fetches and feed keys with it: a Var of an unrelated program would
+        bind by name to a different variable."""
+        other = var.block.program
+        if other is self:
+            return True
+        return bool((self.lineage | {self.serial}) & (other.lineage | {other.serial}))

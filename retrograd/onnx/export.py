@@ -55,6 +55,9 @@ def export(program: Program, path, fetch_list: Sequence, scope=None, opset: int 
 
 
 def _fetch_name(item, program: Program) -> str:
+    if isinstance(item, Var) and not program.owns(item):   # by name it would be another variable
+        raise ProgramError(f"fetch Var '{item.name}' belongs to another program, not to the one "
+                           "exported (nor to a program it was cloned from or a clone of it)")
     name = item.name if isinstance(item, Var) else item
     if not isinstance(name, str) or program.global_block().find_var(name) is None:
         raise ProgramError(f"fetch {item!r} is not a variable of block 0")

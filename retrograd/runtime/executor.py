@@ -231,6 +231,8 @@ class Executor:
         with ``plan``, the error names the first op that reads the feed, and so the user's line)."""
         env = {}
         for name, value in feed.items():
+            if isinstance(name, Var) and not block.program.owns(name):
+                raise foreign_var_error(name, "feed")
             name = name.name if isinstance(name, Var) else name
             var = block.vars.get(name)
             if var is None:
@@ -312,7 +314,17 @@ def _is_namespace(obj, xp) -> bool:
     return obj is xp or isinstance(obj, ModuleType)
 
 
+def foreign_var_error(var: Var, what: str) -> FeedError:
+    """The error for a fetch or feed key that is a Var of a program unrelated to the one run:
+    binding it by name would silently give another variable of the same name."""
+    return FeedError(f"{what} Var '{var.name}' belongs to another program, not to the one run (nor to "
+                     "a program it was cloned from or a clone of it); use the run program's Var or "
+                     "its name")
+
+
 def _fetch_name(item, block: Block) -> str:
+    if isinstance(item, Var) and not block.program.owns(item):
+        raise foreign_var_error(item, "fetch")
     name = item.name if isinstance(item, Var) else item
     if not isinstance(name, str) or block.find_var(name) is None:
         raise FeedError(f"fetch {item!r} is not a variable of block 0")
