@@ -236,8 +236,8 @@ class OnnxRuntimeEngine:
                 check.verify(*(self._payload(compiled, check.payload, inputs) if check.payload else []))
             except ExecutionError as error:
                 return error
-        return ExecutionError(f"{check.op.where()}: {check.what} (checked inside onnxruntime, which cannot "
-                              "report the values from inside a loop or branch)")
+        inside = "" if check.verify else " in a loop or branch body, whose values cannot be read back"
+        return ExecutionError(f"{check.op.where()}: {check.what} (the check failed inside onnxruntime{inside})")
 
     def _payload(self, compiled: CompiledSession, payload: list[str], inputs: dict) -> list:
         """The values ``payload`` of the main graph on ``inputs``, from a session computing only them

@@ -48,6 +48,15 @@ read, e.g. an unused mask). ``g`` is a per-op context
   (seed, run id, loop keys and iterations) as the kernels'; a loop lowering
   calls ``body.stream(index)`` on its body context so random ops inside draw
   per iteration (a no-op unless the op has an ``rng_id``).
+* ``g.check(failed, what, verify=None, payload=())``: a run-time check the
+  kernel makes (ONNX cannot raise). ``failed`` is a bool scalar, true when
+  the kernel would raise; the returned bool scalar (true when the check
+  passes) must feed the op's outputs, e.g. a Loop's condition. A failed
+  check stops onnxruntime in the guard node ``retrograd.check.<n> (<op>:
+  <what>)``; the engine then calls ``verify(*values)`` on the NumPy values
+  of ``payload`` (int64 values of the main graph) to raise the kernel's own
+  ``ExecutionError`` (reuse the kernel's check function; see
+  ``recurrent_steps.checked_inputs_onnx`` and ``while_loop._max_iters_onnx``).
 * ``g.fail(reason)``: raise ``rg.BackendError`` naming the op and its block;
   call it for an attribute value the lowering cannot express. A program with
   an op that has no lowering fails the same way, before anything is written.

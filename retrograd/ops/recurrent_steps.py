@@ -216,36 +216,32 @@ def budget_variant(op_type: str) -> BudgetVariant:
 def checked_inputs_onnx(g, lay: RnnLayout) -> str | None:
     """The kernel's run-time checks of the op's inputs (``check_batches``, then ``time_steps``) as
     a check of the model (``g.check``): a bool scalar, true when they pass, for the Loop's first
-    condition (None when there is nothing to check). On failure the engine re-runs the kernel's checks on the shapes and lengths."""
+    condition (None when there is nothing to check). When it fails, the engine runs the kernel's
+    own checks on the shapes and lengths, which raise its message."""
     seqs, inits, lengths, _ = lay.split(g.ins)
-    seq_vars, init_vars, _, _ = lay.split(g.in_vars)
+    init_vars = lay.split(g.in_vars)[1]
     shapes = [g.shape(v) for v in seqs + inits]
-    steps = g.node("Slice", [shapes[0], g.const([0], "int64"), g.const([1], "int64")])
-    bad = [g.node("Not", [g.node("Equal", [g.node("Slice", [shape, g.const([0], "int64"),
-                                                             g.const([1], "int64")]), steps])])
-           for shape in shapes[1:lay.n_seq]]
+    steps, batch = _size_onnx(g, shapes[0], 0), _size_onnx(g, shapes[0], 1)
+    bad = [_differs_onnx(g, _size_onnx(g, shape, 0), steps) for shape in shapes[1:lay.n_seq]]
+    bad += [_differs_onnx(g, _size_onnx(g, shape, 0), batch)
+            for shape, var in zip(shapes[lay.n_seq:], init_vars) if var.ndim >= 1]
     payload = list(shapes)
-    if seq_vars[0].ndim >= 2:
-        batch = g.node("Slice", [shapes[0], g.const([1], "int64"), g.const([2], "int64")])
-        bad += [g.node("Not", [g.node("Equal", [g.node("Slice", [shape, g.const([0], "int64"),
-                                                                  g.const([1], "int64")]), batch])])
-                for shape, var in zip(shapes[lay.n_seq:], init_vars) if var.ndim >= 1]
-        if lengths is not None:
-            lengths = g.cast(lengths, "int64")
-            payload.append(lengths)
-            padded = g.node("Concat", [lengths, g.const([0], "int64")], axis=0)   # {0}: no empty reductions
-            bad += [g.node("Not", [g.node("Equal", [g.shape(lengths), batch])]),
-                    g.node("Less", [g.node("ReduceMin", [padded]), g.const([0], "int64")]),
-                    g.node("Greater", [g.node("ReduceMax", [padded]), steps])]
+    if lengths is not None:
+        lengths = g.cast(lengths, "int64")
+        payload.append(lengths)
+        padded = g.node("Concat", [lengths, g.const([0], "int64")], axis=0)   # with 0: never empty
+        bad += [_differs_onnx(g, g.shape(lengths), batch),
+                g.node("Less", [g.node("ReduceMin", [padded]), g.const([0], "int64")]),
+                g.node("Greater", [g.node("ReduceMax", [padded]), steps])]
     if not bad:
         return None
     failed = bad[0]
     for more in bad[1:]:
         failed = g.node("Or", [failed, more])
     failed = g.node("Reshape", [failed, g.const([], "int64")])
-    n_seq, n_state, op, with_lengths = lay.n_seq, lay.n_state, g.op, len(payload) > len(shapes)
+    n_seq, n_state, op, with_lengths = lay.n_seq, lay.n_state, g.op, lengths is not None
 
-    def verify(*values):
+    def verify(*values):      # the NumPy values of ``payload``: shapes, then the lengths
         import numpy as np
         stand_ins = [np.broadcast_to(np.zeros((), dtype=np.int8), tuple(int(d) for d in shape))
                      for shape in values[:n_seq + n_state]]
@@ -254,6 +250,15 @@ def checked_inputs_onnx(g, lay: RnnLayout) -> str | None:
 
     return g.check(failed, "the input sequences' lengths, the initial states' batch or seq_lengths do "
                    "not fit the input sequences", verify, payload)
+
+
+def _size_onnx(g, shape: str, axis: int) -> str:
+    """``shape[axis:axis + 1]`` of an int64 shape value."""
+    return g.node("Slice", [shape, g.const([axis], "int64"), g.const([axis + 1], "int64")])
+
+
+def _differs_onnx(g, a: str, b: str) -> str:
+    return g.node("Not", [g.node("Equal", [a, b])])
 
 
 def step_mask_onnx(g, lengths: str, t: str, ndim: int) -> str:
