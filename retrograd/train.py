@@ -11,7 +11,7 @@ Examples::
     retrograd train                                    # the default run: about 30 s on 2 cores
     retrograd train --steps 2000 --save m.npz --save-every 200 --log m.jsonl
     retrograd train --resume m.npz --save m.npz --steps 500
-    retrograd train --recompute 96K                    # byte sizes take K/M/G suffixes
+    retrograd train --recompute 256K                   # byte sizes take K/M/G suffixes
 
 Failures end with one line saying what to change and a non-zero exit:
 a parameter file that is missing, corrupt or from another model, or a loss
