@@ -60,6 +60,7 @@ class CompiledSession:
     run_id_input: str | None = None  # the int64 input random ops key on (the run's number), if any
     model: object = None            # the exported onnx.ModelProto (a failed check's values are read from it)
     checks: list = field(default_factory=list)   # the model's run-time checks (onnx/graph.py ``Check``)
+    names: object = None            # the model's ``onnx.graph.Names``: which op a failed node lowers
 
 
 def session_options(threads: int = 1):
@@ -164,8 +165,7 @@ class OnnxRuntimeEngine:
         try:
             session.run_with_iobinding(binding)
         except Exception as exc:            # onnxruntime raises its own Fail/RuntimeException types
-            error = self._failed_check(compiled, inputs, exc)
-            raise error or ExecutionError(f"onnxruntime failed running the program: {exc}") from exc
+            raise self._failed_check(compiled, inputs, exc) or _failed_op(compiled, exc) from exc
         starts = np.array([a.__array_interface__["data"][0] for a in inputs.values()], dtype=np.int64)
         ends = starts + np.array([max(a.nbytes, 1) for a in inputs.values()], dtype=np.int64)
         return {name: _unaliased(value.numpy(), starts, ends)
@@ -220,7 +220,7 @@ class OnnxRuntimeEngine:
         outputs = [o.name for o in session.get_outputs()]
         return CompiledSession(session, feeds, params, outputs, dict(built.outputs), dict(built.written),
                                len(built.model.graph.node), time.perf_counter() - started, run_id,
-                               built.model, list(built.checks))
+                               built.model, list(built.checks), built.names)
 
     # -- run-time checks -----------------------------------------------------------------------
     def _failed_check(self, compiled: CompiledSession, inputs: dict, exc: Exception) -> ExecutionError | None:
@@ -248,6 +248,16 @@ class OnnxRuntimeEngine:
         session = ort.InferenceSession(small.SerializeToString(), session_options(self.threads),
                                        providers=self.providers)
         return session.run(list(payload), inputs)
+
+
+def _failed_op(compiled: CompiledSession, exc: Exception) -> ExecutionError:
+    """The error of a run onnxruntime failed (no check's): naming the op whose node failed, as the
+    NumPy executor names a failed kernel's op, with onnxruntime's own words."""
+    message = str(exc)
+    op = compiled.names.op_of_failure(message) if compiled.names is not None else None
+    if op is None:
+        return ExecutionError(f"onnxruntime failed running the program: {message}")
+    return ExecutionError(f"{op.where()} failed in onnxruntime: {message.rsplit('Status Message: ', 1)[-1]}")
 
 
 def _unaliased(array: np.ndarray, starts: np.ndarray, ends: np.ndarray) -> np.ndarray:

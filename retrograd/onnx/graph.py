@@ -14,6 +14,7 @@
 """
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from typing import Callable, Sequence
 
@@ -48,6 +49,19 @@ class Names:
         self.main: "Graph | None" = None
         self.run_id: str | None = None
         self.checks: list[Check] = []     # the model's run-time checks, numbered by position
+        self.node_ops: list[Op] = []       # the op each lowered node comes from, by ``(node <n>)`` tag
+
+    def node_name(self, op: Op) -> str:
+        """A node name that says which op it lowers (onnxruntime quotes it when the node fails):
+        ``<op.where()> (node <n>)``; ``op_of_failure`` reads it back."""
+        self.node_ops.append(op)
+        return f"{op.where()} (node {len(self.node_ops) - 1})"
+
+    def op_of_failure(self, message: str) -> Op | None:
+        """The op whose node onnxruntime names last (innermost) in an error ``message``."""
+        tags = re.findall(r"\(node (\d+)\)'", message)
+        index = int(tags[-1]) if tags else -1
+        return self.node_ops[index] if 0 <= index < len(self.node_ops) else None
 
     def reserve(self, name: str) -> str:
         self.used.add(name)
@@ -223,6 +237,7 @@ class OpContext:
         return self.op.outputs[i] if i < len(self.op.outputs) else self.op.type.lower()
 
     def node(self, op_type: str, inputs: Sequence[str], n_out: int = 1, domain: str = "", **attrs):
+        attrs.setdefault("name", self.graph.names.node_name(self.op))
         return self.graph.node(op_type, inputs, n_out, domain, hint=self.hint(0), **attrs)
 
     def const(self, value, dtype: str) -> str:

@@ -55,6 +55,7 @@ class BuiltModel:
     outputs: dict[str, str]
     written: dict[str, str]
     checks: list[Check] = field(default_factory=list)   # run-time checks by guard number (graph.py)
+    names: Names | None = None      # the model's names: ``names.op_of_failure(message)`` finds a failed op
 
 
 def build_model(program: Program, fetch: Sequence[str], scope=None, param_inputs: bool = False,
@@ -124,7 +125,7 @@ def build_model(program: Program, fetch: Sequence[str], scope=None, param_inputs
     model.ir_version = IR_VERSION
     return BuiltModel(model, feeds + (params if (param_inputs or scope is None) else []),
                       params if (param_inputs or scope is None) else [], out_names, written_out,
-                      names.checks)
+                      names.checks, names)
 
 
 def checks_model(model: onnx.ModelProto, payload: Sequence[str]) -> onnx.ModelProto:

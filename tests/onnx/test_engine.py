@@ -293,3 +293,13 @@ def test_missing_values_get_the_numpy_executors_words():
     want = _error(lambda: rg.Executor().run(main, feed=_batches(1)[0], fetch_list=[loss]))
     assert _error(lambda: fresh.run(main, feed=_batches(1)[0], fetch_list=[loss])) == want
     assert "run the startup program first" in want[1]
+
+
+def test_a_node_that_fails_in_onnxruntime_names_its_op_and_line():
+    """Regression: a batch mismatch between two feeds was onnxruntime's message, naming no op."""
+    main, startup, loss = _fc_training()
+    _, exe = _pair(startup)
+    feed = {"x": np.ones((8, 6), "float32"), "y": np.ones((7, 3), "float32")}
+    with pytest.raises(rg.ExecutionError, match=r"test_engine\.py:\d+: op #\d+ Sub in block 0 failed in "
+                                                r"onnxruntime: .*broadcast"):
+        exe.run(main, feed=feed, fetch_list=[loss])
