@@ -10,6 +10,7 @@ locations, the ``retrograd`` command) is in test_milestone2_scale.py.
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 import textwrap
@@ -306,6 +307,25 @@ def test_executor_xp_keeps_working(xp_name):
         got, = exe.run(main, feed=feed, fetch_list=[loss])
         want, = ref.run(main, feed=feed, fetch_list=[loss])
         np.testing.assert_allclose(np.asarray(got), want, rtol=1e-5)
+
+
+def test_optional_extras_name_what_the_contract_says():
+    tomllib = pytest.importorskip("tomllib")
+    from pathlib import Path
+    meta = tomllib.loads((Path(__file__).parents[2] / "pyproject.toml").read_text())["project"]
+
+    def names(reqs):
+        return {re.split(r"[<>=!~\[; ]", r, maxsplit=1)[0].lower() for r in reqs}
+    base = names(meta["dependencies"])
+    assert {"numpy", "rich"} <= base
+    assert not base & {"torch", "cupy", "onnx", "onnxruntime", "mpi4py", "mpich"}   # all optional
+    extras = meta["optional-dependencies"]
+    assert names(extras["torch"]) == {"torch"}
+    assert any(n.startswith("cupy") for n in names(extras["cupy"]))
+    assert names(extras["onnx"]) == {"onnx", "onnxruntime"}
+    assert "mpi4py" in names(extras["mpi"]) and len(names(extras["mpi"])) == 2     # and an MPI from PyPI
+    everything = " ".join(extras["all"])           # "retrograd[torch,onnx,mpi]" or the packages
+    assert all(k in everything for k in ("torch", "onnx", "mpi")) and "cupy" not in everything   # no GPU
 
 
 # --- ONNX ----------------------------------------------------------------------------------------

@@ -87,22 +87,19 @@ TRAIN_PY = textwrap.dedent("""
     import numpy as np
     import retrograd as rg
     rank, size = rg.distributed.rank(), rg.distributed.world_size()   # mpi4py COMM_WORLD
-    main, startup = rg.Program(), rg.Program()
+    # rank 1 initialises from another seed: the startup's Broadcast must replace its values
+    main, startup = rg.Program(), rg.Program(random_seed=7 * rank)
     with rg.program_guard(main, startup):
         x = rg.data("x", [-1, 8])
         loss = rg.mean(rg.square(rg.layers.fc(rg.layers.fc(x, 8, act="tanh", name="fc1"), 1, name="fc2")))
         opt = rg.distributed.DataParallel(rg.optim.Adam(1e-2))        # wraps any optimizer
         params_grads = opt.minimize(loss)     # backward, AllReduce (mean over ranks), updates
-    main.random_seed = startup.random_seed = 0
     exe = rg.Executor()
-    if rank == 1:                             # a different start: Broadcast must replace it
-        startup.random_seed = 7
     exe.run(startup)                          # every rank starts from rank 0's parameters
     xb = np.random.default_rng(1).standard_normal((8, 8)).astype("float32")
     for _ in range(3):
         exe.run(main, feed={"x": rg.distributed.shard(xb)})
-    if rank == 0:
-        rg.save_params(exe.scope, sys.argv[1], main)
+    rg.save_params(exe.scope, f"{sys.argv[1]}.{rank}.npz", main)
     print(f"rank {rank} of {size}")
 """)
 
@@ -112,11 +109,11 @@ def test_data_parallel_under_mpiexec_equals_one_process_on_the_whole_batch(tmp_p
         pytest.skip('needs mpiexec and mpi4py: pip install "retrograd[mpi]"')
     (tmp_path / "train.py").write_text(TRAIN_PY)
     env = dict(os.environ, OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1")
-    done = subprocess.run(["mpiexec", "-n", "2", sys.executable, "train.py", "m.npz"], cwd=tmp_path,
+    done = subprocess.run(["mpiexec", "-n", "2", sys.executable, "train.py", "m"], cwd=tmp_path,
                           capture_output=True, text=True, env=env, timeout=120)
     assert done.returncode == 0, done.stderr
     assert sorted(done.stdout.split("\n")[:2]) == ["rank 0 of 2", "rank 1 of 2"]
-    got = rg.read_params(tmp_path / "m.npz")
+    got, other = rg.read_params(tmp_path / "m.0.npz"), rg.read_params(tmp_path / "m.1.npz")
     main, startup = rg.Program(), rg.Program()
     with rg.program_guard(main, startup):
         x = rg.data("x", [-1, 8])
@@ -128,6 +125,7 @@ def test_data_parallel_under_mpiexec_equals_one_process_on_the_whole_batch(tmp_p
         exe.run(main, feed={"x": XB})
     for name in ("fc1.w", "fc1.b", "fc2.w", "fc2.b"):
         np.testing.assert_allclose(got[name], exe.scope.get(name), rtol=1e-5, atol=1e-7, err_msg=name)
+        np.testing.assert_array_equal(other[name], got[name], err_msg=name)     # the ranks agree
 
 
 # --- One memory budget for the whole program -----------------------------------------------------
@@ -207,6 +205,37 @@ def test_a_budget_too_small_names_the_least_budget_that_fits_and_that_budget_wor
     assert peak <= least
     with pytest.raises(rg.ProgramError, match=f"the least budget that fits is {least} bytes"):
         _mlp(least - 1, optimizer=optimizer)
+
+
+def _lstm_model(budget):
+    main, startup = rg.Program(), rg.Program()
+    with rg.program_guard(main, startup):
+        x = rg.data("x", [-1, -1, 8])                     # [T, N, 8]: both sizes known at run time
+        h_all, h_last, _, _ = rg.layers.lstm(x, 16, name="lstm")
+        loss = rg.mean(rg.layers.fc(h_last, 1, name="out") ** 2) + rg.mean(h_all * h_all)
+        rg.optim.Adam(1e-2).minimize(loss, memory_budget=budget, feed_shapes={"x": (20, 4, 8)})
+    return main, startup, loss
+
+
+def test_one_budget_covers_recurrent_ops_and_holds_at_other_run_time_lengths():
+    runs = {}
+    for budget in (None, 72 * 1024):
+        main, startup, loss = _lstm_model(budget)
+        exe = rg.Executor()
+        exe.run(startup)
+        peaks, losses = [], []
+        for T in (20, 40, 20):                          # the planned length, a longer one, again
+            xb = np.random.default_rng(T).standard_normal((T, 4, 8)).astype("float32")
+            losses.append(exe.run(main, feed={"x": xb}, fetch_list=[loss])[0])
+            peaks.append(exe.last_stats.peak_bytes)
+        runs[budget] = peaks, losses, exe.scope.get("lstm.w_hh")
+    (store_all, want, w_want), (peaks, got, w_got) = runs[None], runs[72 * 1024]
+    assert store_all[0] > 72 * 1024                    # the budget binds
+    assert max(peaks) <= 72 * 1024, peaks
+    np.testing.assert_allclose(got, want, rtol=1e-5)
+    np.testing.assert_allclose(w_got, w_want, rtol=1e-4, atol=1e-6)
+    with pytest.raises(rg.ProgramError, match=r"the least budget that fits is \d+ bytes"):
+        _lstm_model(1000)
 
 
 # --- Errors point at the user's line -------------------------------------------------------------
