@@ -202,9 +202,9 @@ def _add_time_batched(g, a, block, acc: dict, stacks: dict, seqs, alls, shifted,
             stack = saved[saved_names.index(ref)] if ref in saved_names else stacks[ref]
         else:
             stack = sources[kind][ref]
-        product = g.node("MatMul", [g.node("Transpose", [_rows_onnx(g, stack)], perm=[1, 0]),
-                                    _rows_onnx(g, stacks[d], block.find_var(d).shape[-1])])
-        acc[j] = g.node("Add", [acc[j], product]) if j in acc else product
+        # A^T D (+ acc) as one Gemm: reads A transposed faster than Transpose + MatMul (FusedMatMul)
+        rows = [_rows_onnx(g, stack), _rows_onnx(g, stacks[d], block.find_var(d).shape[-1])]
+        acc[j] = g.node("Gemm", rows + ([acc[j]] if j in acc else []), transA=1)
 
 
 def _rows_onnx(g, stack: str, width: int = -1) -> str:
