@@ -332,6 +332,7 @@ def test_optional_extras_name_what_the_contract_says():
 
 def test_onnx_export_snippet_verbatim(tmp_path, monkeypatch):
     onnx = pytest.importorskip("onnx")
+    import onnx.numpy_helper
     onnxruntime = pytest.importorskip("onnxruntime")
     monkeypatch.chdir(tmp_path)
     main, startup = rg.Program(), rg.Program()
@@ -351,6 +352,8 @@ def test_onnx_export_snippet_verbatim(tmp_path, monkeypatch):
     assert onnx.load("model.onnx").graph == model.graph
     assert [i.name for i in sess.get_inputs()] == ["x"]
     assert {t.name for t in model.graph.initializer} == {"fc1.w", "fc1.b", "logits.w", "logits.b"}
+    for t in model.graph.initializer:                 # holding exe.scope's values
+        np.testing.assert_array_equal(onnx.numpy_helper.to_array(t), exe.scope.get(t.name))
     want, = exe.run(main, feed={"x": xb}, fetch_list=[logits])
     np.testing.assert_allclose(logits_v, want, rtol=1e-5, atol=1e-6)
     # without a scope the parameters are inputs of the same names

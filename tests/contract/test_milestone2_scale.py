@@ -300,6 +300,7 @@ def test_train_with_checkpoints_and_a_json_lines_log_then_sample(tmp_path):
         assert {"step", "loss", "chars_per_s", "peak_bytes"} <= set(r)
         assert 0 < r["loss"] < 10 and r["chars_per_s"] > 0 and isinstance(r["peak_bytes"], int)
         assert r["peak_bytes"] > 0
+    assert "val_loss" in records[-1] and 0 < records[-1]["val_loss"] < 10   # measured at the end
     assert rg.read_params(tmp_path / "m.npz")["train.step"].tolist() == [2]
 
     done = _retrograd("sample", "m.npz", "--length", "40", "--prompt", "def ", cwd=tmp_path)
