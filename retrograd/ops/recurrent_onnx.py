@@ -173,8 +173,11 @@ def _backward_starts(g, inits, init_vars, outers, outer_vars, d_last, summed) ->
     return starts + [g.fill(g.shape(outers[j]), 0, outer_vars[j].dtype) for j in summed]
 
 
-def _grad_results(g, a: dict, lay: RnnLayout, fetch_seq: list, stacks: dict, dstate: list, acc: dict) -> list:
-    """The gradients of ``a["grad_of"]``'s positions, stacks in time order."""
+def _grad_results(g, a: dict, lay: RnnLayout, fetch_seq: list, stacks: dict, dstate: list, acc: dict,
+                  exact: bool = False) -> list:
+    """The gradients of ``a["grad_of"]``'s positions, stacks in time order; ``exact``: a stack
+    of the sequence's rank has its shape already (a Scan's), so no Reshape (onnxruntime copies
+    a Reshape's input when, as here, the time-batched products read it too)."""
     seqs, _, _, outers = lay.split(g.ins)
     seq_vars, _, _, outer_vars = lay.split(g.in_vars)
     n_seq, k = lay.n_seq, lay.n_state
@@ -183,6 +186,9 @@ def _grad_results(g, a: dict, lay: RnnLayout, fetch_seq: list, stacks: dict, dst
         if position < n_seq:
             name = fetch_seq[position]
             shape = g.shape(seqs[position])
+            if name and exact and a["backward"].find_var(name).ndim + 1 == seq_vars[position].ndim:
+                results.append(stacks[name])
+                continue
             results.append(g.node("Reshape", [stacks[name], shape], allowzero=1) if name
                            else g.fill(shape, 0, seq_vars[position].dtype))
         elif position < n_seq + k:
@@ -329,4 +335,4 @@ def _backward_scan(g, attrs: dict, lay: RnnLayout, alls: list, saved: list, save
     dstate, acc = outs[:k], dict(zip(summed, outs[k:k + len(summed)]))
     stacks = dict(zip(per_step, outs[k + len(summed):]))
     _add_time_batched(g, a, block, acc, stacks, seqs, alls, shifted, saved, saved_names)
-    return _grad_results(g, a, lay, fetch_seq, stacks, dstate, acc)
+    return _grad_results(g, a, lay, fetch_seq, stacks, dstate, acc, exact=True)
