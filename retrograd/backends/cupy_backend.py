@@ -82,7 +82,12 @@ class CupyBackend(Backend):
         memory = array.data.mem
         if memory is None:                 # an empty array owns no allocation
             return id(array), 0
-        return memory.ptr, memory.size
+        # The pool rounds allocations up (to 512 bytes): count the bytes of the array that owns
+        # the allocation, as NumPy and torch do, so peak_bytes agrees across backends.
+        owner = array
+        while owner.base is not None:
+            owner = owner.base
+        return memory.ptr, owner.nbytes
 
     def device_memory(self) -> int | None:
         return int(self.cupy.get_default_memory_pool().used_bytes())

@@ -364,7 +364,8 @@ def _budget_grad_kernel(k, *arrays):
     fwd, alls, ckpts, schedule, d_all, d_last = lay.split(arrays)
     seqs, inits, lengths, outers = lay.fwd.split(fwd)
     steps = time_steps(op, seqs)
-    total, segment, slots, from_alls = (int(v) for v in np.asarray(schedule).reshape(-1))
+    # The schedule steers this kernel's host-side loop: one explicit transfer of its few ints.
+    total, segment, slots, from_alls = (int(v) for v in k.backend.to_numpy(schedule).reshape(-1))
     if total != steps:
         raise ExecutionError(f"{op.where()}: the forward planned {total} steps, the sequences have {steps}")
     if from_alls and (len(alls) != lay.fwd.n_state or any(int(a.shape[0]) != steps for a in alls)):

@@ -200,7 +200,8 @@ def _while_budget_grad(k, count, *arrays):
     consts = dict(zip(op.inputs[1 + c:1 + c + m], arrays[c:c + m]))
     loop_in = arrays[c + m:len(arrays) - n - 1]
     ckpts, schedule = arrays[len(arrays) - n - 1:-1], arrays[-1]
-    iters, stride, held, carry_bytes, tape_bytes = (int(v) for v in np.asarray(schedule).reshape(-1))
+    # The schedule steers this kernel's host-side loop: one explicit transfer of its few ints.
+    iters, stride, held, carry_bytes, tape_bytes = (int(v) for v in k.backend.to_numpy(schedule).reshape(-1))
     loop_names = op.inputs[1 + c + m:1 + c + m + len(loop_in)]
     runner = _Iterations(k, dict(zip(loop_names[n:], loop_in[n:])), consts, carries)
     starts = [0] + [stride * (i + 1) for i in range(held)]

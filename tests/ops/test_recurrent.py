@@ -35,7 +35,7 @@ def _rng(seed=0):
 
 
 def _t(a):
-    return torch.tensor(np.asarray(a), dtype=torch.float64, requires_grad=True)
+    return torch.tensor(to_numpy(a), dtype=torch.float64, requires_grad=True)
 
 
 def _close(ours, ref, tol=1e-10):
