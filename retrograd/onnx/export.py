@@ -24,7 +24,7 @@ def export(program: Program, path, fetch_list: Sequence, scope=None, opset: int 
     (a training step's parameters, optimizer moments, step counts) is also an
     output, named ``<name>.new``: feed it back as ``<name>`` to run the next step
     (export with ``scope=None`` for that, so parameters are inputs).
-    ``opset`` defaults to the newest one onnxruntime accepts (28).
+    ``opset`` defaults to the newest one the installed onnxruntime loads (at most 28).
 
     ``If`` stays ``If``; ``While``, ``Scan``, ``RecurrentNetwork`` and their
     gradients become ``Loop`` (zero iterations and any batch size work).

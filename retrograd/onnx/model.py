@@ -35,9 +35,38 @@ from ..ir.program import Program, Var
 from .graph import Check, Env, Graph, Names, needed_ops, onnx_dtype, var_shape
 from ..ir.analysis import op_reads
 
-DEFAULT_OPSET = 28        # the newest opset onnxruntime 1.32 accepts (tests/onnx check it)
+NEWEST_OPSET = 28         # the newest opset the lowerings are tested at (onnxruntime 1.32 runs it)
 IR_VERSION = 10           # onnxruntime 1.18+ reads it; opset 28 models check with it
 NEW_SUFFIX = ".new"
+
+
+def newest_runnable_opset() -> int:
+    """The newest ai.onnx opset (at most ``NEWEST_OPSET`` and the installed onnx's newest) that
+    the installed onnxruntime loads, found by loading a one-node model; without onnxruntime,
+    the newest the two bounds allow. (onnxruntime 1.30 refuses opset 28 as "under
+    development", 1.32 runs it: a fixed number would break one of them.)"""
+    newest = min(NEWEST_OPSET, onnx.defs.onnx_opset_version())
+    try:
+        import onnxruntime as ort
+    except ImportError:
+        return newest
+    options = ort.SessionOptions()
+    options.log_severity_level = 4
+    x = helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [1])
+    y = helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, [1])
+    graph = helper.make_graph([helper.make_node("Identity", ["x"], ["y"])], "probe", [x], [y])
+    for opset in range(newest, 16, -1):
+        model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)],
+                                  ir_version=IR_VERSION)
+        try:
+            ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
+        except Exception:     # noqa: BLE001 (onnxruntime raises its own exception types)
+            continue
+        return opset
+    return newest
+
+
+DEFAULT_OPSET = newest_runnable_opset()   # the default of export (tests/onnx check it runs)
 
 
 @dataclass
@@ -56,6 +85,7 @@ class BuiltModel:
     written: dict[str, str]
     checks: list[Check] = field(default_factory=list)   # run-time checks by guard number (graph.py)
     names: Names | None = None      # the model's names: ``names.op_of_failure(message)`` finds a failed op
+    all_nodes: list = field(default_factory=list)   # every node lowered (the model keeps the live ones)
 
 
 def build_model(program: Program, fetch: Sequence[str], scope=None, param_inputs: bool = False,
@@ -117,22 +147,22 @@ def build_model(program: Program, fetch: Sequence[str], scope=None, param_inputs
         infos.append(helper.make_tensor_value_info(oname, onnx_dtype(var.dtype), [None] * var.ndim))
     if names.run_id is not None:    # a random op reads the run id: an input like the feeds
         feeds.append(names.run_id)
-    # a check's payload is read only if it fails (``checks_model``): keep the nodes computing it
-    nodes = _live_nodes(graph.nodes, outputs + [v for c in names.checks for v in c.payload])
+    nodes = _live_nodes(graph.nodes, outputs)   # a check's payload is computed only if it fails (checks_model)
     gp = helper.make_graph(nodes, name, graph.inputs, infos, initializer=graph.initializers)
     model = helper.make_model(gp, opset_imports=[helper.make_opsetid("", opset)],
                               producer_name="retrograd")
     model.ir_version = IR_VERSION
     return BuiltModel(model, feeds + (params if (param_inputs or scope is None) else []),
                       params if (param_inputs or scope is None) else [], out_names, written_out,
-                      names.checks, names)
+                      names.checks, names, graph.nodes)
 
 
-def checks_model(model: onnx.ModelProto, payload: Sequence[str]) -> onnx.ModelProto:
-    """``model`` reduced to computing the int64 values ``payload`` of its main graph (the
-    inputs of a failed run-time check's message), as its outputs; its inputs stay the same."""
+def checks_model(model: onnx.ModelProto, all_nodes: list, payload: Sequence[str]) -> onnx.ModelProto:
+    """A model computing the int64 values ``payload`` of ``model``'s main graph (the inputs of a
+    failed run-time check's message) from its inputs, with the nodes of ``all_nodes``
+    (``BuiltModel.all_nodes``: the model itself may have dropped the ones only they need)."""
     graph = model.graph
-    nodes = _live_nodes(list(graph.node), payload)
+    nodes = _live_nodes(all_nodes, payload)
     outputs = [helper.make_tensor_value_info(name, onnx.TensorProto.INT64, None) for name in payload]
     reduced = helper.make_graph(nodes, graph.name, graph.input, outputs, initializer=graph.initializer)
     small = helper.make_model(reduced, opset_imports=model.opset_import, producer_name="retrograd")

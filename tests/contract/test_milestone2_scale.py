@@ -108,7 +108,8 @@ def test_data_parallel_under_mpiexec_equals_one_process_on_the_whole_batch(tmp_p
     if shutil.which("mpiexec") is None or importlib.util.find_spec("mpi4py") is None:
         pytest.skip('needs mpiexec and mpi4py: pip install "retrograd[mpi]"')
     (tmp_path / "train.py").write_text(TRAIN_PY)
-    env = dict(os.environ, OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1")
+    env = dict(os.environ, OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1",
+               OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")   # Open MPI in containers
     done = subprocess.run(["mpiexec", "-n", "2", sys.executable, "train.py", "m"], cwd=tmp_path,
                           capture_output=True, text=True, env=env, timeout=120)
     assert done.returncode == 0, done.stderr
