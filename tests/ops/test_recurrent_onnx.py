@@ -67,3 +67,25 @@ def test_scan_and_zero_step_loop_give_the_numpy_executors_gradients(steps):
     for ours, ref in zip(results[1], results[0]):
         assert ours.shape == ref.shape
         np.testing.assert_allclose(ours, ref, rtol=1e-10, atol=1e-12)
+
+
+def test_a_big_recurrent_weight_is_transposed_once_and_multiplied_from_the_left():
+    """w_hh [256, 1024] (BIG_WEIGHT elements): the forward step runs Gemm(w_hh^T, h, transB=1) and
+    a Transpose, w_hh^T made before the Scan; the numbers are the NumPy executor's."""
+    main, startup = rg.Program(), rg.Program()
+    with rg.program_guard(main, startup):
+        x = rg.data("x", [-1, -1, 8], "float32", stop_gradient=False)
+        h_all, _, _, _ = rg.layers.lstm(x, 256, name="big")
+        loss = rg.sum(h_all * h_all)
+        grads = rg.gradients(loss, [x, main.global_block().var("big.w_hh")])
+    built = build_model(main, [loss.name] + [g.name for g in grads], feed_names=["x"])
+    forward = next(sub for op, _, sub in _graphs(built.model.graph) if op == "Scan")
+    assert [n.op_type for n in forward.node][:2] == ["Gemm", "Transpose"]
+    assert "MatMul" not in [n.op_type for n in forward.node]
+    feed = {"x": np.random.default_rng(1).normal(size=(3, 2, 8)).astype(np.float32)}
+    exe = rg.Executor(backend="numpy")
+    exe.run(startup)
+    engine = rg.Executor(backend="onnxruntime", scope=exe.scope)
+    ref = exe.run(main, feed=feed, fetch_list=[loss] + grads)
+    for ours, want in zip(engine.run(main, feed=feed, fetch_list=[loss] + grads), ref):
+        np.testing.assert_allclose(ours, want, rtol=2e-5, atol=1e-6)
