@@ -33,3 +33,19 @@ class FeedDeviceError(FeedError, BackendError):
 
 class ShapeError(ProgramError):
     """Raised by shape rules; the builder adds which op and variables it concerns."""
+
+
+def kernel_failure(where: str, exc: Exception, inputs=None) -> ExecutionError:
+    """The ExecutionError of an op (``where``: ``op.where()``) whose kernel raised ``exc``; with
+    ``inputs`` ((name, array) pairs; stand-ins of the right shape and dtype will do) it lists
+    them. The executor and the onnxruntime engine's run-time checks word failures with it."""
+    if inputs is None:
+        return ExecutionError(f"{where} failed: {type(exc).__name__}: {exc}")
+    shapes = ", ".join(f"{name}: {_shape_of(array)}" for name, array in inputs)
+    return ExecutionError(f"{where} failed: {type(exc).__name__}: {exc} (inputs: {shapes or 'none'})")
+
+
+def _shape_of(array) -> str:
+    shape = getattr(array, "shape", None)
+    dtype = getattr(array, "dtype", None)
+    return f"{dtype}{list(shape)}" if shape is not None else type(array).__name__

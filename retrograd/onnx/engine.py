@@ -61,6 +61,7 @@ class CompiledSession:
     model: object = None            # the exported onnx.ModelProto (a failed check's values are read from it)
     checks: list = field(default_factory=list)   # the model's run-time checks (onnx/graph.py ``Check``)
     names: object = None            # the model's ``onnx.graph.Names``: which op a failed node lowers
+    all_nodes: list = field(default_factory=list)   # every node lowered: a failed check's values need some
 
 
 def session_options(threads: int = 1):
@@ -220,7 +221,7 @@ class OnnxRuntimeEngine:
         outputs = [o.name for o in session.get_outputs()]
         return CompiledSession(session, feeds, params, outputs, dict(built.outputs), dict(built.written),
                                len(built.model.graph.node), time.perf_counter() - started, run_id,
-                               built.model, list(built.checks), built.names)
+                               built.model, list(built.checks), built.names, built.all_nodes)
 
     # -- run-time checks -----------------------------------------------------------------------
     def _failed_check(self, compiled: CompiledSession, inputs: dict, exc: Exception) -> ExecutionError | None:
@@ -244,7 +245,7 @@ class OnnxRuntimeEngine:
         (built when a check fails, which ends the run: never on the fast path)."""
         import onnxruntime as ort
         from .model import checks_model
-        small = checks_model(compiled.model, payload)
+        small = checks_model(compiled.model, compiled.all_nodes, payload)
         session = ort.InferenceSession(small.SerializeToString(), session_options(self.threads),
                                        providers=self.providers)
         return session.run(list(payload), inputs)

@@ -21,7 +21,7 @@ from .registry import append_op, defop
 from .lowering import lowers
 from .shapes import normalize_axis, require_float
 from .streams import random_key
-from .tensor import INT_DTYPES, check_ids, squeeze, unsqueeze
+from .tensor import INT_DTYPES, check_ids, checked_ids_onnx, squeeze, unsqueeze
 
 
 def _softmax_rule(ins, attrs):
@@ -121,9 +121,10 @@ def _one_hot_like_onnx(g):
 
 
 def _one_hot_onnx_of(g, depth: str, dtype: str) -> str:
-    """``arange(depth) == labels[..., None]`` cast to ``dtype``."""
+    """``arange(depth) == labels[..., None]`` cast to ``dtype`` (labels outside [0, depth): the
+    kernel's error, ``checked_ids_onnx``)."""
     classes = g.node("Range", [g.const(0, "int64"), depth, g.const(1, "int64")])
-    labels = g.node("Unsqueeze", [g.cast(g.ins[0], "int64"), g.const([-1], "int64")])
+    labels = g.node("Unsqueeze", [checked_ids_onnx(g, 0, depth, "label"), g.const([-1], "int64")])
     return g.cast(g.node("Equal", [labels, classes]), dtype)
 
 
@@ -210,7 +211,8 @@ def _softmax_cross_entropy_onnx(g):
     last = g.const([-1], "int64")
     shifted = g.node("Sub", [logits, g.node("ReduceMax", [logits, last], keepdims=1)])
     log_total = g.node("Log", [g.node("ReduceSum", [g.node("Exp", [shifted]), last], keepdims=0)])
-    index = g.node("Unsqueeze", [g.cast(labels, "int64"), last])
+    labels = checked_ids_onnx(g, 1, g.scalar_dim(logits, -1), "label")   # GatherElements wraps -1
+    index = g.node("Unsqueeze", [labels, last])
     picked = g.node("Squeeze", [g.node("GatherElements", [shifted, index], axis=-1), last])
     return [g.node("Sub", [log_total, picked])]
 

@@ -14,7 +14,7 @@ import math
 from typing import Sequence
 
 from .. import backend
-from ..errors import ProgramError, ShapeError
+from ..errors import ProgramError, ShapeError, kernel_failure
 from ..ir.dtypes import canonical, is_float
 from ..ir.program import Var, as_int, as_ints, as_list
 from .creation import zeros_like
@@ -481,9 +481,36 @@ def _gather(k, x, ids):
     return xp.reshape(rows, tuple(ids.shape) + tuple(x.shape[1:]))
 
 
+def checked_ids_onnx(g, i: int, n: str, what: str = "id") -> str:
+    """The op's input ``i`` (ids) as int64, guarded by ``check_ids`` as a run-time check of the
+    model (``g.check``): an entry outside [0, n) (``n``: an int64 scalar) fails the run with the
+    kernel's IndexError, worded as the executor words it. Unchecked, ONNX Gather would wrap
+    negative ids, and a one-hot by comparison would give a row of zeros."""
+    ids = g.ins[i] if g.in_vars[i].dtype == "int64" else g.cast(g.ins[i], "int64")
+    flat = g.node("Reshape", [ids, g.const([-1], "int64")])
+    low = g.node("ReduceMin", [flat], keepdims=0)     # no ids: the identities, int64 max and min
+    high = g.node("ReduceMax", [flat], keepdims=0)
+    failed = g.node("Or", [g.node("Less", [low, g.const(0, "int64")]), g.node("GreaterOrEqual", [high, n])])
+    shapes = [g.shape(value) for value in g.ins]
+    op, dtypes = g.op, [var.dtype for var in g.in_vars]
+
+    def verify(low, high, n, *shapes):      # called only when the check failed: ids are not empty
+        import numpy as np
+        try:
+            check_ids(np, np.array([low, high]), int(n), what)
+        except IndexError as exc:
+            stand_ins = [np.broadcast_to(np.zeros((), dtype=dtype), tuple(int(d) for d in shape))
+                         for dtype, shape in zip(dtypes, shapes)]
+            raise kernel_failure(op.where(), exc, zip(op.inputs, stand_ins)) from None
+
+    ok = g.check(failed, f"{what}s must lie in [0, n)", verify, [low, high, n, *shapes])
+    return g.node("Where", [ok, ids, ids])
+
+
 @lowers("Gather")
 def _gather_onnx(g):
-    return [g.node("Gather", g.ins, axis=0)]
+    x = g.ins[0]
+    return [g.node("Gather", [x, checked_ids_onnx(g, 1, g.scalar_dim(x, 0))], axis=0)]
 
 
 def _gather_grad_rule(ins, attrs):

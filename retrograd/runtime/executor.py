@@ -9,8 +9,10 @@ from typing import Iterator, Mapping, Sequence
 import numpy as np
 
 from ..backends import Backend, backend_for_namespace, dtype_name, get_backend
-from ..errors import BackendError, ExecutionError, FeedDeviceError, FeedError, ProgramError, RetrogradError
+from ..errors import (BackendError, ExecutionError, FeedDeviceError, FeedError, ProgramError, RetrogradError,
+                      kernel_failure)
 from ..ir.program import Block, Program, Var
+from .graphs import GraphRunner
 from .malloc import keep_freed_memory
 from .plan import Plan, compile_block
 from .scope import Scope
@@ -96,11 +98,15 @@ class Executor:
     """
 
     def __init__(self, scope: Scope | None = None, xp=None, backend=None, device: str | None = None,
-                 threads: int | None = None):
+                 threads: int | None = None, graphs: bool = False):
         keep_freed_memory()                # once per process: no page faults per step (runtime/malloc.py)
         self.blas = BlasThreads(threads)   # BLAS threads during each run (runtime/threads.py)
         self.backend = _resolve_backend(xp, backend, device)
         self.xp = self.backend.xp
+        if graphs and not self.backend.has_graphs:
+            raise BackendError(f"Executor(graphs=True) needs a CUDA device (backend \"torch\" with device "
+                               f"\"cuda\", or \"cupy\"), not {self._backend_str()}")
+        self.graphs = GraphRunner(self.backend) if graphs else None
         if scope is None:
             scope = Scope(backend=self.backend)
         elif scope.backend is None:
@@ -154,7 +160,8 @@ class Executor:
         for value in env.values():
             run.meter.hold(value)
         with self.blas.limit(), self.backend.on_device():
-            self.execute(plan, env)
+            fed = frozenset(k.name if isinstance(k, Var) else k for k in (feed or {}))
+            env = self._execute_run(plan, env, fed, scope, fetch)
         for name in plan.persistable_writes:
             if name in env:
                 scope.set(name, env[name])
@@ -172,6 +179,22 @@ class Executor:
             results = [self.backend.to_numpy(r) if self.backend.owns(r) else r for r in results]
         self.last_stats = RunStats(time.perf_counter() - started, run.ops_run, run.meter.peak)
         return results
+
+    def _execute_run(self, plan: Plan, env: dict, fed: frozenset, scope: Scope, fetch: list[str]) -> dict:
+        """Run a top-level plan: eagerly, or replaying its device graph (``graphs=True``)."""
+        graphs = self.graphs
+        if graphs is not None:
+            graphs.last_replayed = False
+            if graphs.why_eager(plan, env, fed, scope) is None:
+                replayed = graphs.run(self, plan, env, fed, scope, fetch)
+                if replayed is not None:
+                    return replayed
+                self._run.meter = MemoryMeter(self.backend.buffer_of)   # the failed capture's counts
+                self._run.ops_run = 0
+                for value in env.values():
+                    self._run.meter.hold(value)
+        self.execute(plan, env)
+        return env
 
     def execute(self, plan: Plan, env: dict) -> None:
         """Run a plan's steps over ``env`` (name -> array), freeing dead values."""
@@ -191,14 +214,12 @@ class Executor:
                 raise
             except (AttributeError, NotImplementedError) as exc:
                 if isinstance(exc, AttributeError) and not _is_namespace(getattr(exc, "obj", None), self.xp):
-                    raise ExecutionError(f"{step.op.where()} failed: {type(exc).__name__}: {exc}") from exc
+                    raise kernel_failure(step.op.where(), exc) from exc
                 # The namespace lacks a function the kernel calls: the op does not run here.
                 raise BackendError(f"{step.op.where()} cannot run on {self._backend_str()}: "
                                    f"{type(exc).__name__}: {exc}") from exc
             except Exception as exc:
-                shapes = ", ".join(f"{n}: {_shape_of(a)}" for n, a in zip(step.inputs, args))
-                raise ExecutionError(f"{step.op.where()} failed: {type(exc).__name__}: {exc} "
-                                     f"(inputs: {shapes or 'none'})") from exc
+                raise kernel_failure(step.op.where(), exc, zip(step.inputs, args)) from exc
             outputs = step.outputs
             if len(outputs) == 1:
                 result = (result,)
@@ -329,12 +350,6 @@ def _fetch_name(item, block: Block) -> str:
     if not isinstance(name, str) or block.find_var(name) is None:
         raise FeedError(f"fetch {item!r} is not a variable of block 0")
     return name
-
-
-def _shape_of(array) -> str:
-    shape = getattr(array, "shape", None)
-    dtype = getattr(array, "dtype", None)
-    return f"{dtype}{list(shape)}" if shape is not None else type(array).__name__
 
 
 def _check_feed(var: Var, value, backend: Backend):

@@ -303,3 +303,44 @@ def test_a_node_that_fails_in_onnxruntime_names_its_op_and_line():
     with pytest.raises(rg.ExecutionError, match=r"test_engine\.py:\d+: op #\d+ Sub in block 0 failed in "
                                                 r"onnxruntime: .*broadcast"):
         exe.run(main, feed=feed, fetch_list=[loss])
+
+
+IDS_OUT_OF_RANGE = {   # (build from a: float64[-1], ids: int64[-1]; feed)
+    "gather high": (lambda a, ids: rg.gather(a, ids), {"a": np.ones(3), "ids": np.array([0, 3])}),
+    "gather negative": (lambda a, ids: rg.gather(a, ids), {"a": np.ones(3), "ids": np.array([1, -1])}),
+    "embedding negative": (lambda a, ids: rg.gather(rg.reshape(a, [3, 1]), ids),
+                           {"a": np.ones(3), "ids": np.array([[-3, 0]])}),
+    "xent label negative": (lambda a, ids: rg.softmax_cross_entropy(rg.unsqueeze(a, 0), rg.slice(ids, [0], [0], [1])),
+                            {"a": np.ones(3), "ids": np.array([-1])}),
+    "xent label high": (lambda a, ids: rg.softmax_cross_entropy(rg.unsqueeze(a, 0), rg.slice(ids, [0], [0], [1])),
+                        {"a": np.ones(3), "ids": np.array([3])}),
+    "one_hot label": (lambda a, ids: rg.one_hot(ids, 2), {"a": np.ones(3), "ids": np.array([0, 2])}),
+    "one_hot negative": (lambda a, ids: rg.one_hot(ids, 2), {"a": np.ones(3), "ids": np.array([-1, 0])}),
+}
+
+
+@pytest.mark.parametrize("name", sorted(IDS_OUT_OF_RANGE))
+def test_ids_outside_the_rows_are_the_kernels_error_word_for_word(name):
+    """Regression (engine): ONNX Gather/GatherElements wrapped negative ids and one-hot by
+    comparison gave zero rows, where the NumPy kernels raise."""
+    build, feed = IDS_OUT_OF_RANGE[name]
+    main = rg.Program()
+    with rg.program_guard(main, rg.Program()):
+        out = build(rg.data("a", [-1], "float64"), rg.data("ids", [-1] * feed["ids"].ndim, "int64"))
+    want, got = _both_raise(main, feed, [out])
+    assert got == want and "is out of range" in got and "block 0 failed: IndexError" in got
+
+
+def test_an_id_check_inside_a_loop_body_names_the_op():
+    main = rg.Program()
+    with rg.program_guard(main, rg.Program()):
+        table, ids = rg.data("table", [4, 2], "float64"), rg.data("ids", [-1], "int64")
+        _, total = rg.while_loop(lambda i, acc: i < 2, lambda i, acc: (i + 1, acc + rg.sum(rg.gather(table, ids))),
+                                 [rg.constant(0), rg.fill([], 0.0, "float64")])
+    feed = {"table": np.ones((4, 2)), "ids": np.array([0, -1])}
+    want, got = _both_raise(main, feed, [total])
+    assert "Gather in block 2 failed: IndexError: id -1" in want       # block 1: the condition
+    assert "Gather in block 2: ids must lie in [0, n)" in got
+    feed["ids"] = np.array([0, 3])
+    got, = rg.Executor(backend="onnxruntime").run(main, feed=feed, fetch_list=[total])
+    assert float(got) == 8.0
