@@ -45,24 +45,27 @@ from retrograd import charlm  # noqa: E402
 CONFIGS = [(50, 64, 512), (50, 32, 128), (1000, 16, 256)]     # (T, N, H) of benchmarks/rnn.py
 TRAIN = dict(hidden=128, embed=64, seq_len=64, batch=32, lr=3e-3, clip_norm=5.0)   # `retrograd train`
 RESULTS = Path(__file__).with_name("RESULTS.md")
-CANDIDATES = [("numpy", None), ("torch", "cpu"), ("torch", "cuda"), ("cupy", "cuda")]
+# (backend, device, graphs): graphs=True replays each run as a CUDA graph (Executor(graphs=True))
+CANDIDATES = [("numpy", None, False), ("torch", "cpu", False), ("torch", "cuda", False),
+              ("torch", "cuda", True), ("cupy", "cuda", False), ("cupy", "cuda", True)]
 
 
-def available_backends() -> list[tuple[str, str | None]]:
-    """(backend, device) pairs that start here; the others are reported with the reason."""
+def available_backends() -> list[tuple[str, str | None, bool]]:
+    """(backend, device, graphs) that start here; the others are reported with the reason."""
     found = []
-    for name, device in CANDIDATES:
+    for name, device, graphs in CANDIDATES:
         try:
-            rg.Executor(backend=name, device=device)
+            rg.Executor(backend=name, device=device, graphs=graphs)
         except rg.BackendError as exc:
-            print(f"skipping {name} {device or ''}: {exc}", flush=True)
+            print(f"skipping {name} {device or ''}{' graphs' if graphs else ''}: {exc}", flush=True)
             continue
-        found.append((name, device))
+        found.append((name, device, graphs))
     return found
 
 
-def _label(name: str, device: str | None) -> str:
-    return f"retrograd {name}" + (f" ({device})" if device else "")
+def _label(name: str, device: str | None, graphs: bool = False) -> str:
+    where = ", ".join(filter(None, [device, "graphs" if graphs else None]))
+    return f"retrograd {name}" + (f" ({where})" if where else "")
 
 
 def _sync(device: str | None) -> None:
@@ -82,7 +85,8 @@ def lstm_problem(t_len: int, n: int, h: int) -> dict:
             "b": rng.uniform(-bound, bound, 4 * h).astype("float32")}
 
 
-def retrograd_lstm(problem: dict, backend: str, device: str | None) -> tuple[Callable, Callable]:
+def retrograd_lstm(problem: dict, backend: str, device: str | None,
+                   graphs: bool = False) -> tuple[Callable, Callable]:
     main, startup = rg.Program(), rg.Program()
     h = problem["w_hh"].shape[0]
     with rg.program_guard(main, startup):
@@ -91,7 +95,7 @@ def retrograd_lstm(problem: dict, backend: str, device: str | None) -> tuple[Cal
         loss = rg.sum(h_all)
         params = [main.global_block().var(f"lstm.{k}") for k in ("w_ih", "w_hh", "b")]
         grads = rg.gradients(loss, [x] + params)
-    exe = rg.Executor(backend=backend, device=device)
+    exe = rg.Executor(backend=backend, device=device, graphs=graphs)
     exe.run(startup)
     for k in ("w_ih", "w_hh", "b"):
         exe.scope.set(f"lstm.{k}", problem[k])
@@ -147,10 +151,11 @@ def bench_lstm(config: tuple[int, int, int], backends, repeats: int) -> list[dic
     reference = retrograd_lstm(problem, "numpy", None)
     want = reference[1]()
     by_device: dict[str, dict[str, Callable]] = {}
-    for name, device in backends:
-        run, results = (reference if name == "numpy" else retrograd_lstm(problem, name, device))
-        check_close(_label(name, device), results(), want)
-        by_device.setdefault(device or "cpu", {})[_label(name, device)] = run
+    for name, device, graphs in backends:
+        run, results = (reference if name == "numpy" else retrograd_lstm(problem, name, device, graphs))
+        for _ in range(3 if graphs else 1):       # graphs: the third run is the first replay
+            check_close(_label(name, device, graphs), results(), want)
+        by_device.setdefault(device or "cpu", {})[_label(name, device, graphs)] = run
     for device, runs in by_device.items():
         peer_run, peer_results = torch_lstm(problem, device)
         check_close(f"torch.nn.LSTM ({device})", peer_results(), want)
@@ -168,10 +173,10 @@ def bench_lstm(config: tuple[int, int, int], backends, repeats: int) -> list[dic
 
 # --- the default training step ----------------------------------------------------------------
 
-def retrograd_step(corpus, backend: str, device: str | None) -> Callable[[int], float]:
+def retrograd_step(corpus, backend: str, device: str | None, graphs: bool = False) -> Callable[[int], float]:
     cfg = charlm.ModelConfig("lstm", TRAIN["hidden"], 1, TRAIN["embed"], None)
     t = charlm.build_training(cfg, TRAIN["seq_len"], "adam", TRAIN["lr"], TRAIN["clip_norm"], seed=0)
-    exe = rg.Executor(backend=backend, device=device)
+    exe = rg.Executor(backend=backend, device=device, graphs=graphs)
     exe.run(t.startup)
 
     def step(i: int) -> float:
@@ -209,13 +214,13 @@ def bench_training(backends, repeats: int, steps_per_round: int) -> list[dict]:
     reference = retrograd_step(corpus, "numpy", None)
     want = [reference(i) for i in range(3)]
     by_device: dict[str, dict[str, Callable]] = {}
-    for name, device in backends:
-        step = reference if name == "numpy" else retrograd_step(corpus, name, device)
+    for name, device, graphs in backends:
+        step = reference if name == "numpy" else retrograd_step(corpus, name, device, graphs)
         if name != "numpy":
             got = [step(i) for i in range(3)]
             if not np.allclose(got, want, rtol=1e-4):
-                raise SystemExit(f"{_label(name, device)}: losses {got} differ from NumPy's {want}")
-        by_device.setdefault(device or "cpu", {})[_label(name, device)] = step
+                raise SystemExit(f"{_label(name, device, graphs)}: losses {got} differ from NumPy's {want}")
+        by_device.setdefault(device or "cpu", {})[_label(name, device, graphs)] = step
     rows = []
     chars = TRAIN["seq_len"] * TRAIN["batch"]
     for device, steps in by_device.items():
@@ -342,7 +347,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
         rows += bench_lstm(config, backends, args.repeats)
         print(f"done {config}", flush=True)
     rows += bench_training(backends, args.repeats, 2 if args.quick else 5)
-    gpus = [f"{n} ({d})" for n, d in backends if d not in (None, "cpu")]
+    gpus = [_label(n, d, g)[len("retrograd "):] for n, d, g in backends if d not in (None, "cpu")]
     gpu_note = (f"GPU backends measured: {', '.join(gpus)}." if gpus else
                 "No GPU was available in this session: only the CPU backends were measured "
                 "(torch-cuda and cupy were skipped).")

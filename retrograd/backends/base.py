@@ -15,6 +15,7 @@ import contextlib
 
 import numpy as np
 
+from ..errors import BackendError
 from . import keyed_random
 
 
@@ -28,6 +29,7 @@ class Backend:
 
     name = "?"
     engine = None         # a factory ``engine(executor)`` for backends that run whole programs
+    has_graphs = False    # whether ``capture_graph`` works (CUDA devices)
 
     def __init__(self, xp, device: str):
         self.xp = xp
@@ -70,6 +72,12 @@ class Backend:
     def device_memory(self) -> int | None:
         """Bytes the library holds on the device now, or None where it does not say (host)."""
         return None
+
+    def capture_graph(self, work):
+        """A device graph of the launches ``work()`` makes, with ``.replay()`` (runtime/graphs.py);
+        only CUDA backends have them."""
+        raise BackendError(f'backend "{self.name}" on {self.device} has no device graphs: they need '
+                           'backend "torch" with device "cuda", or "cupy"')
 
     def on_device(self):
         """The context the executor runs kernels in (CuPy: our device made current; torch:

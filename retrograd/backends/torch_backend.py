@@ -65,6 +65,10 @@ class TorchBackend(Backend):
         xp = Namespace(compat, None if dev.type == "cpu" else dev, matmul=torch.matmul)
         super().__init__(xp, str(dev))
 
+    @property
+    def has_graphs(self) -> bool:
+        return self.torch_device.type == "cuda"
+
     def owns(self, array) -> bool:
         return isinstance(array, self.torch.Tensor)
 
@@ -97,6 +101,16 @@ class TorchBackend(Backend):
         # retrograd differentiates programs itself: torch's autograd bookkeeping (version
         # counters, autograd dispatch) is pure cost here, ~15% of a small LSTM step.
         return self.torch.inference_mode()
+
+    def capture_graph(self, work):
+        """A CUDA graph of ``work()``'s launches (``torch.cuda.CUDAGraph``, with ``.replay()``);
+        its arrays live in the graph's private memory pool."""
+        if self.torch_device.type != "cuda":
+            raise BackendError('device graphs need a CUDA device (backend "torch", device "cuda")')
+        graph = self.torch.cuda.CUDAGraph()
+        with self.torch.cuda.device(self.torch_device), self.torch.cuda.graph(graph):
+            work()
+        return graph
 
     def device_memory(self) -> int | None:
         if self.torch_device.type != "cuda":

@@ -1,0 +1,132 @@
+"""Device graphs: capture a run once, replay it where the feeds' shapes repeat (``Executor(graphs=True)``).
+
+On a GPU a plan of small ops is bound by launching them: Python dispatch and
+one kernel launch per op, tens of thousands per step for a long recurrent
+net. A device graph (CUDA graphs through torch or CuPy) records every launch
+of one run and replays them with one call. What is captured is a run's
+*work*, not its Python, so a replay must need none:
+
+* the arrays a replay reads are the same buffers every time: feeds are
+  copied into fixed device buffers, and the parameters and optimizer state it
+  writes are copied back into the scope's own arrays inside the graph, so
+  the scope keeps its arrays and the next replay reads the new values;
+* nothing may depend on the host between launches: a run that reads a device
+  value on the host (a ``while_loop`` condition, a ``cond`` predicate, a
+  budgeted loop's schedule) fails to capture and stays eager, as does a
+  program with random ops (their keys change every run; a graph would replay
+  one draw).
+
+A plan is run eagerly ``warmup`` times per feed signature before it is
+captured (libraries set up their handles and workspaces there), then it is
+captured and replayed. Replacing a scope value it reads (``scope.set``,
+``load_params``) makes the next run capture anew. The graph's buffers stay
+allocated while the executor lives: memory for launch time.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from ..ir.program import Block
+from ..ops.registry import OPS
+
+
+@dataclass
+class _Entry:
+    eager_runs: int = 0
+    uncapturable: str | None = None      # why this plan and signature stay eager
+    graph: object = None
+    inputs: dict = field(default_factory=dict)      # name -> the array the graph reads
+    outputs: dict = field(default_factory=dict)     # name -> the array the graph leaves its value in
+    ops_run: int = 0
+    peak_bytes: int = 0
+
+
+class GraphRunner:
+    """Per executor: one captured graph per (plan, feed shapes and dtypes, scope)."""
+
+    def __init__(self, backend, warmup: int = 2):
+        self.backend = backend
+        self.warmup = warmup
+        self.entries: dict[tuple, _Entry] = {}
+        self.last_replayed = False
+
+    def why_eager(self, plan, env: dict, fed: frozenset, scope) -> str | None:
+        """Why this run is eager (None: it replays or captures). Keeps the entry for ``run``."""
+        entry = self._entry(plan, env, fed, scope)
+        if entry.uncapturable is not None:
+            return entry.uncapturable
+        if entry.graph is not None and not self._same_inputs(entry, env, fed):
+            entry.graph, entry.eager_runs = None, 0       # a scope value was replaced: capture anew
+        if entry.graph is None and entry.eager_runs < self.warmup:
+            entry.eager_runs += 1
+            return "warming up"
+        return None
+
+    def run(self, executor, plan, env: dict, fed: frozenset, scope, fetch) -> dict | None:
+        """The run's values after replaying (capturing first if needed), or None when the capture
+        failed (the caller then runs eagerly, with a fresh meter)."""
+        entry = self._entry(plan, env, fed, scope)
+        if entry.graph is None and not self._capture(entry, executor, plan, env, fed):
+            return None
+        for name in fed:
+            entry.inputs[name][...] = env[name]
+        entry.graph.replay()
+        self.last_replayed = True
+        run = executor._run
+        run.ops_run, run.meter.peak = entry.ops_run, entry.peak_bytes
+        values = dict(entry.outputs)
+        for name in fetch:            # the next replay overwrites the graph's buffers
+            if name in values:
+                values[name] = self.backend.xp.asarray(values[name], copy=True)
+        return values
+
+    # -- internals -----------------------------------------------------------------------
+    def _entry(self, plan, env: dict, fed: frozenset, scope) -> _Entry:
+        signature = tuple(sorted((n, tuple(env[n].shape), str(env[n].dtype)) for n in fed))
+        key = (id(plan), signature, id(scope))
+        entry = self.entries.get(key)
+        if entry is None:
+            entry = self.entries[key] = _Entry(uncapturable=_random_op(plan))
+        return entry
+
+    @staticmethod
+    def _same_inputs(entry: _Entry, env: dict, fed: frozenset) -> bool:
+        return entry.inputs.keys() == env.keys() and all(
+            env[n] is entry.inputs[n] for n in env if n not in fed)
+
+    def _capture(self, entry: _Entry, executor, plan, env: dict, fed: frozenset) -> bool:
+        xp = self.backend.xp
+        inputs = {n: (xp.asarray(v, copy=True) if n in fed else v) for n, v in env.items()}
+        written = {n: inputs[n] for n in plan.persistable_writes if n in inputs and n not in fed}
+        values = dict(inputs)
+
+        def work():
+            executor.execute(plan, values)
+            for name, array in written.items():       # update the scope's own arrays in place
+                if values.get(name) is not None and values[name] is not array:
+                    array[...] = values[name]
+                    values[name] = array
+
+        run = executor._run
+        try:
+            entry.graph = self.backend.capture_graph(work)
+        except Exception as exc:  # noqa: BLE001 -- any failure to capture means: run eagerly
+            entry.uncapturable = f"not capturable: {type(exc).__name__}: {str(exc)[:200]}"
+            entry.graph = None
+            return False
+        entry.inputs, entry.outputs = inputs, values
+        entry.ops_run, entry.peak_bytes = run.ops_run, run.meter.peak
+        return True
+
+
+def _random_op(plan) -> str | None:
+    """Why a plan with random ops stays eager: a graph would replay one draw every run."""
+    blocks = [plan.block]
+    while blocks:
+        block = blocks.pop()
+        for op in block.ops:
+            opdef = OPS.get(op.type)
+            if opdef is not None and opdef.random:
+                return f"{op.where()} draws random numbers, which change every run"
+            blocks.extend(v for v in op.attrs.values() if isinstance(v, Block))
+    return None

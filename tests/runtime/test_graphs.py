@@ -1,0 +1,116 @@
+"""``Executor(graphs=True)``: runs replayed as CUDA graphs give the eager executor's numbers.
+
+The reference is the NumPy executor running the same program on the same
+feeds; the GPU cases are skipped (with the reason) where no CUDA device is.
+"""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import retrograd as rg
+from retrograd.backends import to_numpy
+
+
+def _cuda_only(backend):
+    if backend.device in (None, "cpu"):
+        pytest.skip("device graphs need a CUDA device (torch cuda or cupy)")
+
+
+def _lm(dropout: float = 0.0):
+    main, startup = rg.Program(), rg.Program()
+    with rg.program_guard(main, startup):
+        chars = rg.data("chars", [-1, -1], dtype="int64")
+        target = rg.data("target", [-1, -1], dtype="int64")
+        emb = rg.layers.embedding(chars, 11, 6, name="emb", dtype="float64")
+        if dropout:
+            emb = rg.dropout(emb, dropout)
+        h_all, _, _, _ = rg.layers.lstm(emb, 8, name="lstm")
+        logits = rg.layers.fc(h_all, 11, name="head")
+        loss = rg.mean(rg.softmax_cross_entropy(logits, target))
+        rg.optim.Adam(0.05, clip_norm=1.0).minimize(loss)
+    return main, startup, loss
+
+
+def _batch(step: int, t_len: int = 7, n: int = 3):
+    rng = np.random.default_rng(step)
+    return {"chars": rng.integers(0, 11, (t_len, n)), "target": rng.integers(0, 11, (t_len, n))}
+
+
+def _train(exe, main, startup, loss, batches):
+    exe.run(startup)
+    return [float(exe.run(main, feed=b, fetch_list=[loss])[0]) for b in batches]
+
+
+def _params(exe, main):
+    return {v.name: to_numpy(exe.scope.get(v.name)) for v in main.list_vars() if v.persistable}
+
+
+def test_graphs_need_a_cuda_device():
+    for kwargs in ({}, {"backend": "torch", "device": "cpu"}):
+        if kwargs and pytest.importorskip("torch") is None:
+            continue
+        with pytest.raises(rg.BackendError, match="needs a CUDA device"):
+            rg.Executor(graphs=True, **kwargs)
+
+
+def test_replayed_training_matches_the_numpy_executor(backend):
+    _cuda_only(backend)
+    main, startup, loss = _lm()
+    batches = [_batch(i) for i in range(6)] + [_batch(i, t_len=4) for i in range(6, 10)]
+    want_exe = rg.Executor()
+    want = _train(want_exe, main, startup, loss, batches)
+    exe = rg.Executor(backend=backend.name, device=backend.device, graphs=True)
+    got = _train(exe, main, startup, loss, batches)
+    assert exe.graphs.last_replayed        # the last runs were replays (after 2 warm-ups per shape)
+    np.testing.assert_allclose(got, want, rtol=1e-10)
+    for name, value in _params(want_exe, main).items():
+        np.testing.assert_allclose(_params(exe, main)[name], value, rtol=1e-9, atol=1e-12, err_msg=name)
+
+
+def test_replacing_a_parameter_is_seen_by_the_next_replay(backend):
+    _cuda_only(backend)
+    main, startup, loss = _lm()
+    exe, want_exe = rg.Executor(backend=backend.name, device=backend.device, graphs=True), rg.Executor()
+    _train(exe, main, startup, loss, [_batch(i) for i in range(4)])
+    _train(want_exe, main, startup, loss, [_batch(i) for i in range(4)])
+    w = np.full((11, 6), 0.1)
+    exe.scope.set("emb.w", w)
+    want_exe.scope.set("emb.w", w)
+    for i in range(4, 8):
+        got, = exe.run(main, feed=_batch(i), fetch_list=[loss])
+        want, = want_exe.run(main, feed=_batch(i), fetch_list=[loss])
+        np.testing.assert_allclose(got, want, rtol=1e-10)
+    assert exe.graphs.last_replayed
+
+
+def test_fetched_arrays_are_not_overwritten_by_the_next_replay(backend):
+    _cuda_only(backend)
+    main, startup, loss = _lm()
+    exe = rg.Executor(backend=backend.name, device=backend.device, graphs=True)
+    exe.run(startup)
+    kept = [exe.run(main, feed=_batch(i), fetch_list=[loss], return_numpy=False)[0] for i in range(5)]
+    values = [float(to_numpy(v)) for v in kept]
+    assert len(set(values)) == 5 and exe.graphs.last_replayed
+
+
+def test_random_ops_and_host_control_flow_stay_eager_and_correct(backend):
+    _cuda_only(backend)
+    main, startup, loss = _lm(dropout=0.3)
+    batches = [_batch(i) for i in range(5)]
+    want = _train(rg.Executor(), main, startup, loss, batches)
+    exe = rg.Executor(backend=backend.name, device=backend.device, graphs=True)
+    np.testing.assert_allclose(_train(exe, main, startup, loss, batches), want, rtol=1e-10)
+    assert not exe.graphs.last_replayed          # dropout draws new masks every run
+
+    loop = rg.Program()
+    with rg.program_guard(loop, rg.Program()):
+        x = rg.data("x", [3], dtype="float64")
+        n = rg.data("n", [], dtype="int64")
+        i0 = rg.constant(0, dtype="int64")
+        _, y = rg.while_loop(lambda i, v: i < n, lambda i, v: (i + 1, v * 1.5), [i0, x])
+    exe = rg.Executor(backend=backend.name, device=backend.device, graphs=True)
+    for trips in (1, 2, 3, 4, 5):
+        got, = exe.run(loop, feed={"x": np.ones(3), "n": np.array(trips)}, fetch_list=[y])
+        np.testing.assert_allclose(got, np.full(3, 1.5 ** trips))
+    assert not exe.graphs.last_replayed          # the condition is read on the host
