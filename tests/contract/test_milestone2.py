@@ -440,3 +440,23 @@ def test_onnxruntime_executor_runs_training_with_the_ordinary_run_api():
                                    rtol=1e-5, atol=1e-7, err_msg=name)
     got, = exe.run(main, feed=feed, fetch_list=[logits])
     assert isinstance(got, np.ndarray) and got.shape == (6, 4)
+    assert exe.last_stats.peak_bytes > 0
+
+
+def test_onnxruntime_executor_saves_and_loads_the_same_parameter_files(tmp_path):
+    pytest.importorskip("onnxruntime")
+    main, startup, _, logits, loss = _classifier(rg.optim.Adam(1e-2))
+    feed = {"x": XB, "labels": LABELS}
+    exe = rg.Executor(backend="onnxruntime")
+    exe.run(startup)
+    exe.run(main, feed=feed, fetch_list=[loss])
+    rg.save_params(exe.scope, tmp_path / "ort.npz", main)
+    host = rg.Executor()
+    rg.load_params(host.scope, tmp_path / "ort.npz", main)
+    back = rg.Executor(backend="onnxruntime")
+    rg.load_params(back.scope, tmp_path / "ort.npz", main)
+    a, = host.run(main, feed=feed, fetch_list=[loss])
+    b, = back.run(main, feed=feed, fetch_list=[loss])
+    c, = exe.run(main, feed=feed, fetch_list=[loss])
+    np.testing.assert_allclose(a, c, rtol=1e-5)
+    np.testing.assert_allclose(b, c, rtol=1e-5)
