@@ -211,13 +211,12 @@ def _empty(xp, like):
 def _batched_rows(bstep) -> list:
     """[shape, dtype] per step of each value the backward keeps per step of a segment for the
     gradients batched over time (``TimeBatches``): they count in the budget like the tape."""
-    rows, seen = [], set()
+    rows = []
     for _, kind, ref, d in bstep.batched:
         names = [d] + ([ref] if kind == "value" and ref not in bstep.saved else [])
         for name in names:
             var = bstep.block.find_var(name)
-            if var is not None and name not in seen:   # TimeBatches keeps one buffer per name
-                seen.add(name)                          # (an LSTM's d(gates) serves w_ih and w_hh)
+            if var is not None:
                 rows.append([list(var.shape), var.dtype])
     return rows
 

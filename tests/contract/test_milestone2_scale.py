@@ -324,9 +324,9 @@ def test_train_recompute_takes_byte_sizes_with_suffixes(tmp_path):
     assert bad.returncode != 0 and "96Q" in bad.stderr and "Traceback" not in bad.stderr
 
 
-@pytest.mark.xfail(strict=True, reason="the default model's LSTM needs 163,840 B for one taped step "
-                   "(its per-step input projection and time-batched d(gates) buffer are counted since "
-                   "3d3f446/baf9230); 96K was the minimum before. README shows --recompute 256K")
+@pytest.mark.xfail(strict=True, reason="the default model's LSTM needs 229,376 B for one taped step "
+                   "(its time-batched gradient buffers are counted since 3d3f446, the per-step input "
+                   "projection since baf9230); 96K was the minimum before. README shows --recompute 256K")
 def test_train_recompute_96k_at_the_default_sizes(tmp_path):
     done = _retrograd("train", "--recompute", "96K", "--steps", "1", "--save", "r.npz", "--no-plot",
                       "--sample-len", "10", cwd=tmp_path)
