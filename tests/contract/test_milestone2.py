@@ -422,6 +422,28 @@ def test_onnx_if_stays_if_and_loops_become_loops_that_run_zero_times(tmp_path):
             np.testing.assert_allclose(g, w, rtol=1e-5, atol=1e-6, err_msg=f"{trips} iterations")
 
 
+def test_onnx_recurrent_layers_and_their_gradients_run_for_zero_steps(tmp_path):
+    onnxruntime = pytest.importorskip("onnxruntime")
+    main, startup = rg.Program(), rg.Program()
+    with rg.program_guard(main, startup):
+        x = rg.data("x", [-1, -1, 8])                     # [T, N, 8]
+        x.stop_gradient = False
+        h_all, h_last, _, _ = rg.layers.lstm(x, 16, name="lstm")
+        loss = rg.sum(h_all * h_all) + rg.sum(h_last)
+        dx, dw = rg.gradients(loss, [x, main.global_block().var("lstm.w_hh")])
+    exe = rg.Executor()
+    exe.run(startup)
+    rg.onnx.export(main, tmp_path / "lstm.onnx", fetch_list=[h_all, h_last, dx, dw], scope=exe.scope)
+    sess = onnxruntime.InferenceSession(str(tmp_path / "lstm.onnx"))
+    for T in (0, 1, 4):
+        xb = np.random.default_rng(T).standard_normal((T, 3, 8)).astype("float32")
+        got = sess.run([v.name for v in (h_all, h_last, dx, dw)], {"x": xb})
+        want = exe.run(main, feed={"x": xb}, fetch_list=[h_all, h_last, dx, dw])
+        for g, w in zip(got, want):
+            assert g.shape == w.shape
+            np.testing.assert_allclose(g, w, rtol=1e-5, atol=1e-6, err_msg=f"T={T}")
+
+
 def test_onnxruntime_executor_runs_training_with_the_ordinary_run_api():
     pytest.importorskip("onnxruntime")
     main, startup, h, logits, loss = _classifier(rg.optim.Adam(1e-2), dropout=0.25)
