@@ -61,6 +61,16 @@ class Backend:
         raise NotImplementedError
 
     # -- what the Array API lacks (library-specific) ----------------------------------
+    def matmul(self, x, y, transpose_x: bool = False, transpose_y: bool = False):
+        """``x @ y`` with either operand's last two axes transposed first (the ``MatMul`` kernel);
+        a backend overrides it where its BLAS is faster at a product written another way."""
+        xp = self.xp
+        if transpose_x:
+            x = xp.matrix_transpose(x) if hasattr(xp, "matrix_transpose") else xp.swapaxes(x, -1, -2)
+        if transpose_y:
+            y = xp.matrix_transpose(y) if hasattr(xp, "matrix_transpose") else xp.swapaxes(y, -1, -2)
+        return xp.matmul(x, y)
+
     def scatter_add_rows(self, shape, dtype: str, ids, rows):
         """zeros(shape) with ``rows[i]`` added into row ``ids[i]`` (repeated ids accumulate)."""
         raise NotImplementedError

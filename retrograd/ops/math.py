@@ -609,12 +609,7 @@ def _matmul_grad(g):
 
 @defop("MatMul", inputs=("x", "y"), infer=_matmul_rule, grad=_matmul_grad)
 def _matmul(k, x, y):
-    xp = k.xp
-    if k.attrs.get("transpose_x"):
-        x = xp.matrix_transpose(x) if hasattr(xp, "matrix_transpose") else xp.swapaxes(x, -1, -2)
-    if k.attrs.get("transpose_y"):
-        y = xp.matrix_transpose(y) if hasattr(xp, "matrix_transpose") else xp.swapaxes(y, -1, -2)
-    return xp.matmul(x, y)
+    return k.backend.matmul(x, y, bool(k.attrs.get("transpose_x")), bool(k.attrs.get("transpose_y")))
 
 
 @lowers("MatMul")

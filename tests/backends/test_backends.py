@@ -99,6 +99,19 @@ def test_scatter_add_rows_accumulates_repeated_ids(backend):
     np.testing.assert_array_equal(be.to_numpy(empty), np.zeros((4, 5)))
 
 
+@pytest.mark.parametrize("rows", [3, 64, 65, 200])    # around NumPy's SMALL_ROWS (written another way)
+@pytest.mark.parametrize("tx, ty", [(False, False), (True, False), (False, True), (True, True)])
+def test_matmul_with_transposed_operands(backend, rows, tx, ty):
+    be = _backend_of(backend)
+    rng = np.random.default_rng(1)
+    x = rng.standard_normal((rows, 7) if not tx else (7, rows)).astype(np.float32)
+    y = rng.standard_normal((7, 9) if not ty else (9, 7)).astype(np.float32)
+    expected = (x.T if tx else x).astype(np.float64) @ (y.T if ty else y).astype(np.float64)
+    got = be.to_numpy(be.matmul(be.from_numpy(x), be.from_numpy(y), tx, ty))
+    assert got.shape == (rows, 9) and got.dtype == np.float32 and got.flags.c_contiguous
+    np.testing.assert_allclose(got, expected, rtol=1e-5, atol=1e-5)
+
+
 def test_views_share_a_buffer_and_copies_do_not(backend):
     be = _backend_of(backend)
     a = be.from_numpy(np.zeros((4, 6)))
