@@ -87,7 +87,7 @@ class Backend:
         """A device graph of the launches ``work()`` makes, with ``.replay()`` (runtime/graphs.py);
         only CUDA backends have them."""
         raise BackendError(f'backend "{self.name}" on {self.device} has no device graphs: they need '
-                           'backend "torch" with device "cuda", or "cupy"')
+                           'backend "torch" with device "cuda" (CuPy cannot capture cuBLAS calls)')
 
     def on_device(self):
         """The context the executor runs kernels in (CuPy: our device made current; torch:

@@ -42,7 +42,6 @@ def _device_index(device: str | None) -> int:
 
 class CupyBackend(Backend):
     name = "cupy"
-    has_graphs = True
 
     def __init__(self, device: str | None = None):
         index = _device_index(device)
@@ -79,20 +78,6 @@ class CupyBackend(Backend):
             self.cupy.add.at(out, ids, rows.reshape((ids.shape[0],) + tuple(shape[1:])))
         return out
 
-    def capture_graph(self, work):
-        """A CUDA graph of ``work()``'s launches, with ``.replay()``. Its arrays come from a memory
-        pool of its own, so blocks it freed while capturing are never handed to anyone else."""
-        cupy = self.cupy
-        pool = cupy.cuda.MemoryPool()
-        stream = cupy.cuda.Stream(non_blocking=True)
-        with self.cuda_device, cupy.cuda.using_allocator(pool.malloc), stream:
-            stream.begin_capture(cupy.cuda.runtime.streamCaptureModeRelaxed)
-            try:
-                work()
-            finally:
-                graph = stream.end_capture()
-        return _CupyGraph(graph, stream, pool, self.cuda_device)
-
     def buffer_of(self, array) -> tuple[int, int]:
         memory = array.data.mem
         if memory is None:                 # an empty array owns no allocation
@@ -110,14 +95,3 @@ class CupyBackend(Backend):
     def on_device(self):
         return self.cuda_device
 
-
-class _CupyGraph:
-    """A captured CuPy graph. It is launched on the current (default) stream, so it runs after the
-    feeds were copied in and before anything reads its results."""
-
-    def __init__(self, graph, stream, pool, device):
-        self.graph, self.stream, self.pool, self.device = graph, stream, pool, device
-
-    def replay(self) -> None:
-        with self.device:
-            self.graph.launch()

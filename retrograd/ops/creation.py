@@ -32,7 +32,11 @@ def _static_shape(shape: Sequence[int], what: str) -> list[int]:
 @defop("Constant", inputs=(), infer=_attr_shape)
 def _constant(k):
     """A value fixed in the program (stored in its attributes)."""
-    return k.xp.asarray(np.asarray(k.attrs["value"], dtype=k.attrs["dtype"]).reshape(k.attrs["shape"]))
+    # Moved to the device once per plan, not per run: kernels never write into their inputs,
+    # and a device graph cannot copy from the host while it is captured (runtime/graphs.py).
+    if k.cached is None:
+        k.cached = k.xp.asarray(np.asarray(k.attrs["value"], dtype=k.attrs["dtype"]).reshape(k.attrs["shape"]))
+    return k.cached
 
 
 @lowers("Constant")

@@ -96,8 +96,8 @@ def log_softmax(x: Var, axis: int = -1) -> Var:
 
 # --- One-hot -----------------------------------------------------------------------
 
-def _one_hot(xp, labels, depth: int, dtype):
-    check_ids(xp, labels, depth, "label")
+def _one_hot(xp, labels, depth: int, dtype, k=None):
+    labels = check_ids(xp, labels, depth, "label", k)
     hot = xp.arange(depth, dtype=labels.dtype) == xp.expand_dims(labels, axis=-1)
     return xp.astype(hot, dtype)
 
@@ -112,7 +112,7 @@ def _one_hot_like_rule(ins, attrs):
        grad=lambda g: [None, None])
 def _one_hot_like(k, labels, like):
     """One-hot rows of ``labels`` with as many classes as ``like``'s last axis, in its dtype."""
-    return _one_hot(k.xp, labels, like.shape[-1], like.dtype)
+    return _one_hot(k.xp, labels, like.shape[-1], like.dtype, k)
 
 
 @lowers("OneHotLike")
@@ -142,7 +142,7 @@ def _one_hot_rule(ins, attrs):
 
 @defop("OneHot", inputs=("labels",), infer=_one_hot_rule, nondiff=(0,), grad=lambda g: [None])
 def _one_hot_op(k, labels):
-    return _one_hot(k.xp, labels, k.attrs["depth"], backend.dtype_of(k.xp, k.attrs["dtype"]))
+    return _one_hot(k.xp, labels, k.attrs["depth"], backend.dtype_of(k.xp, k.attrs["dtype"]), k)
 
 
 @lowers("OneHot")
@@ -198,7 +198,7 @@ def _softmax_cross_entropy(k, logits, labels):
     if tuple(labels.shape) != tuple(logits.shape[:-1]):
         raise ValueError(f"labels have shape {list(labels.shape)}, logits {list(logits.shape)}: "
                          "labels must have the logits' shape without the class axis")
-    hot = _one_hot(xp, labels, logits.shape[-1], xp.bool)
+    hot = _one_hot(xp, labels, logits.shape[-1], xp.bool, k)
     shifted = _shifted(xp, logits, -1)
     log_total = xp.log(xp.sum(xp.exp(shifted), axis=-1))
     picked = xp.sum(xp.where(hot, shifted, xp.zeros_like(shifted)), axis=-1)

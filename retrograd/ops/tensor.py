@@ -461,11 +461,28 @@ def _gather_rule(ins, attrs):
     return [(ids.shape + x.shape[1:], x.dtype)]
 
 
-def check_ids(xp, ids, n: int, what: str = "id") -> None:
-    """Raise IndexError unless every entry of ``ids`` lies in ``[0, n)``."""
+def check_ids(xp, ids, n: int, what: str = "id", k=None):
+    """``ids``, after raising IndexError unless every entry lies in ``[0, n)``.
+
+    While a device graph is captured (``k.run.deferred_checks`` is a list) the host may not
+    read the device: the range goes into that list, checked after each replay
+    (runtime/graphs.py), and the ids are clipped so that a bad one cannot make the graph read
+    outside ``[0, n)``."""
     if math.prod(ids.shape) == 0:
-        return
-    low, high = int(xp.min(ids)), int(xp.max(ids))
+        return ids
+    checks = None if k is None else k.run.deferred_checks
+    if checks is not None:
+        checks.append((k.op, xp.min(ids), xp.max(ids), n, what))
+        # Operators with Python numbers, not clip: array_api_compat's CuPy clip indexes by a
+        # mask (a host read), and torch would copy its bounds from the host.
+        ids = ids * (ids >= 0)
+        return ids - (ids >= n) * (ids - (n - 1))
+    check_id_range(int(xp.min(ids)), int(xp.max(ids)), n, what)
+    return ids
+
+
+def check_id_range(low: int, high: int, n: int, what: str = "id") -> None:
+    """Raise IndexError unless ``[low, high]`` lies in ``[0, n)``."""
     if low < 0 or high >= n:
         bad = low if low < 0 else high
         raise IndexError(f"{what} {bad} is out of range [0, {n})")
@@ -476,7 +493,7 @@ def check_ids(xp, ids, n: int, what: str = "id") -> None:
 def _gather(k, x, ids):
     """Rows of ``x`` picked by ``ids`` (any shape): out = ids.shape + x.shape[1:]."""
     xp = k.xp
-    check_ids(xp, ids, x.shape[0])
+    ids = check_ids(xp, ids, x.shape[0], k=k)
     rows = xp.take(x, xp.reshape(ids, (-1,)), axis=0)
     return xp.reshape(rows, tuple(ids.shape) + tuple(x.shape[1:]))
 
@@ -497,7 +514,7 @@ def checked_ids_onnx(g, i: int, n: str, what: str = "id") -> str:
     def verify(low, high, n, *shapes):      # called only when the check failed: ids are not empty
         import numpy as np
         try:
-            check_ids(np, np.array([low, high]), int(n), what)
+            check_id_range(int(low), int(high), int(n), what)
         except IndexError as exc:
             stand_ins = [np.broadcast_to(np.zeros((), dtype=dtype), tuple(int(d) for d in shape))
                          for dtype, shape in zip(dtypes, shapes)]

@@ -38,6 +38,7 @@ class RunContext:
         self.ops_run = 0
         self.scope: Scope | None = None
         self.rng_path: tuple[int, ...] = ()
+        self.deferred_checks: list | None = None    # a list while a device graph is captured
 
     @contextmanager
     def random_stream(self, stream: tuple[int, int] | None) -> Iterator[None]:
@@ -104,8 +105,8 @@ class Executor:
         self.backend = _resolve_backend(xp, backend, device)
         self.xp = self.backend.xp
         if graphs and not self.backend.has_graphs:
-            raise BackendError(f"Executor(graphs=True) needs a CUDA device (backend \"torch\" with device "
-                               f"\"cuda\", or \"cupy\"), not {self._backend_str()}")
+            raise BackendError(f"Executor(graphs=True) needs a CUDA device of backend \"torch\" (CuPy cannot "
+                               f"capture cuBLAS calls), not {self._backend_str()}")
         self.graphs = GraphRunner(self.backend) if graphs else None
         if scope is None:
             scope = Scope(backend=self.backend)

@@ -8,8 +8,12 @@ of one run and replays them with one call. What is captured is a run's
 
 * the arrays a replay reads are the same buffers every time: feeds are
   copied into fixed device buffers, and the parameters and optimizer state it
-  writes are copied back into the scope's own arrays inside the graph, so
-  the scope keeps its arrays and the next replay reads the new values;
+  writes are copied back into the scope's own arrays after the replay, so the
+  scope keeps its arrays and the next replay reads the new values;
+* checks that read the device (ids in range for ``Gather``, labels for
+  ``softmax_cross_entropy``) are deferred: their ranges are read back after
+  the replay, in one transfer, and a failure raises the eager run's
+  ``ExecutionError`` before anything is copied back into the scope;
 * nothing may depend on the host between launches: a run that reads a device
   value on the host (a ``while_loop`` condition, a ``cond`` predicate, a
   budgeted loop's schedule) fails to capture and stays eager, as does a
@@ -26,8 +30,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from ..errors import kernel_failure
 from ..ir.program import Block
 from ..ops.registry import OPS
+from ..ops.tensor import check_id_range
 
 
 @dataclass
@@ -39,6 +45,9 @@ class _Entry:
     outputs: dict = field(default_factory=dict)     # name -> the array the graph leaves its value in
     ops_run: int = 0
     peak_bytes: int = 0
+    copy_back: list = field(default_factory=list)   # (scope array, the graph's new value)
+    checks: list = field(default_factory=list)      # (op, n, what) of each deferred id check
+    check_ranges: object = None                      # their [low, high] rows, refreshed per replay
 
 
 class GraphRunner:
@@ -72,6 +81,9 @@ class GraphRunner:
             entry.inputs[name][...] = env[name]
         entry.graph.replay()
         self.last_replayed = True
+        _raise_failed_checks(entry, self.backend)
+        for array, new in entry.copy_back:
+            array[...] = new
         run = executor._run
         run.ops_run, run.meter.peak = entry.ops_run, entry.peak_bytes
         values = dict(entry.outputs)
@@ -99,24 +111,47 @@ class GraphRunner:
         inputs = {n: (xp.asarray(v, copy=True) if n in fed else v) for n, v in env.items()}
         written = {n: inputs[n] for n in plan.persistable_writes if n in inputs and n not in fed}
         values = dict(inputs)
+        run = executor._run
+        checks: list = []
+        ranges: list = []
 
         def work():
             executor.execute(plan, values)
-            for name, array in written.items():       # update the scope's own arrays in place
-                if values.get(name) is not None and values[name] is not array:
-                    array[...] = values[name]
-                    values[name] = array
+            if checks:                                # one array of every check's [low, high]
+                ranges.append(xp.stack([xp.astype(xp.stack([low, high]), xp.int64)
+                                        for _, low, high, _, _ in checks]))
 
-        run = executor._run
+        run.deferred_checks = checks
         try:
             entry.graph = self.backend.capture_graph(work)
         except Exception as exc:  # noqa: BLE001 -- any failure to capture means: run eagerly
             entry.uncapturable = f"not capturable: {type(exc).__name__}: {str(exc)[:200]}"
             entry.graph = None
             return False
+        finally:
+            run.deferred_checks = None
+        # New values of the parameters and optimizer state are copied into the scope's own arrays
+        # after each replay whose checks passed (a failed run leaves the scope as it was).
+        entry.copy_back = [(array, values[name]) for name, array in written.items()
+                           if values.get(name) is not None and values[name] is not array]
+        for name, array in written.items():
+            values[name] = array
+        entry.checks = [(op, n, what) for op, _, _, n, what in checks]
+        entry.check_ranges = ranges[0] if ranges else None
         entry.inputs, entry.outputs = inputs, values
         entry.ops_run, entry.peak_bytes = run.ops_run, run.meter.peak
         return True
+
+
+def _raise_failed_checks(entry: _Entry, backend) -> None:
+    """The ExecutionError an eager run gives, for the first id check the replay failed."""
+    if entry.check_ranges is None:
+        return
+    for (op, n, what), (low, high) in zip(entry.checks, backend.to_numpy(entry.check_ranges).tolist()):
+        try:
+            check_id_range(low, high, n, what)
+        except IndexError as exc:
+            raise kernel_failure(op.where(), exc) from None
 
 
 def _random_op(plan) -> str | None:

@@ -22,7 +22,7 @@ class KernelCtx:
     executor drops it at once.
     """
 
-    __slots__ = ("xp", "backend", "attrs", "op", "run", "live_outputs")
+    __slots__ = ("xp", "backend", "attrs", "op", "run", "live_outputs", "cached")
 
     def __init__(self, backend, op: Op, run, live_outputs: frozenset[int] | None = None):
         self.xp = backend.xp
@@ -31,6 +31,7 @@ class KernelCtx:
         self.op = op
         self.run = run
         self.live_outputs = frozenset(range(len(op.outputs))) if live_outputs is None else live_outputs
+        self.cached = None      # a kernel's own value kept between runs of the plan (Constant's array)
 
 
 @dataclass
