@@ -507,15 +507,19 @@ def reading_notes(rows: list[dict]) -> list[str]:
         "What retrograd runs: the input projection as one GEMM before the loop (`SeqLinear`, bias "
         "added in place); per step `MatMul` + the fused `LSTMUnit` (which adds `h @ w_hh` itself) "
         "forward and `LSTMUnitGrad` + `MatMul` backward (the gate activations are kept from the forward, not recomputed); "
-        "`w_hh`'s gradient batched over time by the RecurrentNetwork op as one GEMM. The remaining "
-        "gap to NumPy is the executor's per-op dispatch, the op's per-step copies into its "
-        "[T, ...] buffers, and kernels that allocate their results where tuned NumPy writes in "
-        "place; it shows most at small sizes (T=50, N=32, H=128), where arithmetic is cheap.",
+        "`w_hh`'s gradient batched over time by the RecurrentNetwork op as one GEMM; the backward "
+        "step's `dgates @ w_hh.T` as `(w_hh @ dgates.T).T` (OpenBLAS is slow with a transposed "
+        "right operand when the left one has few rows; the hand-written versions keep `@ w_hh.T`). "
+        "The remaining gap to NumPy is the executor's per-op dispatch, the op's per-step copies "
+        "into its [T, ...] buffers, and kernels that allocate their results where tuned NumPy "
+        "writes in place; it shows most at small sizes (T=50, N=32, H=128), where arithmetic is cheap.",
         "Peak memory: retrograd keeps per step the gate activations [N, 4H] and the states in one "
         "(T+1)-long tensor each; the NumPy reference also keeps tanh(c), hence its slightly larger peak.",
-        "Noise: on this shared 2-core VM, repeated runs vary by about +-15%, and first touches of "
-        "freshly mapped memory are expensive (both implementations allocate several [T, N, 4H] "
-        "buffers per run). With two BLAS threads, small per-step GEMMs waiting for a busy core made "
+        "Noise: on this shared 2-core VM, repeated runs vary by about +-15%. First touches of "
+        "freshly mapped memory are expensive (every implementation allocates several [T, N, 4H] "
+        "buffers per run); the first `rg.Executor` tunes glibc's malloc to keep freed memory for "
+        "the whole process (`retrograd/runtime/malloc.py`), so the NumPy and PyTorch versions here "
+        "run with it too. With two BLAS threads, small per-step GEMMs waiting for a busy core made "
         "timings 2-25x slower and erratic, hence one thread.",
     ]
 
