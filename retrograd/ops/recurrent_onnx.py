@@ -31,7 +31,7 @@ def forward_loop_onnx(g, attrs: dict, lay: RnnLayout, saved: Sequence[str],
     states = [step.var(n) for n in attrs["states"]]
     types = ([(v.dtype, v.ndim + 1) for v in states] + [(v.dtype, v.ndim) for v in states]
              + [(step.var(n).dtype, step.var(n).ndim + 1) for n in saved])
-    outs = _if_steps(g, g.ins[0], first, types,
+    outs = _if_steps(g, lay.split(g.ins)[0][0], first, types,
                      lambda b: _flat(_forward_scan(b, attrs, lay, saved)),
                      lambda b: _flat(_forward_loop(b, attrs, lay, saved, first)))
     return outs[:k], outs[k:2 * k], outs[2 * k:]
@@ -82,7 +82,7 @@ def backward_loop_onnx(g, attrs: dict, lay: RnnLayout, alls: list, saved: list, 
     n_seq, start = lay.n_seq, lay.outer_start
     types = [(v.dtype, v.ndim) for v in (seq_vars[p] if p < n_seq else init_vars[p - n_seq] if p < start
                                          else outer_vars[p - start] for p in attrs["grad_of"])]
-    return _if_steps(g, g.ins[0], None, types,
+    return _if_steps(g, lay.split(g.ins)[0][0], None, types,
                      lambda b: _backward_scan(b, attrs, lay, alls, saved, saved_names, d_all, d_last),
                      lambda b: _backward_loop(b, attrs, lay, alls, saved, saved_names, d_all, d_last))
 
