@@ -18,7 +18,6 @@ Formulas follow PyTorch (``torch.optim``), so results agree step by step:
 """
 from __future__ import annotations
 
-import math
 
 from ..errors import ShapeError
 from ..ir.program import Var
@@ -141,12 +140,15 @@ def adam_math(k, param, grad, m, v, step) -> tuple:
     a = k.attrs
     b1, b2 = a["beta1"], a["beta2"]
     grad = _decayed(k, param, grad)
+    xp = k.xp
     step = step + 1
-    t = int(step[0])
+    # The bias corrections in float64 on the device, rounded once to the parameter's dtype (as a
+    # Python float would be): reading the step on the host would stop a device graph's capture.
+    t = xp.reshape(xp.astype(step, xp.float64), ())
     m = b1 * m + (1.0 - b1) * grad
     v = b2 * v + (1.0 - b2) * (grad * grad)
-    step_size = a["lr"] / (1.0 - b1 ** t)
-    denom = k.xp.sqrt(v) / math.sqrt(1.0 - b2 ** t) + a["eps"]
+    step_size = xp.astype(a["lr"] / (1.0 - b1 ** t), param.dtype)
+    denom = xp.sqrt(v) / xp.astype(xp.sqrt(1.0 - b2 ** t), v.dtype) + a["eps"]
     return param - step_size * (m / denom), m, v, step
 
 

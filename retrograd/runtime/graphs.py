@@ -40,6 +40,7 @@ from ..ops.tensor import check_id_range
 class _Entry:
     eager_runs: int = 0
     uncapturable: str | None = None      # why this plan and signature stay eager
+    failure: object = None               # the exception that stopped the capture
     graph: object = None
     inputs: dict = field(default_factory=dict)      # name -> the array the graph reads
     outputs: dict = field(default_factory=dict)     # name -> the array the graph leaves its value in
@@ -115,8 +116,14 @@ class GraphRunner:
         checks: list = []
         ranges: list = []
 
+        failures: list = []
+
         def work():
-            executor.execute(plan, values)
+            try:
+                executor.execute(plan, values)
+            except Exception as exc:   # the capture's own error afterwards only says it was invalidated
+                failures.append(exc)
+                raise
             if checks:                                # one array of every check's [low, high]
                 ranges.append(xp.stack([xp.astype(xp.stack([low, high]), xp.int64)
                                         for _, low, high, _, _ in checks]))
@@ -125,7 +132,9 @@ class GraphRunner:
         try:
             entry.graph = self.backend.capture_graph(work)
         except Exception as exc:  # noqa: BLE001 -- any failure to capture means: run eagerly
-            entry.uncapturable = f"not capturable: {type(exc).__name__}: {str(exc)[:200]}"
+            first = failures[0] if failures else exc
+            entry.uncapturable = f"not capturable: {type(first).__name__}: {first}"
+            entry.failure = first
             entry.graph = None
             return False
         finally:
