@@ -41,8 +41,9 @@ def test_freed_step_arrays_are_reused_without_page_faults():
     tuned, faults = _run()
     default, default_faults = _run(RETROGRAD_MALLOC="default")
     assert tuned and not default
-    # untuned: each 4 MiB temporary is fresh pages (~1,000 faults each); tuned: reused heap memory
-    assert default_faults > 1000
+    # untuned: the 4 MiB temporaries come back as fresh pages (~1,500 faults per run here);
+    # tuned: reused heap memory
+    assert default_faults > 500
     assert faults < 50
 
 
