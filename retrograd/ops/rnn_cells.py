@@ -547,6 +547,16 @@ def _seq_linear(k, x, w, *bias):
 @lowers("SeqLinear")
 def _seq_linear_onnx(g):
     x, w, *bias = g.ins
+    d_in, d_out = g.in_vars[1].shape
+    if len(bias) == 1 and not g.attrs["transpose_w"] and 0 <= d_in < d_out:
+        # the bias as the product's last term, [x, 1] @ [w; b]: onnxruntime then makes no second
+        # pass over the [..., K] output (an input projection [64, 32, 64] @ [64, 512]: 1.03 ->
+        # 0.79 ms); worth it while x (copied once, with its ones) is narrower than the output
+        dtype = g.in_vars[0].dtype
+        ones = g.fill(g.node("Concat", [g.node("Shape", [x], end=-1), g.const([1], "int64")], axis=0), 1, dtype)
+        return [g.node("MatMul", [g.node("Concat", [x, ones], axis=-1),
+                                  g.node("Concat", [w, g.node("Unsqueeze", [bias[0], g.const([0], "int64")])],
+                                         axis=0)])]
     if g.attrs["transpose_w"]:
         w = g.node("Transpose", [w], perm=[1, 0])
     out = g.node("MatMul", [x, w])

@@ -166,3 +166,24 @@ def test_normal_draws_inside_a_loop_change_per_iteration_like_the_executor():
         got, = sess.run(None, {"n": np.array(trips)})
         want, = exe.run(main, feed={"n": np.array(trips)}, fetch_list=[acc])
         assert np.array_equal(got, want)
+
+
+@pytest.mark.parametrize("d_in, d_out", [(3, 8), (8, 3)])
+def test_seq_linear_bias_is_the_products_last_term_when_the_input_is_narrower(d_in, d_out):
+    """[x, 1] @ [w; b] (no Add pass over the output) only where x is narrower than the output;
+    either way onnxruntime gives x @ w + b as NumPy computes it."""
+    main = rg.Program()
+    with rg.program_guard(main, rg.Program()):
+        x = rg.data("x", [-1, -1, d_in], "float32")
+        w = rg.data("w", [d_in, d_out], "float32")
+        b = rg.data("b", [d_out], "float32")
+        y = rg.seq_linear(x, w, b)
+    model = build_model(main, [y.name], feed_names=["x", "w", "b"]).model
+    types = [n.op_type for n in model.graph.node]
+    assert ("Add" not in types) == (d_in < d_out)
+    r = np.random.default_rng(3)
+    feed = {"x": r.standard_normal((4, 5, d_in)).astype(np.float32),
+            "w": r.standard_normal((d_in, d_out)).astype(np.float32),
+            "b": r.standard_normal(d_out).astype(np.float32)}
+    got, = ort.InferenceSession(model.SerializeToString()).run(None, feed)
+    np.testing.assert_allclose(got, feed["x"] @ feed["w"] + feed["b"], rtol=1e-5, atol=1e-6)
