@@ -539,6 +539,8 @@ def _gather_grad_rule(ins, attrs):
        grad=lambda g: [gather(g.dy, g.x[1]), None, None])
 def _gather_grad(k, dy, ids, x):
     """Zeros shaped like ``x`` with each row of ``dy`` added into row ``ids[i]`` (repeats add up)."""
+    if k.run.deferred_checks is not None:     # capturing a graph: the forward's check is deferred
+        ids = check_ids(k.xp, ids, x.shape[0], k=k)
     return k.backend.scatter_add_rows(x.shape, backend.dtype_name(dy.dtype), ids, dy)
 
 
