@@ -82,6 +82,9 @@ def add_train_arguments(parser: argparse.ArgumentParser) -> None:
         help="array library that runs the program (default: numpy; torch and cupy run on GPUs)")
     add("--device", default=None,
         help="device of --backend: cpu, cuda or cuda:N (default: cpu; cuda for cupy)")
+    add("--graphs", action="store_true",
+        help="replay each step as a CUDA graph (--backend torch on a CUDA device): one launch instead "
+             "of thousands of small ones per step")
     add("--seed", type=int, default=0, help="seed for initialisation, batches and sampling (default: 0)")
     add("--sample-len", type=non_negative_int, default=300, help="characters to generate at the end (default: 300)")
     add("--temperature", type=pos_float, default=0.8, help="sampling temperature (default: 0.8)")
@@ -225,7 +228,8 @@ class Job:
         self.training = build_training(cfg, args.seq_len, args.optimizer, args.lr,
                                        args.clip_norm or None, args.seed, data_parallel=ranks > 1)
         self.val_program, self.val_loss = build_loss(cfg, args.seq_len, data_parallel=ranks > 1)
-        self.exe = rg.Executor(threads=args.threads, backend=args.backend, device=args.device)
+        self.exe = rg.Executor(threads=args.threads, backend=args.backend, device=args.device,
+                               graphs=args.graphs)
         self.exe.run(self.training.startup)
         if args.resume:
             try:

@@ -396,3 +396,8 @@ def test_plot_file_draws_an_image(tmp_path):
     done = retrograd_train(*SMALL, "--steps", "4", "--plot-file", str(image), "--save", str(tmp_path / "m.npz"))
     assert done.returncode == 0, done.stderr
     assert image.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and f"drew the loss curve into {image}" in done.stdout
+
+
+def test_graphs_without_torch_on_a_gpu_is_one_line_naming_what_is_needed():
+    done = retrograd_train(*SMALL, "--steps", "1", "--graphs")
+    _one_line_error(done, "graphs=True", 'needs a CUDA device of backend "torch"')
