@@ -39,6 +39,7 @@ import retrograd as rg
 from .charlm import (MIN_CORPUS_CHARS, MODELS, VOCAB, ModelConfig, TrainError, Training,  # noqa: F401
                      batch_at, build_loss, build_training, decode, encode, generate,
                      held_out_batches, load_corpus, split_corpus)
+from .errors import RetrogradError
 from .io import ParamFileError, load_params, read_params, save_params
 from .options import non_negative, non_negative_int, parse_recompute, positive  # noqa: F401
 from . import plot
@@ -125,6 +126,7 @@ def run_train(args: argparse.Namespace) -> int:
         ids, files = load_corpus()
         corpus, held_out = split_corpus(ids)
         job = Job(args, cfg, checkpoint, corpus, held_out)
+        job, cfg = _fit_recompute_budget(job, args, cfg, checkpoint, corpus, held_out)
         out = _Reporter(args, job.first, len(corpus), len(held_out), files)
         with _open_log(args) as log:
             job.train(out, log)
@@ -142,6 +144,28 @@ def run_train(args: argparse.Namespace) -> int:
             raise                       # a setup failure: nothing can have been saved
         raise TrainError(f"{exc}; {checkpoint.status()}") from None
     return 0
+
+
+def _fit_recompute_budget(job: "Job", args, cfg: ModelConfig, checkpoint, corpus, held_out):
+    """With ``--recompute BYTES`` below what one step of the recurrent layers holds, say so and
+    train with the least budget that fits (the library raises; the command offers the fix)."""
+    if not isinstance(args.recompute, int):
+        return job, cfg
+    for _ in range(args.layers + 1):
+        try:
+            job.plan_first_step()
+            return job, cfg
+        except RetrogradError as exc:
+            least = getattr(exc, "least_budget", None)
+            if least is None:
+                raise
+        if rg.distributed.rank() == 0:
+            print(f"retrograd train: --recompute {args.recompute:,} bytes cannot hold one step of the "
+                  f"{cfg.model} layers at these sizes; using the least budget that fits, {least:,} bytes")
+        args.recompute = least
+        cfg = ModelConfig(args.model, args.hidden, args.layers, args.embed, least)
+        job = Job(args, cfg, checkpoint, corpus, held_out)
+    return job, cfg
 
 
 def _check_plot_file(path: Path) -> None:
@@ -268,6 +292,13 @@ class Job:
                     _log_line(log, step, loss, cps, peak, val)
                 if checkpoint:
                     self.checkpoint.save(self.exe, self.training, step)
+
+    def plan_first_step(self) -> None:
+        """Run the first step without changing any parameter (its updates go to a child scope):
+        a recompute budget too small for the sizes raises here, before training starts."""
+        xs, ys = batch_at(self.corpus, self.first, self.args.seq_len, self.args.batch, self.args.seed)
+        self.exe.run(self.training.main, feed=_shard_windows(xs, ys), fetch_list=[self.training.loss],
+                     scope=self.exe.scope.new_child())      # updates land in the child, dropped here
 
     def run_step(self, step: int) -> float:
         xs, ys = batch_at(self.corpus, step, self.args.seq_len, self.args.batch, self.args.seed)

@@ -133,7 +133,9 @@ def _plan(op: Op, steps: int, budget: int, state_bytes: int, tape_bytes: int, fr
             return make_plan(steps, segment, -(-steps // segment))
         return budget_plan(steps, budget, state_bytes, tape_bytes)
     except ProgramError as exc:
-        raise ExecutionError(f"{op.where()}: {exc}") from None
+        error = ExecutionError(f"{op.where()}: {exc}")
+        error.least_budget = getattr(exc, "least_budget", None)
+        raise error from None
 
 
 def forward_kernel(k, *arrays):

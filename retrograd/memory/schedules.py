@@ -261,10 +261,13 @@ def budget_plan(steps: int, budget_bytes: int, state_bytes: int, tape_bytes: int
         plan = budget_plan(1000, budget_bytes=200_000, state_bytes=1000, tape_bytes=4000)
         plan.segment, plan.slots, plan.advances      # (44, 22, 0): each step recomputed once
     """
-    if budget_bytes < minimum_budget(state_bytes, tape_bytes):
-        raise ProgramError(f"a memory budget of {budget_bytes} bytes cannot hold one step of this loop: "
-                           f"the minimum budget is {minimum_budget(state_bytes, tape_bytes)} bytes "
-                           f"({tape_bytes} per taped step, {state_bytes} per state checkpoint)")
+    least = minimum_budget(state_bytes, tape_bytes)
+    if budget_bytes < least:
+        error = ProgramError(f"a memory budget of {budget_bytes} bytes cannot hold one step of this loop: "
+                             f"the minimum budget is {least} bytes "
+                             f"({tape_bytes} per taped step, {state_bytes} per state checkpoint)")
+        error.least_budget = least        # for callers that offer the least budget instead
+        raise error
     if steps <= 1:
         return make_plan(steps, 1, 0)
     segments = range(1, min(steps, budget_bytes // tape_bytes if tape_bytes else steps) + 1)
