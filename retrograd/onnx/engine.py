@@ -205,7 +205,7 @@ class OnnxRuntimeEngine:
         started = time.perf_counter()
         rewritten = optimize_for_engine(program, fetch)
         try:
-            built = build_model(rewritten, fetch, param_inputs=True, feed_names=feed_names)
+            built = build_model(rewritten, fetch, param_inputs=True, feed_names=feed_names, scan_loops=True)
         except BackendError as exc:         # an op without an ONNX form: name the backend too
             raise BackendError(f'backend "onnxruntime" cannot run this program: {exc}') from exc
         if not built.model.graph.output:    # nothing fetched, nothing written: nothing to run

@@ -26,9 +26,8 @@ def export(program: Program, path, fetch_list: Sequence, scope=None, opset: int 
     (export with ``scope=None`` for that, so parameters are inputs).
     ``opset`` defaults to the newest one the installed onnxruntime loads (at most 28).
 
-    ``If`` stays ``If``; ``While`` and ``Scan`` become ``Loop``, ``RecurrentNetwork`` and its
-    gradient an ``If`` running an ONNX ``Scan`` (T > 0) or their ``Loop`` form (T = 0); zero
-    iterations and any batch size work.
+    ``If`` stays ``If``; ``While``, ``Scan``, ``RecurrentNetwork`` and their gradients become
+    ``Loop``s; zero iterations and any batch size work.
     An op or attribute without an ONNX form raises ``rg.BackendError`` naming
     the op and its block, before anything is written.
 

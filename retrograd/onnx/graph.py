@@ -50,6 +50,9 @@ class Names:
         self.run_id: str | None = None
         self.checks: list[Check] = []     # the model's run-time checks, numbered by position
         self.node_ops: list[Op] = []       # the op each lowered node comes from, by ``(node <n>)`` tag
+        # Recurrent loops as If(T > 0: Scan, else Loop) (faster in onnxruntime; the engine's
+        # choice) instead of one Loop (what ``rg.onnx.export`` writes: the contract's form).
+        self.scan_loops = False
 
     def node_name(self, op: Op) -> str:
         """A node name that says which op it lowers (onnxruntime quotes it when the node fails):

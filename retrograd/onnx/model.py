@@ -90,14 +90,16 @@ class BuiltModel:
 
 def build_model(program: Program, fetch: Sequence[str], scope=None, param_inputs: bool = False,
                 feed_names: Iterable[str] | None = None, opset: int | None = None,
-                name: str = "retrograd") -> BuiltModel:
+                name: str = "retrograd", scan_loops: bool = False) -> BuiltModel:
     """Lower block 0 of ``program`` (the ops ``fetch`` and the persistable writes need) to ONNX.
 
     ``param_inputs``: persistables read become graph inputs (named as in the
     program) instead of initializers from ``scope``. ``feed_names``, if
     given, are the only non-persistable names allowed to be inputs (others
-    read before written raise FeedError). Raises BackendError naming the op
-    and block when an op (or attribute) has no ONNX form.
+    read before written raise FeedError). ``scan_loops``: recurrent loops as
+    ``If(T > 0: Scan, else: Loop)``, which onnxruntime runs faster, instead of
+    one ``Loop``. Raises BackendError naming the op and block when an op (or
+    attribute) has no ONNX form.
     """
     opset = DEFAULT_OPSET if opset is None else int(opset)
     block = program.global_block()
@@ -106,6 +108,7 @@ def build_model(program: Program, fetch: Sequence[str], scope=None, param_inputs
     ops = needed_ops(block, set(fetch) | set(written))
     reads = _free_reads(ops, fetch)
     names = Names()
+    names.scan_loops = scan_loops
     graph = Graph(names, opset)
     env = Env()
     feeds, params = [], []

@@ -230,7 +230,10 @@ def _rows_onnx(g, stack: str, width: int = -1) -> str:
 
 def _if_steps(g, seq: str, first: str | None, types: list[tuple[str, int]], scan, loop) -> list[str]:
     """``If(T > 0 [and first])``: ``scan(g')`` in the then-branch, ``loop(g')`` in the else-branch,
-    each returning values of ``types`` ((dtype, rank) pairs)."""
+    each returning values of ``types`` ((dtype, rank) pairs); ``loop(g)`` alone where the model
+    asks for plain Loops (``rg.onnx.export``: every recurrent op becomes a Loop)."""
+    if not g.graph.names.scan_loops:
+        return loop(g)
     pred = g.node("Greater", [g.scalar_dim(seq, 0), g.const(0, "int64")])
     if first is not None:
         pred = g.node("And", [first, pred])

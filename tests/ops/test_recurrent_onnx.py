@@ -1,4 +1,5 @@
-"""The recurrent ONNX lowering: a Scan (T > 0) or a Loop (T = 0) behind an If, same numbers either way.
+"""The recurrent ONNX lowering: one Loop in exported models (the contract's form); for the
+onnxruntime engine a Scan (T > 0) or a Loop (T = 0) behind an If, same numbers either way.
 
 The Scan form writes each step's outputs into its stacks in place (the backward's in time order,
 no flip); the Loop form runs only for zero steps. Both are checked against the NumPy executor's
@@ -38,7 +39,8 @@ def _graphs(graph):
 
 def test_lstm_steps_run_as_a_reverse_scan_when_there_are_steps():
     main, _, loss, grads = _lstm_program()
-    built = build_model(main, [loss.name] + [g.name for g in grads], feed_names=["x", "lengths"])
+    built = build_model(main, [loss.name] + [g.name for g in grads], feed_names=["x", "lengths"],
+                        scan_loops=True)
     bodies = {(op, attr): [n.op_type for n in sub.node] for op, attr, sub in _graphs(built.model.graph)}
     scans = [n for op, attr, sub in _graphs(built.model.graph) if attr == "then_branch" for n in sub.node
              if n.op_type == "Scan"]
@@ -47,6 +49,16 @@ def test_lstm_steps_run_as_a_reverse_scan_when_there_are_steps():
     assert set(backward["scan_input_directions"]) == {1} and set(backward["scan_output_directions"]) == {1}
     assert "Loop" in bodies[("If", "else_branch")]       # zero steps: the Loop form
     assert not any(n.op_type == "Loop" for n in built.model.graph.node)
+
+
+def test_exported_recurrent_ops_are_loops(tmp_path):
+    main, startup, loss, grads = _lstm_program()
+    exe = rg.Executor()
+    exe.run(startup)
+    model = rg.onnx.export(main, tmp_path / "m.onnx", fetch_list=[loss] + grads, scope=exe.scope)
+    top = [n.op_type for n in model.graph.node]
+    assert top.count("Loop") == 2 and "Scan" not in top        # the forward's and the backward's
+    assert not any(n.op_type == "Scan" for _, _, sub in _graphs(model.graph) for n in sub.node)
 
 
 @pytest.mark.parametrize("steps", [4, 0])
@@ -78,7 +90,7 @@ def test_a_big_recurrent_weight_is_transposed_once_and_multiplied_from_the_left(
         h_all, _, _, _ = rg.layers.lstm(x, 256, name="big")
         loss = rg.sum(h_all * h_all)
         grads = rg.gradients(loss, [x, main.global_block().var("big.w_hh")])
-    built = build_model(main, [loss.name] + [g.name for g in grads], feed_names=["x"])
+    built = build_model(main, [loss.name] + [g.name for g in grads], feed_names=["x"], scan_loops=True)
     forward = next(sub for op, _, sub in _graphs(built.model.graph) if op == "Scan")
     assert [n.op_type for n in forward.node][:2] == ["Gemm", "Transpose"]
     assert "MatMul" not in [n.op_type for n in forward.node]
