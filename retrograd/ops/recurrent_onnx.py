@@ -37,6 +37,16 @@ def forward_loop_onnx(g, attrs: dict, lay: RnnLayout, saved: Sequence[str],
     return outs[:k], outs[k:2 * k], outs[2 * k:]
 
 
+def _split_by_length(body, lengths, t: str, state_var, dn: str) -> tuple[str, str | None]:
+    """(the gradient step t's backward gets, the part that skips it) of state gradient ``dn``:
+    rows past their length pass the gradient straight to the previous slot (None: no lengths)."""
+    if lengths is None:
+        return dn, None
+    mask = step_mask_onnx(body, lengths, t, state_var.ndim)
+    zero = body.const(0, state_var.dtype)
+    return body.node("Where", [mask, dn, zero]), body.node("Where", [mask, zero, dn])
+
+
 def _flat(groups) -> list:
     return [v for group in groups for v in group]
 
@@ -93,7 +103,7 @@ def _backward_loop(g, attrs: dict, lay: RnnLayout, alls: list, saved: list, save
     a = attrs
     seqs, inits, lengths, outers = lay.split(g.ins)
     seq_vars, init_vars, _, outer_vars = lay.split(g.in_vars)
-    block, n_seq, k = a["backward"], lay.n_seq, lay.n_state
+    block, k = a["backward"], lay.n_state
     saved_names = list(saved_names)
     steps = g.scalar_dim(seqs[0], 0)
     prevs = [with_first_onnx(g, init, all_) for init, all_ in zip(inits, alls)]
@@ -112,12 +122,7 @@ def _backward_loop(g, attrs: dict, lay: RnnLayout, alls: list, saved: list, save
         dn = dcur[i]
         if d_all[i] is not None:
             dn = body.node("Add", [dn, body.node("Gather", [d_all[i], t], axis=0)])
-        carry = None
-        if lengths is not None:   # rows past their length pass the gradient straight to the previous slot
-            mask = step_mask_onnx(body, lengths, t, init_vars[i].ndim)
-            zero = body.const(0, init_vars[i].dtype)
-            carry = body.node("Where", [mask, zero, dn])
-            dn = body.node("Where", [mask, dn, zero])
+        dn, carry = _split_by_length(body, lengths, t, init_vars[i], dn)
         binds[a["dnext"][i]] = dn
         carries.append(carry)
     reads = set(free_reads(block))           # a Gather per step only for what the block reads
@@ -318,12 +323,7 @@ def _backward_scan(g, attrs: dict, lay: RnnLayout, alls: list, saved: list, save
     carries = []
     for i in range(k):
         dn = dcur[i] if d_steps[i] is None else body.node("Add", [dcur[i], d_steps[i]])
-        carry = None
-        if lengths is not None:   # rows past their length pass the gradient straight to the previous slot
-            mask = step_mask_onnx(body, lengths, t, init_vars[i].ndim)
-            zero_value = body.const(0, init_vars[i].dtype)
-            carry = body.node("Where", [mask, zero_value, dn])
-            dn = body.node("Where", [mask, dn, zero_value])
+        dn, carry = _split_by_length(body, lengths, t, init_vars[i], dn)
         binds[a["dnext"][i]] = dn
         carries.append(carry)
     if a.get("timestep") and a["timestep"] in block.vars:
