@@ -183,17 +183,14 @@ class Executor:
 
     def _execute_run(self, plan: Plan, env: dict, fed: frozenset, scope: Scope, fetch: list[str]) -> dict:
         """Run a top-level plan: eagerly, or replaying its device graph (``graphs=True``)."""
-        graphs = self.graphs
-        if graphs is not None:
-            graphs.last_replayed = False
-            if graphs.why_eager(plan, env, fed, scope) is None:
-                replayed = graphs.run(self, plan, env, fed, scope, fetch)
-                if replayed is not None:
-                    return replayed
-                self._run.meter = MemoryMeter(self.backend.buffer_of)   # the failed capture's counts
-                self._run.ops_run = 0
-                for value in env.values():
-                    self._run.meter.hold(value)
+        if self.graphs is not None:
+            replayed = self.graphs.run(self, self._run, plan, env, fed, scope, fetch)
+            if replayed is not None:
+                return replayed
+            self._run.meter = MemoryMeter(self.backend.buffer_of)   # not what a failed capture counted
+            self._run.ops_run = 0
+            for value in env.values():
+                self._run.meter.hold(value)
         self.execute(plan, env)
         return env
 

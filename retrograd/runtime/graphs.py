@@ -60,23 +60,20 @@ class GraphRunner:
         self.entries: dict[tuple, _Entry] = {}
         self.last_replayed = False
 
-    def why_eager(self, plan, env: dict, fed: frozenset, scope) -> str | None:
-        """Why this run is eager (None: it replays or captures). Keeps the entry for ``run``."""
+    def run(self, executor, run, plan, env: dict, fed: frozenset, scope, fetch) -> dict | None:
+        """The run's values after replaying its graph (capturing it first when due), or None:
+        the caller runs this one eagerly (warming up, not capturable, or the capture failed).
+        ``run``: the executor's RunContext (its meter and op count are set from the capture)."""
+        self.last_replayed = False
         entry = self._entry(plan, env, fed, scope)
         if entry.uncapturable is not None:
-            return entry.uncapturable
+            return None
         if entry.graph is not None and not self._same_inputs(entry, env, fed):
             entry.graph, entry.eager_runs = None, 0       # a scope value was replaced: capture anew
         if entry.graph is None and entry.eager_runs < self.warmup:
             entry.eager_runs += 1
-            return "warming up"
-        return None
-
-    def run(self, executor, plan, env: dict, fed: frozenset, scope, fetch) -> dict | None:
-        """The run's values after replaying (capturing first if needed), or None when the capture
-        failed (the caller then runs eagerly, with a fresh meter)."""
-        entry = self._entry(plan, env, fed, scope)
-        if entry.graph is None and not self._capture(entry, executor, plan, env, fed):
+            return None
+        if entry.graph is None and not self._capture(entry, executor, run, plan, env, fed):
             return None
         for name in fed:
             entry.inputs[name][...] = env[name]
@@ -85,7 +82,6 @@ class GraphRunner:
         _raise_failed_checks(entry, self.backend)
         for array, new in entry.copy_back:
             array[...] = new
-        run = executor._run
         run.ops_run, run.meter.peak = entry.ops_run, entry.peak_bytes
         values = dict(entry.outputs)
         for name in fetch:            # the next replay overwrites the graph's buffers
@@ -107,15 +103,13 @@ class GraphRunner:
         return entry.inputs.keys() == env.keys() and all(
             env[n] is entry.inputs[n] for n in env if n not in fed)
 
-    def _capture(self, entry: _Entry, executor, plan, env: dict, fed: frozenset) -> bool:
+    def _capture(self, entry: _Entry, executor, run, plan, env: dict, fed: frozenset) -> bool:
         xp = self.backend.xp
         inputs = {n: (xp.asarray(v, copy=True) if n in fed else v) for n, v in env.items()}
         written = {n: inputs[n] for n in plan.persistable_writes if n in inputs and n not in fed}
         values = dict(inputs)
-        run = executor._run
         checks: list = []
         ranges: list = []
-
         failures: list = []
 
         def work():
