@@ -20,10 +20,13 @@ from __future__ import annotations
 import importlib.util
 import os
 import sys
+import time
 
 import numpy as np
 
 from ..errors import BackendError
+
+ABORT_GRACE_S = 0.2     # seconds between printing the error and MPI_Abort
 
 # Environment variables in which launchers announce the number of processes they started
 # (MPICH/Hydra, Intel MPI and Cray PMI; Open MPI; MVAPICH; Slurm's srun).
@@ -69,6 +72,9 @@ class MPIComm:
     def abort(self, code: int = 1) -> None:
         sys.stdout.flush()
         sys.stderr.flush()
+        # The launcher stops forwarding the ranks' output once one aborts: give it a moment to
+        # pass on what this rank just printed (CI lost a traceback once without it).
+        time.sleep(ABORT_GRACE_S)
         self._comm.Abort(code)
 
 
