@@ -1,0 +1,58 @@
+"""Layer norm and RMS norm over the last axis, forward and backward, in any Array API namespace.
+
+The ``Backend`` methods of the same names call these; a backend with fused
+routines of its own (torch's ``native_layer_norm``) overrides the methods.
+``mean`` and ``rstd`` (``1 / sqrt(var + eps)``) are ``[..., 1]``, as torch keeps them.
+"""
+from __future__ import annotations
+
+
+def _leading_axes(x) -> tuple[int, ...]:
+    return tuple(range(x.ndim - 1))
+
+
+def layer_norm(xp, x, weight, bias, eps: float):
+    """``(y, mean, rstd)``: ``y = (x - mean) * rstd * weight + bias``."""
+    mean = xp.mean(x, axis=-1, keepdims=True)
+    y = x - mean
+    var = xp.mean(y * y, axis=-1, keepdims=True)
+    rstd = 1.0 / xp.sqrt(var + eps)
+    y *= rstd
+    if weight is not None:
+        y *= weight
+    if bias is not None:
+        y += bias
+    return y, mean, rstd
+
+
+def layer_norm_backward(xp, dy, x, mean, rstd, weight, want_weight: bool, want_bias: bool):
+    """``(dx, dweight or None, dbias or None)`` of ``layer_norm``:
+    ``dx = rstd * (g - mean(g) - xhat * mean(g * xhat))`` with ``g = dy * weight``."""
+    xhat = (x - mean) * rstd
+    g = dy * weight if weight is not None else dy
+    dx = g - xp.mean(g, axis=-1, keepdims=True)
+    dx -= xhat * xp.mean(g * xhat, axis=-1, keepdims=True)
+    dx *= rstd
+    dweight = xp.sum(dy * xhat, axis=_leading_axes(x)) if want_weight else None
+    dbias = xp.sum(dy, axis=_leading_axes(x)) if want_bias else None
+    return dx, dweight, dbias
+
+
+def rms_norm(xp, x, weight, eps: float):
+    """``(y, rstd)``: ``y = x * rstd * weight`` with ``rstd = 1 / sqrt(mean(x^2) + eps)``."""
+    rstd = 1.0 / xp.sqrt(xp.mean(x * x, axis=-1, keepdims=True) + eps)
+    y = x * rstd
+    if weight is not None:
+        y *= weight
+    return y, rstd
+
+
+def rms_norm_backward(xp, dy, x, rstd, weight, want_weight: bool):
+    """``(dx, dweight or None)`` of ``rms_norm``: ``dx = rstd * (g - xn * mean(g * xn))``,
+    ``xn = x * rstd``, ``g = dy * weight``."""
+    xn = x * rstd
+    g = dy * weight if weight is not None else dy
+    dx = g - xn * xp.mean(g * xn, axis=-1, keepdims=True)
+    dx *= rstd
+    dweight = xp.sum(dy * xn, axis=_leading_axes(x)) if want_weight else None
+    return dx, dweight
