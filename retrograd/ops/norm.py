@@ -18,13 +18,16 @@ builders users call.
 """
 from __future__ import annotations
 
+import math
+
 from ..errors import ProgramError, ShapeError
 from ..ir.program import Var, as_float
 from .lowering import lowers
-from .math import expand_as, sqrt, square, sum_to
+from .math import expand_as, sqrt, square
 from .reduce import mean as reduce_mean, sum as reduce_sum
 from .registry import append_op, defop
 from .shapes import require_float
+from .tensor import reshape
 
 
 def _check_params(x: Var, params: list[Var], what: str) -> None:
@@ -352,3 +355,193 @@ def rms_norm_grad(dy: Var, x: Var, rstd: Var, weight: Var | None, eps: float,
     ins = [dy, x, rstd] + ([weight] if weight is not None else [])
     attrs = {"eps": float(eps), "want_weight": bool(want_weight and weight is not None)}
     return append_op("RMSNormGrad", ins, attrs, name="rms_norm_grad")
+
+
+# --- BatchNorm -------------------------------------------------------------------------------
+
+def _channel_axes(ndim: int) -> list[int]:
+    """The axes batch norm reduces over: every axis of ``[N, C, ...]`` but C."""
+    return [0] + list(range(2, ndim))
+
+
+def _batch_norm_rule(ins, attrs):
+    x, running_mean, running_var, *params = ins
+    require_float(x)
+    if x.ndim < 2:
+        raise ShapeError(f"batch_norm needs x [N, C] or [N, C, ...], got '{x.name}': {x.type_str()}")
+    channels = x.shape[1]
+    for v in (running_mean, running_var, *params):
+        if v.dtype != x.dtype or v.ndim != 1 or (v.shape[0] >= 0 and channels >= 0 and v.shape[0] != channels):
+            raise ShapeError(f"'{v.name}' must be {x.dtype}[{channels}] (one value per channel of "
+                             f"'{x.name}': {x.type_str()}), got {v.type_str()}")
+    return [(x.shape, x.dtype), ((channels,), x.dtype), ((channels,), x.dtype)]
+
+
+def _values_per_channel(x) -> int:
+    return math.prod(x.shape) // x.shape[1] if x.shape[1] else 0
+
+
+def _uses_batch_stats(attrs) -> bool:
+    return attrs["training"] and not attrs.get("is_test", False)
+
+
+def _per_channel(xp, v, ndim: int):
+    """``v [C]`` shaped ``[1, C, 1, ...]`` to broadcast against ``x [N, C, ...]``."""
+    return xp.reshape(v, (1, -1) + (1,) * (ndim - 2))
+
+
+@defop("BatchNorm", inputs=("x", "running_mean", "running_var", "params*"), outputs=("y", "mean", "var"),
+       infer=_batch_norm_rule, nondiff=(1, 2), grad=lambda g: _batch_norm_grad(g), test_mode=True)
+def _batch_norm(k, x, running_mean, running_var, *params):
+    """Per channel ``(x - mean) / sqrt(var + eps) * weight + bias``; ``mean`` and ``var`` (biased)
+    are the batch's in training, the running statistics otherwise, and are outputs too."""
+    xp, attrs = k.xp, k.attrs
+    axes = tuple(_channel_axes(x.ndim))
+    if _uses_batch_stats(attrs):
+        if _values_per_channel(x) < 2:
+            raise ValueError(f"training needs more than one value per channel, got input shape "
+                             f"{list(x.shape)}")
+        mean = xp.mean(x, axis=axes)
+        centred = x - _per_channel(xp, mean, x.ndim)
+        var = xp.mean(centred * centred, axis=axes)
+    else:
+        mean, var = running_mean, running_var
+        centred = x - _per_channel(xp, mean, x.ndim)
+    scale = 1.0 / xp.sqrt(var + attrs["eps"])
+    weight, bias = _split_params(attrs, params)
+    if weight is not None:
+        scale = scale * weight
+    y = centred * _per_channel(xp, scale, x.ndim)
+    if bias is not None:
+        y += _per_channel(xp, bias, x.ndim)
+    return y, mean, var
+
+
+@lowers("BatchNorm")
+def _batch_norm_onnx(g):
+    x, running_mean, running_var, *params = g.ins
+    dtype, ndim = g.in_vars[0].dtype, g.in_vars[0].ndim
+    shape = g.const([1, -1] + [1] * (ndim - 2), "int64")
+
+    def per_channel(v):
+        return g.node("Reshape", [v, shape])
+    if _uses_batch_stats(g.attrs):
+        axes = g.const(_channel_axes(ndim), "int64")
+        mean = g.node("ReduceMean", [x, axes], keepdims=0)
+        centred = g.node("Sub", [x, per_channel(mean)])
+        var = g.node("ReduceMean", [g.node("Mul", [centred, centred]), axes], keepdims=0)
+    else:
+        mean, var = g.node("Identity", [running_mean]), g.node("Identity", [running_var])
+        centred = g.node("Sub", [x, per_channel(mean)])
+    scale = g.node("Reciprocal", [g.node("Sqrt", [g.node("Add", [var, g.const(g.attrs["eps"], dtype)])])])
+    weight, bias = _split_params(g.attrs, params)
+    if weight is not None:
+        scale = g.node("Mul", [scale, weight])
+    y = g.node("Mul", [centred, per_channel(scale)])
+    if bias is not None:
+        y = g.node("Add", [y, per_channel(bias)])
+    return [y, mean, var]
+
+
+def _batch_norm_grad(g):
+    """Training: ``dx = invstd * (gw - mean(gw) - xhat * mean(gw * xhat))`` over the channel's
+    values (gw = dy * weight), plus what reaches the batch statistics (outputs too, read by
+    this very gradient when it is differentiated again). Evaluation: ``dx = gw * invstd``."""
+    x, running_mean, running_var, *params = g.x
+    weight, bias = _split_params(g.attrs, params)
+    y, mean, var = g.out
+    dy, dmean, dvar = g.dout
+    axes = _channel_axes(x.ndim)
+
+    def per_channel(v):
+        return reshape(v, [1, -1] + [1] * (x.ndim - 2))
+    if not _uses_batch_stats(g.attrs):
+        mean, var = running_mean, running_var
+    invstd = 1.0 / sqrt(per_channel(var) + g.attrs["eps"])
+    centred = x - per_channel(mean)
+    xhat = centred * invstd
+    dx, dweight, dbias = None, None, None
+    if dy is not None:
+        gw = dy * per_channel(weight) if weight is not None else dy
+        if _uses_batch_stats(g.attrs):
+            def channel_mean(v):
+                return reduce_mean(v, axis=axes, keepdims=True)
+            dx = invstd * (gw - channel_mean(gw) - xhat * channel_mean(gw * xhat))
+        else:
+            dx = gw * invstd
+        dweight = reduce_sum(dy * xhat, axis=axes) if weight is not None else None
+        dbias = reduce_sum(dy, axis=axes) if bias is not None else None
+    if _uses_batch_stats(g.attrs):
+        if dmean is not None:
+            dx = _total(dx, expand_as(per_channel(dmean), x, mean_axes=axes))
+        if dvar is not None:
+            dx = _total(dx, 2.0 * centred * expand_as(per_channel(dvar), x, mean_axes=axes))
+    return ([dx, None, None] + ([dweight] if weight is not None else [])
+            + ([dbias] if bias is not None else []))
+
+
+# --- BatchNormStats: the running statistics, written in place ----------------------------------
+
+def _batch_norm_stats_rule(ins, attrs):
+    running_mean, running_var, mean, var, x = ins
+    for v in (running_var, mean, var):
+        if v.dtype != running_mean.dtype or not _same_rank(v, running_mean):
+            raise ShapeError(f"'{v.name}' {v.type_str()} does not match '{running_mean.name}' "
+                             f"{running_mean.type_str()}")
+    return [(running_mean.shape, running_mean.dtype), (running_var.shape, running_var.dtype)]
+
+
+@defop("BatchNormStats", inputs=("running_mean", "running_var", "mean", "var", "x"),
+       outputs=("running_mean_out", "running_var_out"), infer=_batch_norm_stats_rule, shape_only=(4,),
+       updates=(0, 1), recomputable=False)
+def _batch_norm_stats(k, running_mean, running_var, mean, var, x):
+    """``running = (1 - momentum) * running + momentum * batch`` (torch's convention), with the
+    batch variance made unbiased: ``var * n / (n - 1)``, n values per channel of ``x``."""
+    m = k.attrs["momentum"]
+    count = _values_per_channel(x)
+    return (1.0 - m) * running_mean + m * mean, (1.0 - m) * running_var + (m * count / (count - 1)) * var
+
+
+@lowers("BatchNormStats")
+def _batch_norm_stats_onnx(g):
+    running_mean, running_var, mean, var, x = g.ins
+    dtype = g.in_vars[0].dtype
+    m = g.attrs["momentum"]
+    count = g.cast(g.node("Div", [g.node("ReduceProd", [g.shape(x)], keepdims=0), g.scalar_dim(x, 1)]), dtype)
+    unbiased = g.node("Div", [g.node("Mul", [var, count]), g.node("Sub", [count, g.const(1.0, dtype)])])
+
+    def blend(running, batch):
+        return g.node("Add", [g.node("Mul", [g.const(1.0 - m, dtype), running]),
+                              g.node("Mul", [g.const(m, dtype), batch])])
+    return [blend(running_mean, mean), blend(running_var, unbiased)]
+
+
+def batch_norm(x: Var, running_mean: Var, running_var: Var, weight: Var | None = None,
+               bias: Var | None = None, training: bool = True, momentum: float = 0.1,
+               eps: float = 1e-5) -> Var:
+    """Normalize ``x [N, C]`` or ``[N, C, ...]`` per channel, as ``torch.nn.functional.batch_norm``.
+
+    In training, with the batch's mean and (biased) variance, and the running
+    statistics (``[C]``, persistable) are updated in place when the program runs:
+    ``running = (1 - momentum) * running + momentum * batch`` (unbiased variance
+    for ``running_var``). Otherwise (``training=False``, or in a program from
+    ``clone(for_test=True)``) with the running statistics, which nothing writes.
+    ``weight`` and ``bias`` are ``[C]`` or None. ``rg.layers.batch_norm`` creates
+    all four.
+
+    Example::
+
+        y = rg.batch_norm(x, bn_mean, bn_var, w, b)     # x [N, C, H, W]
+    """
+    momentum = as_float(momentum, "batch_norm: momentum")
+    if not 0.0 <= momentum <= 1.0:
+        raise ProgramError(f"batch_norm of '{x.name}': momentum must be in [0, 1], got {momentum}")
+    running_mean.stop_gradient = running_var.stop_gradient = True
+    ins = [x, running_mean, running_var] + [p for p in (weight, bias) if p is not None]
+    attrs = {"eps": as_float(eps, "batch_norm: eps"), "training": bool(training),
+             "has_weight": weight is not None, "has_bias": bias is not None}
+    y, mean, var = append_op("BatchNorm", ins, attrs, name="batch_norm")
+    if training:
+        append_op("BatchNormStats", [running_mean, running_var, mean, var, x], {"momentum": momentum},
+                  outputs=[running_mean, running_var])
+    return y
