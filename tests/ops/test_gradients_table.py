@@ -359,12 +359,15 @@ def _rms_norm_grad(r):
 
 def _batch_norm(r):
     """Training (batch statistics) on [N, C] and [N, C, L], evaluation with running statistics."""
-    def running(c):
-        return rg.constant(normal(r, c), dtype="float64"), rg.constant(positive(r, c), dtype="float64")
-    return [(lambda x, w, b: rg.batch_norm(x, *running(3), w, b), {"x": normal(r, 4, 3), "w": normal(r, 3),
+    mean, var = normal(r, 3), positive(r, 3)
+
+    def running(like):
+        c = like.shape[1]
+        return rg.constant(mean[:c], dtype=like.dtype), rg.constant(var[:c], dtype=like.dtype)
+    return [(lambda x, w, b: rg.batch_norm(x, *running(x), w, b), {"x": normal(r, 4, 3), "w": normal(r, 3),
                                                                    "b": normal(r, 3)}),
-            (lambda x: rg.batch_norm(x * x, *running(2), eps=0.1), {"x": normal(r, 3, 2, 4)}),
-            (lambda x, w: rg.batch_norm(x, *running(3), w, training=False), {"x": normal(r, 2, 3, 2),
+            (lambda x: rg.batch_norm(x * x, *running(x), eps=0.1), {"x": normal(r, 3, 2, 4)}),
+            (lambda x, w: rg.batch_norm(x, *running(x), w, training=False), {"x": normal(r, 2, 3, 2),
                                                                             "w": normal(r, 3)})]
 
 
