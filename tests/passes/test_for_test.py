@@ -123,3 +123,41 @@ def test_a_program_without_training_ops_clones_unchanged_but_for_is_test():
     assert [op.type for op in test.global_block().ops] == ["Tanh", "Dropout"]
     out, = rg.Executor().run(test, feed={"x": np.ones((2, 4), np.float32)}, fetch_list=[y])
     np.testing.assert_allclose(out, np.tanh(np.ones((2, 4))), rtol=1e-6)
+
+
+def _dropout_batch_norm_adam():
+    """fc -> batch_norm -> relu -> dropout(0.3) -> fc, Adam: what evaluation must switch off."""
+    main, startup = rg.Program(), rg.Program()
+    with rg.program_guard(main, startup):
+        x = rg.data("x", [-1, 8])
+        y = rg.data("y", [-1], dtype="int64")
+        h = rg.layers.batch_norm(rg.layers.fc(x, 6, name="fc1"), name="bn")
+        logits = rg.layers.fc(rg.dropout(rg.relu(h), 0.3), 3, name="fc2")
+        loss = rg.mean(rg.softmax_cross_entropy(logits, y))
+        rg.optim.Adam(1e-2).minimize(loss)
+    return main, startup, logits, loss
+
+
+def test_batch_norm_and_dropout_evaluate_in_the_test_program(backend):
+    main, startup, logits, loss = _dropout_batch_norm_adam()
+    test = main.clone(for_test=True)
+    assert [op.type for op in test.global_block().ops].count("BatchNormStats") == 0
+    exe = backend.executor()
+    exe.run(startup)
+    rng = np.random.default_rng(1)
+    for _ in range(3):           # training moves the parameters and the running statistics
+        exe.run(main, feed={"x": rng.standard_normal((16, 8)).astype(np.float32) * 3 + 1,
+                            "y": rng.integers(0, 3, 16)}, fetch_list=[loss])
+    before = _persistables(exe, main)
+    assert np.abs(before["bn.mean"]).max() > 0.01 and np.abs(before["bn.var"] - 1).max() > 0.01
+    feed = {"x": rng.standard_normal((5, 8)).astype(np.float32), "y": np.array([0, 1, 2, 0, 1])}
+    logits_v, = exe.run(test, feed=feed, fetch_list=[logits])
+    p = before
+    h = feed["x"] @ p["fc1.w"] + p["fc1.b"]
+    h = (h - p["bn.mean"]) / np.sqrt(p["bn.var"] + 1e-5) * p["bn.w"] + p["bn.b"]
+    expected = np.maximum(h, 0) @ p["fc2.w"] + p["fc2.b"]
+    np.testing.assert_allclose(logits_v, expected, rtol=1e-5, atol=1e-5)
+    exe.run(test, feed=feed, fetch_list=[loss])
+    after = _persistables(exe, main)
+    for name, value in before.items():
+        np.testing.assert_array_equal(after[name], value, err_msg=name)
