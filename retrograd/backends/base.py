@@ -111,6 +111,14 @@ class Backend:
         """``(dx, dweight or None)`` from the forward's ``rstd``."""
         return norm_math.rms_norm_backward(self.xp, dy, x, rstd, weight, want_weight)
 
+    def channel_stats(self, x):
+        """``(mean, var)`` (biased) per channel of ``x [N, C, ...]``, each ``[C]``."""
+        return norm_math.channel_stats(self.xp, x)
+
+    def batch_norm(self, x, mean, var, weight, bias, eps: float):
+        """``x [N, C, ...]`` normalized per channel with the given ``mean`` and ``var`` ``[C]``."""
+        return norm_math.batch_norm(self.xp, x, mean, var, weight, bias, eps)
+
     # -- keyed random draws (the same numbers on every backend) -------------------------
     def random_uniform(self, key, shape, low: float, high: float, dtype: str):
         return keyed_random.uniform(self.xp, key, tuple(shape), low, high, self.dtype_of(dtype))

@@ -1,4 +1,5 @@
-"""Layer norm and RMS norm over the last axis, forward and backward, in any Array API namespace.
+"""Layer norm and RMS norm over the last axis (forward and backward), batch norm's statistics
+and normalization over channels, in any Array API namespace.
 
 The ``Backend`` methods of the same names call these; a backend with fused
 routines of its own (torch's ``native_layer_norm``) overrides the methods.
@@ -56,3 +57,28 @@ def rms_norm_backward(xp, dy, x, rstd, weight, want_weight: bool):
     dx *= rstd
     dweight = xp.sum(dy * xn, axis=_leading_axes(x)) if want_weight else None
     return dx, dweight
+
+
+def _per_channel(xp, v, ndim: int):
+    """``v [C]`` shaped ``[1, C, 1, ...]`` to broadcast against ``x [N, C, ...]``."""
+    return xp.reshape(v, (1, -1) + (1,) * (ndim - 2))
+
+
+def channel_stats(xp, x):
+    """``(mean, var)`` per channel of ``x [N, C, ...]`` (biased variance), each ``[C]``."""
+    axes = (0,) + tuple(range(2, x.ndim))
+    mean = xp.mean(x, axis=axes)
+    centred = x - _per_channel(xp, mean, x.ndim)
+    return mean, xp.mean(centred * centred, axis=axes)
+
+
+def batch_norm(xp, x, mean, var, weight, bias, eps: float):
+    """``(x - mean) / sqrt(var + eps) * weight + bias`` per channel of ``x [N, C, ...]``."""
+    scale = 1.0 / xp.sqrt(var + eps)
+    if weight is not None:
+        scale = scale * weight
+    y = x - _per_channel(xp, mean, x.ndim)
+    y *= _per_channel(xp, scale, x.ndim)
+    if bias is not None:
+        y += _per_channel(xp, bias, x.ndim)
+    return y

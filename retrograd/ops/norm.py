@@ -385,36 +385,20 @@ def _uses_batch_stats(attrs) -> bool:
     return attrs["training"] and not attrs.get("is_test", False)
 
 
-def _per_channel(xp, v, ndim: int):
-    """``v [C]`` shaped ``[1, C, 1, ...]`` to broadcast against ``x [N, C, ...]``."""
-    return xp.reshape(v, (1, -1) + (1,) * (ndim - 2))
-
-
 @defop("BatchNorm", inputs=("x", "running_mean", "running_var", "params*"), outputs=("y", "mean", "var"),
        infer=_batch_norm_rule, nondiff=(1, 2), grad=lambda g: _batch_norm_grad(g), test_mode=True)
 def _batch_norm(k, x, running_mean, running_var, *params):
     """Per channel ``(x - mean) / sqrt(var + eps) * weight + bias``; ``mean`` and ``var`` (biased)
     are the batch's in training, the running statistics otherwise, and are outputs too."""
-    xp, attrs = k.xp, k.attrs
-    axes = tuple(_channel_axes(x.ndim))
-    if _uses_batch_stats(attrs):
+    if _uses_batch_stats(k.attrs):
         if _values_per_channel(x) < 2:
             raise ValueError(f"training needs more than one value per channel, got input shape "
                              f"{list(x.shape)}")
-        mean = xp.mean(x, axis=axes)
-        centred = x - _per_channel(xp, mean, x.ndim)
-        var = xp.mean(centred * centred, axis=axes)
+        mean, var = k.backend.channel_stats(x)
     else:
         mean, var = running_mean, running_var
-        centred = x - _per_channel(xp, mean, x.ndim)
-    scale = 1.0 / xp.sqrt(var + attrs["eps"])
-    weight, bias = _split_params(attrs, params)
-    if weight is not None:
-        scale = scale * weight
-    y = centred * _per_channel(xp, scale, x.ndim)
-    if bias is not None:
-        y += _per_channel(xp, bias, x.ndim)
-    return y, mean, var
+    weight, bias = _split_params(k.attrs, params)
+    return k.backend.batch_norm(x, mean, var, weight, bias, k.attrs["eps"]), mean, var
 
 
 @lowers("BatchNorm")
