@@ -119,6 +119,12 @@ class Backend:
         """``x [N, C, ...]`` normalized per channel with the given ``mean`` and ``var`` ``[C]``."""
         return norm_math.batch_norm(self.xp, x, mean, var, weight, bias, eps)
 
+    def batch_norm_backward(self, dy, x, mean, var, weight, eps: float, training: bool,
+                            want_weight: bool, want_bias: bool):
+        """``(dx, dweight or None, dbias or None)`` with the statistics the forward used."""
+        return norm_math.batch_norm_backward(self.xp, dy, x, mean, var, weight, eps, training,
+                                             want_weight, want_bias)
+
     # -- keyed random draws (the same numbers on every backend) -------------------------
     def random_uniform(self, key, shape, low: float, high: float, dtype: str):
         return keyed_random.uniform(self.xp, key, tuple(shape), low, high, self.dtype_of(dtype))

@@ -82,3 +82,23 @@ def batch_norm(xp, x, mean, var, weight, bias, eps: float):
     if bias is not None:
         y += _per_channel(xp, bias, x.ndim)
     return y
+
+
+def batch_norm_backward(xp, dy, x, mean, var, weight, eps: float, training: bool,
+                        want_weight: bool, want_bias: bool):
+    """``(dx, dweight or None, dbias or None)`` of ``batch_norm`` with the statistics it used:
+    ``dx = invstd * (g - mean(g) - xhat * mean(g * xhat))`` over each channel's values in
+    training (the statistics depend on x), ``dx = g * invstd`` otherwise; ``g = dy * weight``."""
+    axes = (0,) + tuple(range(2, x.ndim))
+    invstd = _per_channel(xp, 1.0 / xp.sqrt(var + eps), x.ndim)
+    xhat = (x - _per_channel(xp, mean, x.ndim)) * invstd
+    g = dy * _per_channel(xp, weight, x.ndim) if weight is not None else dy
+    if training:
+        dx = g - xp.mean(g, axis=axes, keepdims=True)
+        dx -= xhat * xp.mean(g * xhat, axis=axes, keepdims=True)
+        dx *= invstd
+    else:
+        dx = g * invstd
+    dweight = xp.sum(dy * xhat, axis=axes) if want_weight else None
+    dbias = xp.sum(dy, axis=axes) if want_bias else None
+    return dx, dweight, dbias

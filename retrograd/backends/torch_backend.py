@@ -138,3 +138,12 @@ class TorchBackend(Backend):
     def batch_norm(self, x, mean, var, weight, bias, eps: float):
         # evaluation mode with (mean, var) as the running statistics: one fused pass, nothing written
         return self.torch.native_batch_norm(x, weight, bias, mean, var, False, 0.0, eps)[0]
+
+    def batch_norm_backward(self, dy, x, mean, var, weight, eps: float, training: bool,
+                            want_weight: bool, want_bias: bool):
+        mask = [True, want_weight, want_bias]
+        if training:     # torch reads the batch statistics as (mean, 1 / sqrt(var + eps))
+            return self.torch.ops.aten.native_batch_norm_backward(
+                dy, x, weight, None, None, mean, (var + eps).rsqrt(), True, eps, mask)
+        return self.torch.ops.aten.native_batch_norm_backward(dy, x, weight, mean, var, None, None, False,
+                                                              eps, mask)

@@ -428,40 +428,138 @@ def _batch_norm_onnx(g):
 
 
 def _batch_norm_grad(g):
-    """Training: ``dx = invstd * (gw - mean(gw) - xhat * mean(gw * xhat))`` over the channel's
-    values (gw = dy * weight), plus what reaches the batch statistics (outputs too, read by
-    this very gradient when it is differentiated again). Evaluation: ``dx = gw * invstd``."""
+    """The fused ``BatchNormGrad`` for the output's gradient, plus (training) what reaches the
+    batch statistics, which are outputs too."""
     x, running_mean, running_var, *params = g.x
     weight, bias = _split_params(g.attrs, params)
-    y, mean, var = g.out
+    _, mean, var = g.out
     dy, dmean, dvar = g.dout
-    axes = _channel_axes(x.ndim)
-
-    def per_channel(v):
-        return reshape(v, [1, -1] + [1] * (x.ndim - 2))
-    if not _uses_batch_stats(g.attrs):
+    training = _uses_batch_stats(g.attrs)
+    if not training:
         mean, var = running_mean, running_var
-    invstd = 1.0 / sqrt(per_channel(var) + g.attrs["eps"])
-    centred = x - per_channel(mean)
-    xhat = centred * invstd
+    want_weight = weight is not None and g.wanted[3]
+    want_bias = bias is not None and g.wanted[3 + (weight is not None)]
     dx, dweight, dbias = None, None, None
     if dy is not None:
-        gw = dy * per_channel(weight) if weight is not None else dy
-        if _uses_batch_stats(g.attrs):
-            def channel_mean(v):
-                return reduce_mean(v, axis=axes, keepdims=True)
-            dx = invstd * (gw - channel_mean(gw) - xhat * channel_mean(gw * xhat))
-        else:
-            dx = gw * invstd
-        dweight = reduce_sum(dy * xhat, axis=axes) if weight is not None else None
-        dbias = reduce_sum(dy, axis=axes) if bias is not None else None
-    if _uses_batch_stats(g.attrs):
+        grads = batch_norm_grad(dy, x, mean, var, weight, g.attrs["eps"], training, want_weight, want_bias)
+        dx, rest = grads[0], grads[1:]
+        dweight = rest.pop(0) if want_weight else None
+        dbias = rest.pop(0) if want_bias else None
+    if training:
+        axes = _channel_axes(x.ndim)
         if dmean is not None:
-            dx = _total(dx, expand_as(per_channel(dmean), x, mean_axes=axes))
+            dx = _total(dx, expand_as(_per_channel(dmean, x.ndim), x, mean_axes=axes))
         if dvar is not None:
-            dx = _total(dx, 2.0 * centred * expand_as(per_channel(dvar), x, mean_axes=axes))
+            centred = x - _per_channel(mean, x.ndim)
+            dx = _total(dx, 2.0 * centred * expand_as(_per_channel(dvar, x.ndim), x, mean_axes=axes))
     return ([dx, None, None] + ([dweight] if weight is not None else [])
             + ([dbias] if bias is not None else []))
+
+
+def _per_channel(v: Var, ndim: int) -> Var:
+    """``v [C]`` as ``[1, C, 1, ...]``, to broadcast against ``[N, C, ...]``."""
+    return reshape(v, [1, -1] + [1] * (ndim - 2))
+
+
+# --- BatchNormGrad: the fused gradient, differentiable by ordinary ops ------------------------
+
+def _batch_norm_grad_rule(ins, attrs):
+    dy, x, mean, var, *weight = ins
+    if dy.dtype != x.dtype or not _same_rank(dy, x) or x.ndim < 2:
+        raise ShapeError(f"gradient '{dy.name}' {dy.type_str()} does not match '{x.name}' {x.type_str()}")
+    n_params = int(attrs["want_weight"]) + int(attrs["want_bias"])
+    return [(x.shape, x.dtype)] + [((x.shape[1],), x.dtype)] * n_params
+
+
+def _batch_norm_grad_grad(g):
+    """Gradient of BatchNormGrad: in training, ``_layer_norm_grad_grad``'s formulas with the
+    channel's values (every axis but 1) in place of a row, and the statistics recomputed
+    from x; in evaluation (fixed statistics) the op is linear in dy and xhat."""
+    dy, x, mean, var, *weight = g.x
+    weight = weight[0] if weight else None
+    a, *rest = g.dout
+    c = rest.pop(0) if g.attrs["want_weight"] else None
+    e = rest.pop(0) if g.attrs["want_bias"] else None
+    eps, training, ndim = g.attrs["eps"], g.attrs["training"], x.ndim
+    axes = _channel_axes(ndim)
+
+    def channel_mean(v):
+        return reduce_mean(v, axis=axes, keepdims=True)
+    w = _per_channel(weight, ndim) if weight is not None else None
+    if training:
+        xc = x - channel_mean(x)
+        r = 1.0 / sqrt(channel_mean(square(xc)) + eps)
+        xhat = xc * r
+    else:
+        r = 1.0 / sqrt(_per_channel(var, ndim) + eps)
+        xhat = (x - _per_channel(mean, ndim)) * r
+    gw = dy * w if w is not None else dy
+    d_gw, d_xhat, d_x = None, None, None
+    if a is not None:
+        if training:
+            b = a * r
+            m2 = channel_mean(gw * xhat)
+            u = gw - channel_mean(gw) - xhat * m2
+            d_gw = batch_norm_grad(a, x, mean, var, None, eps, True)[0]
+            d_xhat = -(b * m2 + gw * channel_mean(b * xhat))
+            d_x = channel_mean(a * u) * (-(r * r)) * xhat
+        else:
+            d_gw = a * r
+    if c is not None:
+        d_xhat = _total(d_xhat, _per_channel(c, ndim) * dy)
+    if d_xhat is not None:
+        d_x = _total(d_x, batch_norm_grad(d_xhat, x, mean, var, None, eps, True)[0] if training
+                     else d_xhat * r)
+    d_dy = _total(None if d_gw is None else (d_gw * w if w is not None else d_gw),
+                  None if c is None else _per_channel(c, ndim) * xhat,
+                  None if e is None else expand_as(_per_channel(e, ndim), dy))
+    d_weight = None if weight is None or d_gw is None else reduce_sum(d_gw * dy, axis=axes)
+    return [d_dy, d_x, None, None] + ([d_weight] if weight is not None else [])
+
+
+@defop("BatchNormGrad", inputs=("dy", "x", "mean", "var", "weight?"), outputs=("dx", "dparams*"),
+       infer=_batch_norm_grad_rule, nondiff=(2, 3), grad=_batch_norm_grad_grad)
+def _batch_norm_grad_op(k, dy, x, mean, var, weight=None):
+    """BatchNorm's input gradients in one kernel, from the statistics it used."""
+    a = k.attrs
+    return _one_or_tuple(k.backend.batch_norm_backward(dy, x, mean, var, weight, a["eps"], a["training"],
+                                                       a["want_weight"], a["want_bias"]))
+
+
+@lowers("BatchNormGrad")
+def _batch_norm_grad_onnx(g):
+    dy, x, mean, var, *weight = g.ins
+    ndim, dtype = g.in_vars[1].ndim, g.in_vars[1].dtype
+    shape = g.const([1, -1] + [1] * (ndim - 2), "int64")
+    axes = g.const(_channel_axes(ndim), "int64")
+
+    def per_channel(v):
+        return g.node("Reshape", [v, shape])
+
+    def channel_mean(v):
+        return g.node("ReduceMean", [v, axes], keepdims=1)
+    invstd = per_channel(g.node("Reciprocal", [g.node("Sqrt", [g.node("Add", [var, g.const(g.attrs["eps"], dtype)])])]))
+    xhat = g.node("Mul", [g.node("Sub", [x, per_channel(mean)]), invstd])
+    gw = g.node("Mul", [dy, per_channel(weight[0])]) if weight else dy
+    if g.attrs["training"]:
+        centred = g.node("Sub", [gw, channel_mean(gw)])
+        gw = g.node("Sub", [centred, g.node("Mul", [xhat, channel_mean(g.node("Mul", [gw, xhat]))])])
+    outs = [g.node("Mul", [gw, invstd])]
+    if g.attrs["want_weight"]:
+        outs.append(g.node("ReduceSum", [g.node("Mul", [dy, xhat]), axes], keepdims=0))
+    if g.attrs["want_bias"]:
+        outs.append(g.node("ReduceSum", [dy, axes], keepdims=0))
+    return outs
+
+
+def batch_norm_grad(dy: Var, x: Var, mean: Var, var: Var, weight: Var | None, eps: float, training: bool,
+                    want_weight: bool = False, want_bias: bool = False) -> list[Var]:
+    """``[dx, (dweight), (dbias)]`` of ``batch_norm`` from the statistics it used (``training``:
+    the batch's, which depend on x; otherwise fixed running ones)."""
+    ins = [dy, x, mean, var] + ([weight] if weight is not None else [])
+    attrs = {"eps": float(eps), "training": bool(training),
+             "want_weight": bool(want_weight and weight is not None), "want_bias": bool(want_bias)}
+    return append_op("BatchNormGrad", ins, attrs, name="batch_norm_grad")
 
 
 # --- BatchNormStats: the running statistics, written in place ----------------------------------

@@ -22,7 +22,7 @@ import pytest
 import retrograd as rg
 from retrograd.ops.math import expand_as, sum_to
 from retrograd.ops.nn import one_hot_like
-from retrograd.ops.norm import layer_norm_grad, rms_norm_grad
+from retrograd.ops.norm import batch_norm_grad, layer_norm_grad, rms_norm_grad
 from retrograd.ops.registry import append_op
 from retrograd.ops.rnn_cells import gru_unit_grad, lstm_unit_grad
 from retrograd.ops.tensor import gather_grad, reshape_as, slice_grad, split_like
@@ -371,6 +371,26 @@ def _batch_norm(r):
                                                                             "w": normal(r, 3)})]
 
 
+def _batch_norm_grad(r):
+    """Training: the statistics of x itself (BatchNorm's outputs); evaluation: fixed ones."""
+    def batch_stats(x):
+        c = x.shape[1]
+        running = [rg.constant(np.zeros(c), dtype=x.dtype), rg.constant(np.ones(c), dtype=x.dtype)]
+        attrs = {"eps": 1e-5, "training": True, "has_weight": False, "has_bias": False}
+        return append_op("BatchNorm", [x, *running], attrs)[1:]
+
+    def training(dy, x, w):
+        return batch_norm_grad(dy, x, *batch_stats(x), w, 1e-5, True, want_weight=True, want_bias=True)
+
+    def evaluation(dy, x, w):
+        mean, var = rg.constant(normal(r, 3), dtype=x.dtype), rg.constant(positive(r, 3), dtype=x.dtype)
+        return batch_norm_grad(dy, x, mean, var, w, 1e-5, False, want_weight=True, want_bias=True)
+    return [(training, {"dy": normal(r, 4, 3, 2), "x": normal(r, 4, 3, 2), "w": normal(r, 3)}),
+            (lambda dy, x: batch_norm_grad(dy, x, *batch_stats(x), None, 1e-5, True)[0],
+             {"dy": normal(r, 5, 3), "x": normal(r, 5, 3)}),
+            (evaluation, {"dy": normal(r, 2, 3, 2), "x": normal(r, 2, 3, 2), "w": normal(r, 3)})]
+
+
 def _bce_with_logits(r):
     return [(rg.binary_cross_entropy_with_logits, {"x": normal(r, 3, 4) * 3.0, "t": r.uniform(0, 1, (3, 4))})]
 
@@ -518,7 +538,7 @@ CASES = {
 
 CASES.update({     # normalization and losses (ops/norm.py, ops/losses.py)
     "LayerNorm": _layer_norm, "LayerNormGrad": _layer_norm_grad, "RMSNorm": _rms_norm,
-    "RMSNormGrad": _rms_norm_grad, "BatchNorm": _batch_norm,
+    "RMSNormGrad": _rms_norm_grad, "BatchNorm": _batch_norm, "BatchNormGrad": _batch_norm_grad,
     "BinaryCrossEntropyWithLogits": _bce_with_logits, "NLLLoss": _nll_loss,
 })
 
@@ -528,7 +548,7 @@ DOUBLE_BACKWARD = ["MatMul", "Add", "Sub", "Mul", "Div", "Neg", "Exp", "Log", "T
                    "Split", "Slice", "Gather", "Where", "Maximum", "Minimum", "Clip", "Softmax",
                    "LogSoftmax", "SoftmaxCrossEntropy", "LSTMUnit", "GRUUnit", "SeqLinear",
                    "If", "Do", "While", "Sin", "Cos", "Mod", "RecurrentNetwork"]
-DOUBLE_BACKWARD += ["LayerNorm", "LayerNormGrad", "RMSNorm", "RMSNormGrad", "BatchNorm",
+DOUBLE_BACKWARD += ["LayerNorm", "LayerNormGrad", "RMSNorm", "RMSNormGrad", "BatchNorm", "BatchNormGrad",
                     "BinaryCrossEntropyWithLogits", "NLLLoss"]
 
 
