@@ -13,8 +13,8 @@ the batch's statistics (biased variance) and outputs them, and
 statistics in place with torch's momentum convention and the unbiased
 variance. In evaluation (``training=False``, or ``is_test`` in a program from
 ``clone(for_test=True)``) it uses the running statistics, and the builder (or
-the test clone) has no ``BatchNormStats``. Its gradient is written with the
-builders users call.
+the test clone) has no ``BatchNormStats``. Its gradient is one fused op too,
+``BatchNormGrad``, differentiable the same way.
 """
 from __future__ import annotations
 
