@@ -19,6 +19,11 @@ Nothing marks which op is which, so the pass works from what ops do:
    made for the backward; so the loss itself stays, as does every forward
    value nothing reads (an accuracy, the logits): they remain fetchable.
 
+Gradient ops that no update reads (a program with ``append_backward`` and no
+optimizer) are not told apart from forward values nothing reads, so they
+stay; clone such a program before ``append_backward`` instead (its Vars are
+fetchable from the clone all the same).
+
 Ops registered ``test_mode=True`` (``Dropout``, ``BatchNorm``) get
 ``attrs["is_test"] = True``; their kernels and lowerings read it.
 """

@@ -190,3 +190,21 @@ class _RunsStartupFirst:
             self.exe.run(self.startup)
             self.started = True
         return self.exe.run(program, **kwargs)
+
+
+def test_a_clone_made_before_minimize_evaluates_the_same():
+    main, startup = rg.Program(), rg.Program()
+    with rg.program_guard(main, startup):
+        x = rg.data("x", [-1, 4])
+        h = rg.dropout(rg.layers.batch_norm(rg.layers.fc(x, 3, name="fc"), name="bn"), 0.5)
+        loss = rg.mean(h * h)
+        early = main.clone(for_test=True)
+        rg.optim.SGD(0.1).minimize(loss)
+    late = main.clone(for_test=True)
+    assert [op.type for op in early.global_block().ops] == [op.type for op in late.global_block().ops]
+    exe = rg.Executor()
+    exe.run(startup)
+    exe.run(main, feed={"x": np.arange(8, dtype=np.float32).reshape(2, 4)}, fetch_list=[loss])
+    feed = {"x": np.ones((3, 4), np.float32)}
+    np.testing.assert_array_equal(exe.run(early, feed=feed, fetch_list=[h])[0],
+                                  exe.run(late, feed=feed, fetch_list=[h])[0])
