@@ -43,8 +43,9 @@ def make_test_program(program: Program) -> None:
                 op.attrs["is_test"] = True
     block = program.global_block()
     dropped = _training_ops(block)
+    written = {name for i in dropped for name in block.ops[i].outputs}
     block.ops = [op for i, op in enumerate(block.ops) if i not in dropped]
-    _forget_unused_vars(program)
+    _forget_unused_vars(program, written)
     program.bump()
     verify_program(program)
 
@@ -92,13 +93,14 @@ def _value_reads(op: Op) -> list[str]:
     return names
 
 
-def _forget_unused_vars(program: Program) -> None:
-    """Undeclare the temporaries of block 0 only the dropped ops used (gradients, moments).
-    (The sub-blocks of dropped ops stay, unreferenced, with what they name.)"""
+def _forget_unused_vars(program: Program, written: set[str]) -> None:
+    """Undeclare the temporaries of block 0 that only the dropped ops wrote and used (gradients,
+    clipped gradients). (The sub-blocks of dropped ops stay, unreferenced, with what they name.)"""
     used = {name for block in program.blocks for op in block.ops for name in (*op.inputs, *op.outputs)}
     block = program.global_block()
-    for name, var in list(block.vars.items()):
-        if name not in used and not (var.persistable or var.is_data):
+    for name in written - used:
+        var = block.vars.get(name)
+        if var is not None and not var.persistable:
             del block.vars[name]
 
 
