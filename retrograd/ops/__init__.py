@@ -17,5 +17,6 @@ from .sequence import reverse_sequence  # noqa: F401
 from .cond import cond, switch_case  # noqa: F401
 from .do import do  # noqa: F401
 from .while_loop import while_loop  # noqa: F401
-from .norm import batch_norm, layer_norm, rms_norm  # noqa: F401
+from .norm import layer_norm, rms_norm  # noqa: F401
+from .batch_norm import batch_norm  # noqa: F401
 from .losses import binary_cross_entropy_with_logits, nll_loss  # noqa: F401

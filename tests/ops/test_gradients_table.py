@@ -22,7 +22,8 @@ import pytest
 import retrograd as rg
 from retrograd.ops.math import expand_as, sum_to
 from retrograd.ops.nn import one_hot_like
-from retrograd.ops.norm import batch_norm_grad, layer_norm_grad, rms_norm_grad
+from retrograd.ops.batch_norm import batch_norm_grad
+from retrograd.ops.norm import layer_norm_grad, rms_norm_grad
 from retrograd.ops.registry import append_op
 from retrograd.ops.rnn_cells import gru_unit_grad, lstm_unit_grad
 from retrograd.ops.tensor import gather_grad, reshape_as, slice_grad, split_like
