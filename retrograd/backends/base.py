@@ -16,7 +16,7 @@ import contextlib
 import numpy as np
 
 from ..errors import BackendError
-from . import keyed_random
+from . import keyed_random, norm_math
 
 
 def dtype_name(dtype) -> str:
@@ -93,6 +93,37 @@ class Backend:
         """The context the executor runs kernels in (CuPy: our device made current; torch:
         inference mode, as retrograd does its own differentiation)."""
         return contextlib.nullcontext()
+
+    # -- normalization over the last axis (norm_math; torch overrides with its fused routines) --
+    def layer_norm(self, x, weight, bias, eps: float):
+        """``(y, mean, rstd)`` of a layer norm over the last axis (``mean``, ``rstd``: ``[..., 1]``)."""
+        return norm_math.layer_norm(self.xp, x, weight, bias, eps)
+
+    def layer_norm_backward(self, dy, x, mean, rstd, weight, want_weight: bool, want_bias: bool):
+        """``(dx, dweight or None, dbias or None)`` from the forward's ``mean`` and ``rstd``."""
+        return norm_math.layer_norm_backward(self.xp, dy, x, mean, rstd, weight, want_weight, want_bias)
+
+    def rms_norm(self, x, weight, eps: float):
+        """``(y, rstd)`` of an RMS norm over the last axis (``rstd``: ``[..., 1]``)."""
+        return norm_math.rms_norm(self.xp, x, weight, eps)
+
+    def rms_norm_backward(self, dy, x, rstd, weight, want_weight: bool):
+        """``(dx, dweight or None)`` from the forward's ``rstd``."""
+        return norm_math.rms_norm_backward(self.xp, dy, x, rstd, weight, want_weight)
+
+    def channel_stats(self, x):
+        """``(mean, var)`` (biased) per channel of ``x [N, C, ...]``, each ``[C]``."""
+        return norm_math.channel_stats(self.xp, x)
+
+    def batch_norm(self, x, mean, var, weight, bias, eps: float):
+        """``x [N, C, ...]`` normalized per channel with the given ``mean`` and ``var`` ``[C]``."""
+        return norm_math.batch_norm(self.xp, x, mean, var, weight, bias, eps)
+
+    def batch_norm_backward(self, dy, x, mean, var, weight, eps: float, training: bool,
+                            want_weight: bool, want_bias: bool):
+        """``(dx, dweight or None, dbias or None)`` with the statistics the forward used."""
+        return norm_math.batch_norm_backward(self.xp, dy, x, mean, var, weight, eps, training,
+                                             want_weight, want_bias)
 
     # -- keyed random draws (the same numbers on every backend) -------------------------
     def random_uniform(self, key, shape, low: float, high: float, dtype: str):

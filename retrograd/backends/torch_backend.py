@@ -116,3 +116,34 @@ class TorchBackend(Backend):
         if self.torch_device.type != "cuda":
             return None
         return int(self.torch.cuda.memory_allocated(self.torch_device))
+
+    # -- normalization: torch's fused kernels (the ones torch.nn.LayerNorm / RMSNorm run) ----------
+    def layer_norm(self, x, weight, bias, eps: float):
+        return self.torch.native_layer_norm(x, [x.shape[-1]], weight, bias, eps)
+
+    def layer_norm_backward(self, dy, x, mean, rstd, weight, want_weight: bool, want_bias: bool):
+        # (callers want a weight's gradient only where there is a weight)
+        bias = dy.new_empty(x.shape[-1:]) if want_bias else None     # read for its presence only
+        return self.torch.ops.aten.native_layer_norm_backward(
+            dy, x, [x.shape[-1]], mean, rstd, weight, bias, [True, want_weight, want_bias])
+
+    def rms_norm(self, x, weight, eps: float):
+        return self.torch.ops.aten._fused_rms_norm(x, [x.shape[-1]], weight, eps)
+    # (rms_norm_backward: the generic one; torch 2.13 has _fused_rms_norm_backward for CUDA only)
+
+    def channel_stats(self, x):
+        var, mean = self.torch.var_mean(x, dim=[0, *range(2, x.ndim)], correction=0)
+        return mean, var
+
+    def batch_norm(self, x, mean, var, weight, bias, eps: float):
+        # evaluation mode with (mean, var) as the running statistics: one fused pass, nothing written
+        return self.torch.native_batch_norm(x, weight, bias, mean, var, False, 0.0, eps)[0]
+
+    def batch_norm_backward(self, dy, x, mean, var, weight, eps: float, training: bool,
+                            want_weight: bool, want_bias: bool):
+        mask = [True, want_weight, want_bias]
+        if training:     # torch reads the batch statistics as (mean, 1 / sqrt(var + eps))
+            return self.torch.ops.aten.native_batch_norm_backward(
+                dy, x, weight, None, None, mean, (var + eps).rsqrt(), True, eps, mask)
+        return self.torch.ops.aten.native_batch_norm_backward(dy, x, weight, mean, var, None, None, False,
+                                                              eps, mask)

@@ -24,6 +24,16 @@ OPERATORS: dict[str, Callable[..., "Var"]] = {}
 
 _program_serials = itertools.count()
 
+# ``clone(for_test=True)`` rewrites its copy with the pass that ``retrograd/passes/for_test.py``
+# hands over when imported (the pass needs the op registry; the IR imports no ops).
+_FOR_TEST_PASS: dict[str, Callable[["Program"], None]] = {}
+
+
+def register_for_test_pass(fn: Callable[["Program"], None]) -> Callable[["Program"], None]:
+    """Called once by ``retrograd/passes/for_test.py`` with its ``make_test_program``."""
+    _FOR_TEST_PASS["pass"] = fn
+    return fn
+
 # Blocks inside blocks: passes, the printer and the executor walk nested blocks
 # recursively, so loading and verifying refuse deeper nesting than this.
 MAX_BLOCK_DEPTH = 64
@@ -353,14 +363,29 @@ class Program:
         from .serialize import program_from_json
         return program_from_json(text)
 
-    def clone(self) -> "Program":
+    def clone(self, for_test: bool = False) -> "Program":
         """A deep copy (through the JSON form, so nothing is shared).
 
         The copy remembers where it came from, so the original's Vars can be
         fetched from it and fed to it: ``exe.run(main.clone(), fetch_list=[loss])``.
+
+        With ``for_test=True`` the copy is the program's evaluation form: forward
+        only (no gradient ops, optimizer updates, AllReduce, nor the ops that only
+        feed those); dropout is the identity and batch_norm uses its running
+        statistics without writing them (ops registered ``test_mode=True`` get
+        ``attrs["is_test"] = True``).
+
+        Example::
+
+            test_program = main.clone(for_test=True)
+            acc_v, = exe.run(test_program, feed={"x": xb, "y": yb}, fetch_list=[acc])
         """
         copy = Program.from_json(self.to_json())
         copy.lineage = self.lineage | {self.serial}
+        if for_test:
+            if "pass" not in _FOR_TEST_PASS:
+                raise ProgramError("clone(for_test=True) needs the op registry; import retrograd")
+            _FOR_TEST_PASS["pass"](copy)
         return copy
 
     def owns(self, var: Var) -> bool:

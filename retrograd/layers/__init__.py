@@ -7,5 +7,6 @@ Example::
 """
 from .common import embedding, fc
 from .rnn import gru, lstm, milstm  # noqa: F401
+from .norm import batch_norm, layer_norm, rms_norm  # noqa: F401
 
 __all__ = ["embedding", "fc"]

@@ -18,3 +18,6 @@ from .cond import cond, switch_case  # noqa: F401
 from .do import do  # noqa: F401
 from .while_loop import while_loop  # noqa: F401
 from .linear_cross_entropy import linear_cross_entropy  # noqa: F401
+from .norm import layer_norm, rms_norm  # noqa: F401
+from .batch_norm import batch_norm  # noqa: F401
+from .losses import binary_cross_entropy_with_logits, nll_loss  # noqa: F401

@@ -21,6 +21,7 @@ from typing import Callable
 from ..ir.program import Program
 from ..ir.verify import verify_program
 from .fuse_updates import fuse_optimizer_updates
+from .for_test import make_test_program  # noqa: F401  (registers clone(for_test=True)'s pass)
 
 PASSES: list[Callable[[Program], int]] = [fuse_optimizer_updates]
 

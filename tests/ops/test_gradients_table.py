@@ -22,6 +22,9 @@ import pytest
 import retrograd as rg
 from retrograd.ops.math import expand_as, sum_to
 from retrograd.ops.nn import one_hot_like
+from retrograd.ops.batch_norm import batch_norm_grad
+from retrograd.ops.norm import layer_norm_grad, rms_norm_grad
+from retrograd.ops.registry import append_op
 from retrograd.ops.rnn_cells import gru_unit_grad, lstm_unit_grad
 from retrograd.ops.tensor import gather_grad, reshape_as, slice_grad, split_like
 from retrograd.testing import check_gradients
@@ -316,6 +319,87 @@ def _rnn_cells(r):
     }
 
 
+def _norm_stats(op_type: str, x, **attrs):
+    """The statistics outputs of a LayerNorm / RMSNorm of ``x`` (no weight), built directly."""
+    outs = append_op(op_type, [x], {"eps": 1e-5, "has_weight": False, "has_bias": False, **attrs})
+    return outs[1:]
+
+
+def _layer_norm(r):
+    return [(lambda x, w, b: rg.layer_norm(x, w, b), {"x": normal(r, 3, 5), "w": normal(r, 5), "b": normal(r, 5)}),
+            (lambda x: rg.layer_norm(x * x, eps=0.1), {"x": normal(r, 2, 3, 4)}),
+            (lambda x, w: rg.layer_norm(x, w), {"x": normal(r, 4), "w": normal(r, 4)})]
+
+
+def _layer_norm_grad(r):
+    def fused(dy, x, w):
+        mean, rstd = _norm_stats("LayerNorm", x)
+        return layer_norm_grad(dy, x, mean, rstd, w, 1e-5, want_weight=True, want_bias=True)
+
+    def plain(dy, x):
+        return layer_norm_grad(dy, x, *_norm_stats("LayerNorm", x), None, 1e-5)
+    return [(fused, {"dy": normal(r, 3, 4), "x": normal(r, 3, 4), "w": normal(r, 4)}),
+            (plain, {"dy": normal(r, 2, 2, 3), "x": normal(r, 2, 2, 3)})]
+
+
+def _rms_norm(r):
+    return [(lambda x, w: rg.rms_norm(x, w), {"x": normal(r, 3, 5), "w": normal(r, 5)}),
+            (lambda x: rg.rms_norm(x, eps=0.1), {"x": normal(r, 2, 3, 4)})]
+
+
+def _rms_norm_grad(r):
+    def fused(dy, x, w):
+        [rstd] = _norm_stats("RMSNorm", x)
+        return rms_norm_grad(dy, x, rstd, w, 1e-5, want_weight=True)
+
+    def plain(dy, x):
+        return rms_norm_grad(dy, x, *_norm_stats("RMSNorm", x), None, 1e-5)
+    return [(fused, {"dy": normal(r, 3, 4), "x": normal(r, 3, 4), "w": normal(r, 4)}),
+            (plain, {"dy": normal(r, 2, 2, 3), "x": normal(r, 2, 2, 3)})]
+
+
+def _batch_norm(r):
+    """Training (batch statistics) on [N, C] and [N, C, L], evaluation with running statistics."""
+    mean, var = normal(r, 3), positive(r, 3)
+
+    def running(like):
+        c = like.shape[1]
+        return rg.constant(mean[:c], dtype=like.dtype), rg.constant(var[:c], dtype=like.dtype)
+    return [(lambda x, w, b: rg.batch_norm(x, *running(x), w, b), {"x": normal(r, 4, 3), "w": normal(r, 3),
+                                                                   "b": normal(r, 3)}),
+            (lambda x: rg.batch_norm(x * x, *running(x), eps=0.1), {"x": normal(r, 3, 2, 4)}),
+            (lambda x, w: rg.batch_norm(x, *running(x), w, training=False), {"x": normal(r, 2, 3, 2),
+                                                                            "w": normal(r, 3)})]
+
+
+def _batch_norm_grad(r):
+    """Training: the statistics of x itself (BatchNorm's outputs); evaluation: fixed ones."""
+    def batch_stats(x):
+        c = x.shape[1]
+        running = [rg.constant(np.zeros(c), dtype=x.dtype), rg.constant(np.ones(c), dtype=x.dtype)]
+        attrs = {"eps": 1e-5, "training": True, "has_weight": False, "has_bias": False}
+        return append_op("BatchNorm", [x, *running], attrs)[1:]
+
+    def training(dy, x, w):
+        return batch_norm_grad(dy, x, *batch_stats(x), w, 1e-5, True, want_weight=True, want_bias=True)
+
+    def evaluation(dy, x, w):
+        mean, var = rg.constant(normal(r, 3), dtype=x.dtype), rg.constant(positive(r, 3), dtype=x.dtype)
+        return batch_norm_grad(dy, x, mean, var, w, 1e-5, False, want_weight=True, want_bias=True)
+    return [(training, {"dy": normal(r, 4, 3, 2), "x": normal(r, 4, 3, 2), "w": normal(r, 3)}),
+            (lambda dy, x: batch_norm_grad(dy, x, *batch_stats(x), None, 1e-5, True)[0],
+             {"dy": normal(r, 5, 3), "x": normal(r, 5, 3)}),
+            (evaluation, {"dy": normal(r, 2, 3, 2), "x": normal(r, 2, 3, 2), "w": normal(r, 3)})]
+
+
+def _bce_with_logits(r):
+    return [(rg.binary_cross_entropy_with_logits, {"x": normal(r, 3, 4) * 3.0, "t": r.uniform(0, 1, (3, 4))})]
+
+
+def _nll_loss(r):
+    return [(rg.nll_loss, {"log_probs": normal(r, 4, 3), "labels": np.array([2, 0, 1, 2])})]
+
+
 def _if(r):
     def branchy(x, w):
         return rg.cond(rg.sum(x) > 0.0, lambda: rg.tanh(x * w), lambda: x - w * w)
@@ -464,12 +548,20 @@ CASES = {
     "AllReduce": _all_reduce,
 }
 
+CASES.update({     # normalization and losses (ops/norm.py, ops/losses.py)
+    "LayerNorm": _layer_norm, "LayerNormGrad": _layer_norm_grad, "RMSNorm": _rms_norm,
+    "RMSNormGrad": _rms_norm_grad, "BatchNorm": _batch_norm, "BatchNormGrad": _batch_norm_grad,
+    "BinaryCrossEntropyWithLogits": _bce_with_logits, "NLLLoss": _nll_loss,
+})
+
 # The core set whose gradients are themselves differentiable (issue 3).
 DOUBLE_BACKWARD = ["MatMul", "Add", "Sub", "Mul", "Div", "Neg", "Exp", "Log", "Tanh", "Sigmoid",
                    "Relu", "Square", "Sqrt", "Pow", "Sum", "Mean", "Reshape", "Transpose", "Concat",
                    "Split", "Slice", "Gather", "Where", "Maximum", "Minimum", "Clip", "Softmax",
                    "LogSoftmax", "SoftmaxCrossEntropy", "LSTMUnit", "GRUUnit", "SeqLinear",
                    "If", "Do", "While", "Sin", "Cos", "Mod", "RecurrentNetwork"]
+DOUBLE_BACKWARD += ["LayerNorm", "LayerNormGrad", "RMSNorm", "RMSNormGrad", "BatchNorm", "BatchNormGrad",
+                    "BinaryCrossEntropyWithLogits", "NLLLoss"]
 
 
 def _import_every_module() -> None:
