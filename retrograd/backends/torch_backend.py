@@ -17,6 +17,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..errors import BackendError
+from . import torch_fused_rnn
 from .base import Backend, Namespace, dtype_name
 
 
@@ -26,6 +27,16 @@ def is_array(array) -> bool:
 
 def array_to_numpy(array) -> np.ndarray:
     return array.detach().cpu().numpy()
+
+
+_ONEDNN_LSTM: dict[str, bool] = {}
+
+
+def _has_onednn_lstm(torch) -> bool:
+    """Whether this torch runs oneDNN's LSTM through explicit ops (checked and logged once)."""
+    if "ok" not in _ONEDNN_LSTM:
+        _ONEDNN_LSTM["ok"] = torch_fused_rnn.available(torch)
+    return _ONEDNN_LSTM["ok"]
 
 
 def _import_torch():
@@ -64,6 +75,20 @@ class TorchBackend(Backend):
         self.torch_device = dev
         xp = Namespace(compat, None if dev.type == "cpu" else dev, matmul=torch.matmul)
         super().__init__(xp, str(dev))
+        self.onednn_lstm = torch_fused_rnn.OneDNNLSTM(torch) if _has_onednn_lstm(torch) else None
+
+    # -- fused kernels (LSTMSequence): None where this backend has none for the arrays given ----
+    def fused_lstm_forward(self, x, w_ih, w_hh, b, h0, c0, forget_bias: float, reverse: bool):
+        fused = self.onednn_lstm
+        if fused is None or not fused.applies(x):
+            return None
+        return fused.forward(x, w_ih, w_hh, b, h0, c0, forget_bias, reverse)
+
+    def fused_lstm_backward(self, x, *rest):
+        fused = self.onednn_lstm
+        if fused is None or not fused.applies(x):
+            return None
+        return fused.backward(x, *rest)
 
     @property
     def has_graphs(self) -> bool:

@@ -21,3 +21,4 @@ from .linear_cross_entropy import linear_cross_entropy  # noqa: F401
 from .norm import layer_norm, rms_norm  # noqa: F401
 from .batch_norm import batch_norm  # noqa: F401
 from .losses import binary_cross_entropy_with_logits, nll_loss  # noqa: F401
+from .lstm_sequence import lstm_sequence  # noqa: F401
