@@ -1,0 +1,441 @@
+"""Indexing: ``x[...]`` (``Index`` and its gradient ``IndexGrad``), ``scatter`` and ``update_slice``.
+
+``x[key]`` is one ``Index`` op whatever the key holds. The key is kept as one
+item per position (``attrs["items"]``)::
+
+    ["int", i]                      an integer: picks one position, drops the axis
+    ["slice", start, stop, step]    a slice (None where omitted; any nonzero step)
+    ["var"]                         an int64 0-d Var (the op's next input): as an int
+    ["new"]                         None: a new axis of size 1
+
+``...`` is expanded when the op is built (ranks are static), and items for the
+axes the key leaves out are full slices, so every axis of ``x`` has an item.
+Kernels and lowerings work "rank-preserving" first (every picked axis kept as
+size 1, negative steps read forwards and flipped) and reshape at the end.
+"""
+from __future__ import annotations
+
+import builtins
+import math
+from typing import Sequence
+
+import numpy as np
+
+from .. import backend
+from ..errors import ProgramError, ShapeError, kernel_failure
+from ..ir.program import OPERATORS, Var, as_int
+from .creation import constant, zeros_like
+from .lowering import lowers
+from .registry import append_op, defop
+from .shapes import broadcast_shapes
+from .tensor import check_ids, checked_ids_onnx, gather, transpose
+
+_py_slice = builtins.slice
+INT_DTYPES = ("int64", "int32")
+INT64_MAX, INT64_MIN = 2**63 - 1, -2**63
+MAX_INDEX_INPUTS = 64          # variadic index Vars: positions listed for nondiff/shape_only
+
+
+# --- The key --------------------------------------------------------------------------------
+
+def _key_items(key, x: Var) -> tuple[list, list[Var]]:
+    """``key`` as items (one per position, ``...`` expanded) and the index Vars, in order."""
+    key = key if isinstance(key, tuple) else (key,)
+    if builtins.sum(1 for k in key if k is Ellipsis) > 1:
+        raise ProgramError(f"x[...] of '{x.name}': an index may hold one '...', got {len(key)} items")
+    consumed = builtins.sum(1 for k in key if k is not None and k is not Ellipsis)
+    if consumed > x.ndim:
+        raise ShapeError(f"too many indices for '{x.name}' ({x.type_str()}): {consumed} for {x.ndim} axes")
+    items, index_vars = [], []
+    for k in key:
+        if k is Ellipsis:
+            items += [["slice", None, None, 1] for _ in range(x.ndim - consumed)]
+        elif k is None:
+            items.append(["new"])
+        elif isinstance(k, _py_slice):
+            items.append(_slice_item(k, x))
+        elif isinstance(k, Var):
+            if k.ndim != 0 or k.dtype not in INT_DTYPES:
+                raise ProgramError(f"x[...] of '{x.name}': a Var index must be an int64 or int32 0-d "
+                                   f"Var, got '{k.name}' {k.type_str()} (use rg.gather for id arrays)")
+            items.append(["var"])
+            index_vars.append(k)
+        elif _is_int(k):
+            items.append(["int", int(k)])
+        else:
+            raise ProgramError(f"x[...] of '{x.name}': cannot index with {type(k).__name__} {k!r:.40}; "
+                               "use ints, slices, None, ... or int64 0-d Vars (rg.gather for id arrays)")
+    if not builtins.any(k is Ellipsis for k in key):
+        items += [["slice", None, None, 1] for _ in range(x.ndim - consumed)]
+    return items, index_vars
+
+
+def _is_int(value) -> bool:
+    if isinstance(value, np.ndarray) and value.ndim == 0:
+        value = value[()]
+    return isinstance(value, (int, np.integer)) and not isinstance(value, (bool, np.bool_))
+
+
+def _slice_item(k: slice, x: Var) -> list:
+    bounds = []
+    for name, value in (("start", k.start), ("stop", k.stop), ("step", k.step)):
+        if value is not None and not _is_int(value):
+            raise ProgramError(f"x[...] of '{x.name}': slice {name} must be an int or None, got "
+                               f"{type(value).__name__} {value!r:.40} (use rg.update_slice-style "
+                               "ops or rg.gather for positions known only at run time)")
+        bounds.append(None if value is None else int(value))
+    if bounds[2] == 0:
+        raise ProgramError(f"x[...] of '{x.name}': slice step cannot be zero")
+    return ["slice", bounds[0], bounds[1], 1 if bounds[2] is None else bounds[2]]
+
+
+def _axis_items(items) -> list[tuple[int, list]]:
+    """(axis of x, item) for every item that reads an axis of x (all but ``new``)."""
+    found, axis = [], 0
+    for item in items:
+        if item[0] != "new":
+            found.append((axis, item))
+            axis += 1
+    return found
+
+
+def _is_full(item) -> bool:
+    return item[0] == "slice" and item[1] is None and item[2] is None and item[3] == 1
+
+
+def index_error(index: int, axis: int, n: int) -> IndexError:
+    return IndexError(f"index {index} is out of range for axis {axis} of size {n}")
+
+
+def check_index(index: int, axis: int, n: int) -> None:
+    """Raise IndexError unless ``index`` lies in ``[-n, n)`` (NumPy's rule for an integer index)."""
+    if not -n <= index < n:
+        raise index_error(index, axis, n)
+
+
+# --- Shapes ---------------------------------------------------------------------------------
+
+def _slice_length(item, n: int) -> int:
+    return len(range(*_py_slice(*item[1:]).indices(n))) if n >= 0 else -1
+
+
+def _index_rule(ins, attrs):
+    x, index_vars = ins[0], ins[1:]
+    items = attrs["items"]
+    if builtins.sum(1 for item in items if item[0] == "var") != len(index_vars):
+        raise ShapeError(f"the key has {len(items)} items but {len(index_vars)} index inputs")
+    for var in index_vars:
+        if var.ndim != 0 or var.dtype not in INT_DTYPES:
+            raise ShapeError(f"index '{var.name}' must be an int64 or int32 0-d Var, got {var.type_str()}")
+    if len(_axis_items(items)) != x.ndim:
+        raise ShapeError(f"the key indexes {len(_axis_items(items))} axes of a rank-{x.ndim} input")
+    shape = []
+    axes = iter(_axis_items(items))
+    for item in items:
+        if item[0] == "new":
+            shape.append(1)
+            continue
+        axis, _ = next(axes)
+        n = x.shape[axis]
+        if item[0] == "int" and n >= 0:
+            try:
+                check_index(item[1], axis, n)
+            except IndexError as exc:
+                raise ShapeError(str(exc)) from None
+        elif item[0] == "slice":
+            shape.append(_slice_length(item, n))
+    return [(tuple(shape), x.dtype)]
+
+
+def _kept_shape(items, x_shape) -> tuple[int, ...]:
+    """The rank-preserving result's shape: picked axes kept as size 1, no new axes."""
+    return tuple(_slice_length(item, x_shape[axis]) if item[0] == "slice" else 1
+                 for axis, item in _axis_items(items))
+
+
+def _out_shape(items, kept: Sequence[int]) -> tuple[int, ...]:
+    """The result's shape from the rank-preserving one: picked axes dropped, new axes added."""
+    shape, axes = [], iter(range(len(kept)))
+    for item in items:
+        if item[0] == "new":
+            shape.append(1)
+        elif item[0] == "slice":
+            shape.append(kept[next(axes)])
+        else:
+            next(axes)
+    return tuple(shape)
+
+
+# --- Kernels --------------------------------------------------------------------------------
+
+def _forward_slice(item, n: int) -> tuple[slice, bool]:
+    """The positions ``item`` picks on a size-``n`` axis as a slice with a positive step, and
+    whether they must be flipped (a negative step)."""
+    start, stop, step = _py_slice(*item[1:]).indices(n)
+    if step > 0:
+        return _py_slice(start, builtins.max(start, stop), step), False
+    count = len(range(start, stop, step))
+    if count == 0:
+        return _py_slice(0, 0, 1), False
+    last = start + (count - 1) * step
+    return _py_slice(last, start + 1, -step), True
+
+
+def _position(k, value, axis: int, n: int):
+    """A Var index's position in ``[0, n)``: a Python int, or (while a device graph is captured,
+    when the host may not read the device) a 1-element array checked after each replay."""
+    xp = k.xp
+    if k.run.deferred_checks is None:
+        index = int(value)
+        check_index(index, axis, n)
+        return index % n
+    position = xp.reshape(value + xp.astype(value < 0, value.dtype) * n, (1,))
+    return check_ids(xp, position, n, "index", k=k)
+
+
+def _plan(k, items, shape, values):
+    """(basic index with positive steps, axes to flip, [(axis, position array)]) for x of ``shape``."""
+    basic, flips, takes = [], [], []
+    values = iter(values)
+    for axis, item in _axis_items(items):
+        n = shape[axis]
+        if item[0] == "int":
+            check_index(item[1], axis, n)
+            index = item[1] % n
+            basic.append(_py_slice(index, index + 1))
+        elif item[0] == "var":
+            position = _position(k, next(values), axis, n)
+            if isinstance(position, int):
+                basic.append(_py_slice(position, position + 1))
+            else:
+                basic.append(_py_slice(None))
+                takes.append((axis, position))
+        else:
+            piece, flipped = _forward_slice(item, n)
+            basic.append(piece)
+            if flipped:
+                flips.append(axis)
+    return tuple(basic), tuple(flips), takes
+
+
+def _index_grad(g):
+    return [index_grad(g.dy, g.x[0], g.attrs["items"], g.x[1:])] + [None] * (len(g.x) - 1)
+
+
+@defop("Index", inputs=("x", "indices*"), infer=_index_rule, grad=_index_grad,
+       nondiff=tuple(range(1, MAX_INDEX_INPUTS)))
+def _index(k, x, *indices):
+    """``x[key]``: ints, slices (any step), new axes and 0-d index arrays, as NumPy reads them."""
+    xp, items = k.xp, k.attrs["items"]
+    basic, flips, takes = _plan(k, items, x.shape, indices)
+    y = x[basic]
+    if flips:
+        y = xp.flip(y, axis=flips)
+    for axis, position in takes:
+        y = xp.take(y, position, axis=axis)
+    return xp.reshape(y, _out_shape(items, y.shape))
+
+
+def _index_grad_rule(ins, attrs):
+    dy, x = ins[:2]
+    return [(x.shape, dy.dtype)]
+
+
+def _index_grad_grad(g):
+    return [append_op("Index", [g.dy, *g.x[2:]], {"items": g.attrs["items"]})[0]] + [None] * (len(g.x) - 1)
+
+
+@defop("IndexGrad", inputs=("dy", "x", "indices*"), infer=_index_grad_rule, grad=_index_grad_grad,
+       nondiff=tuple(range(1, MAX_INDEX_INPUTS)), shape_only=(1,))
+def _index_grad_kernel(k, dy, x, *indices):
+    """Zeros shaped like ``x`` with ``dy`` written where ``Index`` read (its gradient)."""
+    xp, items = k.xp, k.attrs["items"]
+    kept = xp.reshape(dy, _kept_shape(items, x.shape))
+    basic, flips, takes = _plan(k, items, x.shape, indices)
+    if flips:
+        kept = xp.flip(kept, axis=flips)
+    for axis, position in takes:       # a size-1 axis spread over n, dy at the position
+        n = x.shape[axis]
+        at = xp.reshape(xp.arange(n, dtype=position.dtype) == position,
+                        tuple(n if a == axis else 1 for a in range(x.ndim)))
+        kept = xp.where(at, kept, xp.zeros((), dtype=kept.dtype))
+    out = xp.zeros(tuple(x.shape), dtype=dy.dtype)
+    out[basic] = kept
+    return out
+
+
+def index_grad(dy: Var, x: Var, items, index_vars: Sequence[Var]) -> Var:
+    return append_op("IndexGrad", [dy, x, *index_vars], {"items": items})[0]
+
+
+def getitem(x: Var, key) -> Var:
+    """``x[key]`` (``Var.__getitem__``): NumPy's basic indexing, plus int64 0-d Vars as indices.
+
+    Ints (negative from the end), slices with any step (negative too), None
+    (a new axis), ``...`` and int64/int32 0-d Vars (read as ints at run time).
+    An int out of range on a known dimension is a ShapeError when built; on a
+    dimension known only at run time, and for a Var index, an ExecutionError
+    naming the op when run. Arrays of ids are ``rg.gather``'s job.
+
+    Example::
+
+        last = h[-1]                  # h [T, N, D] -> [N, D]
+        every_other = x[:, ::2, None] # [N, D] -> [N, ceil(D / 2), 1]
+        row = table[i]                # i: an int64 0-d Var
+    """
+    items, index_vars = _key_items(key, x)
+    return append_op("Index", [x, *index_vars], {"items": items})[0]
+
+
+# --- ONNX -----------------------------------------------------------------------------------
+
+def _checked_position_onnx(g, value: str, axis: int, x: str) -> str:
+    """``value`` (an int64 scalar index) as a position in [0, n) on ``axis`` of ``x``, guarded by
+    ``check_index`` as a run-time check of the model."""
+    n = g.scalar_dim(x, axis)
+    failed = g.node("Or", [g.node("Less", [value, g.node("Neg", [n])]), g.node("GreaterOrEqual", [value, n])])
+    op, dtypes = g.op, [var.dtype for var in g.in_vars]
+    shapes = [g.shape(v) for v in g.ins]
+
+    def verify(index, n, *shapes):
+        try:
+            check_index(int(np.reshape(index, -1)[0]), axis, int(np.reshape(n, -1)[0]))
+        except IndexError as exc:
+            stand_ins = [np.broadcast_to(np.zeros((), dtype=dtype), tuple(int(d) for d in shape))
+                         for dtype, shape in zip(dtypes, shapes)]
+            raise kernel_failure(op.where(), exc, zip(op.inputs, stand_ins)) from None
+
+    ok = g.check(failed, f"index into axis {axis} must lie in [-n, n)", verify, [value, n, *shapes])
+    position = _wrapped(g, value, n)
+    return g.node("Where", [ok, position, position])
+
+
+def _wrapped(g, value: str, n: str) -> str:
+    """``value + n`` where ``value`` is negative (an int64 scalar or 1-element tensor)."""
+    negative = g.cast(g.node("Less", [value, g.const(0, "int64")]), "int64")
+    return g.node("Add", [value, g.node("Mul", [negative, n])])
+
+
+def _slice_args_onnx(g, x: str, axis: int, item, n: int) -> tuple[str, str, int]:
+    """ONNX Slice's (start, end) 1-element values and step for a slice item on ``axis``."""
+    _, start, stop, step = item
+    if n >= 0:                       # Python's own reading, exact
+        begin, end, _ = _py_slice(start, stop, step).indices(n)
+        if not range(begin, end, step):
+            begin = end = 0
+        end = INT64_MIN if step < 0 and end < 0 else end
+        return g.const([begin], "int64"), g.const([end], "int64"), step
+    begin = (0 if step > 0 else INT64_MAX) if start is None else start
+    end = (INT64_MAX if step > 0 else INT64_MIN) if stop is None else stop
+    begin_c, end_c = g.const([begin], "int64"), g.const([end], "int64")
+    if step < 0 and start is not None and start < 0:
+        # Python reads a start before the first element as "nothing"; ONNX would clamp it to
+        # the first element: end there instead (an empty slice).
+        before = g.node("Less", [g.node("Add", [begin_c, g.dim(x, axis)]), g.const([0], "int64")])
+        end_c = g.node("Where", [before, g.const([0], "int64"), end_c])
+    return begin_c, end_c, step
+
+
+def _int_position_onnx(g, x: str, axis: int, index: int, n: int) -> str:
+    """An int item's position as an int64 scalar (checked at run time where n is unknown)."""
+    if n >= 0:
+        return g.const(index % n, "int64")
+    return _checked_position_onnx(g, g.const(index, "int64"), axis, x)
+
+
+def _var_position_onnx(g, i: int, axis: int, x: str) -> str:
+    value = g.ins[i] if g.in_vars[i].dtype == "int64" else g.cast(g.ins[i], "int64")
+    return _checked_position_onnx(g, value, axis, x)
+
+
+@lowers("Index")
+def _index_onnx(g):
+    x, shape, items = g.ins[0], g.in_vars[0].shape, g.attrs["items"]
+    starts, ends, axes, steps, picks, dropped = [], [], [], [], [], []
+    next_input = iter(range(1, len(g.ins)))
+    for axis, item in _axis_items(items):
+        if item[0] == "slice":
+            if not _is_full(item):
+                begin, end, step = _slice_args_onnx(g, x, axis, item, shape[axis])
+                starts.append(begin), ends.append(end), axes.append(axis), steps.append(step)
+            continue
+        if item[0] == "int":
+            position = _int_position_onnx(g, x, axis, item[1], shape[axis])
+        else:
+            position = _var_position_onnx(g, next(next_input), axis, x)
+        picks.append((axis, g.node("Reshape", [position, g.const([1], "int64")])))
+        dropped.append(axis)
+    y = x
+    if axes:
+        y = g.node("Slice", [y, g.node("Concat", starts, axis=0), g.node("Concat", ends, axis=0),
+                             g.const(axes, "int64"), g.const(steps, "int64")])
+    for axis, position in picks:
+        y = g.node("Gather", [y, position], axis=axis)
+    if dropped:
+        y = g.node("Squeeze", [y, g.const(dropped, "int64")])
+    new_axes = _new_axes_out(items)
+    if new_axes:
+        y = g.node("Unsqueeze", [y, g.const(new_axes, "int64")])
+    return [y if y != x else g.node("Identity", [x])]
+
+
+def _new_axes_out(items) -> list[int]:
+    """Positions of the new axes in the result."""
+    found, out_axis = [], 0
+    for item in items:
+        if item[0] in ("new", "slice"):
+            if item[0] == "new":
+                found.append(out_axis)
+            out_axis += 1
+    return found
+
+
+def grid_indices_onnx(g, positions: list[str], lead_shape: str) -> str:
+    """ScatterND indices ``[*lead, k]`` from one 1-D position vector per leading axis
+    (``lead_shape``: their lengths, an int64 1-D value): entry ``[j0, .., jk-1]`` holds
+    ``(positions[0][j0], ..., positions[k-1][jk-1])``."""
+    depth = len(positions)
+    grid = g.node("Concat", [lead_shape, g.const([1], "int64")], axis=0)
+    columns = []
+    for axis, position in enumerate(positions):
+        shape = [1] * axis + [-1] + [1] * (depth - axis - 1) + [1]
+        columns.append(g.node("Expand", [g.node("Reshape", [position, g.const(shape, "int64")]), grid]))
+    return columns[0] if depth == 1 else g.node("Concat", columns, axis=-1)
+
+
+@lowers("IndexGrad")
+def _index_grad_onnx(g):
+    """ScatterND of ``dy`` (made rank-preserving) into zeros at the positions Index read; only
+    the leading axes up to the last one the key narrows need positions."""
+    dy, x = g.ins[:2]
+    items, shape = g.attrs["items"], g.in_vars[1].shape
+    new_in_dy = _new_axes_out(items)
+    y = g.node("Squeeze", [dy, g.const(new_in_dy, "int64")]) if new_in_dy else dy
+    picked = [axis for axis, item in _axis_items(items) if item[0] in ("int", "var")]
+    if picked:
+        y = g.node("Unsqueeze", [y, g.const(picked, "int64")])
+    narrowed = [axis for axis, item in _axis_items(items) if not _is_full(item)]
+    if not narrowed:
+        return [g.node("Identity", [y])]
+    next_input = iter(range(2, len(g.ins)))
+    positions = []
+    for axis, item in _axis_items(items)[:narrowed[-1] + 1]:
+        if item[0] == "slice":
+            every = g.node("Range", [g.const(0, "int64"), g.scalar_dim(x, axis), g.const(1, "int64")])
+            if _is_full(item):
+                positions.append(every)
+                continue
+            begin, end, step = _slice_args_onnx(g, x, axis, item, shape[axis])
+            positions.append(g.node("Slice", [every, begin, end, g.const([0], "int64"), g.const([step], "int64")]))
+            continue
+        if item[0] == "int":
+            position = _int_position_onnx(g, x, axis, item[1], shape[axis])
+        else:
+            position = _var_position_onnx(g, next(next_input), axis, x)
+        positions.append(g.node("Reshape", [position, g.const([1], "int64")]))
+    lead = g.node("Slice", [g.shape(y), g.const([0], "int64"), g.const([len(positions)], "int64")])
+    zeros = g.fill(g.shape(x), 0, g.in_vars[0].dtype)
+    return [g.node("ScatterND", [zeros, grid_indices_onnx(g, positions, lead), y])]
+
+
+OPERATORS.update(getitem=getitem, transpose=transpose)
