@@ -26,6 +26,7 @@ from ..errors import ProgramError, ShapeError, kernel_failure
 from ..ir.program import OPERATORS, Var, as_int
 from .creation import constant, zeros_like
 from .lowering import lowers
+from .math import where
 from .registry import append_op, defop
 from .shapes import broadcast_shapes
 from .tensor import check_ids, checked_ids_onnx, gather, transpose
@@ -436,6 +437,275 @@ def _index_grad_onnx(g):
     lead = g.node("Slice", [g.shape(y), g.const([0], "int64"), g.const([len(positions)], "int64")])
     zeros = g.fill(g.shape(x), 0, g.in_vars[0].dtype)
     return [g.node("ScatterND", [zeros, grid_indices_onnx(g, positions, lead), y])]
+
+
+# --- Scatter: rows of x replaced (or added to) -------------------------------------------------
+#
+# With repeated ids and overwrite=True the LAST update of a row wins (NumPy's x[ids] = u in
+# practice, made a rule here on every backend: a stable sort finds each row's last writer),
+# and only that update gets a gradient; the others are overwritten, so theirs is zero.
+
+def _scatter_rule(ins, attrs):
+    x, ids, updates = ins
+    if ids.dtype not in INT_DTYPES:
+        raise ShapeError(f"ids '{ids.name}' must be int64 or int32, got {ids.dtype}")
+    if x.ndim < 1:
+        raise ShapeError(f"cannot scatter rows into scalar '{x.name}'")
+    if updates.dtype != x.dtype:
+        raise ShapeError(f"updates '{updates.name}' must have x's dtype {x.dtype}, got {updates.dtype}")
+    want = ids.shape + x.shape[1:]
+    if updates.ndim != len(want) or any(a >= 0 and b >= 0 and a != b for a, b in zip(updates.shape, want)):
+        raise ShapeError(f"updates must have shape ids.shape + x.shape[1:] = "
+                         f"{[d if d >= 0 else '?' for d in want]}, got {updates.type_str()}")
+    return [(x.shape, x.dtype)]
+
+
+def _scatter_grad(g):
+    x, ids, updates = g.x
+    rows = gather(g.dy, ids)
+    if not g.attrs["overwrite"]:
+        return [g.dy, None, rows]
+    dx = scatter(g.dy, ids, zeros_like(updates))
+    won = append_op("LastWrites", [ids, x])[0]
+    won = append_op("Unsqueeze", [won], {"axes": list(range(ids.ndim, updates.ndim))})[0] \
+        if updates.ndim > ids.ndim else won
+    return [dx, None, where(won, rows, zeros_like(rows))]
+
+
+def _last_writers(k, ids, n: int):
+    """int64 [n]: for each row, the position in ``ids`` (flat) of its last write, -1 if none."""
+    xp = k.xp
+    order = xp.argsort(ids, stable=True)
+    ordered = xp.take(ids, order)
+    last_of_run = xp.concat([ordered[1:] != ordered[:-1], xp.ones((1,), dtype=xp.bool)])
+    winners = xp.where(last_of_run, xp.astype(order, backend.dtype_of(xp, "int64")) + 1,
+                       xp.zeros((), dtype=backend.dtype_of(xp, "int64")))
+    return k.backend.scatter_add_rows((n,), "int64", ordered, winners) - 1
+
+
+@defop("Scatter", inputs=("x", "ids", "updates"), infer=_scatter_rule, grad=_scatter_grad, nondiff=(1,))
+def _scatter(k, x, ids, updates):
+    """``x`` with rows ``ids`` replaced by (or, ``overwrite=False``, added to by) ``updates``."""
+    xp, n = k.xp, x.shape[0]
+    ids = xp.reshape(check_ids(xp, ids, n, k=k), (-1,))
+    rows = xp.reshape(updates, (ids.shape[0],) + tuple(x.shape[1:]))
+    if not k.attrs["overwrite"]:
+        return x + k.backend.scatter_add_rows(x.shape, backend.dtype_name(x.dtype), ids, rows)
+    if ids.shape[0] == 0:
+        return xp.asarray(x, copy=True)
+    last = _last_writers(k, ids, n)
+    hit = last >= 0
+    picked = xp.take(rows, xp.where(hit, last, xp.zeros_like(last)), axis=0)
+    return xp.where(xp.reshape(hit, (n,) + (1,) * (x.ndim - 1)), picked, x)
+
+
+def _last_writers_onnx(g, ids: str, x: str) -> str:
+    """ONNX: int64 [n], each row's last writer (ScatterND with reduction max), -1 if none."""
+    flat = g.node("Reshape", [ids, g.const([-1], "int64")])
+    count = g.node("Shape", [flat])
+    positions = g.node("Range", [g.const(0, "int64"), g.node("Squeeze", [count]), g.const(1, "int64")])
+    none = g.fill(g.dim(x, 0), -1, "int64")
+    index = g.node("Unsqueeze", [flat, g.const([-1], "int64")])
+    return g.node("ScatterND", [none, index, positions], reduction="max")
+
+
+@lowers("Scatter")
+def _scatter_onnx(g):
+    x, _, updates = g.ins
+    ids = checked_ids_onnx(g, 1, g.scalar_dim(x, 0))
+    if not g.attrs["overwrite"]:
+        index = g.node("Unsqueeze", [ids, g.const([-1], "int64")])
+        return [g.node("ScatterND", [x, index, updates], reduction="add")]
+    last = _last_writers_onnx(g, ids, x)
+    row_shape = g.node("Slice", [g.shape(x), g.const([1], "int64"), g.const([INT64_MAX], "int64")])
+    rows = g.node("Reshape", [updates, g.node("Concat", [g.const([-1], "int64"), row_shape], axis=0)])
+    spare = g.fill(g.node("Concat", [g.const([1], "int64"), row_shape], axis=0), 0, g.in_vars[0].dtype)
+    rows = g.node("Concat", [rows, spare], axis=0)        # a row to read where nothing was written
+    hit = g.node("GreaterOrEqual", [last, g.const(0, "int64")])
+    spare_row = g.node("Sub", [g.dim(rows, 0), g.const([1], "int64")])
+    picked = g.node("Gather", [rows, g.node("Where", [hit, last, spare_row])], axis=0)
+    axes = list(range(1, g.in_vars[0].ndim))
+    hit = g.node("Unsqueeze", [hit, g.const(axes, "int64")]) if axes else hit
+    return [g.node("Where", [hit, picked, x])]
+
+
+def _last_writes_rule(ins, attrs):
+    return [(ins[0].shape, "bool")]
+
+
+@defop("LastWrites", inputs=("ids", "x"), infer=_last_writes_rule, nondiff=(0, 1), shape_only=(1,))
+def _last_writes(k, ids, x):
+    """bool, shaped like ``ids``: True where the entry is its row's last write (Scatter's winner)."""
+    xp = k.xp
+    flat = xp.reshape(ids, (-1,))
+    if flat.shape[0] == 0:
+        return xp.zeros(tuple(ids.shape), dtype=xp.bool)
+    last = _last_writers(k, flat, x.shape[0])
+    mine = xp.arange(flat.shape[0], dtype=last.dtype)
+    return xp.reshape(xp.take(last, flat) == mine, tuple(ids.shape))
+
+
+@lowers("LastWrites")
+def _last_writes_onnx(g):
+    ids = g.ins[0] if g.in_vars[0].dtype == "int64" else g.cast(g.ins[0], "int64")
+    last = _last_writers_onnx(g, ids, g.ins[1])
+    flat = g.node("Reshape", [ids, g.const([-1], "int64")])
+    mine = g.node("Range", [g.const(0, "int64"), g.node("Squeeze", [g.shape(flat)]), g.const(1, "int64")])
+    won = g.node("Equal", [g.node("Gather", [last, flat], axis=0), mine])
+    return [g.node("Reshape", [won, g.shape(ids)], allowzero=1)]
+
+
+def scatter(x: Var, ids: Var, updates, overwrite: bool = True) -> Var:
+    """``x`` with rows replaced: ``x[ids] = updates`` (``overwrite=False``: ``x[ids] += updates``).
+
+    ``ids`` (int64 or int32, any shape) pick rows of ``x`` (axis 0);
+    ``updates`` has shape ``ids.shape + x.shape[1:]``. An id outside
+    ``[0, x.shape[0])`` fails the run. With repeated ids, ``overwrite=True``
+    keeps the last update of a row (as NumPy's ``x[ids] = updates``) and
+    only that update receives a gradient; ``overwrite=False`` adds them all.
+
+    Example::
+
+        cache = rg.scatter(cache, slot_ids, new_rows)       # cache [S, D], ids [N], rows [N, D]
+    """
+    if not isinstance(updates, Var):
+        updates = constant(np.asarray(updates), x.dtype)
+    return append_op("Scatter", [x, ids, updates], {"overwrite": bool(overwrite)})[0]
+
+
+# --- update_slice / dynamic slice ------------------------------------------------------------
+#
+# starts are clamped as jax.lax.dynamic_update_slice clamps them: into [0, n - size] on each
+# axis, so the block always fits (a negative start is 0, one past the end slides back).
+
+def _starts_rule(x, starts, sizes_from) -> None:
+    if len(starts) != x.ndim:
+        raise ShapeError(f"needs one start per axis of '{x.name}' ({x.ndim}), got {len(starts)}")
+    for start in starts:
+        if start.ndim != 0 or start.dtype not in INT_DTYPES:
+            raise ShapeError(f"start '{start.name}' must be an int64 or int32 0-d Var, got {start.type_str()}")
+    if sizes_from.ndim != x.ndim:
+        raise ShapeError(f"'{sizes_from.name}' {sizes_from.type_str()} must have the rank of "
+                         f"'{x.name}' {x.type_str()}")
+    for axis, (n, size) in enumerate(zip(x.shape, sizes_from.shape)):
+        if n >= 0 and size > n:
+            raise ShapeError(f"'{sizes_from.name}' {sizes_from.type_str()} does not fit in "
+                             f"'{x.name}' {x.type_str()} (axis {axis})")
+
+
+def _update_slice_rule(ins, attrs):
+    x, update, starts = ins[0], ins[1], ins[2:]
+    if update.dtype != x.dtype:
+        raise ShapeError(f"update '{update.name}' must have x's dtype {x.dtype}, got {update.dtype}")
+    _starts_rule(x, starts, update)
+    return [(x.shape, x.dtype)]
+
+
+def _clamped_block(x_shape, sizes, starts) -> tuple[slice, ...]:
+    """The index of the block of ``sizes`` at ``starts`` (0-d arrays), clamped as JAX does."""
+    block = []
+    for axis, (n, size, start) in enumerate(zip(x_shape, sizes, starts)):
+        if size > n:
+            raise ValueError(f"a block of size {size} does not fit axis {axis} of size {n}")
+        begin = builtins.min(builtins.max(int(start), 0), n - size)
+        block.append(_py_slice(begin, begin + size))
+    return tuple(block)
+
+
+def _update_slice_grad(g):
+    x, update, starts = g.x[0], g.x[1], g.x[2:]
+    dx = update_slice(g.dy, zeros_like(update), starts)
+    dupdate = dynamic_slice(g.dy, update, starts)
+    return [dx, dupdate] + [None] * len(starts)
+
+
+@defop("UpdateSlice", inputs=("x", "update", "starts*"), infer=_update_slice_rule,
+       grad=_update_slice_grad, nondiff=tuple(range(2, MAX_INDEX_INPUTS)))
+def _update_slice(k, x, update, *starts):
+    """``x`` with the block at ``starts`` (clamped so that it fits) replaced by ``update``."""
+    out = k.xp.asarray(x, copy=True)
+    out[_clamped_block(x.shape, update.shape, starts)] = update
+    return out
+
+
+def _dynamic_slice_rule(ins, attrs):
+    x, like, starts = ins[0], ins[1], ins[2:]
+    _starts_rule(x, starts, like)
+    return [(like.shape, x.dtype)]
+
+
+def _dynamic_slice_grad(g):
+    x, like, starts = g.x[0], g.x[1], g.x[2:]
+    return [update_slice(zeros_like(x), g.dy, starts), None] + [None] * len(starts)
+
+
+@defop("DynamicSlice", inputs=("x", "like", "starts*"), infer=_dynamic_slice_rule, grad=_dynamic_slice_grad,
+       nondiff=tuple(range(1, MAX_INDEX_INPUTS)), shape_only=(1,))
+def _dynamic_slice(k, x, like, *starts):
+    """The block of ``like``'s shape at ``starts`` (clamped as in UpdateSlice): its gradient."""
+    return x[_clamped_block(x.shape, like.shape, starts)]
+
+
+def _clamped_starts_onnx(g, x: str, sizes: str) -> str:
+    """int64 [rank]: the op's starts clamped into [0, shape(x) - shape(sizes)]."""
+    starts = [g.node("Reshape", [v if var.dtype == "int64" else g.cast(v, "int64"), g.const([1], "int64")])
+              for v, var in zip(g.ins[2:], g.in_vars[2:])]
+    starts = g.node("Concat", starts, axis=0)
+    room = g.node("Sub", [g.shape(x), g.shape(sizes)])
+    return g.node("Min", [g.node("Max", [starts, g.const([0], "int64")]), room])
+
+
+@lowers("UpdateSlice")
+def _update_slice_onnx(g):
+    """ScatterND of ``update`` at the clamped block (positions only for the leading axes up to the
+    last one the block may not cover whole)."""
+    x, update = g.ins[:2]
+    x_shape, u_shape = g.in_vars[0].shape, g.in_vars[1].shape
+    begins = _clamped_starts_onnx(g, x, update)
+    partial = [a for a, (n, size) in enumerate(zip(x_shape, u_shape)) if n < 0 or n != size]
+    if not partial:
+        return [g.node("Identity", [update])]
+    positions = []
+    for axis in range(partial[-1] + 1):
+        begin = g.node("Gather", [begins, g.const(axis, "int64")], axis=0)
+        end = g.node("Add", [begin, g.scalar_dim(update, axis)])
+        positions.append(g.node("Range", [begin, end, g.const(1, "int64")]))
+    lead = g.node("Slice", [g.shape(update), g.const([0], "int64"), g.const([len(positions)], "int64")])
+    return [g.node("ScatterND", [x, grid_indices_onnx(g, positions, lead), update])]
+
+
+@lowers("DynamicSlice")
+def _dynamic_slice_onnx(g):
+    x, like = g.ins[:2]
+    begins = _clamped_starts_onnx(g, x, like)
+    ends = g.node("Add", [begins, g.shape(like)])
+    return [g.node("Slice", [x, begins, ends])]
+
+
+def update_slice(x: Var, update, starts) -> Var:
+    """``x`` with the block at ``starts`` replaced by ``update`` (``jax.lax.dynamic_update_slice``).
+
+    ``update`` has ``x``'s rank; ``starts`` holds one start per axis, ints or
+    int64 0-d Vars. Like JAX, each start is clamped into ``[0, n - size]`` so
+    the block always fits (a negative start is 0; no wrap-around). Gradients
+    flow to ``x`` (zero inside the block) and to ``update``.
+
+    Example::
+
+        cache = rg.update_slice(cache, k_t, [0, 0, t, 0])   # cache [N, H, L, E], k_t [N, H, 1, E]
+    """
+    if not isinstance(update, Var):
+        update = constant(np.asarray(update), x.dtype)
+    starts = [start if isinstance(start, Var) else constant(as_int(start, "update_slice: a start"), "int64")
+              for start in starts]
+    return append_op("UpdateSlice", [x, update, *starts])[0]
+
+
+def dynamic_slice(x: Var, like: Var, starts) -> Var:
+    """The block of ``like``'s (run-time) shape at ``starts`` in ``x`` (clamped as in update_slice)."""
+    starts = [start if isinstance(start, Var) else constant(as_int(start, "dynamic_slice: a start"), "int64")
+              for start in starts]
+    return append_op("DynamicSlice", [x, like, *starts])[0]
 
 
 OPERATORS.update(getitem=getitem, transpose=transpose)
