@@ -18,3 +18,4 @@ from .cond import cond, switch_case  # noqa: F401
 from .do import do  # noqa: F401
 from .while_loop import while_loop  # noqa: F401
 from .indexing import getitem, scatter, update_slice  # noqa: F401
+from .shape_ops import arange, broadcast_to, pad, stack, tile  # noqa: F401
