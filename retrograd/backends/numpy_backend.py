@@ -62,6 +62,11 @@ class NumpyBackend(Backend):
         out[sorted_ids[starts]] = np.add.reduceat(rows[order], starts, axis=0)
         return out
 
+    def einsum(self, equation: str, *operands):
+        # optimize: contractions through tensordot (BLAS) and a good pairwise order; a lone
+        # operand (a transpose, a trace) needs no plan
+        return np.asarray(np.einsum(equation, *operands, optimize=len(operands) > 1))
+
     def buffer_of(self, array) -> tuple[int, int]:
         if not isinstance(array, np.ndarray):      # a NumPy scalar (np.sum of an array)
             return id(array), int(getattr(array, "nbytes", 0))

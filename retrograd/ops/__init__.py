@@ -19,3 +19,4 @@ from .do import do  # noqa: F401
 from .while_loop import while_loop  # noqa: F401
 from .indexing import getitem, scatter, update_slice  # noqa: F401
 from .shape_ops import arange, broadcast_to, pad, stack, tile  # noqa: F401
+from .einsum import einsum  # noqa: F401
