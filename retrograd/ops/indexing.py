@@ -39,8 +39,9 @@ MAX_INDEX_INPUTS = 64          # variadic index Vars: positions listed for nondi
 
 # --- The key --------------------------------------------------------------------------------
 
-def _key_items(key, x: Var) -> tuple[list, list[Var]]:
-    """``key`` as items (one per position, ``...`` expanded) and the index Vars, in order."""
+def key_items(key, x: Var) -> tuple[list, list[Var]]:
+    """The Index op's form of ``x[key]``: its items (one per position, ``...`` expanded) and
+    the index Vars, in order."""
     key = key if isinstance(key, tuple) else (key,)
     if builtins.sum(1 for k in key if k is Ellipsis) > 1:
         raise ProgramError(f"x[...] of '{x.name}': an index may hold one '...', got {len(key)} items")
@@ -284,7 +285,7 @@ def getitem(x: Var, key) -> Var:
         every_other = x[:, ::2, None] # [N, D] -> [N, ceil(D / 2), 1]
         row = table[i]                # i: an int64 0-d Var
     """
-    items, index_vars = _key_items(key, x)
+    items, index_vars = key_items(key, x)
     return append_op("Index", [x, *index_vars], {"items": items})[0]
 
 

@@ -155,7 +155,12 @@ def _tile_rule(ins, attrs):
 
 
 def _tile_grad(g):
-    return [append_op("TileGrad", [g.dy, g.x[0]], {"reps": g.attrs["reps"]})[0]]
+    return [tile_grad(g.dy, g.x[0], g.attrs["reps"])]
+
+
+def tile_grad(dy: Var, x: Var, reps: Sequence[int]) -> Var:
+    """The copies ``tile(x, reps)`` made of x, summed back onto x's shape."""
+    return append_op("TileGrad", [dy, x], {"reps": list(reps)})[0]
 
 
 @defop("Tile", infer=_tile_rule, grad=_tile_grad)
