@@ -576,8 +576,9 @@ def scatter(x: Var, ids: Var, updates, overwrite: bool = True) -> Var:
 
 # --- update_slice / dynamic slice ------------------------------------------------------------
 #
-# starts are clamped as jax.lax.dynamic_update_slice clamps them: into [0, n - size] on each
-# axis, so the block always fits (a negative start is 0, one past the end slides back).
+# starts are read as jax.lax.dynamic_update_slice reads them (its default,
+# allow_negative_indices=True): a negative start counts from the end (start + n), then every
+# start is clamped into [0, n - size], so the block always fits (one past the end slides back).
 
 def _starts_rule(x, starts, sizes_from) -> None:
     if len(starts) != x.ndim:
@@ -603,12 +604,14 @@ def _update_slice_rule(ins, attrs):
 
 
 def _clamped_block(x_shape, sizes, starts) -> tuple[slice, ...]:
-    """The index of the block of ``sizes`` at ``starts`` (0-d arrays), clamped as JAX does."""
+    """The index of the block of ``sizes`` at ``starts`` (0-d arrays), read as JAX reads them."""
     block = []
     for axis, (n, size, start) in enumerate(zip(x_shape, sizes, starts)):
         if size > n:
             raise ValueError(f"a block of size {size} does not fit axis {axis} of size {n}")
-        begin = builtins.min(builtins.max(int(start), 0), n - size)
+        begin = int(start)
+        begin = begin + n if begin < 0 else begin
+        begin = builtins.min(builtins.max(begin, 0), n - size)
         block.append(_py_slice(begin, begin + size))
     return tuple(block)
 
@@ -648,10 +651,10 @@ def _dynamic_slice(k, x, like, *starts):
 
 
 def _clamped_starts_onnx(g, x: str, sizes: str) -> str:
-    """int64 [rank]: the op's starts clamped into [0, shape(x) - shape(sizes)]."""
+    """int64 [rank]: the op's starts (negative ones + n) clamped into [0, shape(x) - shape(sizes)]."""
     starts = [g.node("Reshape", [v if var.dtype == "int64" else g.cast(v, "int64"), g.const([1], "int64")])
               for v, var in zip(g.ins[2:], g.in_vars[2:])]
-    starts = g.node("Concat", starts, axis=0)
+    starts = _wrapped(g, g.node("Concat", starts, axis=0), g.shape(x))
     room = g.node("Sub", [g.shape(x), g.shape(sizes)])
     return g.node("Min", [g.node("Max", [starts, g.const([0], "int64")]), room])
 
@@ -687,9 +690,10 @@ def update_slice(x: Var, update, starts) -> Var:
     """``x`` with the block at ``starts`` replaced by ``update`` (``jax.lax.dynamic_update_slice``).
 
     ``update`` has ``x``'s rank; ``starts`` holds one start per axis, ints or
-    int64 0-d Vars. Like JAX, each start is clamped into ``[0, n - size]`` so
-    the block always fits (a negative start is 0; no wrap-around). Gradients
-    flow to ``x`` (zero inside the block) and to ``update``.
+    int64 0-d Vars. As in JAX, a negative start counts from the end
+    (``start + n``) and every start is then clamped into ``[0, n - size]``, so
+    the block always fits. Gradients flow to ``x`` (zero inside the block) and
+    to ``update``.
 
     Example::
 
@@ -703,7 +707,8 @@ def update_slice(x: Var, update, starts) -> Var:
 
 
 def dynamic_slice(x: Var, like: Var, starts) -> Var:
-    """The block of ``like``'s (run-time) shape at ``starts`` in ``x`` (clamped as in update_slice)."""
+    """The block of ``like``'s (run-time) shape at ``starts`` in ``x`` (read as update_slice reads
+    them): ``jax.lax.dynamic_slice``, the gradient of update_slice."""
     starts = [start if isinstance(start, Var) else constant(as_int(start, "dynamic_slice: a start"), "int64")
               for start in starts]
     return append_op("DynamicSlice", [x, like, *starts])[0]
