@@ -324,3 +324,20 @@ def test_update_slice_that_cannot_fit_is_a_shape_error():
             rg.update_slice(x, rg.data("u", [4, 1]), [0, 0])
         with pytest.raises(rg.ShapeError, match="one start per axis"):
             rg.update_slice(x, rg.data("u2", [1, 1]), [0])
+
+
+# --- the README's example ------------------------------------------------------------------------
+
+def test_readme_op_reference_example_runs_and_matches_torch():
+    import re
+    from pathlib import Path
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    block = next(b for b in re.findall(r"```python\n(.*?)```", readme, re.S) if "picked = x[t, ::-2]" in b)
+    env: dict = {"__name__": "readme"}
+    exec(compile(block, "README.md", "exec"), env)
+    x = torch.tensor(env["xs"], dtype=torch.float64, requires_grad=True)
+    padded = torch.nn.functional.pad(x.T, (1, 1)) + 1.0
+    loss = (x @ x.T / np.sqrt(8.0)).sum() + (x[1].flip(0)[::2] * x[-1][::2]).sum() + padded.mean()
+    dx, = torch.autograd.grad(loss, x)
+    np.testing.assert_allclose(env["padded_v"], padded.detach().numpy(), rtol=1e-6)
+    np.testing.assert_allclose(env["dx_v"], dx.numpy(), rtol=1e-5, atol=1e-6)
