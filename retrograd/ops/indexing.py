@@ -1,12 +1,13 @@
 """Indexing: ``x[...]`` (``Index`` and its gradient ``IndexGrad``), ``scatter`` and ``update_slice``.
 
 ``x[key]`` is one ``Index`` op whatever the key holds. The key is kept as one
-item per position (``attrs["items"]``)::
+token per position (``attrs["items"]``, printed as written), read into items::
 
-    ["int", i]                      an integer: picks one position, drops the axis
-    ["slice", start, stop, step]    a slice (None where omitted; any nonzero step)
-    ["var"]                         an int64 0-d Var (the op's next input): as an int
-    ["new"]                         None: a new axis of size 1
+    token         item
+    3             ["int", 3]                 an integer: picks one position, drops the axis
+    "1::-2"       ["slice", 1, None, -2]     a slice (any nonzero step)
+    "$"           ["var"]                    an int64 0-d Var (the op's next input): as an int
+    None          ["new"]                    a new axis of size 1
 
 ``...`` is expanded when the op is built (ranks are static), and items for the
 axes the key leaves out are full slices, so every axis of ``x`` has an item.
@@ -16,7 +17,7 @@ size 1, negative steps read forwards and flipped) and reshape at the end.
 from __future__ import annotations
 
 import builtins
-import math
+import functools
 from typing import Sequence
 
 import numpy as np
@@ -69,7 +70,47 @@ def key_items(key, x: Var) -> tuple[list, list[Var]]:
                                "use ints, slices, None, ... or int64 0-d Vars (rg.gather for id arrays)")
     if not builtins.any(k is Ellipsis for k in key):
         items += [["slice", None, None, 1] for _ in range(x.ndim - consumed)]
-    return items, index_vars
+    return [_token(item) for item in items], index_vars
+
+
+def _token(item) -> int | str | None:
+    """An item as its token (what the op's attribute holds)."""
+    if item[0] == "int":
+        return item[1]
+    if item[0] == "new":
+        return None
+    if item[0] == "var":
+        return "$"
+    start, stop, step = ("" if v is None else str(v) for v in item[1:])
+    return f"{start}:{stop}" + ("" if step == "1" else f":{step}")
+
+
+@functools.lru_cache(maxsize=1024)
+def _decoded(tokens: tuple) -> tuple:
+    items = []
+    for token in tokens:
+        if token is None:
+            items.append(("new",))
+        elif token == "$":
+            items.append(("var",))
+        elif isinstance(token, str):
+            parts = [int(p) if p else None for p in token.split(":")] + [None]
+            items.append(("slice", parts[0], parts[1], parts[2] or 1))
+        else:
+            items.append(("int", int(token)))
+    return tuple(items)
+
+
+def _items(attrs) -> tuple:
+    """The op's items (see the module's docstring) from its tokens."""
+    tokens = attrs["items"]
+    if not isinstance(tokens, (list, tuple)) or not all(
+            t is None or isinstance(t, (int, str)) and not isinstance(t, bool) for t in tokens):
+        raise ShapeError(f"items must be a list of ints, slice strings, '$' and None, got {tokens!r:.80}")
+    try:
+        return _decoded(tuple(tokens))
+    except ValueError:
+        raise ShapeError(f"items {tokens!r:.80} hold a token that is no int, slice, '$' or None") from None
 
 
 def _is_int(value) -> bool:
@@ -123,7 +164,7 @@ def _slice_length(item, n: int) -> int:
 
 def _index_rule(ins, attrs):
     x, index_vars = ins[0], ins[1:]
-    items = attrs["items"]
+    items = _items(attrs)
     if builtins.sum(1 for item in items if item[0] == "var") != len(index_vars):
         raise ShapeError(f"the key has {len(items)} items but {len(index_vars)} index inputs")
     for var in index_vars:
@@ -228,7 +269,7 @@ def _index_grad(g):
        nondiff=tuple(range(1, MAX_INDEX_INPUTS)))
 def _index(k, x, *indices):
     """``x[key]``: ints, slices (any step), new axes and 0-d index arrays, as NumPy reads them."""
-    xp, items = k.xp, k.attrs["items"]
+    xp, items = k.xp, _items(k.attrs)
     basic, flips, takes = _plan(k, items, x.shape, indices)
     y = x[basic]
     if flips:
@@ -251,7 +292,7 @@ def _index_grad_grad(g):
        nondiff=tuple(range(1, MAX_INDEX_INPUTS)), shape_only=(1,))
 def _index_grad_kernel(k, dy, x, *indices):
     """Zeros shaped like ``x`` with ``dy`` written where ``Index`` read (its gradient)."""
-    xp, items = k.xp, k.attrs["items"]
+    xp, items = k.xp, _items(k.attrs)
     kept = xp.reshape(dy, _kept_shape(items, x.shape))
     basic, flips, takes = _plan(k, items, x.shape, indices)
     if flips:
@@ -352,7 +393,7 @@ def _var_position_onnx(g, i: int, axis: int, x: str) -> str:
 
 @lowers("Index")
 def _index_onnx(g):
-    x, shape, items = g.ins[0], g.in_vars[0].shape, g.attrs["items"]
+    x, shape, items = g.ins[0], g.in_vars[0].shape, _items(g.attrs)
     starts, ends, axes, steps, picks, dropped = [], [], [], [], [], []
     next_input = iter(range(1, len(g.ins)))
     for axis, item in _axis_items(items):
@@ -410,7 +451,7 @@ def _index_grad_onnx(g):
     """ScatterND of ``dy`` (made rank-preserving) into zeros at the positions Index read; only
     the leading axes up to the last one the key narrows need positions."""
     dy, x = g.ins[:2]
-    items, shape = g.attrs["items"], g.in_vars[1].shape
+    items, shape = _items(g.attrs), g.in_vars[1].shape
     new_in_dy = _new_axes_out(items)
     y = g.node("Squeeze", [dy, g.const(new_in_dy, "int64")]) if new_in_dy else dy
     picked = [axis for axis, item in _axis_items(items) if item[0] in ("int", "var")]
