@@ -29,7 +29,6 @@ from .creation import constant, zeros_like
 from .lowering import lowers
 from .math import where
 from .registry import append_op, defop
-from .shapes import broadcast_shapes
 from .tensor import check_ids, checked_ids_onnx, gather, transpose
 
 _py_slice = builtins.slice
@@ -610,6 +609,8 @@ def scatter(x: Var, ids: Var, updates, overwrite: bool = True) -> Var:
 
         cache = rg.scatter(cache, slot_ids, new_rows)       # cache [S, D], ids [N], rows [N, D]
     """
+    if not isinstance(ids, Var):
+        ids = constant(np.asarray(ids), "int64")
     if not isinstance(updates, Var):
         updates = constant(np.asarray(updates), x.dtype)
     return append_op("Scatter", [x, ids, updates], {"overwrite": bool(overwrite)})[0]

@@ -16,6 +16,7 @@ from .. import backend
 from ..errors import ProgramError, ShapeError
 from ..ir.dtypes import canonical, is_float
 from ..ir.program import Var, as_float, as_int, as_ints, as_list
+from .creation import scalar_like
 from .lowering import lowers
 from .math import sum_to
 from .registry import append_op, defop
@@ -74,6 +75,10 @@ def stack(xs: Sequence[Var], axis: int = 0) -> Var:
         pair = rg.stack([a, b], axis=0)            # two [N, D] -> [2, N, D]
     """
     xs = as_list(xs, "stack: xs")
+    like = next((x for x in xs if isinstance(x, Var)), None)
+    if like is None:
+        raise ProgramError("stack needs at least one Var among xs (NumPy arrays beside it become constants)")
+    xs = [scalar_like(x, like) for x in xs]
     return append_op("Stack", xs, {"axis": as_int(axis, "stack: axis")})[0]
 
 
