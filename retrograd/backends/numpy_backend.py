@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from . import numpy_einsum
 from .base import Backend
 
 
@@ -63,9 +64,7 @@ class NumpyBackend(Backend):
         return out
 
     def einsum(self, equation: str, *operands):
-        # optimize: contractions through tensordot (BLAS) and a good pairwise order; a lone
-        # operand (a transpose, a trace) needs no plan
-        return np.asarray(np.einsum(equation, *operands, optimize=len(operands) > 1))
+        return numpy_einsum.einsum(equation, *operands)     # pairwise, each one batched matmul
 
     def buffer_of(self, array) -> tuple[int, int]:
         if not isinstance(array, np.ndarray):      # a NumPy scalar (np.sum of an array)
