@@ -13,7 +13,7 @@ from typing import Sequence
 import numpy as np
 
 from .. import backend
-from ..errors import ProgramError, ShapeError
+from ..errors import ProgramError, ShapeError, kernel_failure
 from ..ir.dtypes import canonical, is_float
 from ..ir.program import Var, as_float, as_int, as_ints, as_list
 from .creation import scalar_like
@@ -117,6 +117,8 @@ def _broadcast_to(k, x):
     shape = k.attrs["shape"]
     lead = len(shape) - x.ndim
     target = tuple(x.shape[i - lead] if d == -1 else d for i, d in enumerate(shape))
+    if any(n not in (1, d) for n, d in zip(x.shape, target[lead:])):
+        raise ValueError(f"cannot broadcast {list(x.shape)} to {list(target)}")
     return k.xp.broadcast_to(x, target)
 
 
@@ -129,6 +131,24 @@ def _broadcast_to_onnx(g):
     else:
         target = g.node("Concat", [g.dim(x, i - lead) if d == -1 else g.const([d], "int64")
                                    for i, d in enumerate(shape)], axis=0)
+    # ONNX Expand broadcasts both ways: a size-1 target would keep x's size where the kernel
+    # refuses it (x's size known only at run time). Other mismatches fail in Expand itself.
+    shrinking = [i - lead for i, d in enumerate(shape) if d == 1 and i >= lead and g.in_vars[0].shape[i - lead] < 0]
+    if shrinking:
+        sizes = g.node("Gather", [g.shape(x), g.const(shrinking, "int64")])
+        failed = g.node("ReduceMax", [g.cast(g.node("Not", [g.node("Equal", [sizes, g.const(1, "int64")])]),
+                                             "int64")], keepdims=0)
+        op, dtype, name = g.op, g.in_vars[0].dtype, g.op.inputs[0]
+
+        def verify(x_shape):       # the kernel's own error, with x's run-time shape
+            x_shape = [int(d) for d in np.reshape(x_shape, -1)]
+            target = [x_shape[i - lead] if d == -1 else d for i, d in enumerate(shape)]
+            stand_in = np.broadcast_to(np.zeros((), dtype), tuple(x_shape))
+            raise kernel_failure(op.where(), ValueError(f"cannot broadcast {x_shape} to {target}"),
+                                 [(name, stand_in)])
+        ok = g.check(g.cast(failed, "bool"), "x's size must be 1 where the shape asks for 1", verify,
+                     [g.shape(x)])
+        target = g.node("Where", [ok, target, target])
     return [g.node("Expand", [x, target])]
 
 

@@ -114,3 +114,17 @@ def test_arange_with_a_zero_step_is_refused():
     with rg.program_guard(rg.Program(), rg.Program()):
         with pytest.raises(rg.ProgramError, match="step must not be 0"):
             rg.arange(0, 5, 0)
+
+
+def test_broadcast_to_a_size_known_only_at_run_time_that_does_not_fit_is_an_execution_error(backend):
+    """ONNX Expand broadcasts both ways (a [4, 3] "broadcast" to [1, 3] stays [4, 3]): the engine
+    checks it as the kernels do."""
+    main, startup = rg.Program(), rg.Program()
+    with rg.program_guard(main, startup):
+        y = rg.broadcast_to(rg.data("x", [-1, 3]), [2, 1, 3])
+    exe = backend.executor()
+    got, = exe.run(main, feed={"x": np.ones((1, 3), "float32")}, fetch_list=[y])
+    assert got.shape == (2, 1, 3)
+    with pytest.raises(rg.ExecutionError, match=r"BroadcastTo in block 0 failed: ValueError: cannot broadcast "
+                                                r"\[4, 3\] to \[2, 1, 3\]"):
+        exe.run(main, feed={"x": np.ones((4, 3), "float32")}, fetch_list=[y])
