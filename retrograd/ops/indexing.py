@@ -698,7 +698,23 @@ def _clamped_starts_onnx(g, x: str, sizes: str) -> str:
               for v, var in zip(g.ins[2:], g.in_vars[2:])]
     starts = _wrapped(g, g.node("Concat", starts, axis=0), g.shape(x))
     room = g.node("Sub", [g.shape(x), g.shape(sizes)])
+    if any(n < 0 or d < 0 for n, d in zip(g.in_vars[0].shape, g.in_vars[1].shape)):
+        room = _fits_onnx(g, x, sizes, room)
     return g.node("Min", [g.node("Max", [starts, g.const([0], "int64")]), room])
+
+
+def _fits_onnx(g, x: str, sizes: str, room: str) -> str:
+    """``room``, guarded: a block bigger than x on some axis fails the run as the kernel does."""
+    failed = g.node("Less", [g.node("ReduceMin", [room], keepdims=0), g.const(0, "int64")])
+    op = g.op
+
+    def verify(x_shape, block_shape):
+        try:
+            _clamped_block([int(d) for d in x_shape], [int(d) for d in block_shape], [0] * len(x_shape))
+        except ValueError as exc:
+            raise kernel_failure(op.where(), exc) from None
+    ok = g.check(failed, "the block must fit in x", verify, [g.shape(x), g.shape(sizes)])
+    return g.node("Where", [ok, room, room])
 
 
 @lowers("UpdateSlice")

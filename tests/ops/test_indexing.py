@@ -341,3 +341,13 @@ def test_readme_op_reference_example_runs_and_matches_torch():
     dx, = torch.autograd.grad(loss, x)
     np.testing.assert_allclose(env["padded_v"], padded.detach().numpy(), rtol=1e-6)
     np.testing.assert_allclose(env["dx_v"], dx.numpy(), rtol=1e-5, atol=1e-6)
+
+
+def test_update_slice_block_bigger_than_x_at_run_time_is_an_execution_error(backend):
+    main, startup = rg.Program(), rg.Program()
+    with rg.program_guard(main, startup):
+        y = rg.update_slice(rg.data("x", [-1, 3]), rg.data("u", [-1, 3]), [0, 0])
+    with pytest.raises(rg.ExecutionError, match=r"UpdateSlice in block 0 failed: ValueError: a block of size 3 "
+                                                r"does not fit axis 0 of size 2"):
+        backend.executor().run(main, feed={"x": np.ones((2, 3), "float32"), "u": np.ones((3, 3), "float32")},
+                               fetch_list=[y])
