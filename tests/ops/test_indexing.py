@@ -351,3 +351,27 @@ def test_update_slice_block_bigger_than_x_at_run_time_is_an_execution_error(back
                                                 r"does not fit axis 0 of size 2"):
         backend.executor().run(main, feed={"x": np.ones((2, 3), "float32"), "u": np.ones((3, 3), "float32")},
                                fetch_list=[y])
+
+
+def test_kernels_keep_to_the_array_api_standard():
+    """Index, Scatter, UpdateSlice and the shape ops (forward and gradients) on array-api-strict
+    give the NumPy executor's values: the kernels use nothing but the standard (and Backend methods)."""
+    strict = pytest.importorskip("array_api_strict")
+    from retrograd import backends
+    x0, u0 = R.standard_normal((5, 3)), R.standard_normal((3, 3))
+    main, startup = rg.Program(), rg.Program()
+    with rg.program_guard(main, startup):
+        x = rg.data("x", [-1, 3], "float64", stop_gradient=False)
+        u = rg.data("u", [3, 3], "float64", stop_gradient=False)
+        i = rg.data("i", [], "int64")
+        outs = [x[i, ::-2], x[1:, None, -1], rg.scatter(x, np.array([1, 3, 1]), u),
+                rg.scatter(x, np.array([1, 3, 1]), u, overwrite=False), rg.update_slice(x, u[:2], [i, 0]),
+                rg.stack([x, x], 1), rg.broadcast_to(x, [2, -1, 3]), rg.tile(x, [2, 2]),
+                rg.pad(x, [(1, 0), (0, 2)], 1.0), rg.einsum("ij,kj->ik", x, x)]
+        grads = rg.gradients(rg.add_n([rg.sum(v * v) for v in outs]), [x, u])
+        outs.append(rg.arange(1, i, 2))
+    feed = {"x": x0, "u": u0, "i": np.array(3)}
+    want = rg.Executor().run(main, feed=feed, fetch_list=outs + grads)
+    got = rg.Executor(xp=strict).run(main, feed=feed, fetch_list=outs + grads)
+    for ours, ref in zip(got, want):
+        np.testing.assert_allclose(backends.to_numpy(ours), ref, rtol=1e-12)
