@@ -29,7 +29,7 @@ from .creation import constant, zeros_like
 from .lowering import lowers
 from .math import where
 from .registry import append_op, defop
-from .tensor import check_ids, checked_ids_onnx, gather, transpose
+from .tensor import check_ids, checked_ids_onnx, gather, transpose, unsqueeze
 
 _py_slice = builtins.slice
 INT_DTYPES = ("int64", "int32")
@@ -507,9 +507,9 @@ def _scatter_grad(g):
     if not g.attrs["overwrite"]:
         return [g.dy, None, rows]
     dx = scatter(g.dy, ids, zeros_like(updates))
-    won = append_op("LastWrites", [ids, x])[0]
-    won = append_op("Unsqueeze", [won], {"axes": list(range(ids.ndim, updates.ndim))})[0] \
-        if updates.ndim > ids.ndim else won
+    won = append_op("LastWrites", [ids, x])[0]          # the updates that were not overwritten
+    if updates.ndim > ids.ndim:
+        won = unsqueeze(won, list(range(ids.ndim, updates.ndim)))
     return [dx, None, where(won, rows, zeros_like(rows))]
 
 

@@ -178,7 +178,7 @@ def _assemble(items, cut, new_at, news, ellipsis):
     return tuple(items)
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=200, deadline=None)
 @given(data=st.data())
 def test_getitem_shape_rule_matches_numpy(data):
     shape = data.draw(hnp.array_shapes(min_dims=0, max_dims=4, min_side=0, max_side=5))
