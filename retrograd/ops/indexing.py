@@ -24,6 +24,7 @@ import numpy as np
 
 from .. import backend
 from ..errors import ProgramError, ShapeError, kernel_failure
+from ..ir.location import here
 from ..ir.program import OPERATORS, Var, as_int
 from .creation import constant, zeros_like
 from .lowering import lowers
@@ -43,8 +44,9 @@ def key_items(key, x: Var) -> tuple[list, list[Var]]:
     """The Index op's form of ``x[key]``: its items (one per position, ``...`` expanded) and
     the index Vars, in order."""
     key = key if isinstance(key, tuple) else (key,)
-    if builtins.sum(1 for k in key if k is Ellipsis) > 1:
-        raise ProgramError(f"x[...] of '{x.name}': an index may hold one '...', got {len(key)} items")
+    ellipses = builtins.sum(1 for k in key if k is Ellipsis)
+    if ellipses > 1:
+        raise ProgramError(f"x[...] of '{x.name}': an index may hold one '...', got {ellipses}")
     consumed = builtins.sum(1 for k in key if k is not None and k is not Ellipsis)
     if consumed > x.ndim:
         raise ShapeError(f"too many indices for '{x.name}' ({x.type_str()}): {consumed} for {x.ndim} axes")
@@ -123,8 +125,8 @@ def _slice_item(k: slice, x: Var) -> list:
     for name, value in (("start", k.start), ("stop", k.stop), ("step", k.step)):
         if value is not None and not _is_int(value):
             raise ProgramError(f"x[...] of '{x.name}': slice {name} must be an int or None, got "
-                               f"{type(value).__name__} {value!r:.40} (use rg.update_slice-style "
-                               "ops or rg.gather for positions known only at run time)")
+                               f"{type(value).__name__} {value!r:.40} (a Var picks one position: "
+                               "x[i]; rg.gather picks rows by an id array)")
         bounds.append(None if value is None else int(value))
     if bounds[2] == 0:
         raise ProgramError(f"x[...] of '{x.name}': slice step cannot be zero")
@@ -325,7 +327,11 @@ def getitem(x: Var, key) -> Var:
         every_other = x[:, ::2, None] # [N, D] -> [N, ceil(D / 2), 1]
         row = table[i]                # i: an int64 0-d Var
     """
-    items, index_vars = key_items(key, x)
+    try:
+        items, index_vars = key_items(key, x)
+    except ProgramError as exc:         # the user's line first, as for an op's shape rule
+        location = here()
+        raise type(exc)(f"{location}: {exc}" if location else str(exc)) from None
     return append_op("Index", [x, *index_vars], {"items": items})[0]
 
 

@@ -113,10 +113,10 @@ def test_transpose_property_reverses_the_axes(backend):
     (slice(0, 2, 0), rg.ProgramError, r"step cannot be zero"),
     (slice(0.5, 2), rg.ProgramError, r"slice start must be an int"),
 ])
-def test_bad_keys_are_refused_when_built(key, error, match):
+def test_bad_keys_are_refused_when_built_naming_the_users_line(key, error, match):
     with rg.program_guard(rg.Program(), rg.Program()):
         x = rg.data("x", [3, 4, 5])
-        with pytest.raises(error, match=match):
+        with pytest.raises(error, match=r"test_indexing\.py:\d+: .*" + match):
             x[key]
 
 
