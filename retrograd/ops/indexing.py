@@ -309,6 +309,13 @@ def _index_grad_kernel(k, dy, x, *indices):
 
 
 def index_grad(dy: Var, x: Var, items, index_vars: Sequence[Var]) -> Var:
+    """Zeros shaped like ``x`` with ``dy`` where ``x[key]`` read (the gradient of ``x[key]``).
+
+    Example::
+
+        items, index_vars = key_items((slice(None), -1), x)
+        dx = index_grad(dy, x, items, index_vars)       # dy [N] into zeros [N, T]
+    """
     return append_op("IndexGrad", [dy, x, *index_vars], {"items": items})[0]
 
 
@@ -772,7 +779,12 @@ def update_slice(x: Var, update, starts) -> Var:
 
 def dynamic_slice(x: Var, like: Var, starts) -> Var:
     """The block of ``like``'s (run-time) shape at ``starts`` in ``x`` (read as update_slice reads
-    them): ``jax.lax.dynamic_slice``, the gradient of update_slice."""
+    them): ``jax.lax.dynamic_slice``, the gradient of update_slice.
+
+    Example::
+
+        k_t = dynamic_slice(cache, k_new, [0, 0, t, 0])   # the [N, H, 1, E] block at step t
+    """
     starts = [start if isinstance(start, Var) else constant(as_int(start, "dynamic_slice: a start"), "int64")
               for start in starts]
     return append_op("DynamicSlice", [x, like, *starts])[0]

@@ -184,7 +184,12 @@ def _tile_grad(g):
 
 
 def tile_grad(dy: Var, x: Var, reps: Sequence[int]) -> Var:
-    """The copies ``tile(x, reps)`` made of x, summed back onto x's shape."""
+    """The copies ``tile(x, reps)`` made of x, summed back onto x's shape (Tile's gradient).
+
+    Example::
+
+        dx = tile_grad(dy, x, [3, 1])              # dy [3N, D] -> dx [N, D]
+    """
     return append_op("TileGrad", [dy, x], {"reps": list(reps)})[0]
 
 
