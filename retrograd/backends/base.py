@@ -75,6 +75,10 @@ class Backend:
         """zeros(shape) with ``rows[i]`` added into row ``ids[i]`` (repeated ids accumulate)."""
         raise NotImplementedError
 
+    def einsum(self, equation: str, *operands):
+        """``numpy.einsum(equation, *operands)`` with explicit output subscripts (the Einsum kernel)."""
+        raise NotImplementedError(f"backend {self.name!r} has no einsum")
+
     def buffer_of(self, array) -> tuple[int, int]:
         """(identity, bytes) of the memory an array lives in: views share their base's."""
         raise NotImplementedError

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from . import numpy_einsum
 from .base import Backend
 
 
@@ -130,6 +131,9 @@ class NumpyBackend(Backend):
         starts = np.flatnonzero(np.concatenate(([True], sorted_ids[1:] != sorted_ids[:-1])))
         out[sorted_ids[starts]] = np.add.reduceat(rows[order], starts, axis=0)
         return out
+
+    def einsum(self, equation: str, *operands):
+        return numpy_einsum.einsum(equation, *operands)     # pairwise, each one batched matmul
 
     def buffer_of(self, array) -> tuple[int, int]:
         if not isinstance(array, np.ndarray):      # a NumPy scalar (np.sum of an array)

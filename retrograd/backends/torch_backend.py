@@ -118,6 +118,9 @@ class TorchBackend(Backend):
         rows = rows.reshape((ids.shape[0],) + tuple(shape[1:]))
         return out.index_add_(0, ids, rows)
 
+    def einsum(self, equation: str, *operands):
+        return self.torch.einsum(equation, *operands)
+
     def buffer_of(self, array) -> tuple[int, int]:
         storage = array.untyped_storage()
         return storage.data_ptr(), storage.nbytes()

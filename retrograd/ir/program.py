@@ -56,7 +56,7 @@ def as_ints(values, what: str) -> list[int]:
 
 def as_list(values, what: str) -> list:
     """``list(values)``; ProgramError for a non-iterable (or a string) where a list belongs."""
-    if isinstance(values, (str, bytes)) or not hasattr(values, "__iter__"):
+    if isinstance(values, (str, bytes, Var)) or not hasattr(values, "__iter__"):
         raise ProgramError(f"{what} must be a list, got {type(values).__name__} {values!r:.40}")
     return list(values)
 
@@ -136,6 +136,21 @@ class Var:
     def __gt__(self, other): return OPERATORS["greater"](self, other)
     def __ge__(self, other): return OPERATORS["greater_equal"](self, other)
     __hash__ = object.__hash__
+
+    def __getitem__(self, key):
+        """``x[1:, ::2, None, i]``: ints, slices (steps too), None, ``...`` and int64 0-d Vars."""
+        return OPERATORS["getitem"](self, key)
+
+    def __iter__(self):
+        # Without this, __getitem__ would make a Var iterable (x[0], x[1], ... until IndexError),
+        # and a dimension known only at run time would never end it.
+        raise ProgramError(f"Var '{self.name}' cannot be iterated while the program is being built; "
+                           "index it (x[i]) or split it (rg.split)")
+
+    @property
+    def T(self) -> "Var":
+        """The axes reversed (``x.T`` of a matrix is its transpose)."""
+        return OPERATORS["transpose"](self)
 
 
 class Op:

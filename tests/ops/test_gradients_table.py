@@ -28,6 +28,8 @@ from retrograd.ops.registry import append_op
 from retrograd.ops.rnn_cells import gru_unit_grad, lstm_unit_grad
 from retrograd.ops.tensor import gather_grad, reshape_as, slice_grad, split_like
 from retrograd.testing import check_gradients
+from retrograd.ops.indexing import dynamic_slice, index_grad, key_items
+from retrograd.ops.shape_ops import tile_grad
 
 
 # --- input helpers ----------------------------------------------------------------------------
@@ -562,6 +564,78 @@ DOUBLE_BACKWARD = ["MatMul", "Add", "Sub", "Mul", "Div", "Neg", "Exp", "Log", "T
                    "If", "Do", "While", "Sin", "Cos", "Mod", "RecurrentNetwork"]
 DOUBLE_BACKWARD += ["LayerNorm", "LayerNormGrad", "RMSNorm", "RMSNormGrad", "BatchNorm", "BatchNormGrad",
                     "BinaryCrossEntropyWithLogits", "NLLLoss"]
+
+
+# --- indexing, shape ops and einsum (issue 19) ---------------------------------------------------
+
+def _index(r):
+    return [
+        (lambda x: x[1], {"x": normal(r, 3, 4)}),
+        (lambda x: x[:, ::-2, None], {"x": normal(r, 2, 5)}),
+        (lambda x, i: x[..., i], {"x": normal(r, 2, 3, 4), "i": np.array(-2)}),
+        (lambda x: x[-1:0:-1, 1:].T, {"x": normal(r, 4, 3)}),
+    ]
+
+
+def _index_grad(r):
+    def fn(dy, x):
+        items, _ = key_items((slice(None, None, -2), 1), x)
+        return index_grad(dy, x, items, [])
+    return [(fn, {"dy": normal(r, 2), "x": normal(r, 4, 3)})]
+
+
+def _scatter(r):
+    ids = np.array([1, 3, 1, 0])         # row 1 written twice: the last update wins
+    return [
+        (lambda x, ids, u: rg.scatter(x, ids, u), {"x": normal(r, 5, 3), "ids": ids, "u": normal(r, 4, 3)}),
+        (lambda x, ids, u: rg.scatter(x, ids, u, overwrite=False),
+         {"x": normal(r, 5, 3), "ids": ids, "u": normal(r, 4, 3)}),
+        (lambda x, ids, u: rg.scatter(x * x, ids, u * 2.0),
+         {"x": normal(r, 4, 2), "ids": np.array([[0, 2], [2, 2]]), "u": normal(r, 2, 2, 2)}),
+    ]
+
+
+def _update_slice(r):
+    return [
+        (lambda x, u, t: rg.update_slice(x, u, [t, 1]), {"x": normal(r, 4, 5), "u": normal(r, 2, 3), "t": np.array(1)}),
+        (lambda x, u: rg.update_slice(x * x, u, [9, -3]), {"x": normal(r, 3, 4), "u": normal(r, 2, 2)}),  # clamped
+    ]
+
+
+def _dynamic_slice(r):
+    return [(lambda x, like, t: dynamic_slice(x, like, [t, 0]),
+             {"x": normal(r, 4, 3), "like": normal(r, 2, 2), "t": np.array(3)})]
+
+
+def _einsum(r):
+    return [
+        (lambda a, b: rg.einsum("ij,jk->ik", a, b), {"a": normal(r, 2, 3), "b": normal(r, 3, 4)}),
+        (lambda a, b, c: rg.einsum("bij,bjk,k", a, b, c),
+         {"a": normal(r, 2, 2, 3), "b": normal(r, 2, 3, 2), "c": normal(r, 2)}),
+        (lambda m: rg.einsum("ii->i", m), {"m": normal(r, 3, 3)}),
+        (lambda a: rg.einsum("ij->", a * a), {"a": normal(r, 2, 3)}),
+        (lambda a, b: rg.einsum("...j,j->...", a, b), {"a": normal(r, 2, 2, 3), "b": normal(r, 3)}),
+    ]
+
+
+CASES.update({
+    "Index": _index,
+    "IndexGrad": _index_grad,
+    "Scatter": _scatter,
+    "UpdateSlice": _update_slice,
+    "DynamicSlice": _dynamic_slice,
+    "Stack": lambda r: [(lambda a, b: rg.stack([a, b], 1), {"a": normal(r, 2, 3), "b": normal(r, 2, 3)}),
+                        (lambda a: rg.stack([a, a * a, a], -1), {"a": normal(r, 3)})],
+    "BroadcastTo": lambda r: [(lambda x: rg.broadcast_to(x, [2, 3, 4]), {"x": normal(r, 3, 1)}),
+                              (lambda x: rg.broadcast_to(x, [2, -1]), {"x": normal(r, 3)})],
+    "Tile": lambda r: [(lambda x: rg.tile(x, [2, 1, 3]), {"x": normal(r, 2, 3)}),
+                       (lambda x: rg.tile(x, 2), {"x": normal(r, 2, 2)})],
+    "TileGrad": lambda r: [(lambda dy, x: tile_grad(dy, x, [3, 1]), {"dy": normal(r, 6, 4), "x": normal(r, 2, 4)})],
+    "Pad": lambda r: [(lambda x: rg.pad(x, [(1, 0), (2, 1)], 0.5), {"x": normal(r, 2, 3)}),
+                      (lambda x: rg.pad(x * x, 1), {"x": normal(r, 3)})],
+    "Einsum": _einsum,
+})
+DOUBLE_BACKWARD += ["Index", "Scatter", "UpdateSlice", "Stack", "BroadcastTo", "Tile", "Pad", "Einsum"]
 
 
 def _import_every_module() -> None:
