@@ -17,3 +17,5 @@ from .sequence import reverse_sequence  # noqa: F401
 from .cond import cond, switch_case  # noqa: F401
 from .do import do  # noqa: F401
 from .while_loop import while_loop  # noqa: F401
+from .conv import conv1d, conv2d  # noqa: F401
+from .pool import avg_pool2d, max_pool2d  # noqa: F401
