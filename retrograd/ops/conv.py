@@ -84,7 +84,7 @@ def window_attrs(attrs: dict) -> tuple:
 
 # --- shape rules ---------------------------------------------------------------------------
 
-def spatial_out(sizes, kernel, attrs, operands: str) -> tuple[int, ...]:
+def spatial_out(sizes, kernel, attrs) -> tuple[int, ...]:
     """Output sizes per spatial axis (-1 where unknown); ShapeError where no window fits."""
     strides, pads = attrs["strides"], attrs["pads"]
     dilations = attrs.get("dilations", [1] * len(strides))
@@ -96,7 +96,7 @@ def spatial_out(sizes, kernel, attrs, operands: str) -> tuple[int, ...]:
         out = out_size(size, k, strides[i], pads[i], pads[nd + i], dilations[i])
         if out < 1:
             raise ShapeError(f"the kernel spans {dilations[i] * (k - 1) + 1} along spatial axis {i}, "
-                             f"more than the padded input's {size + pads[i] + pads[nd + i]} ({operands})")
+                             f"more than the padded input's {size + pads[i] + pads[nd + i]}")
         outs.append(out)
     return tuple(outs)
 
@@ -104,22 +104,21 @@ def spatial_out(sizes, kernel, attrs, operands: str) -> tuple[int, ...]:
 def _conv_rule(ins, attrs):
     x, w = ins
     nd, groups = len(attrs["strides"]), attrs["groups"]
-    operands = f"x {x.type_str()}, w {w.type_str()}"
     require_float(x)
     if w.dtype != x.dtype:
-        raise ShapeError(f"x and w must share a dtype ({operands})")
+        raise ShapeError("x and w must share a dtype")
     if x.ndim != nd + 2 or w.ndim != nd + 2:
         raise ShapeError(f"a {nd}-d convolution needs x [N, C, {nd} spatial] and w [F, C/groups, "
-                         f"{nd} kernel] ({operands})")
+                         f"{nd} kernel] axes")
     f, c, cg = w.shape[0], x.shape[1], w.shape[1]
     if f >= 0 and f % groups:
-        raise ShapeError(f"groups={groups} does not divide the {f} filters ({operands})")
+        raise ShapeError(f"groups={groups} does not divide the {f} filters")
     if c >= 0 and c % groups:
-        raise ShapeError(f"groups={groups} does not divide the input's {c} channels ({operands})")
+        raise ShapeError(f"groups={groups} does not divide the input's {c} channels")
     if c >= 0 and cg >= 0 and c != cg * groups:
         raise ShapeError(f"x has {c} channels but w expects {cg * groups} (C/groups = {cg}, "
-                         f"groups={groups}) ({operands})")
-    return [((x.shape[0], f) + spatial_out(x.shape[2:], w.shape[2:], attrs, operands), x.dtype)]
+                         f"groups={groups})")
+    return [((x.shape[0], f) + spatial_out(x.shape[2:], w.shape[2:], attrs), x.dtype)]
 
 
 def _like_rule(ins, attrs):

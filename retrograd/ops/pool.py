@@ -36,9 +36,7 @@ def _pool_rule(ins, attrs):
     require_float(x)
     if x.ndim != nd + 2:
         raise ShapeError(f"{nd}-d pooling needs x [N, C, {nd} spatial axes], got {x.type_str()}")
-    kernel = f"kernel {list(attrs['kernel'])}"
-    return (x.shape[:2] + spatial_out(x.shape[2:], attrs["kernel"], attrs, f"x {x.type_str()}, {kernel}"),
-            x.dtype)
+    return x.shape[:2] + spatial_out(x.shape[2:], attrs["kernel"], attrs), x.dtype
 
 
 def _like_rule(ins, attrs):
