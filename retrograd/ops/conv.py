@@ -248,10 +248,21 @@ def conv_attrs(nd: int, what: str, w: Var | None, stride, padding, dilation, gro
     return {"strides": strides, "pads": pads, "dilations": dilations, "groups": int(groups)}
 
 
-def _conv_nd(nd: int, what: str, x, w, b, stride, padding, dilation, groups) -> Var:
-    for name, value in (("x", x), ("w", w)):
-        if not isinstance(value, Var):
-            raise build_error(what, f"{name} must be a Var, got {type(value).__name__}")
+def convolution(x: Var, w: Var, b: Var | None = None, stride=1, padding=0, dilation=1, groups=1,
+                what: str | None = None) -> Var:
+    """The convolution of ``conv1d``/``conv2d`` with as many spatial axes as ``w`` has kernel axes;
+    ``what`` names the caller in error messages (a layer passes its own name).
+
+    Example::
+
+        y = convolution(x, w, padding=1, what="layers.conv2d 'c1'")
+    """
+    if not isinstance(w, Var) or w.ndim < 3:
+        raise build_error(what or "convolution", f"w must be a Var [F, C/groups, *kernel], got {w!r:.60}")
+    nd = w.ndim - 2
+    what = what or f"conv{nd}d"
+    if not isinstance(x, Var):
+        raise build_error(what, f"x must be a Var, got {type(x).__name__}")
     y = _conv_op(x, w, conv_attrs(nd, what, w, stride, padding, dilation, groups))
     if b is None:
         return y
@@ -259,6 +270,13 @@ def _conv_nd(nd: int, what: str, x, w, b, stride, padding, dilation, groups) -> 
         shown = b.type_str() if isinstance(b, Var) else type(b).__name__
         raise ShapeError(f"{here() or '?'}: {what}: bias b {shown} must be [F] for w {w.type_str()}")
     return y + reshape(b, [-1] + [1] * nd)
+
+
+def _conv_nd(nd: int, what: str, x, w, b, stride, padding, dilation, groups) -> Var:
+    if isinstance(w, Var) and w.ndim != nd + 2:
+        raise ShapeError(f"{here() or '?'}: {what}: w {w.type_str()} must have {nd + 2} axes "
+                         f"[F, C/groups, {nd} kernel axes] (x: {getattr(x, 'type_str', lambda: x)()})")
+    return convolution(x, w, b, stride, padding, dilation, groups, what)
 
 
 def conv1d(x: Var, w: Var, b: Var | None = None, stride=1, padding=0, dilation=1, groups=1) -> Var:
