@@ -124,3 +124,18 @@ def test_bad_hyper_parameters_name_the_layer_and_line(kwargs):
 def test_unknown_channel_count_is_refused():
     with pytest.raises(rg.ProgramError, match="known channel count"):
         rg.layers.conv1d(rg.data("x", [-1, -1, 10]), 2, 3, name="t")
+
+
+def test_readme_conv_example_runs_and_matches_torch():
+    import re
+    from pathlib import Path
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    block = next(b for b in re.findall(r"```python\n(.*?)```", readme, re.S) if 'name="c1"' in b)
+    env: dict = {"__name__": "readme"}
+    exec(compile(block, "README.md", "exec"), env)
+    scope, out = env["exe"].scope, env["out"]
+    t = {name: torch.tensor(scope.get(name)) for name in ("c1.w", "c1.b", "logits.w", "logits.b")}
+    h = torch.relu(torch.nn.functional.conv2d(torch.tensor(env["batch"]), t["c1.w"], t["c1.b"], padding=1))
+    expected = torch.nn.functional.max_pool2d(h, 2).reshape(2, -1) @ t["logits.w"] + t["logits.b"]
+    assert out.shape == (2, 10)
+    np.testing.assert_allclose(out, expected.numpy(), rtol=1e-4, atol=1e-5)
