@@ -71,7 +71,7 @@ def col2im(xp, cols, padded_shape, kernel, strides, dilations, outs):
     """The adjoint of ``im2col``: each tap's ``cols[:, :, t]`` added back where it was read."""
     out = xp.zeros(tuple(padded_shape), dtype=cols.dtype)
     for t, index in enumerate(tap_slices(kernel, strides, dilations, outs)):
-        out[index] += cols[:, :, t]
+        out[index] += cols[:, :, t, ...]
     return out
 
 

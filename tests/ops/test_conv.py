@@ -224,3 +224,21 @@ def test_kernel_larger_than_an_input_known_at_run_time_fails_the_run(backend):
     with pytest.raises(rg.ExecutionError, match="Conv"):
         backend.executor().run(main, feed={"x": np.ones((1, 1, 2, 2)), "w": np.ones((1, 1, 3, 3))},
                                fetch_list=[y])
+
+
+@pytest.mark.parametrize("padding", [1, ((1, 0), (2, 1))], ids=["symmetric", "per-side"])
+def test_general_path_runs_on_a_strict_array_api_namespace(padding):
+    """The im2col path (NumPy/CuPy, and torch for per-side pool padding) uses only Array API calls."""
+    xps = pytest.importorskip("array_api_strict")
+    r = np.random.default_rng(6)
+    feed = {"x": r.standard_normal((2, 4, 7, 6)), "w": r.standard_normal((6, 2, 3, 3))}
+    main, startup = rg.Program(), rg.Program()
+    with rg.program_guard(main, startup):
+        x, w = (rg.data(n, a.shape, "float64", stop_gradient=False) for n, a in feed.items())
+        y = rg.conv2d(x, w, stride=2, padding=padding, groups=2)
+        loss = rg.sum(rg.max_pool2d(y, 2, stride=1) ** 2) + rg.sum(rg.avg_pool2d(y, 2, padding=1) ** 2)
+        fetch = [loss, *rg.gradients(loss, [x, w])]
+    expected = rg.Executor().run(main, feed=feed, fetch_list=fetch)
+    got = rg.Executor(xp=xps).run(main, feed=feed, fetch_list=fetch)
+    for a, b in zip(got, expected):
+        np.testing.assert_allclose(rg.backends.to_numpy(a), b, rtol=1e-12, atol=1e-12)
