@@ -242,3 +242,21 @@ def test_general_path_runs_on_a_strict_array_api_namespace(padding):
     got = rg.Executor(xp=xps).run(main, feed=feed, fetch_list=fetch)
     for a, b in zip(got, expected):
         np.testing.assert_allclose(rg.backends.to_numpy(a), b, rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.engine_skip("checks which torch routines the torch backend calls")
+def test_torch_backend_uses_atens_explicit_backward_ops(backend, monkeypatch):
+    """On torch the gradient ops are ATen's backward ops (never torch.autograd inside a kernel)."""
+    if backend.name != "torch":
+        pytest.skip("a torch backend check")
+    called = []
+    for name in ("convolution_backward", "max_pool2d_with_indices_backward", "avg_pool2d_backward"):
+        original = getattr(torch.ops.aten, name)
+        monkeypatch.setattr(torch.ops.aten, name,
+                            lambda *args, _name=name, _original=original: called.append(_name) or _original(*args))
+    monkeypatch.setattr(torch.autograd, "grad", lambda *a, **k: pytest.fail("torch.autograd.grad called"))
+    r = np.random.default_rng(7)
+    x, w = r.standard_normal((2, 3, 8, 8)), r.standard_normal((4, 3, 3, 3))
+    build = lambda x, w: rg.max_pool2d(rg.conv2d(x, w, padding=1), 2) + rg.avg_pool2d(rg.conv2d(x, w, padding=1), 2)
+    _run(backend, build, {"x": x, "w": w}, lambda y, vars_: rg.gradients(rg.sum(y * y), vars_))
+    assert set(called) == {"convolution_backward", "max_pool2d_with_indices_backward", "avg_pool2d_backward"}
