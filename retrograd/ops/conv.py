@@ -176,7 +176,9 @@ def _conv_input_grad(k, dy, w, x_like):
 
 @lowers("ConvInputGrad")
 def _conv_input_grad_onnx(g):
-    """col2im of ``w^T @ dy`` (onnxruntime's ConvTranspose is float32 only)."""
+    """ConvTranspose (float32) or col2im of ``w^T @ dy`` (onnxruntime's ConvTranspose is float32 only)."""
+    if g.out_vars[0].dtype == "float32":
+        return [_conv_transpose_onnx(g)]
     dy, w, x_like = g.ins
     strides, pads, dilations, groups = window_attrs(g.attrs)
     w_var = g.in_vars[1]
@@ -188,6 +190,23 @@ def _conv_input_grad_onnx(g):
     spread = wo.dilate(g, dcols, 3, strides)
     pieces = [g.node("Gather", [spread, g.const(t, "int64")], axis=2) for t in range(wo.prod(kernel))]
     return [wo.col2im(g, pieces, x_like, pads, kernel, dilations)]
+
+
+def _conv_transpose_onnx(g) -> str:
+    """ConvTranspose without pads (every window's full extent, ``stride * (out - 1) + dilation *
+    (kernel - 1) + 1``), zero-extended to the padded input's size, the padding cropped."""
+    dy, w, x_like = g.ins
+    strides, pads, dilations, groups = window_attrs(g.attrs)
+    nd = len(strides)
+    full = g.node("ConvTranspose", [dy, w], strides=strides, dilations=dilations, group=groups)
+    padded = g.node("Add", [g.node("Shape", [x_like], start=2),
+                            g.const([pads[i] + pads[nd + i] for i in range(nd)], "int64")])
+    rest = g.node("Sub", [padded, g.node("Shape", [full], start=2)])
+    widths = g.node("Concat", [g.const([0] * (nd + 4), "int64"), rest], axis=0)   # before: 0; after: rest
+    dx_pad = g.node("Pad", [full, widths])
+    starts = g.const(list(pads[:nd]), "int64")
+    ends = g.node("Add", [starts, g.node("Shape", [x_like], start=2)])
+    return g.node("Slice", [dx_pad, starts, ends, g.const(list(range(2, 2 + nd)), "int64")])
 
 
 # --- ConvWeightGrad ---------------------------------------------------------------------------

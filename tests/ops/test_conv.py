@@ -95,18 +95,22 @@ def test_conv1d_matches_torch_to_second_order(backend, case):
              inputs)
 
 
-def test_conv2d_float32_matches_torch(backend):
-    """float32 takes other routes (onnxruntime's own Conv): same numbers within float32 rounding."""
+@pytest.mark.parametrize("case", CONV2D, ids=str)
+def test_conv2d_float32_matches_torch(backend, case):
+    """float32 takes other routes (onnxruntime's own Conv, ConvTranspose): the same numbers within
+    float32 rounding."""
     r = np.random.default_rng(3)
-    x, w = r.standard_normal((4, 6, 9, 9)).astype("float32"), r.standard_normal((4, 3, 3, 3)).astype("float32")
+    groups = case.get("groups", 1)
+    x = r.standard_normal((3, 4, 9, 8)).astype("float32")
+    w = r.standard_normal((8, 4 // groups, 3, 2)).astype("float32")
     main, startup = rg.Program(), rg.Program()
     with rg.program_guard(main, startup):
-        xv, wv = rg.data("x", [-1, 6, 9, 9], stop_gradient=False), rg.data("w", w.shape, stop_gradient=False)
-        y = rg.conv2d(xv, wv, stride=2, padding=1, groups=2)
+        xv, wv = rg.data("x", [-1, 4, -1, 8], stop_gradient=False), rg.data("w", w.shape, stop_gradient=False)
+        y = rg.conv2d(xv, wv, **case)
         fetch = [y, *rg.gradients(rg.sum(y * y), [xv, wv])]
     got = backend.executor().run(main, feed={"x": x, "w": w}, fetch_list=fetch)
     xt, wt = torch.tensor(x, requires_grad=True), torch.tensor(w, requires_grad=True)
-    yt = F.conv2d(xt, wt, stride=2, padding=1, groups=2)
+    yt = _torch_conv(xt, wt, None, 2, **case)
     (yt * yt).sum().backward()
     for a, b in zip(got, [yt.detach(), xt.grad, wt.grad]):
         np.testing.assert_allclose(a, b.numpy(), rtol=1e-4, atol=1e-4)
