@@ -264,3 +264,29 @@ def test_torch_backend_uses_atens_explicit_backward_ops(backend, monkeypatch):
     build = lambda x, w: rg.max_pool2d(rg.conv2d(x, w, padding=1), 2) + rg.avg_pool2d(rg.conv2d(x, w, padding=1), 2)
     _run(backend, build, {"x": x, "w": w}, lambda y, vars_: rg.gradients(rg.sum(y * y), vars_))
     assert set(called) == {"convolution_backward", "max_pool2d_with_indices_backward", "avg_pool2d_backward"}
+
+
+@pytest.mark.engine_skip("zero-stride NumPy views are an array backend's concern")
+def test_shape_only_inputs_may_be_zero_stride_stand_ins(backend):
+    """The gradient ops read their ``*_like`` input for its shape alone (a pass may bind a stand-in)."""
+    from retrograd.ops.conv import conv_input_grad, conv_weight_grad
+    from retrograd.ops.pool import avg_pool_grad, max_pool_grad
+    r = np.random.default_rng(8)
+    conv = {"strides": [2, 1], "pads": [1, 0, 0, 2], "dilations": [1, 2], "groups": 2}
+    pool = {"kernel": [3, 3], "strides": [2, 1], "pads": [1, 1, 1, 1]}
+    x, w, dy = r.standard_normal((2, 4, 5, 5)), r.standard_normal((6, 2, 2, 3)), r.standard_normal((2, 6, 3, 3))
+    dy_pool, ids = r.standard_normal((2, 4, 3, 5)), r.integers(0, 25, (2, 4, 3, 5))
+    builds = [(lambda a, b, like: conv_input_grad(a, b, like, conv), [dy, w, x]),
+              (lambda a, b, like: conv_weight_grad(a, b, like, conv), [x, dy, w]),
+              (lambda a, b, like: max_pool_grad(a, b, like, pool), [dy_pool, ids, x]),
+              (lambda a, like: avg_pool_grad(a, like, pool), [dy_pool, x])]
+    for build, arrays in builds:
+        main = rg.Program()
+        with rg.program_guard(main, rg.Program()):
+            vars_ = [rg.data(f"in{i}", a.shape, str(a.dtype)) for i, a in enumerate(arrays)]
+            out = build(*vars_)
+        feed = {f"in{i}": a for i, a in enumerate(arrays)}
+        expected = rg.Executor().run(main, feed=feed, fetch_list=[out])[0]
+        feed[f"in{len(arrays) - 1}"] = np.broadcast_to(np.zeros((), arrays[-1].dtype), arrays[-1].shape)
+        got = backend.executor().run(main, feed=feed, fetch_list=[out])[0]
+        np.testing.assert_allclose(got, expected, rtol=1e-12, atol=1e-12)
