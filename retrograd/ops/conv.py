@@ -33,13 +33,23 @@ from .tensor import reshape
 # --- hyper-parameters ---------------------------------------------------------------------
 
 def build_error(what: str, message: str) -> ProgramError:
-    """A ProgramError naming the builder and the user's line."""
+    """A ProgramError naming the builder and the user's line.
+
+    Example::
+
+        raise build_error("conv2d", "stride must be >= 1")   # "train.py:12: conv2d: stride must ..."
+    """
     location = here()
     return ProgramError(f"{location + ': ' if location else ''}{what}: {message}")
 
 
 def per_axis(value, nd: int, name: str, what: str, minimum: int = 1) -> list[int]:
-    """An int, or one int per spatial axis, each >= ``minimum``."""
+    """An int, or one int per spatial axis, each >= ``minimum``.
+
+    Example::
+
+        per_axis(2, 2, "stride", "conv2d")          # [2, 2]
+    """
     values = [value] * nd if _is_int(value) else value
     if (not isinstance(values, (list, tuple)) or len(values) != nd
             or not all(_is_int(v) and v >= minimum for v in values)):
@@ -49,7 +59,12 @@ def per_axis(value, nd: int, name: str, what: str, minimum: int = 1) -> list[int
 
 def pads_of(padding, nd: int, what: str, kernel=None, dilations=None, strides=None) -> list[int]:
     """ONNX-order pads from ``padding``: an int, one int per axis, one ``(before, after)`` pair per
-    axis, ``2 * nd`` ints ``(before, after)`` axis by axis, or "valid" / "same" (stride 1 only)."""
+    axis, ``2 * nd`` ints ``(before, after)`` axis by axis, or "valid" / "same" (stride 1 only).
+
+    Example::
+
+        pads_of(((1, 0), (2, 2)), 2, "conv2d")      # [1, 2, 0, 2]: befores, then afters
+    """
     if padding == "valid":
         return [0] * 2 * nd
     if padding == "same":
@@ -78,14 +93,19 @@ def _is_int(value) -> bool:
     return isinstance(value, numbers.Integral) and not isinstance(value, bool)
 
 
-def window_attrs(attrs: dict) -> tuple:
+def _window_attrs(attrs: dict) -> tuple:
     return attrs["strides"], attrs["pads"], attrs["dilations"], attrs["groups"]
 
 
 # --- shape rules ---------------------------------------------------------------------------
 
 def spatial_out(sizes, kernel, attrs) -> tuple[int, ...]:
-    """Output sizes per spatial axis (-1 where unknown); ShapeError where no window fits."""
+    """Output sizes per spatial axis (-1 where unknown); ShapeError where no window fits.
+
+    Example::
+
+        spatial_out([32, -1], [3, 3], {"strides": [2, 2], "pads": [1, 1, 1, 1]})   # (16, -1)
+    """
     strides, pads = attrs["strides"], attrs["pads"]
     dilations = attrs.get("dilations", [1] * len(strides))
     nd, outs = len(strides), []
@@ -137,12 +157,12 @@ def _conv_grad(g):
 @defop("Conv", inputs=("x", "w"), infer=_conv_rule, grad=_conv_grad)
 def _conv(k, x, w):
     """Cross-correlation of ``x [N, C, *spatial]`` with ``w [F, C/groups, *kernel]``."""
-    return k.backend.conv(x, w, *window_attrs(k.attrs))
+    return k.backend.conv(x, w, *_window_attrs(k.attrs))
 
 
 @lowers("Conv")
 def _conv_onnx(g):
-    strides, pads, dilations, groups = window_attrs(g.attrs)
+    strides, pads, dilations, groups = _window_attrs(g.attrs)
     if g.out_vars[0].dtype == "float32":
         return [g.node("Conv", g.ins, strides=strides, pads=pads, dilations=dilations, group=groups)]
     return [_conv_general_onnx(g, g.ins[0], g.ins[1], g.in_vars[1])]   # onnxruntime: Conv is float32 only
@@ -150,7 +170,7 @@ def _conv_onnx(g):
 
 def _conv_general_onnx(g, x: str, w: str, w_var: Var) -> str:
     """im2col + MatMul: ``w [G, F/G, C/G*K] @ cols [N, G, C/G*K, P]``, reshaped to ``[N, F, *out]``."""
-    strides, pads, dilations, groups = window_attrs(g.attrs)
+    strides, pads, dilations, groups = _window_attrs(g.attrs)
     kernel = wo.static_kernel(g, w_var, "Conv")
     f, cg = w_var.shape[:2]
     pieces = wo.im2col(g, wo.pad(g, x, pads, w_var.dtype), kernel, strides, dilations)
@@ -171,7 +191,7 @@ def _conv_input_grad_grad(g):
        grad=_conv_input_grad_grad)
 def _conv_input_grad(k, dy, w, x_like):
     """The gradient of ``Conv`` for ``x`` (a transposed convolution), shaped like ``x_like``."""
-    return k.backend.conv_input_grad(dy, w, x_like, *window_attrs(k.attrs))
+    return k.backend.conv_input_grad(dy, w, x_like, *_window_attrs(k.attrs))
 
 
 @lowers("ConvInputGrad")
@@ -180,7 +200,7 @@ def _conv_input_grad_onnx(g):
     if g.out_vars[0].dtype == "float32":
         return [_conv_transpose_onnx(g)]
     dy, w, x_like = g.ins
-    strides, pads, dilations, groups = window_attrs(g.attrs)
+    strides, pads, dilations, groups = _window_attrs(g.attrs)
     w_var = g.in_vars[1]
     kernel = wo.static_kernel(g, w_var, "ConvInputGrad")
     f, cg = w_var.shape[:2]
@@ -196,7 +216,7 @@ def _conv_transpose_onnx(g) -> str:
     """ConvTranspose without pads (every window's full extent, ``stride * (out - 1) + dilation *
     (kernel - 1) + 1``), zero-extended to the padded input's size, the padding cropped."""
     dy, w, x_like = g.ins
-    strides, pads, dilations, groups = window_attrs(g.attrs)
+    strides, pads, dilations, groups = _window_attrs(g.attrs)
     nd = len(strides)
     full = g.node("ConvTranspose", [dy, w], strides=strides, dilations=dilations, group=groups)
     padded = g.node("Add", [g.node("Shape", [x_like], start=2),
@@ -221,14 +241,14 @@ def _conv_weight_grad_grad(g):
        grad=_conv_weight_grad_grad)
 def _conv_weight_grad(k, x, dy, w_like):
     """The gradient of ``Conv`` for ``w``, shaped like ``w_like``."""
-    return k.backend.conv_weight_grad(x, dy, w_like, *window_attrs(k.attrs))
+    return k.backend.conv_weight_grad(x, dy, w_like, *_window_attrs(k.attrs))
 
 
 @lowers("ConvWeightGrad")
 def _conv_weight_grad_onnx(g):
     """``sum over N of dy [N, G, F/G, P] @ cols^T``, reshaped to ``w``'s shape."""
     x, dy, w_like = g.ins
-    strides, pads, dilations, groups = window_attrs(g.attrs)
+    strides, pads, dilations, groups = _window_attrs(g.attrs)
     w_var = g.in_vars[2]
     kernel = wo.static_kernel(g, w_var, "ConvWeightGrad")
     f, cg = w_var.shape[:2]
@@ -247,16 +267,26 @@ def _conv_op(x: Var, w: Var, attrs: dict) -> Var:
 
 
 def conv_input_grad(dy: Var, w: Var, x_like: Var, attrs: dict) -> Var:
-    """``d loss / d x`` of ``Conv(x, w)`` with ``attrs`` given ``dy`` (a transposed convolution)."""
+    """``d loss / d x`` of ``Conv(x, w)`` with ``attrs`` given ``dy`` (a transposed convolution).
+
+    Example::
+
+        dx = conv_input_grad(dy, w, x, conv_op.attrs)
+    """
     return append_op("ConvInputGrad", [dy, w, x_like], dict(attrs))[0]
 
 
 def conv_weight_grad(x: Var, dy: Var, w_like: Var, attrs: dict) -> Var:
-    """``d loss / d w`` of ``Conv(x, w)`` with ``attrs`` given ``dy``."""
+    """``d loss / d w`` of ``Conv(x, w)`` with ``attrs`` given ``dy``.
+
+    Example::
+
+        dw = conv_weight_grad(x, dy, w, conv_op.attrs)
+    """
     return append_op("ConvWeightGrad", [x, dy, w_like], dict(attrs))[0]
 
 
-def conv_attrs(nd: int, what: str, w: Var | None, stride, padding, dilation, groups) -> dict:
+def _conv_attrs(nd: int, what: str, w: Var | None, stride, padding, dilation, groups) -> dict:
     """The ``Conv`` attributes of an ``nd``-d convolution from the user's hyper-parameters."""
     strides = per_axis(stride, nd, "stride", what)
     dilations = per_axis(dilation, nd, "dilation", what)
@@ -282,7 +312,7 @@ def convolution(x: Var, w: Var, b: Var | None = None, stride=1, padding=0, dilat
     what = what or f"conv{nd}d"
     if not isinstance(x, Var):
         raise build_error(what, f"x must be a Var, got {type(x).__name__}")
-    y = _conv_op(x, w, conv_attrs(nd, what, w, stride, padding, dilation, groups))
+    y = _conv_op(x, w, _conv_attrs(nd, what, w, stride, padding, dilation, groups))
     if b is None:
         return y
     if not isinstance(b, Var) or b.ndim != 1 or (b.shape[0] >= 0 and w.shape[0] >= 0 and b.shape[0] != w.shape[0]):

@@ -26,7 +26,7 @@ from .registry import append_op, defop
 from .shapes import require_float
 
 
-def pool_attrs(attrs: dict) -> tuple:
+def _pool_attrs(attrs: dict) -> tuple:
     return attrs["kernel"], attrs["strides"], attrs["pads"]
 
 
@@ -59,12 +59,12 @@ def _max_pool_grad_maker(g):
 @defop("MaxPool", infer=_max_pool_rule, outputs=("out", "indices"), grad=_max_pool_grad_maker)
 def _max_pool(k, x):
     """Window maxima and their flat indices into each ``(n, c)`` plane (ties: the first)."""
-    return k.backend.max_pool(x, *pool_attrs(k.attrs))
+    return k.backend.max_pool(x, *_pool_attrs(k.attrs))
 
 
 @lowers("MaxPool")
 def _max_pool_onnx(g):
-    kernel, strides, pads = pool_attrs(g.attrs)
+    kernel, strides, pads = _pool_attrs(g.attrs)
     y, flat = g.node("MaxPool", g.ins, n_out=2, kernel_shape=list(kernel), strides=list(strides),
                      pads=list(pads))
     plane = g.node("ReduceProd", [g.node("Shape", g.ins, start=2)], keepdims=1)
@@ -80,7 +80,7 @@ def _max_pool_grad_grad(g):
        shape_only=(2,), grad=_max_pool_grad_grad)
 def _max_pool_grad(k, dy, indices, x_like):
     """``dy`` added into zeros shaped like ``x_like`` at each window's argmax."""
-    return k.backend.max_pool_grad(dy, indices, x_like, *pool_attrs(k.attrs))
+    return k.backend.max_pool_grad(dy, indices, x_like, *_pool_attrs(k.attrs))
 
 
 @lowers("MaxPoolGrad")
@@ -117,12 +117,22 @@ def _max_pool_gather_onnx(g):
 
 
 def max_pool_grad(dy: Var, indices: Var, x_like: Var, attrs: dict) -> Var:
-    """The gradient of ``MaxPool`` (``attrs``) for its input, given ``dy`` and its ``indices``."""
+    """The gradient of ``MaxPool`` (``attrs``) for its input, given ``dy`` and its ``indices``.
+
+    Example::
+
+        dx = max_pool_grad(dy, indices, x, pool_op.attrs)
+    """
     return append_op("MaxPoolGrad", [dy, indices, x_like], dict(attrs))[0]
 
 
 def max_pool_gather(v: Var, indices: Var, attrs: dict) -> Var:
-    """``v`` read at a ``MaxPool``'s ``indices`` (``attrs``: that op's)."""
+    """``v`` read at a ``MaxPool``'s ``indices`` (``attrs``: that op's).
+
+    Example::
+
+        picked = max_pool_gather(v, indices, pool_op.attrs)     # shaped like indices
+    """
     return append_op("MaxPoolGather", [v, indices], dict(attrs))[0]
 
 
@@ -132,12 +142,12 @@ def max_pool_gather(v: Var, indices: Var, attrs: dict) -> Var:
        grad=lambda g: [avg_pool_grad(g.dy, g.x[0], g.attrs)])
 def _avg_pool(k, x):
     """Window means, the zero padding counted in the divisor."""
-    return k.backend.avg_pool(x, *pool_attrs(k.attrs))
+    return k.backend.avg_pool(x, *_pool_attrs(k.attrs))
 
 
 @lowers("AvgPool")
 def _avg_pool_onnx(g):
-    kernel, strides, pads = pool_attrs(g.attrs)
+    kernel, strides, pads = _pool_attrs(g.attrs)
     dtype = g.out_vars[0].dtype
     if dtype == "float32":
         return [g.node("AveragePool", g.ins, kernel_shape=list(kernel), strides=list(strides), pads=list(pads),
@@ -152,20 +162,25 @@ def _avg_pool_onnx(g):
        grad=lambda g: [_avg_pool_op(g.dy, g.attrs), None])
 def _avg_pool_grad(k, dy, x_like):
     """Each window's gradient shared evenly by its taps, added back where they were read."""
-    return k.backend.avg_pool_grad(dy, x_like, *pool_attrs(k.attrs))
+    return k.backend.avg_pool_grad(dy, x_like, *_pool_attrs(k.attrs))
 
 
 @lowers("AvgPoolGrad")
 def _avg_pool_grad_onnx(g):
     dy, x_like = g.ins
-    kernel, strides, pads = pool_attrs(g.attrs)
+    kernel, strides, pads = _pool_attrs(g.attrs)
     share = g.node("Div", [dy, g.const(wo.prod(kernel), g.out_vars[0].dtype)])
     spread = wo.dilate(g, share, 2, strides)
     return [wo.col2im(g, [spread] * wo.prod(kernel), x_like, pads, kernel, [1] * len(kernel))]
 
 
 def avg_pool_grad(dy: Var, x_like: Var, attrs: dict) -> Var:
-    """The gradient of ``AvgPool`` (``attrs``) for its input, given ``dy``."""
+    """The gradient of ``AvgPool`` (``attrs``) for its input, given ``dy``.
+
+    Example::
+
+        dx = avg_pool_grad(dy, x, pool_op.attrs)
+    """
     return append_op("AvgPoolGrad", [dy, x_like], dict(attrs))[0]
 
 
@@ -175,7 +190,7 @@ def _avg_pool_op(x: Var, attrs: dict) -> Var:
 
 # --- builders ----------------------------------------------------------------------------------
 
-def pool2d_attrs(what: str, kernel_size, stride, padding) -> dict:
+def _pool2d_attrs(what: str, kernel_size, stride, padding) -> dict:
     """``MaxPool``/``AvgPool`` attributes; padding at most half the kernel (torch's rule: every
     window keeps an element of the input)."""
     kernel = per_axis(kernel_size, 2, "kernel_size", what)
@@ -189,7 +204,7 @@ def pool2d_attrs(what: str, kernel_size, stride, padding) -> dict:
 def _pool2d(op_type: str, what: str, x, kernel_size, stride, padding):
     if not isinstance(x, Var):
         raise build_error(what, f"x must be a Var, got {type(x).__name__}")
-    return append_op(op_type, [x], pool2d_attrs(what, kernel_size, stride, padding), name=what)
+    return append_op(op_type, [x], _pool2d_attrs(what, kernel_size, stride, padding), name=what)
 
 
 def max_pool2d(x: Var, kernel_size, stride=None, padding=0) -> Var:
