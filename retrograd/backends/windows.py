@@ -21,7 +21,12 @@ from typing import Sequence
 
 
 def out_size(size: int, kernel: int, stride: int, before: int, after: int, dilation: int = 1) -> int:
-    """Windows along one axis: ``floor((size + pads - dilation*(kernel-1) - 1) / stride) + 1``."""
+    """Windows along one axis: ``floor((size + pads - dilation*(kernel-1) - 1) / stride) + 1``.
+
+    Example::
+
+        out_size(32, 3, 2, 1, 1)        # 16
+    """
     return (size + before + after - dilation * (kernel - 1) - 1) // stride + 1
 
 
@@ -44,7 +49,12 @@ def check_out_sizes(sizes, kernel, strides, pads, dilations, what: str) -> tuple
 
 
 def pad_spatial(xp, x, pads: Sequence[int], value: float = 0.0):
-    """``x [N, C, *spatial]`` with ``pads`` (ONNX order) filled with ``value`` around its spatial axes."""
+    """``x [N, C, *spatial]`` with ``pads`` (ONNX order) filled with ``value`` around its spatial axes.
+
+    Example::
+
+        pad_spatial(np, x, [1, 0, 1, 2])        # H: 1 before, 1 after; W: 0 before, 2 after
+    """
     nd = x.ndim - 2
     if not any(pads):
         return x
@@ -63,7 +73,12 @@ def tap_slices(kernel, strides, dilations, outs):
 
 
 def im2col(xp, x_pad, kernel, strides, dilations, outs):
-    """``cols [N, C, K, *out]``: every tap's view of every window."""
+    """``cols [N, C, K, *out]``: every tap's view of every window.
+
+    Example::
+
+        cols = im2col(np, x_pad, (3, 3), (1, 1), (1, 1), (32, 32))    # [N, C, 9, 32, 32]
+    """
     return xp.stack([x_pad[index] for index in tap_slices(kernel, strides, dilations, outs)], axis=2)
 
 
@@ -88,7 +103,12 @@ def padded_shape(shape, pads):
 # --- convolution ------------------------------------------------------------------------------
 
 def conv(xp, x, w, strides, pads, dilations, groups: int):
-    """``y [N, F, *out]`` of ``x [N, C, *spatial]`` and ``w [F, C/groups, *kernel]``."""
+    """``y [N, F, *out]`` of ``x [N, C, *spatial]`` and ``w [F, C/groups, *kernel]``.
+
+    Example::
+
+        y = conv(np, x, w, strides=[1, 1], pads=[1, 1, 1, 1], dilations=[1, 1], groups=1)
+    """
     kernel = tuple(w.shape[2:])
     outs = check_out_sizes(x.shape[2:], kernel, strides, pads, dilations, "conv")
     cols = _grouped_cols(xp, x, kernel, strides, pads, dilations, outs, groups)
@@ -134,7 +154,12 @@ def _grouped_weight(xp, w, groups, transpose=False):
 def max_pool(xp, x, kernel, strides, pads):
     """``(y, indices)``: each window's maximum and where it is, as a flat index into its
     ``(n, c)`` plane of the unpadded input (torch's and onnxruntime's convention). Ties go
-    to the first maximal element in the window's row-major order."""
+    to the first maximal element in the window's row-major order.
+
+    Example::
+
+        y, indices = max_pool(np, x, kernel=(2, 2), strides=(2, 2), pads=[0, 0, 0, 0])
+    """
     nd, ones = len(kernel), (1,) * len(kernel)
     outs = check_out_sizes(x.shape[2:], kernel, strides, pads, ones, "max_pool")
     cols = im2col(xp, pad_spatial(xp, x, pads, -math.inf), kernel, strides, ones, outs)
@@ -170,7 +195,12 @@ def max_pool_gather(xp, v, indices):
 
 
 def avg_pool(xp, x, kernel, strides, pads):
-    """Window means with the zero padding counted (torch's ``count_include_pad=True``)."""
+    """Window means with the zero padding counted (torch's ``count_include_pad=True``).
+
+    Example::
+
+        y = avg_pool(np, x, kernel=(3, 3), strides=(1, 1), pads=[1, 1, 1, 1])
+    """
     ones = (1,) * len(kernel)
     outs = check_out_sizes(x.shape[2:], kernel, strides, pads, ones, "avg_pool")
     x_pad = pad_spatial(xp, x, pads)
