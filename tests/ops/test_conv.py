@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 import retrograd as rg
 
@@ -290,3 +292,58 @@ def test_shape_only_inputs_may_be_zero_stride_stand_ins(backend):
         feed[f"in{len(arrays) - 1}"] = np.broadcast_to(np.zeros((), arrays[-1].dtype), arrays[-1].shape)
         got = backend.executor().run(main, feed=feed, fetch_list=[out])[0]
         np.testing.assert_allclose(got, expected, rtol=1e-12, atol=1e-12)
+
+
+@st.composite
+def _conv_configs(draw):
+    """A random convolution: 1 or 2 spatial axes, groups, per-side pads, strides, dilations."""
+    nd = draw(st.integers(1, 2))
+    groups = draw(st.integers(1, 3))
+    c, f = groups * draw(st.integers(1, 2)), groups * draw(st.integers(1, 2))
+    kernel = [draw(st.integers(1, 3)) for _ in range(nd)]
+    dilation = [draw(st.integers(1, 2)) for _ in range(nd)]
+    stride = [draw(st.integers(1, 3)) for _ in range(nd)]
+    pads = [(draw(st.integers(0, 2)), draw(st.integers(0, 2))) for _ in range(nd)]
+    sizes = [max(1, d * (k - 1) + 1 - p[0] - p[1]) + draw(st.integers(0, 4))
+             for k, d, p in zip(kernel, dilation, pads)]
+    return dict(nd=nd, groups=groups, c=c, f=f, kernel=kernel, dilation=dilation, stride=stride,
+                pads=pads, sizes=sizes, n=draw(st.integers(1, 2)), seed=draw(st.integers(0, 2**16)))
+
+
+@settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(cfg=_conv_configs())
+def test_random_convolutions_match_torch(backend, cfg):
+    r = np.random.default_rng(cfg["seed"])
+    nd = cfg["nd"]
+    x = r.standard_normal((cfg["n"], cfg["c"], *cfg["sizes"]))
+    w = r.standard_normal((cfg["f"], cfg["c"] // cfg["groups"], *cfg["kernel"]))
+    hyper = dict(stride=cfg["stride"], dilation=cfg["dilation"], groups=cfg["groups"])
+    conv = rg.conv1d if nd == 1 else rg.conv2d
+    got = _run(backend, lambda x, w: conv(x, w, padding=cfg["pads"], **hyper), {"x": x, "w": w},
+               lambda y, vars_: [y, *rg.gradients(rg.sum(y * y), vars_)])
+    xt, wt = torch.tensor(x, requires_grad=True), torch.tensor(w, requires_grad=True)
+    padded = F.pad(xt, [p for pair in reversed(cfg["pads"]) for p in pair])
+    yt = (F.conv1d if nd == 1 else F.conv2d)(padded, wt, **hyper)
+    (yt * yt).sum().backward()
+    for a, b in zip(got, [yt.detach(), xt.grad, wt.grad]):
+        np.testing.assert_allclose(a, b.numpy(), rtol=1e-9, atol=1e-10)
+
+
+@settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(data=st.data())
+def test_random_poolings_match_torch(backend, data):
+    kernel = [data.draw(st.integers(1, 3)) for _ in range(2)]
+    stride = [data.draw(st.integers(1, 3)) for _ in range(2)]
+    padding = [data.draw(st.integers(0, k // 2)) for k in kernel]
+    sizes = [k + data.draw(st.integers(0, 4)) for k in kernel]
+    kind = data.draw(st.sampled_from(["max", "avg"]))
+    r = np.random.default_rng(data.draw(st.integers(0, 2**16)))
+    x = r.permutation(np.arange(2 * 3 * sizes[0] * sizes[1])).reshape(2, 3, *sizes) * 0.01
+    ours, theirs = (rg.max_pool2d, F.max_pool2d) if kind == "max" else (rg.avg_pool2d, F.avg_pool2d)
+    got = _run(backend, lambda x: ours(x, kernel, stride, padding), {"x": x},
+               lambda y, vars_: [y, *rg.gradients(rg.sum(y * y), vars_)])
+    xt = torch.tensor(x, requires_grad=True)
+    yt = theirs(xt, kernel, stride, padding)
+    (yt * yt).sum().backward()
+    for a, b in zip(got, [yt.detach(), xt.grad]):
+        np.testing.assert_allclose(a, b.numpy(), rtol=1e-9, atol=1e-10)
