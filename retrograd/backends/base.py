@@ -16,7 +16,7 @@ import contextlib
 import numpy as np
 
 from ..errors import BackendError
-from . import keyed_random, norm_math
+from . import keyed_random, norm_math, windows
 
 
 def dtype_name(dtype) -> str:
@@ -70,6 +70,46 @@ class Backend:
         if transpose_y:
             y = xp.matrix_transpose(y) if hasattr(xp, "matrix_transpose") else xp.swapaxes(y, -1, -2)
         return xp.matmul(x, y)
+
+    # -- sliding windows: the general im2col + GEMM path (windows.py); torch has its own ----------
+    def conv(self, x, w, strides, pads, dilations, groups: int):
+        """``y [N, F, *out]`` of ``x [N, C, *spatial]``, ``w [F, C/groups, *kernel]`` (the ``Conv``
+        kernel); ``pads`` in ONNX's order (every axis' before, then every axis' after)."""
+        return windows.conv(self.xp, x, w, strides, pads, dilations, groups)
+
+    def conv_input_grad(self, dy, w, x_like, strides, pads, dilations, groups: int):
+        """``dx`` shaped like ``x_like`` (read for its shape): the transposed convolution of ``dy``."""
+        return windows.conv_input_grad(self.xp, dy, w, tuple(x_like.shape), strides, pads, dilations, groups)
+
+    def conv_weight_grad(self, x, dy, w_like, strides, pads, dilations, groups: int):
+        """``dw`` shaped like ``w_like`` (read for its shape)."""
+        return windows.conv_weight_grad(self.xp, x, dy, tuple(w_like.shape), strides, pads, dilations, groups)
+
+    def max_pool(self, x, kernel, strides, pads):
+        """``(y, indices)``: window maxima and their flat indices into each ``(n, c)`` plane."""
+        return windows.max_pool(self.xp, x, kernel, strides, pads)
+
+    def max_pool_grad(self, dy, indices, x_like, kernel, strides, pads):
+        """``dy`` added into a zero ``x_like``-shaped array at ``indices`` (repeats accumulate);
+        the window geometry is for backends whose routine checks it."""
+        shape = tuple(x_like.shape)
+        size = 1
+        for d in shape:
+            size *= d
+        ids = windows.plane_ids(self.xp, indices, size // (shape[0] * shape[1]) if size else 1)
+        flat = self.scatter_add_rows((size,), dtype_name(dy.dtype), ids, self.xp.reshape(dy, (-1,)))
+        return self.xp.reshape(flat, shape)
+
+    def max_pool_gather(self, v, indices):
+        """``v`` read at ``indices`` (``max_pool``'s), shaped like ``indices``."""
+        return windows.max_pool_gather(self.xp, v, indices)
+
+    def avg_pool(self, x, kernel, strides, pads):
+        """Window means, zero padding counted in the divisor (``count_include_pad=True``)."""
+        return windows.avg_pool(self.xp, x, kernel, strides, pads)
+
+    def avg_pool_grad(self, dy, x_like, kernel, strides, pads):
+        return windows.avg_pool_grad(self.xp, dy, tuple(x_like.shape), kernel, strides, pads)
 
     def scatter_add_rows(self, shape, dtype: str, ids, rows):
         """zeros(shape) with ``rows[i]`` added into row ``ids[i]`` (repeated ids accumulate)."""

@@ -25,3 +25,5 @@ from .lstm_sequence import lstm_sequence  # noqa: F401
 from .indexing import getitem, scatter, update_slice  # noqa: F401
 from .shape_ops import arange, broadcast_to, pad, stack, tile  # noqa: F401
 from .einsum import einsum  # noqa: F401
+from .conv import conv1d, conv2d  # noqa: F401
+from .pool import avg_pool2d, max_pool2d  # noqa: F401

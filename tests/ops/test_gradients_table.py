@@ -478,6 +478,51 @@ def _linear_xent(r):
     ]
 
 
+def _conv(r):
+    return [
+        (lambda x, w: rg.conv2d(x, w), {"x": normal(r, 2, 3, 5, 4), "w": normal(r, 4, 3, 3, 2)}),
+        (lambda x, w, b: rg.conv2d(x, w, b, stride=2, padding=1, dilation=(1, 2)),
+         {"x": normal(r, 1, 2, 6, 7), "w": normal(r, 3, 2, 2, 3), "b": normal(r, 3)}),
+        (lambda x, w: rg.conv2d(x, w, padding=((1, 0), (2, 1)), groups=2),
+         {"x": normal(r, 2, 4, 4, 4), "w": normal(r, 6, 2, 3, 3)}),
+        (lambda x, w, b: rg.conv1d(x, w, b, stride=2, padding=(2, 1), dilation=2),
+         {"x": normal(r, 2, 3, 9), "w": normal(r, 2, 3, 3), "b": normal(r, 2)}),
+    ]
+
+
+def _conv_grad_ops(r):
+    """ConvInputGrad / ConvWeightGrad with strides, pads, dilations and groups (second order)."""
+    from retrograd.ops.conv import conv_input_grad, conv_weight_grad
+    attrs = {"strides": [2, 1], "pads": [1, 0, 0, 2], "dilations": [1, 2], "groups": 2}
+    x, w, dy = normal(r, 2, 4, 5, 5), normal(r, 6, 2, 2, 3), normal(r, 2, 6, 3, 3)
+    return {"ConvInputGrad": [(lambda dy, w, x: conv_input_grad(dy, w, x, attrs), {"dy": dy, "w": w, "x": x})],
+            "ConvWeightGrad": [(lambda x, dy, w: conv_weight_grad(x, dy, w, attrs), {"x": x, "dy": dy, "w": w})]}
+
+
+def _distinct(r, *shape):
+    """Values 0.1 apart at least (no ties inside a pooling window, whatever the step)."""
+    return r.permutation(np.arange(np.prod(shape))).reshape(shape) * 0.1 - 1.0
+
+
+def _max_pool(r):
+    return [(lambda x: rg.max_pool2d(x, 2), {"x": _distinct(r, 2, 3, 4, 6)}),
+            (lambda x: rg.max_pool2d(x, (3, 2), stride=1, padding=(1, 0)), {"x": _distinct(r, 1, 2, 5, 4)})]
+
+
+def _pool_grad_ops(r):
+    from retrograd.ops.pool import avg_pool_grad, max_pool_gather, max_pool_grad
+    attrs = {"kernel": [3, 3], "strides": [2, 1], "pads": [1, 1, 1, 1]}
+    x, dy, ids = normal(r, 2, 2, 5, 4), normal(r, 2, 2, 3, 4), r.integers(0, 20, (2, 2, 3, 4))
+    return {"MaxPoolGrad": [(lambda dy, i, x: max_pool_grad(dy, i, x, attrs), {"dy": dy, "i": ids, "x": x})],
+            "MaxPoolGather": [(lambda v, i: max_pool_gather(v, i, attrs), {"v": x, "i": ids})],
+            "AvgPoolGrad": [(lambda dy, x: avg_pool_grad(dy, x, attrs), {"dy": dy, "x": x})]}
+
+
+def _avg_pool(r):
+    return [(lambda x: rg.avg_pool2d(x, 2), {"x": normal(r, 2, 3, 4, 6)}),
+            (lambda x: rg.avg_pool2d(x, 3, stride=(2, 1), padding=1), {"x": normal(r, 1, 2, 5, 4)})]
+
+
 CASES = {
     # elementwise binary (broadcasting)
     "Add": _binary(rg.add),
@@ -548,6 +593,13 @@ CASES = {
     "ReverseSequence": _reverse_sequence,
     # collectives (data parallelism)
     "AllReduce": _all_reduce,
+    # convolution and pooling
+    "Conv": _conv,
+    **{op_type: (lambda r, t=op_type: _conv_grad_ops(r)[t]) for op_type in ("ConvInputGrad", "ConvWeightGrad")},
+    "MaxPool": _max_pool,
+    "AvgPool": _avg_pool,
+    **{op_type: (lambda r, t=op_type: _pool_grad_ops(r)[t])
+       for op_type in ("MaxPoolGrad", "MaxPoolGather", "AvgPoolGrad")},
 }
 
 CASES.update({     # normalization and losses (ops/norm.py, ops/losses.py)
@@ -636,6 +688,7 @@ CASES.update({
     "Einsum": _einsum,
 })
 DOUBLE_BACKWARD += ["Index", "Scatter", "UpdateSlice", "Stack", "BroadcastTo", "Tile", "Pad", "Einsum"]
+DOUBLE_BACKWARD += ["Conv", "ConvInputGrad", "ConvWeightGrad", "MaxPool", "AvgPool"]
 
 
 def _import_every_module() -> None:
