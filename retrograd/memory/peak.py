@@ -5,7 +5,10 @@
 op) and walks it adding and removing bytes, as ``MemoryMeter`` would. What a
 looping op holds while it runs (states tensors, checkpoints, one step's
 values, time-batched buffers, its budget) comes from a per-op model
-(``HOLDS``); everything else holds only its inputs and outputs. Sizes are
+(``HOLDS``); a budgeted recurrent op holds what the schedule its kernels
+will run keeps (``rnn_budget.checkpoint_plan``, asked with the sizes the
+kernel measures), not its whole budget; everything else holds only its
+inputs and outputs. Sizes are
 upper bounds where the executor may share a buffer (a view counts as new),
 so the planned peak bounds the measured one from above for the shapes given.
 """
@@ -22,6 +25,7 @@ from ..ir.analysis import op_reads
 from ..ir.program import Block, Var
 from ..ops.recurrent_steps import is_budget
 from ..runtime.plan import compile_block
+from .rnn_budget import SCHEDULE_LEN, batched_bytes, batched_rows, checkpoint_plan
 from .shape_reads import stand_in_names
 from .sizes import Shapes, resolve_shapes
 
@@ -105,17 +109,34 @@ def _rnn_holds(sizer: Sizer, op, live) -> tuple[int, list[int]]:
     transient = sizer.block_bytes(attrs["step"], rows)
     outs = [0] * len(op.outputs)
     budget = int(attrs["recompute"]) if is_budget(attrs.get("recompute")) else None
+    graded = budget is not None and bool(attrs.get("budget_outputs")) and any(
+        len(op.outputs) - 1 - j in live for j in range(n_state + 1))
+    from_alls = graded and all(attrs["budget_all"])
     for i, size in enumerate(states):
-        outs[2 * i] = (steps + 1) * size if 2 * i in live else 0
+        outs[2 * i] = (steps + 1) * size if 2 * i in live or from_alls else 0
         outs[2 * i + 1] = size
     held = transient + 2 * sum(states)
     if budget is None:
         for j, (name, full) in enumerate(zip(attrs.get("saved", ()), attrs.get("saved_full", ()))):
             if 2 * n_state + j in live and full:
                 outs[2 * n_state + j] = sizer.var_bytes(attrs["step"].var(name), rows, steps)
-    elif attrs.get("budget_outputs"):
-        outs[len(op.outputs) - n_state - 1] = budget    # the checkpoints: within the budget
+    elif graded and not from_alls:      # the checkpoints of the schedule the kernel will choose
+        tape = _tape_bytes(sizer, attrs["step"], attrs["budget_tape"], attrs["budget_batched"], states, rows)
+        plan = checkpoint_plan(steps, budget, sum(states), tape, from_alls)
+        first = len(op.outputs) - n_state - 1
+        for i, size in enumerate(states):
+            outs[first + i] = len(plan.sweep_stores) * size
+        outs[-1] = 8 * SCHEDULE_LEN
     return held, outs
+
+
+def _tape_bytes(sizer: Sizer, step: Block, tape: list, batched_rows: list, states: list[int], rows: int,
+                from_alls: bool = False) -> int:
+    """One taped step of a budgeted recurrent op, as its forward kernel measures it: the step
+    values its backward reads, the rows of the time-batched products, and (unless the states
+    tensors are kept) the new states."""
+    size = sum(sizer.var_bytes(step.var(n), rows) for n in tape) + batched_bytes(batched_rows, rows)
+    return size + (0 if from_alls else sum(states))
 
 
 def _rnn_grad_holds(sizer: Sizer, op, live) -> tuple[int, list[int]]:
@@ -125,21 +146,38 @@ def _rnn_grad_holds(sizer: Sizer, op, live) -> tuple[int, list[int]]:
     steps = _steps(sizer, op)
     backward: Block = attrs["backward"]
     held = sizer.block_bytes(backward, rows)
-    if "step" in attrs:               # RecurrentNetworkBudgetGrad: re-runs steps within its budget,
-        held += sizer.block_bytes(attrs["step"], rows) + _budget_left(sizer, op, n_state)
+    if "step" in attrs:               # RecurrentNetworkBudgetGrad: re-runs segments of its schedule
+        states = [sizer.of(n) for n in op.inputs[n_seq:n_seq + n_state]]
+        from_alls = bool(attrs.get("alls_given"))
+        tape = _tape_bytes(sizer, attrs["step"], attrs["tape"], batched_rows(attrs["batched"], backward, attrs["tape"]), states, rows,
+                           from_alls)
+        plan = checkpoint_plan(steps, int(attrs["budget"]), sum(states), tape, from_alls)
+        taken = 0 if from_alls else len(plan.sweep_stores) * sum(states)    # inputs: live already
+        held += sizer.block_bytes(attrs["step"], rows) + plan.peak_bytes(sum(states), tape) - taken
     else:                             # store-all: the time-batched buffers span all steps
-        for _, _, _, d in attrs["batched"]:
-            held += sizer.var_bytes(backward.var(d), rows, steps)
+        held += _time_batches(sizer, op, rows, steps)
     return held, [sizer.of(op.inputs[i]) for i in attrs["grad_of"]]
 
 
+def _time_batches(sizer: Sizer, op, rows: int, steps: int) -> int:
+    """The ``[T, ...]`` buffers ``TimeBatches`` fills: one per batched gradient ``d`` (none where
+    ``d`` is a sequence's gradient, which its output buffer already holds) and one per step value
+    used as the product's other factor that the forward did not save."""
+    attrs, backward = op.attrs, op.attrs["backward"]
+    outputs = {name for i, name in enumerate(attrs["fetch_seq"]) if name and i in attrs["grad_of"]}
+    names = []
+    for _, kind, ref, d in attrs["batched"]:
+        names.append(d)
+        if kind == "value" and ref not in attrs["saved"]:
+            names.append(ref)
+    found = [backward.find_var(n) for n in dict.fromkeys(names) if n not in outputs]
+    return sum(sizer.var_bytes(var, rows, steps) for var in found if var is not None)
+
+
 def _budget_left(sizer: Sizer, op, n_ckpt: int) -> int:
-    """A budgeted loop's gradient holds its budget, of which the forward's checkpoints (its inputs
-    just before the schedule, live already) are a part."""
-    ckpts = op.inputs[-(n_ckpt + 1):-1] if op.type == "WhileBudgetGrad" else []
-    if op.type == "RecurrentNetworkBudgetGrad":
-        n_d = sum(map(bool, op.attrs["dall_given"])) + sum(map(bool, op.attrs["dlast_given"]))
-        ckpts = op.inputs[len(op.inputs) - n_d - n_ckpt - 1:len(op.inputs) - n_d - 1]
+    """A budgeted while loop's gradient holds its budget, of which the forward's checkpoints (its
+    inputs just before the trip count, live already) are a part."""
+    ckpts = op.inputs[-(n_ckpt + 1):-1]
     return max(0, int(op.attrs.get("budget", 0)) - sum(sizer.live.get(n, 0) for n in ckpts))
 
 

@@ -124,14 +124,27 @@ def _nbytes(arrays) -> int:
     return int(sum(int(np.prod(a.shape)) * np.dtype(dtype_name(a.dtype)).itemsize for a in arrays))
 
 
+def checkpoint_plan(steps: int, budget: int, state_bytes: int, tape_bytes: int, from_alls: bool) -> Plan:
+    """The schedule a budgeted RecurrentNetwork runs (its kernels and the planner, ``peak.py``, ask
+    here alike): with every state kept (``from_alls``), segments of as many steps as the budget holds;
+    else ``schedules.budget_plan``. Raises ProgramError when one step does not fit.
+
+    Example::
+
+        plan = checkpoint_plan(1000, 200_000, state_bytes=1000, tape_bytes=4000, from_alls=False)
+        len(plan.sweep_stores)          # the checkpoints the forward keeps
+    """
+    if from_alls:
+        if budget < tape_bytes:
+            budget_plan(steps, budget, state_bytes, tape_bytes)   # raises with the minimum
+        segment = max(1, min(steps, budget // tape_bytes)) if tape_bytes else max(steps, 1)
+        return make_plan(steps, segment, -(-steps // segment))
+    return budget_plan(steps, budget, state_bytes, tape_bytes)
+
+
 def _plan(op: Op, steps: int, budget: int, state_bytes: int, tape_bytes: int, from_alls: bool) -> Plan:
     try:
-        if from_alls:   # every state is kept anyway: segments of as many steps as the budget holds
-            if budget < tape_bytes:
-                budget_plan(steps, budget, state_bytes, tape_bytes)   # raises with the minimum
-            segment = max(1, min(steps, budget // tape_bytes)) if tape_bytes else max(steps, 1)
-            return make_plan(steps, segment, -(-steps // segment))
-        return budget_plan(steps, budget, state_bytes, tape_bytes)
+        return checkpoint_plan(steps, budget, state_bytes, tape_bytes, from_alls)
     except ProgramError as exc:
         error = ExecutionError(f"{op.where()}: {exc}")
         error.least_budget = getattr(exc, "least_budget", None)
@@ -210,22 +223,28 @@ def _empty(xp, like):
 
 # --- the gradient maker -----------------------------------------------------------------------------
 
-def _batched_rows(bstep) -> list:
+def batched_rows(batched: list, block: Block, saved) -> list:
     """[shape, dtype] per step of each value the backward keeps per step of a segment for the
-    gradients batched over time (``TimeBatches``): they count in the budget like the tape."""
+    gradients batched over time (``TimeBatches``: once per name): they count in the budget like
+    the tape."""
+    names = []
+    for _, kind, ref, d in batched:
+        names += [d] + ([ref] if kind == "value" and ref not in saved else [])
     rows = []
-    for _, kind, ref, d in bstep.batched:
-        names = [d] + ([ref] if kind == "value" and ref not in bstep.saved else [])
-        for name in names:
-            var = bstep.block.find_var(name)
-            if var is not None:
-                rows.append([list(var.shape), var.dtype])
+    for name in dict.fromkeys(names):
+        var = block.find_var(name)
+        if var is not None:
+            rows.append([list(var.shape), var.dtype])
     return rows
 
 
 def _batched_bytes(rows, inits) -> int:
     """Bytes of one step of the batched values, -1 (the batch) taken from the first state."""
-    batch = int(inits[0].shape[0]) if inits and len(inits[0].shape) else 1
+    return batched_bytes(rows, int(inits[0].shape[0]) if inits and len(inits[0].shape) else 1)
+
+
+def batched_bytes(rows, batch: int) -> int:
+    """Bytes of one step of the batched values (``budget_batched`` rows), -1 taken as ``batch``."""
     return int(sum(math.prod(batch if d < 0 else d for d in shape) * np.dtype(dtype).itemsize
                    for shape, dtype in rows))
 
@@ -271,7 +290,7 @@ def grad_maker(g: GradCtx) -> list[Var | None]:
     if not attrs.get("budget_outputs"):
         attrs["budget_all"] = [_read_elsewhere(op, op.outputs[2 * i]) for i in range(k)]
         attrs["budget_tape"] = list(bstep.saved)
-        attrs["budget_batched"] = _batched_rows(bstep)
+        attrs["budget_batched"] = batched_rows(bstep.batched, bstep.block, bstep.saved)
         attrs["budget_outputs"] = True
         prefix = op.outputs[0]
         for name in attrs["states"]:
