@@ -5,8 +5,11 @@ activations kept and recomputed, gradients; the run fetching the loss and the
 gradients). The policy, in order:
 
 1. store everything when that fits (tried on a copy of the program);
-2. else every loop op (``RecurrentNetwork``, ``While``) without a recompute
-   setting of its own gets a byte budget, the backward is built, and one
+2. else an output layer feeding ``softmax_cross_entropy`` becomes one
+   ``LinearCrossEntropy`` op (``passes/fuse_linear_loss.py``: its logits are
+   made a chunk at a time, in the forward and again in the backward), every
+   loop op (``RecurrentNetwork``, ``While``) without a recompute setting of
+   its own gets a byte budget, the backward is built, and one
    activation budget ``A`` is searched for: each loop op keeps at most ``A``
    bytes (binomial checkpointing over its steps, ``rnn_budget.py`` /
    ``while_budget.py``), and the feed-forward chain is reversed by a binomial
@@ -28,7 +31,9 @@ from typing import Callable, Mapping
 import numpy as np
 
 from ..autodiff.rewrites import register_backward_rewrite
+from ..ops.linear_cross_entropy import CHUNK_BYTES
 from ..passes.expand_fused import expand_fused_ops
+from ..passes.fuse_linear_loss import fuse_linear_cross_entropy
 from ..errors import ProgramError
 from ..ir.program import Block, Program, Var
 from ..ops.recurrent_steps import is_budget
@@ -79,6 +84,8 @@ def fit_memory_budget(loss: Var, memory_budget: int, feed_shapes: Mapping | None
         pairs, _ = build()
         _record(program, BudgetPlan(total, store_all + reserve, store_all + reserve, None))
         return pairs
+    # An output layer feeding softmax_cross_entropy holds one chunk of its logits at a time.
+    fuse_linear_cross_entropy(program, loss.block, chunk_bytes=min(CHUNK_BYTES, max(budget // 16, 1)))
     loops = [op for op in loss.block.ops if op.type in LOOP_TYPES and op.attrs.get("recompute") is None]
     for op in loops:
         op.attrs["recompute"] = _PLACEHOLDER
@@ -161,7 +168,9 @@ class _Search:
         reads = [b - a for a, b in zip([0] + self.model.read_before, self.model.read_before + [self.model.store_all])]
         self.tape_bytes = max(reads, default=0) + self.state_bytes
         self.loop_least = self._loop_least(block)
-        self.least_a = max(self.tape_bytes, self.loop_least, 1)
+        # A loop keeps at most A; the feed-forward schedule at least its own tape (a loop's least
+        # budget is far below a feed-forward unit's when h_all [T, N, H] is one unit).
+        self.least_a = max(self.loop_least, 1) if self.loop_least else max(self.tape_bytes, 1)
         self.most_a = max(self.model.store_all, self.loop_least) * 2 + 1
         self.peaks: dict[int, int | None] = {}
 
@@ -197,7 +206,7 @@ class _Search:
         program.bump()
         if self.units.count < 2 or activation >= self.model.store_all:
             return 0
-        plan = budget_plan(self.units.count, activation, self.state_bytes, self.tape_bytes)
+        plan = budget_plan(self.units.count, max(activation, self.tape_bytes), self.state_bytes, self.tape_bytes)
         apply_binomial(block, ForwardValues.of(block, self.n_forward), self.units, plan)
         return self.units.count
 

@@ -10,6 +10,9 @@ exports, so the user's program is never changed.
   hyper-parameters become one ``FusedAdamUpdate`` (one flat buffer in ONNX).
 * ``expand_fused_ops``: whole-layer ops (``LSTMSequence``) back into the
   general ops they stand for (run by passes that schedule recurrences).
+* ``fuse_linear_cross_entropy``: an output layer feeding
+  ``softmax_cross_entropy`` as one ``LinearCrossEntropy`` op (the memory
+  budget runs it when storing everything does not fit).
 
 Example::
 
@@ -24,6 +27,7 @@ from ..ir.program import Program
 from ..ir.verify import verify_program
 from .expand_fused import expand_fused_ops  # noqa: F401  (the memory budget's first step)
 from .fuse_updates import fuse_optimizer_updates
+from .fuse_linear_loss import fuse_linear_cross_entropy  # noqa: F401  (the memory budget's output layers)
 from .for_test import make_test_program  # noqa: F401  (registers clone(for_test=True)'s pass)
 
 PASSES: list[Callable[[Program], int]] = [fuse_optimizer_updates]
