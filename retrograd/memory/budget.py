@@ -7,7 +7,10 @@ gradients). The policy, in order:
 1. store everything when that fits (tried on a copy of the program);
 2. else an output layer feeding ``softmax_cross_entropy`` becomes one
    ``LinearCrossEntropy`` op (``passes/fuse_linear_loss.py``: its logits are
-   made a chunk at a time, in the forward and again in the backward), every
+   made a chunk at a time, in the forward and again in the backward); when
+   no schedule of the program fits then, the row-wise ops over a recurrence's
+   states tensor (that output layer, the loss) move into its step
+   (``time_steps.py``: recomputed with its segments of time steps); every
    loop op (``RecurrentNetwork``, ``While``) without a recompute setting of
    its own gets a byte budget, the backward is built, and one
    activation budget ``A`` is searched for: each loop op keeps at most ``A``
@@ -44,6 +47,7 @@ from .peak import Sizer, planned_peak
 from .recompute import recompute_backward
 from .schedules import budget_plan
 from .sizes import estimated_bytes, resolve_shapes
+from .time_steps import sink_time_step_ops
 
 LOOP_TYPES = ("RecurrentNetwork", "While")
 LOOP_GRAD_TYPES = ("RecurrentNetworkBudgetGrad", "WhileBudgetGrad")
@@ -86,10 +90,11 @@ def fit_memory_budget(loss: Var, memory_budget: int, feed_shapes: Mapping | None
         return pairs
     # An output layer feeding softmax_cross_entropy holds one chunk of its logits at a time.
     fuse_linear_cross_entropy(program, loss.block, chunk_bytes=min(CHUNK_BYTES, max(budget // 16, 1)))
-    loops = [op for op in loss.block.ops if op.type in LOOP_TYPES and op.attrs.get("recompute") is None]
-    for op in loops:
-        op.attrs["recompute"] = _PLACEHOLDER
-    program.bump()
+    # Ops over every time step of a recurrence's states run inside its steps (time_steps.py) when
+    # the budget needs it: step by step they cost more time than one GEMM over all steps.
+    if not _fits(loss, feed_shapes, build, budget):
+        sink_time_step_ops(program, loss.block, resolve_shapes(loss.block, feed_shapes))
+    _budget_loops(loss.block)
     pairs, n_forward = build()
     keep = [loss.name] + [g.name for _, g in pairs]
     search = _Search(program, loss, n_forward, keep, feed_shapes)
@@ -106,6 +111,24 @@ def fit_memory_budget(loss: Var, memory_budget: int, feed_shapes: Mapping | None
     _record(program, BudgetPlan(total, peak + reserve, None if store_all is None else store_all + reserve,
                                 activation, units))
     return pairs
+
+
+def _budget_loops(block: Block) -> None:
+    """Every loop op without a recompute setting of its own gets a byte budget (set by the search)."""
+    for op in block.ops:
+        if op.type in LOOP_TYPES and op.attrs.get("recompute") is None:
+            op.attrs["recompute"] = _PLACEHOLDER
+    block.program.bump()
+
+
+def _fits(loss: Var, feed_shapes, build, budget: int) -> bool:
+    """True when some schedule of the program as it is fits ``budget`` (searched on a copy)."""
+    scratch = loss.block.program.clone()
+    block = scratch.global_block()
+    _budget_loops(block)
+    pairs, n_forward = build(block.var(loss.name), real=False)
+    keep = [loss.name] + [g.name for _, g in pairs]
+    return _Search(scratch, block.var(loss.name), n_forward, keep, feed_shapes).best(budget) is not None
 
 
 def _check_budget(memory_budget) -> int:

@@ -153,10 +153,27 @@ def _rnn_grad_holds(sizer: Sizer, op, live) -> tuple[int, list[int]]:
                            from_alls)
         plan = checkpoint_plan(steps, int(attrs["budget"]), sum(states), tape, from_alls)
         taken = 0 if from_alls else len(plan.sweep_stores) * sum(states)    # inputs: live already
-        held += sizer.block_bytes(attrs["step"], rows) + plan.peak_bytes(sum(states), tape) - taken
+        # A step re-runs (advance, tape) and backward steps (reverse) take turns: one body at a time.
+        held = max(held, sizer.block_bytes(attrs["step"], rows)) + plan.peak_bytes(sum(states), tape) - taken
     else:                             # store-all: the time-batched buffers span all steps
         held += _time_batches(sizer, op, rows, steps)
-    return held, [sizer.of(op.inputs[i]) for i in attrs["grad_of"]]
+    outs = [sizer.of(op.inputs[i]) for i in attrs["grad_of"]]
+    # While the steps run, the sequences' gradients and the outer ones summed step by step exist;
+    # the time-batched products are made after, when the loop's buffers are gone.
+    looping = sum(size for position, size in zip(attrs["grad_of"], outs) if _grown_in_loop(op, position))
+    return max(0, held + looping - sum(outs)), outs
+
+
+def _grown_in_loop(op, position: int) -> bool:
+    """True for a gradient a recurrent gradient op fills while its steps run: a sequence's, or an
+    outer value's summed step by step (not one batched over time)."""
+    attrs = op.attrs
+    n_seq, n_state = len(attrs["inputs_t"]), len(attrs["states"])
+    first_outer = n_seq + n_state + int(bool(attrs.get("has_lengths")))
+    if position < n_seq:
+        return True
+    j = position - first_outer
+    return 0 <= j < len(attrs["fetch_outer"]) and bool(attrs["fetch_outer"][j])
 
 
 def _time_batches(sizer: Sizer, op, rows: int, steps: int) -> int:
