@@ -9,3 +9,6 @@ from .common import embedding, fc
 from .rnn import gru, lstm, milstm  # noqa: F401
 
 __all__ = ["embedding", "fc"]
+__all__ += ["gru", "lstm", "milstm"]
+# The modules stay importable (retrograd.layers.rnn) but are not attributes: rg.layers lists layers.
+del common, rnn  # noqa: F821

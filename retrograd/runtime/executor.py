@@ -372,12 +372,32 @@ def _fetch_name(item, block: Block) -> str:
     return name
 
 
+# The one rule for a fed (or scope) value whose dtype is not the declared one: it is cast when
+# the cast keeps its kind and cannot change an integer -- float64 <-> float32 (rounded to the
+# declared precision), int32 -> int64 -- and refused with a FeedError naming both dtypes
+# otherwise (float -> int, int -> float, anything <-> bool, int64 -> int32).
+FEED_CASTS = frozenset({("float64", "float32"), ("float32", "float64"), ("int32", "int64")})
+
+
+def check_cast(what: str, name: str, dtype: str, declared: str) -> None:
+    """FeedError unless a ``dtype`` value may stand for a ``declared`` one (``FEED_CASTS``).
+
+    Example::
+
+        check_cast("feed", "labels", "float32", "int64")   # FeedError: ... has dtype float32 ...
+    """
+    if dtype != declared and (dtype, declared) not in FEED_CASTS:
+        raise FeedError(f"{what} '{name}' has dtype {dtype}, the program declares {declared}; only "
+                        "float64 <-> float32 and int32 -> int64 are cast, so convert it first "
+                        f"(.astype('{declared}')) if that is what you mean")
+
+
 def _check_feed(var: Var, value, backend: Backend):
     """The feed as an array of the backend, of the declared dtype and shape.
 
     A NumPy array (or anything ``np.asarray`` takes) is checked and cast on the
     host, then moved to the device once; an array of the backend must be on its
-    device already. Casts are same-kind only (float64 -> float32).
+    device already. Casts follow ``FEED_CASTS`` (float64 -> float32, ...).
     """
     if backend.owns(value):
         return _check_device_array(var, value, backend, "feed")
@@ -390,8 +410,7 @@ def _check_feed(var: Var, value, backend: Backend):
     except (ValueError, TypeError) as exc:
         raise FeedError(f"feed '{var.name}' is not an array: {exc}") from None
     if array.dtype != np.dtype(var.dtype):
-        if not np.can_cast(array.dtype, var.dtype, casting="same_kind"):
-            raise FeedError(f"feed '{var.name}' has dtype {array.dtype}, the program declares {var.dtype}")
+        check_cast("feed", var.name, dtype_name(array.dtype), var.dtype)
         array = array.astype(var.dtype)
     _check_shape(var, array.shape, "feed")
     return backend.from_numpy(array)
@@ -405,7 +424,8 @@ def _check_shape(var: Var, shape, what: str) -> None:
 
 
 def _check_device_array(var: Var, value, backend: Backend, what: str):
-    """An array of the backend: on the executor's device, declared shape, same-kind dtype (cast here)."""
+    """An array of the backend: on the executor's device, declared shape, a dtype ``FEED_CASTS``
+    allows (cast here)."""
     device = backend.device_of(value)
     if device != backend.device:
         raise FeedDeviceError(f"{what} '{var.name}' is on device {device}, the executor runs on "
@@ -413,8 +433,7 @@ def _check_device_array(var: Var, value, backend: Backend, what: str):
     _check_shape(var, value.shape, what)
     dtype = dtype_name(value.dtype)
     if dtype != var.dtype:
-        if not np.can_cast(dtype, var.dtype, casting="same_kind"):
-            raise FeedError(f"{what} '{var.name}' has dtype {dtype}, the program declares {var.dtype}")
+        check_cast(what, var.name, dtype, var.dtype)
         return backend.xp.astype(value, backend.dtype_of(var.dtype))
     return value
 
@@ -430,7 +449,6 @@ def _check_persistable(var: Var, value, backend: Backend):
     array = np.asarray(value)
     _check_shape(var, array.shape, "scope value")
     if array.dtype != np.dtype(var.dtype):
-        if not np.can_cast(array.dtype, var.dtype, casting="same_kind"):
-            raise FeedError(f"scope value '{var.name}' has dtype {array.dtype}, the program declares {var.dtype}")
+        check_cast("scope value", var.name, dtype_name(array.dtype), var.dtype)
         array = array.astype(var.dtype)
     return backend.from_numpy(array)
