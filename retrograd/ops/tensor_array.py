@@ -5,11 +5,16 @@ A TensorArray is a Var whose value is the stacked elements, ``[size, *element_sh
 is a row, ``stack`` the value itself and ``size`` its first dimension. Ops::
 
     TensorArrayNew(; element_shape, dtype)     -> [0, *element_shape] (unknown sizes: 0)
-    TensorArrayWrite(arr, i, x)                -> arr with row i set to x (i == size appends)
-    TensorArrayRead(arr, i)                    -> arr[i]  (i outside [0, size): ExecutionError)
+    TensorArrayWrite(arr, i, x)                -> arr with row i set to x (i == size appends), size
+    TensorArrayRead(arr, i)                    -> arr[i] (i outside [0, size): ExecutionError), size
     TensorArraySize(arr)                       -> int64 scalar
-    TensorArrayReadGrad(dy, like, i)           -> zeros shaped like ``like``, row i = dy
-    TensorArrayWriteGrad(d, like, i)           -> d cut (or zero-padded) to like's shape, row i zeroed
+    TensorArrayReadGrad(dy, rows, i)           -> zeros [rows, *dy.shape] with row i = dy
+    TensorArrayWriteGrad(d, rows, i, d_rows)   -> d cut (or zero-padded) to ``rows`` rows, row i
+                                                  zeroed (d_rows: d's rows, for its own gradient)
+
+Write and read also output the array's size (before the write): their gradients read that
+int64 scalar, never the array, so a backward keeps nothing of the array (in a loop, in a
+branch).
 
 Appends cost O(1) amortised: the kernel writes into a spare row of a capacity-doubling
 backing array and returns a view of its first ``size + 1`` rows. Views never see rows past
@@ -34,6 +39,7 @@ from ..ir.dtypes import canonical
 from ..ir.program import Var
 from .creation import constant
 from .lowering import lowers
+from .math import maximum
 from .registry import append_op, defop
 from .subblocks import merge_shapes, shapes_compatible
 
@@ -61,14 +67,14 @@ def _write_rule(ins, attrs):
     if x.dtype != arr.dtype or not shapes_compatible(arr.shape[1:], x.shape):
         raise ShapeError(f"cannot write '{x.name}' {x.type_str()} into a TensorArray of {arr.dtype} "
                          f"elements shaped {list(arr.shape[1:])}")
-    return [((-1,) + merge_shapes(arr.shape[1:], x.shape), arr.dtype)]
+    return [((-1,) + merge_shapes(arr.shape[1:], x.shape), arr.dtype), ((), "int64")]
 
 
 def _read_rule(ins, attrs):
     arr, i = ins
     _check_array(arr)
     _check_index(i)
-    return [(arr.shape[1:], arr.dtype)]
+    return [(arr.shape[1:], arr.dtype), ((), "int64")]
 
 
 def _size_rule(ins, attrs):
@@ -76,10 +82,19 @@ def _size_rule(ins, attrs):
     return [((), "int64")]
 
 
-def _like_rule(ins, attrs):
-    d, like, i = ins
+def _read_grad_rule(ins, attrs):
+    dy, rows, i = ins
+    _check_index(rows)
     _check_index(i)
-    return [(like.shape, d.dtype)]
+    return [((-1,) + dy.shape, dy.dtype)]
+
+
+def _write_grad_rule(ins, attrs):
+    d, rows, i, d_rows = ins
+    _check_array(d)
+    for var in (rows, i, d_rows):
+        _check_index(var)
+    return [((-1,) + d.shape[1:], d.dtype)]
 
 
 # --- Kernels -------------------------------------------------------------------------------------
@@ -162,11 +177,13 @@ def _tensor_array_new_onnx(g):
 
 
 def _write_grad(g):
-    arr, i, _ = g.x
-    return [write_grad(g.dy, arr, i), None, read_grad_free(g.dy, i)]
+    _, i, _ = g.x
+    rows = g.out[1]
+    return [write_grad(g.dy, rows, i, maximum(rows, i + 1)), None, read(g.dy, i)]
 
 
-@defop("TensorArrayWrite", inputs=("arr", "i", "x"), infer=_write_rule, nondiff=(1,), grad=_write_grad)
+@defop("TensorArrayWrite", inputs=("arr", "i", "x"), outputs=("out", "size"), infer=_write_rule, nondiff=(1,),
+       grad=_write_grad)
 def _tensor_array_write(k, arr, i, x):
     """``arr`` with row i set to x: i == size appends (O(1) amortised), i < size copies."""
     xp = k.xp
@@ -175,11 +192,12 @@ def _tensor_array_write(k, arr, i, x):
         raise write_error(k.op, i, n)
     if n and tuple(arr.shape[1:]) != tuple(x.shape):
         raise _element_error(k.op, arr.shape, x.shape)
+    size = xp.asarray(n, dtype=backend.dtype_of(xp, "int64"))
     if i == n:
-        return _BACKINGS.append(xp, arr, x)
+        return _BACKINGS.append(xp, arr, x), size
     out = xp.asarray(arr, copy=True)
     out[i, ...] = x
-    return out
+    return out, size
 
 
 @lowers("TensorArrayWrite")
@@ -216,7 +234,7 @@ def _tensor_array_write_onnx(g):
     scattered = g.node("ScatterND", [padded, g.node("Reshape", [i, g.const([1, 1], "int64")]), row])
     rows = g.node("Max", [n, g.node("Add", [i, g.const(1, "int64")])])
     return [g.node("Slice", [scattered, g.const([0], "int64"), g.node("Reshape", [rows, g.const([1], "int64")]),
-                             g.const([0], "int64")])]
+                             g.const([0], "int64")]), n]
 
 
 def _scalar_index_onnx(g, position: int) -> str:
@@ -226,14 +244,14 @@ def _scalar_index_onnx(g, position: int) -> str:
     return g.node("Reshape", [value, g.const([], "int64")])
 
 
-@defop("TensorArrayRead", inputs=("arr", "i"), infer=_read_rule, nondiff=(1,),
-       grad=lambda g: [read_grad(g.dy, g.x[0], g.x[1]), None])
+@defop("TensorArrayRead", inputs=("arr", "i"), outputs=("out", "size"), infer=_read_rule, nondiff=(1,),
+       grad=lambda g: [read_grad(g.dy, g.out[1], g.x[1]), None])
 def _tensor_array_read(k, arr, i):
     """Row i of the array (ExecutionError outside [0, size))."""
     n, i = arr.shape[0], _index(k.xp, i)
     if not 0 <= i < n:
         raise read_error(k.op, i, n)
-    return arr[i, ...]
+    return arr[i, ...], k.xp.asarray(n, dtype=backend.dtype_of(k.xp, "int64"))
 
 
 @lowers("TensorArrayRead")
@@ -248,7 +266,7 @@ def _tensor_array_read_onnx(g):
 
     failed = g.node("Or", [g.node("Less", [i, g.const(0, "int64")]), g.node("GreaterOrEqual", [i, n])])
     ok = g.check(failed, "read index in [0, size)", verify, [i, n])
-    return [g.node("Gather", [arr, g.node("Where", [ok, i, i])], axis=0)]
+    return [g.node("Gather", [arr, g.node("Where", [ok, i, i])], axis=0), n]
 
 
 @defop("TensorArraySize", inputs=("arr",), infer=_size_rule, shape_only=(0,))
@@ -262,72 +280,73 @@ def _tensor_array_size_onnx(g):
     return [g.scalar_dim(g.ins[0], 0)]
 
 
-@defop("TensorArrayReadGrad", inputs=("dy", "like", "i"), infer=_like_rule, nondiff=(1, 2), shape_only=(1,),
-       grad=lambda g: [read_grad_free(g.dy, g.x[2]), None, None])
-def _tensor_array_read_grad(k, dy, like, i):
-    """Zeros shaped like ``like`` with row i = dy."""
-    out = k.xp.zeros(tuple(like.shape), dtype=dy.dtype)
+@defop("TensorArrayReadGrad", inputs=("dy", "rows", "i"), infer=_read_grad_rule, nondiff=(1, 2),
+       grad=lambda g: [read(g.dy, g.x[2]), None, None])
+def _tensor_array_read_grad(k, dy, rows, i):
+    """Zeros ``[rows, *dy.shape]`` with row i = dy: the gradient reaching an array a read read."""
+    out = k.xp.zeros((_index(k.xp, rows),) + tuple(dy.shape), dtype=dy.dtype)
     out[_index(k.xp, i), ...] = dy
     return out
 
 
 @lowers("TensorArrayReadGrad")
 def _tensor_array_read_grad_onnx(g):
-    dy, like = g.ins[0], g.ins[1]
-    zeros = g.fill(g.shape(like), 0, g.in_vars[0].dtype)
+    dy = g.ins[0]
+    rows = g.node("Reshape", [_scalar_index_onnx(g, 1), g.const([1], "int64")])
+    zeros = g.fill(g.node("Concat", [rows, g.shape(dy)], axis=0), 0, g.in_vars[0].dtype)
     i = _scalar_index_onnx(g, 2)
     row = g.node("Unsqueeze", [dy, g.const([0], "int64")])
     return [g.node("ScatterND", [zeros, g.node("Reshape", [i, g.const([1, 1], "int64")]), row])]
 
 
-@defop("TensorArrayWriteGrad", inputs=("d", "like", "i"), infer=_like_rule, nondiff=(1, 2), shape_only=(1,),
-       grad=lambda g: [write_grad(g.dy, g.x[0], g.x[2]), None, None])
-def _tensor_array_write_grad(k, d, like, i):
-    """``d`` cut (or zero-padded) to like's shape, with row i zeroed when it lies inside: the
+@defop("TensorArrayWriteGrad", inputs=("d", "rows", "i", "d_rows"), infer=_write_grad_rule, nondiff=(1, 2, 3),
+       grad=lambda g: [write_grad(g.dy, g.x[3], g.x[2], g.x[1]), None, None, None])
+def _tensor_array_write_grad(k, d, rows, i, d_rows):
+    """``d`` cut (or zero-padded) to ``rows`` rows, row i zeroed when it lies inside: the
     gradient reaching the array a write replaced a row of. An append's is a view of ``d``."""
     xp = k.xp
-    shape, i = tuple(like.shape), _index(xp, i)
-    if tuple(d.shape[1:]) == shape[1:] and d.shape[0] >= shape[0]:
-        out = d[:shape[0], ...]
-        if i >= shape[0]:
+    rows, i = _index(xp, rows), _index(xp, i)
+    if d.shape[0] >= rows:
+        out = d[:rows, ...]
+        if i >= rows:
             return out
         out = xp.asarray(out, copy=True)
     else:
-        out = xp.zeros(shape, dtype=d.dtype)
-        region = tuple(slice(0, min(a, b)) for a, b in zip(shape, d.shape))
-        out[region] = d[region]
-    if 0 <= i < shape[0]:
+        out = xp.zeros((rows,) + tuple(d.shape[1:]), dtype=d.dtype)
+        out[:d.shape[0], ...] = d
+    if 0 <= i < rows:
         out[i, ...] = 0
     return out
 
 
 @lowers("TensorArrayWriteGrad")
 def _tensor_array_write_grad_onnx(g):
-    d, like = g.ins[0], g.ins[1]
-    rank = g.in_vars[1].ndim
-    target = g.shape(like)
-    cut = g.node("Slice", [d, g.const([0] * rank, "int64"), g.node("Min", [g.shape(d), target])])
-    fitted = g.node("Pad", [cut, g.node("Concat", [g.const([0] * rank, "int64"),
-                                                    g.node("Sub", [target, g.shape(cut)])], axis=0)])
+    d = g.ins[0]
+    rank = g.in_vars[0].ndim
+    rows = g.node("Reshape", [_scalar_index_onnx(g, 1), g.const([1], "int64")])
+    cut = g.node("Slice", [d, g.const([0], "int64"), rows, g.const([0], "int64")])
+    more = g.node("Max", [g.node("Sub", [rows, g.dim(cut, 0)]), g.const([0], "int64")])
+    fitted = g.node("Pad", [cut, g.node("Concat", [g.const([0] * rank, "int64"), more,
+                                                    g.const([0] * (rank - 1), "int64")], axis=0)])
     i = _scalar_index_onnx(g, 2)
-    rows = g.node("Range", [g.const(0, "int64"), g.scalar_dim(like, 0), g.const(1, "int64")])
-    keep = g.node("Reshape", [g.node("Not", [g.node("Equal", [rows, i])]),
+    indices = g.node("Range", [g.const(0, "int64"), _scalar_index_onnx(g, 1), g.const(1, "int64")])
+    keep = g.node("Reshape", [g.node("Not", [g.node("Equal", [indices, i])]),
                               g.const([-1] + [1] * (rank - 1), "int64")])
     return [g.node("Where", [keep, fitted, g.const(0, g.in_vars[0].dtype)])]
 
 
 # --- Builders used by the gradient makers -------------------------------------------------------
 
-def write_grad(d: Var, like: Var, i: Var) -> Var:
-    return append_op("TensorArrayWriteGrad", [d, like, i])[0]
+def write_grad(d: Var, rows: Var, i: Var, d_rows: Var) -> Var:
+    return append_op("TensorArrayWriteGrad", [d, rows, i, d_rows])[0]
 
 
-def read_grad(dy: Var, like: Var, i: Var) -> Var:
-    return append_op("TensorArrayReadGrad", [dy, like, i])[0]
+def read_grad(dy: Var, rows: Var, i: Var) -> Var:
+    return append_op("TensorArrayReadGrad", [dy, rows, i])[0]
 
 
-def read_grad_free(arr: Var, i: Var) -> Var:
-    """Row i of a gradient array (a plain read: the gradient of a write's element)."""
+def read(arr: Var, i: Var) -> Var:
+    """Row i of a stacked array (a gradient array, say)."""
     return append_op("TensorArrayRead", [arr, i])[0]
 
 
@@ -390,7 +409,7 @@ class TensorArray(Var):
 
     def read(self, i) -> Var:
         """Element ``i`` (an ExecutionError at run time outside ``[0, size())``)."""
-        return append_op("TensorArrayRead", [self, _as_index(i)])[0]
+        return read(self, _as_index(i))
 
     def stack(self) -> Var:
         """The elements stacked: ``[size, *element_shape]``."""
