@@ -382,6 +382,32 @@ def _reverse_sequence(r):
             (rg.reverse_sequence, {"x": normal(r, 4, 3, 2), "lengths": np.array([4, 0, 2], dtype=np.int64)})]
 
 
+def _tensor_array_write(r):
+    def writes(a, x):
+        arr = rg.TensorArray(dtype="float64", element_shape=[3]).write(0, a).write(1, x * a)
+        return arr.write(0, rg.sin(x)).write(2, a).stack()            # an overwrite, then an append
+    return [(writes, {"a": normal(r, 3), "x": normal(r, 3)})]
+
+
+def _tensor_array_read(r):
+    def reads(a, x):
+        arr = rg.TensorArray(dtype="float64", element_shape=[-1, 2]).write(0, a).write(1, x)
+        return arr.read(1) * arr.read(rg.constant(0)) + arr.read(0)
+    return [(reads, {"a": normal(r, 3, 2), "x": normal(r, 3, 2)})]
+
+
+def _tensor_array_grads(r):
+    from retrograd.ops.tensor_array import read_grad, write_grad
+    i64 = lambda v: rg.constant(v, dtype="int64")  # noqa: E731
+    return {
+        "TensorArrayReadGrad": [(lambda dy: read_grad(dy, i64(4), i64(2)), {"dy": normal(r, 3)})],
+        "TensorArrayWriteGrad": [
+            (lambda d: write_grad(d, i64(3), i64(1), i64(4)), {"d": normal(r, 4, 2)}),     # overwrite
+            (lambda d: write_grad(d, i64(2), i64(2), i64(3)), {"d": normal(r, 3, 2)}),     # append
+            (lambda d: write_grad(d, i64(5), i64(0), i64(3)), {"d": normal(r, 3, 2)})],    # padded
+    }
+
+
 CASES = {
     # elementwise binary (broadcasting)
     "Add": _binary(rg.add),
@@ -451,6 +477,11 @@ CASES = {
     "ReverseSequence": _reverse_sequence,
     # collectives (data parallelism)
     "AllReduce": _all_reduce,
+    # TensorArray
+    "TensorArrayWrite": _tensor_array_write,
+    "TensorArrayRead": _tensor_array_read,
+    "TensorArrayReadGrad": lambda r: _tensor_array_grads(r)["TensorArrayReadGrad"],
+    "TensorArrayWriteGrad": lambda r: _tensor_array_grads(r)["TensorArrayWriteGrad"],
 }
 
 # The core set whose gradients are themselves differentiable (issue 3).
@@ -459,6 +490,7 @@ DOUBLE_BACKWARD = ["MatMul", "Add", "Sub", "Mul", "Div", "Neg", "Exp", "Log", "T
                    "Split", "Slice", "Gather", "Where", "Maximum", "Minimum", "Clip", "Softmax",
                    "LogSoftmax", "SoftmaxCrossEntropy", "LSTMUnit", "GRUUnit", "SeqLinear",
                    "If", "Do", "While", "Sin", "Cos", "Mod", "RecurrentNetwork"]
+DOUBLE_BACKWARD += ["TensorArrayWrite", "TensorArrayRead", "TensorArrayReadGrad", "TensorArrayWriteGrad"]
 
 
 def _import_every_module() -> None:
