@@ -18,3 +18,4 @@ from .cond import cond, switch_case  # noqa: F401
 from .do import do  # noqa: F401
 from .while_loop import while_loop  # noqa: F401
 from .tensor_array import TensorArray  # noqa: F401
+from .scan import fori_loop, map, scan  # noqa: F401

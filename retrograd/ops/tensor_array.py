@@ -2,12 +2,11 @@
 
 A TensorArray is a Var whose value is the stacked elements, ``[size, *element_shape]``;
 ``write`` returns a new array (functional, so it is a loop var like any other), ``read``
-is a row, ``stack`` the value itself and ``size`` its first dimension. Ops::
+is a row, ``stack`` the value itself and ``size`` its first dimension (``Dim``). Ops::
 
     TensorArrayNew(; element_shape, dtype)     -> [0, *element_shape] (unknown sizes: 0)
     TensorArrayWrite(arr, i, x)                -> arr with row i set to x (i == size appends), size
     TensorArrayRead(arr, i)                    -> arr[i] (i outside [0, size): ExecutionError), size
-    TensorArraySize(arr)                       -> int64 scalar
     TensorArrayReadGrad(dy, rows, i)           -> zeros [rows, *dy.shape] with row i = dy
     TensorArrayWriteGrad(d, rows, i, d_rows)   -> d cut (or zero-padded) to ``rows`` rows, row i
                                                   zeroed (d_rows: d's rows, for its own gradient)
@@ -40,6 +39,7 @@ from ..ir.program import Var
 from .creation import constant
 from .lowering import lowers
 from .math import maximum
+from .tensor import dim
 from .registry import append_op, defop
 from .subblocks import merge_shapes, shapes_compatible
 
@@ -75,11 +75,6 @@ def _read_rule(ins, attrs):
     _check_array(arr)
     _check_index(i)
     return [(arr.shape[1:], arr.dtype), ((), "int64")]
-
-
-def _size_rule(ins, attrs):
-    _check_array(ins[0])
-    return [((), "int64")]
 
 
 def _read_grad_rule(ins, attrs):
@@ -269,17 +264,6 @@ def _tensor_array_read_onnx(g):
     return [g.node("Gather", [arr, g.node("Where", [ok, i, i])], axis=0), n]
 
 
-@defop("TensorArraySize", inputs=("arr",), infer=_size_rule, shape_only=(0,))
-def _tensor_array_size(k, arr):
-    """The number of elements (int64 scalar)."""
-    return k.xp.asarray(arr.shape[0], dtype=backend.dtype_of(k.xp, "int64"))
-
-
-@lowers("TensorArraySize")
-def _tensor_array_size_onnx(g):
-    return [g.scalar_dim(g.ins[0], 0)]
-
-
 @defop("TensorArrayReadGrad", inputs=("dy", "rows", "i"), infer=_read_grad_rule, nondiff=(1, 2),
        grad=lambda g: [read(g.dy, g.x[2]), None, None])
 def _tensor_array_read_grad(k, dy, rows, i):
@@ -417,7 +401,7 @@ class TensorArray(Var):
 
     def size(self) -> Var:
         """The number of elements, an int64 scalar Var."""
-        return append_op("TensorArraySize", [self])[0]
+        return dim(self, 0)
 
     def __repr__(self) -> str:
         return f"TensorArray({self.name}: {self.dtype}[size, {', '.join(map(str, self.element_shape))}])"
