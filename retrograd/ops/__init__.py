@@ -19,3 +19,4 @@ from .do import do  # noqa: F401
 from .while_loop import while_loop  # noqa: F401
 from .tensor_array import TensorArray  # noqa: F401
 from .scan import fori_loop, map, scan  # noqa: F401
+from .custom_gradient import custom_gradient  # noqa: F401

@@ -408,6 +408,13 @@ def _tensor_array_grads(r):
     }
 
 
+def _custom_gradient(r):
+    true_grad = rg.custom_gradient(lambda x, w: rg.tanh(x @ w),            # grad_fn = the true gradient
+                                   lambda xs, ys, dys: [(dys[0] * (1.0 - ys[0] * ys[0])) @ rg.transpose(xs[1], [1, 0]),
+                                                        rg.transpose(xs[0], [1, 0]) @ (dys[0] * (1.0 - ys[0] * ys[0]))])
+    return [(lambda x, w: true_grad(x, w), {"x": normal(r, 2, 3), "w": normal(r, 3, 4)})]
+
+
 CASES = {
     # elementwise binary (broadcasting)
     "Add": _binary(rg.add),
@@ -482,6 +489,7 @@ CASES = {
     "TensorArrayRead": _tensor_array_read,
     "TensorArrayReadGrad": lambda r: _tensor_array_grads(r)["TensorArrayReadGrad"],
     "TensorArrayWriteGrad": lambda r: _tensor_array_grads(r)["TensorArrayWriteGrad"],
+    "CustomGradient": _custom_gradient,
 }
 
 # The core set whose gradients are themselves differentiable (issue 3).
@@ -490,7 +498,8 @@ DOUBLE_BACKWARD = ["MatMul", "Add", "Sub", "Mul", "Div", "Neg", "Exp", "Log", "T
                    "Split", "Slice", "Gather", "Where", "Maximum", "Minimum", "Clip", "Softmax",
                    "LogSoftmax", "SoftmaxCrossEntropy", "LSTMUnit", "GRUUnit", "SeqLinear",
                    "If", "Do", "While", "Sin", "Cos", "Mod", "RecurrentNetwork"]
-DOUBLE_BACKWARD += ["TensorArrayWrite", "TensorArrayRead", "TensorArrayReadGrad", "TensorArrayWriteGrad"]
+DOUBLE_BACKWARD += ["TensorArrayWrite", "TensorArrayRead", "TensorArrayReadGrad", "TensorArrayWriteGrad",
+                    "CustomGradient"]
 
 
 def _import_every_module() -> None:
