@@ -16,7 +16,7 @@ from .creation import assign, constant
 from .math import maximum, sub
 from .registry import append_op
 from .subblocks import as_vars, bound_var, names_of, outer_reads, shapes_compatible, unique
-from .tensor import cast, dim, reshape
+from .tensor import cast, dim
 
 
 def _as_list(value, what: str) -> tuple[list[Var], bool]:
@@ -149,7 +149,8 @@ def fori_loop(lower, upper, body_fn: Callable, init):
     else:
         low, high = _bound(lower, "lower"), _bound(upper, "upper")
         count = maximum(sub(high, low), constant(0, dtype=high.dtype))
-    start = reshape(cast(_bound(lower, "lower"), "int64"), [])     # a value of its own, shape []
+    start = _bound(lower, "lower")
+    start = start if start.dtype == "int64" else cast(start, "int64")
 
     def step(carries, rows):
         i, vals_ = carries[0], carries[1:]

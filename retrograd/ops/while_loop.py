@@ -166,7 +166,7 @@ def _while_onnx(g):
     outputs = ([(flag, "bool", [])] + list(zip(new, carry_vars))
                + [(body.node("Add", [count, body.const(1, "int64")]), "int64", [])] + sizes + stacked)
     graph = body.finish(f"{g.op.outputs[0]}.body", outputs)
-    outs = g.nodes("Loop", ["", first, *g.ins[:n], g.const(0, "int64"), *_no_shapes(g, shape_only)],
+    outs = g.nodes("Loop", ["", first, *_carry_inits(g, range(n)), g.const(0, "int64"), *_no_shapes(g, shape_only)],
                    len(outputs) - 1, body=graph)
     outs = outs[:n + 1] + _shape_stand_ins(g, shape_only, outs[n], outs[n + 1:])
     if a.get("budget_outputs"):   # recompute=<bytes>: its ONNX backward re-runs every iteration
@@ -191,6 +191,14 @@ def _ragged_shape_only(g) -> list[int]:
             g.fail(f"a loop whose loop vars change shape keeps '{name}' {var.type_str()} for its backward, "
                    "whose shape may change too, which an ONNX Loop cannot stack")
     return [j for j, whole in enumerate(full) if not whole]
+
+
+def _carry_inits(g, positions) -> list[str]:
+    """The op's inputs at ``positions`` as a Loop's initial carries; a scalar passes through a
+    Reshape to [] first (onnxruntime, with I/O binding, hands a scalar graph input bound straight
+    to a Loop carry back with shape [1])."""
+    return [g.node("Reshape", [g.ins[p], g.const([], "int64")]) if g.in_vars[p].ndim == 0 else g.ins[p]
+            for p in positions]
 
 
 def _largest_shapes(body, a: dict, shape_only: list[int], kept: list[str]) -> tuple[list, list]:
@@ -317,7 +325,8 @@ def _scan_onnx(g):
     shape_only = _ragged_shape_only(g)
     sizes, stacked = _largest_shapes(body, a, shape_only, values[c:])
     outputs = [(cond, "bool", [])] + list(zip(values[:c], g.out_vars[:c])) + sizes + stacked
-    outs = g.nodes("Loop", [count, "", *g.ins[1:1 + c], *_no_shapes(g, shape_only)], len(outputs) - 1,
+    outs = g.nodes("Loop", [count, "", *_carry_inits(g, range(1, 1 + c)), *_no_shapes(g, shape_only)],
+                   len(outputs) - 1,
                    body=body.finish(f"{g.op.outputs[0] if g.op.outputs else 'scan'}.body", outputs))
     stacks = _shape_stand_ins(g, shape_only, count, outs[c:]) if shape_only else outs[c:]
     if a["reverse"]:

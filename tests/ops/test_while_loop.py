@@ -146,3 +146,22 @@ def test_onnx_export_of_a_growing_loop_runs_in_onnxruntime():
         got, = sess.run([h.name], feed)
         assert got.shape == want.shape == (n, 2)
         np.testing.assert_allclose(got, want, rtol=1e-12)
+
+
+def test_a_scalar_feed_as_a_loop_var_keeps_its_shape_on_the_engine():
+    """onnxruntime (with the engine's I/O binding) handed a scalar graph input bound straight to a
+    Loop carry back as [1]: the final counter came out [4], not 4."""
+    pytest.importorskip("onnxruntime", reason="runs the onnxruntime engine")
+    pytest.importorskip("onnx", reason="ONNX export needs onnx")
+
+    def model():
+        lo = rg.data("lo", [], dtype="int64")
+        x = rg.data("x", [2], dtype="float64", stop_gradient=False)
+        i, v = rg.while_loop(lambda i, v: i < 4, lambda i, v: (i + 1, v * rg.cast(i, "float64")), [lo, x])
+        return [i, v] + rg.gradients(rg.sum(v), [x])
+    main, _, fetch = build(model)
+    i, v, dx = rg.Executor(backend="onnxruntime").run(main, feed={"lo": np.array(1), "x": np.ones(2)},
+                                                      fetch_list=fetch)
+    assert i.shape == () and int(i) == 4
+    np.testing.assert_allclose(v, [6.0, 6.0])
+    np.testing.assert_allclose(dx, [6.0, 6.0])
