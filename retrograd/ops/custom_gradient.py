@@ -80,6 +80,12 @@ def custom_gradient(forward_fn: Callable, grad_fn: Callable) -> Callable:
     gradient build). Variables ``forward_fn`` reads from outside (not among
     ``xs``) get no gradient through ``f``: pass them as inputs.
 
+    A ``grad_fn`` that is not linear in ``dys`` (clipping with ``tanh``, say)
+    gets PyTorch's answers, except for second derivatives through
+    ``rg.recurrent``: its second-order backward recomputes the step, and the
+    recomputed copy's gradient and the forward's are applied to their parts
+    of the output gradient separately (the same for a linear ``grad_fn``).
+
     Example::
 
         def clip_grad_forward(x):
