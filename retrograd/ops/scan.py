@@ -17,6 +17,7 @@ from .math import maximum, sub
 from .registry import append_op
 from .subblocks import as_vars, bound_var, names_of, outer_reads, shapes_compatible, unique
 from .tensor import cast, dim
+from .tensor_array import TensorArray
 
 
 def _as_list(value, what: str) -> tuple[list[Var], bool]:
@@ -61,7 +62,7 @@ def _build_scan(where: str, count: Var, inits: list[Var], xs: list[Var], step: C
         if x.ndim < 1:
             raise ProgramError(f"{where}: '{x.name}' {x.type_str()} has no axis 0 to loop over")
     body = block.program.create_block(block)
-    carries = [bound_var(body, f"{v.name}.cur", v) for v in inits]
+    carries = [_carried(body, v) for v in inits]
     rows = [body.create_var(body.program.unique_name(f"{x.name}.row"), x.shape[1:], x.dtype) for x in xs]
     with block_guard(body):
         new, ys = step(carries, rows)
@@ -73,9 +74,21 @@ def _build_scan(where: str, count: Var, inits: list[Var], xs: list[Var], step: C
     attrs = {"body": body, "carry_binds": [v.name for v in carries], "body_outs": [v.name for v in new],
              "x_binds": [v.name for v in rows], "ys": [v.name for v in ys], "ys_like": [None] * len(ys),
              "ys_full": [True] * len(ys), "reverse": bool(reverse)}
+    if any(isinstance(v, TensorArray) for v in inits):   # carried arrays grow: each step's shapes kept
+        attrs["ragged"] = True
     attrs.update(streams.stream_attrs(body))    # a loop key when the step draws random numbers
     outs = append_op("Scan", [count] + inits + xs + [block.var(n) for n in reads], attrs, name="scan")
-    return outs[:len(inits)], outs[len(inits):]
+    finals = [TensorArray.of(v, init.element_shape) if isinstance(init, TensorArray) else v
+              for v, init in zip(outs[:len(inits)], inits)]
+    return finals, outs[len(inits):]
+
+
+def _carried(body: Block, init: Var) -> Var:
+    """The step's Var for a carry: a TensorArray (of any size) for a TensorArray carry."""
+    if not isinstance(init, TensorArray):
+        return bound_var(body, f"{init.name}.cur", init)
+    var = body.create_var(body.program.unique_name(f"{init.name}.cur"), (-1,) + init.shape[1:], init.dtype)
+    return TensorArray.of(var, init.element_shape)
 
 
 def scan(fn: Callable, init, xs, reverse: bool = False):

@@ -246,3 +246,29 @@ def test_a_carry_that_changes_shape_is_a_program_error():
 def test_fori_loop_bounds_must_be_ints(bad):
     with pytest.raises(rg.ProgramError, match="fori_loop"):
         build(lambda: rg.fori_loop(0, bad, lambda i, v: v, rg.constant(1.0)))
+
+
+def test_a_tensor_array_carried_through_a_scan_matches_torch(backend):
+    """An array as a scan carry grows by one row per step (a ragged Scan): values, gradients and
+    second derivatives."""
+    def model():
+        xs, h0, w = _inputs()
+
+        def step(carry, x):
+            h, arr = carry
+            h = rg.tanh(h @ w + x)
+            return [h, arr.write(arr.size(), h * x)], None
+        (h, arr), _ = rg.scan(step, [h0, rg.TensorArray(dtype="float64", element_shape=[2, 3])], xs)
+        rows = arr.stack()
+        return _with_grads([rows, arr.size()], rg.sum(rows * rows) + rg.sum(h), [xs, h0, w])
+
+    def ref(t):
+        xs, h0, w = ins = _torch_inputs(t)
+        h, rows = h0, []
+        for s in range(t):
+            h = torch.tanh(h @ w + xs[s])
+            rows.append(h * xs[s])
+        rows = torch.stack(rows) if rows else torch.zeros(0, 2, 3, dtype=torch.float64)
+        return _torch_with_grads([rows, np.array(t)], (rows * rows).sum() + h.sum(), ins)
+    for t in (0, 3):
+        _close(_run(backend, model, {"xs": XS[:t], "h0": H0, "w": W}), ref(t))

@@ -268,3 +268,23 @@ def test_exported_loop_runs_in_onnxruntime_alone():
     for n in (0, 3):
         got, = sess.run([fetch[0].name], {"n": np.array(n)})
         np.testing.assert_array_equal(got, np.arange(float(n))[:, None] * np.ones(2))
+
+
+def test_a_read_past_the_end_inside_a_loop_names_the_op_on_every_backend(backend):
+    def model():
+        n = rg.data("n", [], dtype="int64")
+        arr = rg.TensorArray(dtype="float64", element_shape=[2]).write(0, rg.fill([2], 1.0, "float64"))
+        _, acc = rg.while_loop(lambda i, acc: i < n, lambda i, acc: (i + 1, acc + arr.read(i)),
+                               [rg.constant(0), rg.fill([2], 0.0, "float64")])
+        return [acc]
+    assert _run(backend, model, {"n": np.array(1)})[0].tolist() == [1.0, 1.0]
+    with pytest.raises(rg.ExecutionError, match="TensorArrayRead"):
+        _run(backend, model, {"n": np.array(2)})
+
+
+def test_programs_with_arrays_print_and_clone():
+    main, _, fetch = build(_writer)
+    text = str(main)
+    assert "TensorArrayWrite" in text and "TensorArrayWriteGrad" in text
+    got = rg.Executor().run(main.clone(), feed={"w": W0, "h0": H0, "n": np.array(3)}, fetch_list=fetch)
+    _close(got, _torch_writer(3))
