@@ -6,7 +6,7 @@ way) and export to ONNX as a ``Loop``.
 """
 from __future__ import annotations
 
-from typing import Callable, Sequence
+from typing import Callable
 
 from ..errors import ProgramError
 from ..ir.builder import block_guard, current_block
