@@ -20,17 +20,18 @@ from .tensor import cast, dim
 from .tensor_array import TensorArray
 
 
-def _as_list(value, what: str) -> tuple[list[Var], bool]:
-    """``value`` (a Var, or a list/tuple of Vars) as a list, and whether it was a single Var."""
+def _as_list(value, what: str) -> tuple[list[Var], type | None]:
+    """``value`` (a Var, or a list/tuple of Vars) as a list, and its form: None for a single Var,
+    else its type (list or tuple), so results come back in the form given."""
     if isinstance(value, Var):
-        return [value], True
+        return [value], None
     if isinstance(value, (list, tuple)) and all(isinstance(v, Var) for v in value):
-        return list(value), False
+        return list(value), type(value)
     raise ProgramError(f"{what} must be a Var or a list/tuple of Vars, got {value!r}")
 
 
-def _shaped(vars_: list[Var], single: bool):
-    return vars_[0] if single else list(vars_)
+def _shaped(vars_: list[Var], form: type | None):
+    return vars_[0] if form is None else form(vars_)
 
 
 def _owned(block: Block, vars_: list[Var]) -> list[Var]:
@@ -110,24 +111,24 @@ def scan(fn: Callable, init, xs, reverse: bool = False):
         h, hs = rg.scan(lambda h, x: (rg.tanh(h @ w + x),) * 2, h0, xs)     # xs [T, N, 4], h0 [N, 4]
         total, _ = rg.scan(lambda acc, x: (acc + x, None), rg.zeros_like(xs[0]), xs)
     """
-    inits, single_carry = _as_list(init, "scan: init")
-    seqs, single_x = _as_list(xs, "scan: xs")
+    inits, carry_form = _as_list(init, "scan: init")
+    seqs, x_form = _as_list(xs, "scan: xs")
     shape = {}
 
     def step(carries, rows):
-        out = fn(_shaped(carries, single_carry), _shaped(rows, single_x))
+        out = fn(_shaped(carries, carry_form), _shaped(rows, x_form))
         if not isinstance(out, (tuple, list)) or len(out) != 2:
             raise ProgramError(f"scan: fn must return (carry, y), got {out!r}")
         new, y = out
         new, _ = _as_list(new, "scan: fn's carry")
+        shape["none"] = y is None
         if y is None:
-            shape["ys"] = None
             return new, []
         ys, shape["ys"] = _as_list(y, "scan: fn's y")
         return new, ys
     finals, ys = _build_scan("scan", dim(seqs[0], 0), inits, seqs, step, reverse)
-    carry = _shaped(finals, single_carry)
-    if shape["ys"] is None:
+    carry = _shaped(finals, carry_form)
+    if shape["none"]:
         return carry, None
     return carry, _shaped(ys, shape["ys"])
 
@@ -184,11 +185,11 @@ def map(fn: Callable, xs):
 
         norms = rg.map(lambda row: rg.sqrt(rg.sum(row * row)), x)     # x [T, D] -> [T]
     """
-    seqs, single_x = _as_list(xs, "map: xs")
+    seqs, x_form = _as_list(xs, "map: xs")
     shape = {}
 
     def step(carries, rows):
-        ys, shape["single"] = _as_list(fn(_shaped(rows, single_x)), "map: fn's result")
+        ys, shape["single"] = _as_list(fn(_shaped(rows, x_form)), "map: fn's result")
         return [], ys
     _, ys = _build_scan("map", dim(seqs[0], 0), [], seqs, step, False)
     return _shaped(ys, shape["single"])
