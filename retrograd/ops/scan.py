@@ -156,7 +156,7 @@ def fori_loop(lower, upper, body_fn: Callable, init):
 
         x = rg.fori_loop(0, 10, lambda i, x: x * w + rg.cast(i, "float32"), x0)
     """
-    vals, single = _as_list(init, "fori_loop: init")
+    vals, form = _as_list(init, "fori_loop: init")
     if isinstance(lower, int) and isinstance(upper, int) and not isinstance(lower, bool) \
             and not isinstance(upper, bool):
         count = constant(max(upper - lower, 0), dtype="int64")
@@ -168,10 +168,10 @@ def fori_loop(lower, upper, body_fn: Callable, init):
 
     def step(carries, rows):
         i, vals_ = carries[0], carries[1:]
-        new, _ = _as_list(body_fn(i, _shaped(vals_, single)), "fori_loop: body_fn's result")
+        new, _ = _as_list(body_fn(i, _shaped(vals_, form)), "fori_loop: body_fn's result")
         return [i + 1] + new, []
     finals, _ = _build_scan("fori_loop", count, [start] + vals, [], step, False)
-    return _shaped(finals[1:], single)
+    return _shaped(finals[1:], form)
 
 
 def map(fn: Callable, xs):
@@ -189,7 +189,7 @@ def map(fn: Callable, xs):
     shape = {}
 
     def step(carries, rows):
-        ys, shape["single"] = _as_list(fn(_shaped(rows, x_form)), "map: fn's result")
+        ys, shape["form"] = _as_list(fn(_shaped(rows, x_form)), "map: fn's result")
         return [], ys
     _, ys = _build_scan("map", dim(seqs[0], 0), [], seqs, step, False)
-    return _shaped(ys, shape["single"])
+    return _shaped(ys, shape["form"])
