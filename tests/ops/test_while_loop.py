@@ -165,3 +165,25 @@ def test_a_scalar_feed_as_a_loop_var_keeps_its_shape_on_the_engine():
     assert i.shape == () and int(i) == 4
     np.testing.assert_allclose(v, [6.0, 6.0])
     np.testing.assert_allclose(dx, [6.0, 6.0])
+
+
+def test_second_order_of_a_cond_in_a_loop_on_the_engine_does_not_stack_empty_stand_ins():
+    """The If saves, for the branch that did not run, an empty stand-in of what the other branch's
+    backward reads; a Loop stacking it per iteration got rows [2, 3] and [0, 0] and onnxruntime
+    failed ('Inconsistent shape in loop output'). It is now zeros of the known shape."""
+    pytest.importorskip("onnxruntime", reason="runs the onnxruntime engine")
+    pytest.importorskip("onnx", reason="ONNX export needs onnx")
+    x0 = np.array([[0.5, -0.3, 0.8], [-0.6, 0.2, 0.1]])
+
+    def model():
+        x = rg.data("x", [2, 3], dtype="float64", stop_gradient=False)
+        step = lambda i, v: (i + 1, rg.cond(rg.equal(i % 2, 0), lambda: rg.tanh(v * x),  # noqa: E731
+                                            lambda: rg.sin(v) * 0.5))      # the branches alternate
+        _, v = rg.while_loop(lambda i, v: i < 5, step, [rg.constant(0), x])
+        dx, = rg.gradients(rg.sum(v * v), [x])
+        return [dx] + rg.gradients(rg.sum(dx * dx), [x])
+    main, _, fetch = build(model)
+    want = rg.Executor().run(main, feed={"x": x0}, fetch_list=fetch)
+    got = rg.Executor(backend="onnxruntime").run(main, feed={"x": x0}, fetch_list=fetch)
+    for ours, ref in zip(got, want):
+        np.testing.assert_allclose(ours, ref, rtol=1e-10)
