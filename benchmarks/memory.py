@@ -9,7 +9,16 @@ Models (float32 unless said):
 * ``MLP-32``: 32 tanh layers of width 256 over a batch of 4096 rows;
 * ``ODE``: ``examples/neural_ode.py``'s solver (adaptive-step Runge-Kutta
   ``while_loop``, float64, batch 512, hidden 64; ``w2`` drawn with std 0.2,
-  about the dynamics a trained model reaches: ~110 solver iterations).
+  about the dynamics a trained model reaches: ~110 solver iterations);
+* ``LSTM-LM``: embedding -> ``layers.lstm`` -> ``layers.fc`` over all steps ->
+  ``softmax_cross_entropy`` (T=400, N=16, V=64, E=32, H=128, float32), with one
+  more row at the least budget the planner names;
+* ``lce``: ``rg.linear_cross_entropy`` against the materialised
+  ``softmax_cross_entropy(h @ w + b)`` (V=32768, 8192 rows, H=512, float32;
+  loss and the gradients of h, w, b) on the NumPy and torch backends: the
+  executor's peak, NumPy's own allocation peak (``tracemalloc``: kernel
+  temporaries included) and time (``--models lce``; ~4 GB for the
+  materialised version).
 
 Each budget is a fraction (50/25/10/5%) of store-all's *measured* peak
 (``exe.last_stats.peak_bytes``: feeds, parameters, everything kept and
@@ -24,6 +33,7 @@ store-all's relative to that gradient's largest entry.
     OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1 python benchmarks/memory.py            # ~10 minutes
     OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1 python benchmarks/memory.py --quick    # T=1000 LSTM, small MLP, ODE
     OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1 python benchmarks/memory.py --t100k    # plus T=100,000
+    OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1 python benchmarks/memory.py --models lm,lce
 """
 from __future__ import annotations
 
@@ -33,6 +43,7 @@ import os
 import platform
 import re
 import time
+import tracemalloc
 from pathlib import Path
 
 import numpy as np
@@ -92,6 +103,91 @@ def ode_program(batch: int, budget: int | None, hidden: int = 64):
             pairs = rg.append_backward(loss, memory_budget=budget,
                                        feed_shapes={"y0": (batch, 2), "target": (batch, 2)})
     return main, startup, [loss] + [g for _, g in pairs]
+
+
+LM_T, LM_N, LM_V, LM_E, LM_H = 400, 16, 64, 32, 128
+
+
+def lm_program(budget: int | None):
+    main, startup = rg.Program(), rg.Program()
+    with rg.program_guard(main, startup):
+        ids = rg.data("ids", [-1, -1], dtype="int64")
+        labels = rg.data("labels", [-1, -1], dtype="int64")
+        h_all, _, _, _ = rg.layers.lstm(rg.layers.embedding(ids, LM_V, LM_E, name="emb"), LM_H, name="lstm")
+        loss = rg.mean(rg.softmax_cross_entropy(rg.layers.fc(h_all, LM_V, name="out"), labels))
+        pairs = rg.append_backward(loss, memory_budget=budget, feed_shapes={"ids": (LM_T, LM_N), "labels": (LM_T, LM_N)})
+    return main, startup, [loss] + [g for _, g in pairs]
+
+
+LCE_ROWS, LCE_H, LCE_V = 8192, 512, 32768
+
+
+def lce_program(fused: bool, rows: int):
+    main, startup = rg.Program(), rg.Program()
+    with rg.program_guard(main, startup):
+        h = rg.data("h", [rows, LCE_H])
+        labels = rg.data("labels", [rows], dtype="int64")
+        w = rg.create_parameter("head.w", [LCE_H, LCE_V], init=("normal", 0.0, 0.02))
+        b = rg.create_parameter("head.b", [LCE_V], init="zeros")
+        xent = rg.linear_cross_entropy(h, w, b, labels) if fused else \
+            rg.softmax_cross_entropy(rg.matmul(h, w) + b, labels)
+        loss = rg.mean(xent)
+        grads = rg.gradients([loss], [h, w, b])
+    return main, startup, [loss] + grads
+
+
+def run_lce(rows: int, rounds: int) -> list[str]:
+    """linear_cross_entropy against the materialised loss, per backend: peaks and best time."""
+    rng = np.random.RandomState(0)
+    feed = {"h": rng.randn(rows, LCE_H).astype("float32"), "labels": rng.randint(0, LCE_V, rows)}
+    lines = []
+    for backend in ("numpy", "torch"):
+        built, results = {}, {}
+        for fused in (False, True):
+            main, startup, fetch = lce_program(fused, rows)
+            exe = rg.Executor(backend=backend)
+            exe.run(startup)
+            if fused:
+                for name in ("head.w", "head.b"):
+                    exe.scope.set(name, built[False][1].scope.get(name))
+            built[fused] = (main, exe, fetch)
+        for fused, (main, exe, fetch) in built.items():     # NumPy's own peak, temporaries included
+            tracemalloc.start()
+            tracemalloc.reset_peak()
+            exe.run(main, feed=feed, fetch_list=fetch)
+            traced = tracemalloc.get_traced_memory()[1] if backend == "numpy" else None
+            tracemalloc.stop()
+            results[fused] = [exe.last_stats.peak_bytes, traced, float("inf"), None]
+        for _ in range(rounds):
+            for fused, (main, exe, fetch) in built.items():
+                started = time.process_time()
+                out = exe.run(main, feed=feed, fetch_list=fetch)
+                results[fused][2] = min(results[fused][2], time.process_time() - started)
+                results[fused][3] = out
+        base = results[False]
+        for fused, (peak, traced, cpu, out) in results.items():
+            err = max(float(np.max(np.abs(a - b)) / (np.max(np.abs(b)) + 1e-30)) for a, b in zip(out, base[3]))
+            label = "linear_cross_entropy" if fused else "materialised"
+            ratio = "" if traced is None else f"{traced / base[1]:.3f}"
+            lines.append(f"| {backend} | {label} | {_mb(peak)} | {peak / base[0]:.3f} | {_mb(traced)} | {ratio} | "
+                         f"{cpu:.2f} | {cpu / base[2]:.2f} | {err:.0e} |")
+            print(lines[-1], flush=True)
+    return lines
+
+
+def run_lm(rounds: int) -> list[str]:
+    """The LSTM language model at fractions of store-all's peak and at the least budget named."""
+    rng = np.random.RandomState(0)
+    feed = {"ids": rng.randint(0, LM_V, (LM_T, LM_N)), "labels": rng.randint(0, LM_V, (LM_T, LM_N))}
+    try:
+        lm_program(1)
+        least = None
+    except rg.ProgramError as exc:
+        least = int(re.search(r"the least budget that fits is (\d+) bytes", str(exc)).group(1))
+
+    def extra(store: Setting):
+        yield f"least ({least / store.peak:.1%})", least
+    return run_model("LSTM-LM", f"T={LM_T}", lm_program, feed, rounds, extra if least else None)
 
 
 # --- measuring ---------------------------------------------------------------------------------------
@@ -200,7 +296,8 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="T=1000 LSTM, a 1024-row MLP, the ODE")
     parser.add_argument("--t100k", action="store_true", help="also train the LSTM at T=100,000 under 2 GiB")
     parser.add_argument("--rounds", type=int, default=3, help="interleaved rounds; the best is kept")
-    parser.add_argument("--models", default="lstm,mlp,ode", help="comma-separated: lstm, mlp, ode")
+    parser.add_argument("--models", default="lstm,mlp,ode,lm", help="comma-separated: lstm, mlp, ode, lm, lce")
+    parser.add_argument("--lce-rows", type=int, default=LCE_ROWS, help="rows of the lce comparison")
     args = parser.parse_args()
     print(f"machine: {platform.processor() or platform.machine()}, {os.cpu_count()} cpus, "
           f"python {platform.python_version()}, numpy {np.__version__}, "
@@ -224,6 +321,13 @@ def main() -> None:
         y0, target = _ode_module().data(batch)
         run_model("ODE", f"batch={batch}", lambda b: ode_program(batch, b), {"y0": y0, "target": target},
                   args.rounds)
+    if "lm" in models:
+        run_lm(args.rounds)
+    if "lce" in models:
+        print(f"\nlinear_cross_entropy: V={LCE_V}, {args.lce_rows} rows, H={LCE_H}, float32, loss + grads of h, w, b")
+        print("| backend | loss | peak MB | peak ratio | NumPy traced MB | traced ratio | CPU s | time ratio | grad err |")
+        print("|---|---|---|---|---|---|---|---|---|")
+        run_lce(args.lce_rows, args.rounds)
     if args.t100k:
         run_t100k()
 
