@@ -17,6 +17,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..errors import BackendError
+from . import torch_attention
 from .base import Backend, Namespace, dtype_name
 
 
@@ -64,6 +65,7 @@ class TorchBackend(Backend):
         self.torch_device = dev
         xp = Namespace(compat, None if dev.type == "cpu" else dev, matmul=torch.matmul)
         super().__init__(xp, str(dev))
+        self.flash_attention = torch_attention.flash_ops(torch)   # None: this torch lacks them
 
     @property
     def has_graphs(self) -> bool:
@@ -92,6 +94,13 @@ class TorchBackend(Backend):
         ids = ids.reshape(-1)
         rows = rows.reshape((ids.shape[0],) + tuple(shape[1:]))
         return out.index_add_(0, ids, rows)
+
+    def fused_attention(self, q, k, v, mask, causal: bool, scale: float):
+        return torch_attention.attention(self.torch, self.flash_attention, q, k, v, mask, causal, scale)
+
+    def fused_attention_grad(self, q, k, v, mask, out, lse, dout, causal: bool, scale: float):
+        return torch_attention.attention_grad(self.torch, self.flash_attention, q, k, v, mask, out, lse,
+                                              dout, causal, scale)
 
     def buffer_of(self, array) -> tuple[int, int]:
         storage = array.untyped_storage()

@@ -17,3 +17,4 @@ from .sequence import reverse_sequence  # noqa: F401
 from .cond import cond, switch_case  # noqa: F401
 from .do import do  # noqa: F401
 from .while_loop import while_loop  # noqa: F401
+from .attention import scaled_dot_product_attention  # noqa: F401
