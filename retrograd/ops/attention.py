@@ -143,6 +143,8 @@ def _scores(k, q, key, mask):
 def _stable_softmax(xp, s):
     """(probabilities, logsumexp) over the last axis; rows with no finite score give 0 and 0."""
     zero = xp.zeros((), dtype=s.dtype)
+    if s.shape[-1] == 0:                       # no keys at all: every row is fully masked
+        return s, xp.zeros(s.shape[:-1], dtype=s.dtype)
     top = xp.max(s, axis=-1, keepdims=True)
     top = xp.where(xp.isfinite(top), top, zero)
     e = xp.exp(s - top)

@@ -382,6 +382,32 @@ def _reverse_sequence(r):
             (rg.reverse_sequence, {"x": normal(r, 4, 3, 2), "lengths": np.array([4, 0, 2], dtype=np.int64)})]
 
 
+def _attention(r):
+    """Attention with no mask, causal (L > S), a bool mask with a fully masked row, a float mask
+    (differentiated), a custom scale and batch axes that broadcast."""
+    q, k, v = normal(r, 2, 2, 3, 2), normal(r, 2, 2, 4, 2), normal(r, 2, 2, 4, 3)
+    keep = r.random((3, 4)) > 0.3
+    keep[:, 0], keep[2] = True, False
+    sdpa = rg.scaled_dot_product_attention
+    return [
+        (sdpa, {"q": q, "k": k, "v": v}),
+        (lambda q, k, v: sdpa(q, k, v, causal=True), {"q": normal(r, 2, 4, 2), "k": normal(r, 2, 3, 2),
+                                                      "v": normal(r, 2, 3, 2)}),
+        (lambda q, k, v, m: sdpa(q, k, v, m), {"q": q, "k": k, "v": v, "m": keep}),
+        (lambda q, k, v, m: sdpa(q, k, v, m, scale=0.7), {"q": q, "k": k, "v": v, "m": normal(r, 2, 1, 3, 4)}),
+        (lambda q, k, v: sdpa(q, k, v, causal=True), {"q": q, "k": normal(r, 2, 1, 4, 2), "v": normal(r, 4, 3)}),
+    ]
+
+
+def _attention_grad(r):
+    """The gradient op (reached through rg.gradients with a fed output gradient), differentiated."""
+    def first(q, k, v, m, dout):
+        out = rg.scaled_dot_product_attention(q, k, v, m, causal=True)
+        return rg.gradients(out, [q, k, v, m], target_gradients=[dout])
+    return [(first, {"q": normal(r, 2, 3, 2), "k": normal(r, 2, 4, 2), "v": normal(r, 2, 4, 3),
+                     "m": normal(r, 3, 4), "dout": normal(r, 2, 3, 3)})]
+
+
 CASES = {
     # elementwise binary (broadcasting)
     "Add": _binary(rg.add),
@@ -451,6 +477,9 @@ CASES = {
     "ReverseSequence": _reverse_sequence,
     # collectives (data parallelism)
     "AllReduce": _all_reduce,
+    # attention
+    "ScaledDotProductAttention": _attention,
+    "ScaledDotProductAttentionGrad": _attention_grad,
 }
 
 # The core set whose gradients are themselves differentiable (issue 3).
