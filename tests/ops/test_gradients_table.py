@@ -408,6 +408,13 @@ def _attention_grad(r):
                      "m": normal(r, 3, 4), "dout": normal(r, 2, 3, 3)})]
 
 
+def _heads(r):
+    from retrograd.ops.attention import merge_heads, split_heads
+    return {"SplitHeads": [(lambda x: split_heads(x, 2), {"x": normal(r, 2, 3, 4)}),
+                           (lambda x: split_heads(x, 3), {"x": normal(r, 4, 3)})],
+            "MergeHeads": [(merge_heads, {"x": normal(r, 2, 3, 4, 2)}), (merge_heads, {"x": normal(r, 2, 3, 4)})]}
+
+
 CASES = {
     # elementwise binary (broadcasting)
     "Add": _binary(rg.add),
@@ -480,6 +487,8 @@ CASES = {
     # attention
     "ScaledDotProductAttention": _attention,
     "ScaledDotProductAttentionGrad": _attention_grad,
+    "SplitHeads": lambda r: _heads(r)["SplitHeads"],
+    "MergeHeads": lambda r: _heads(r)["MergeHeads"],
 }
 
 # The core set whose gradients are themselves differentiable (issue 3).
