@@ -10,8 +10,9 @@ Each layer is a thin builder over ``rg.recurrent``:
 3. missing initial states are zeros ``[N, H]`` with ``N`` taken from ``x`` at
    run time, so one program serves any batch size and sequence length.
 
-Parameters are named ``<name>.<param>``, created in the input's dtype and
-initialised like PyTorch's: ``U(-1/sqrt(H), 1/sqrt(H))``.
+Parameters are named ``<name>.<param>`` (``<name>.l<k>.<param>`` for layer k of
+a stack, ``num_layers > 1``), created in the input's dtype and initialised like
+PyTorch's: ``U(-1/sqrt(H), 1/sqrt(H))``.
 """
 from __future__ import annotations
 
@@ -21,6 +22,7 @@ from ..errors import ProgramError
 from ..ir.builder import default_main_program
 from ..ir.program import Var
 from ..ops.creation import create_parameter, fill, fill_like
+from ..ops.nn import dropout as dropout_op
 from ..ops.math import matmul
 from ..ops.recurrent import recurrent
 from ..ops.reduce import sum as reduce_sum
@@ -83,8 +85,8 @@ def _check_hidden(hidden: int, layer: str) -> int:
 
 
 def lstm(x: Var, hidden: int, h0=None, c0=None, seq_lengths: Var | None = None, forget_bias: float = 0.0,
-         name: str | None = None, recompute=None, reverse: bool = False,
-         bidirectional: bool = False) -> tuple[Var, Var, Var, Var]:
+         name: str | None = None, recompute=None, reverse: bool = False, bidirectional: bool = False,
+         num_layers: int = 1, bias: bool = True, dropout: float = 0.0) -> tuple[Var, Var, Var, Var]:
     """An LSTM over ``x [T, N, D]``; returns ``(h_all [T,N,H], h_last [N,H], c_all, c_last)``.
 
     Parameters ``<name>.w_ih [D, 4H]``, ``<name>.w_hh [H, 4H]``, ``<name>.b [4H]``;
@@ -103,73 +105,130 @@ def lstm(x: Var, hidden: int, h0=None, c0=None, seq_lengths: Var | None = None, 
     ``h_last [N,2H]`` (forward then reverse); ``h0``/``c0`` are then pairs
     ``(forward, reverse)`` of ``[N, H]`` (or None).
 
+    ``num_layers > 1`` stacks layers as ``torch.nn.LSTM(num_layers=...)``: layer k
+    reads layer k-1's ``h_all`` (after ``dropout`` in training, between layers only),
+    its parameters are ``<name>.l<k>.w_ih`` etc., ``h0``/``c0`` are then lists with
+    one state (or pair) per layer, and the results are the top layer's.
+    ``bias=False`` creates no bias.
+
     Example::
 
         x = rg.data("x", [-1, -1, 32])                     # [T, N, D]
         h_all, h_last, c_all, c_last = rg.layers.lstm(x, 64, name="enc")
         both, _, _, _ = rg.layers.lstm(x, 64, name="bi", bidirectional=True)   # [T, N, 128]
+        deep, _, _, _ = rg.layers.lstm(x, 64, num_layers=2, dropout=0.1, name="deep")  # deep.l0.w_ih ...
     """
     hidden = _check_hidden(hidden, "lstm")
-    d_in = _check_input(x, "lstm")
-    name = _name(name, "lstm")
 
-    def direction(suffix: str, h0, c0, backwards: bool):
-        p = _params(name, hidden, x.dtype, {f"w_ih{suffix}": [d_in, 4 * hidden],
-                                            f"w_hh{suffix}": [hidden, 4 * hidden], f"b{suffix}": [4 * hidden]})
-        x_proj = seq_linear(x, p[f"w_ih{suffix}"], p[f"b{suffix}"])
-        h0 = _state(h0, x, hidden, "h0", "lstm")    # N from x: under a budget x_proj is made per step
-        c0 = _state(c0, x, hidden, "c0", "lstm")
+    def one_layer(inp, prefix, h0, c0):
+        d_in = _check_input(inp, "lstm")
 
-        def step(x_t, states):
-            h, c = states
-            return list(lstm_unit(x_t[0], c, forget_bias, h_gates=matmul(h, p[f"w_hh{suffix}"])))
+        def direction(suffix: str, h0, c0, backwards: bool):
+            shapes = {f"w_ih{suffix}": [d_in, 4 * hidden], f"w_hh{suffix}": [hidden, 4 * hidden]}
+            if bias:
+                shapes[f"b{suffix}"] = [4 * hidden]
+            p = _params(prefix, hidden, inp.dtype, shapes)
+            x_proj = seq_linear(inp, p[f"w_ih{suffix}"], p.get(f"b{suffix}"))
+            h0 = _state(h0, inp, hidden, "h0", "lstm")    # N from x: under a budget x_proj is made per step
+            c0 = _state(c0, inp, hidden, "c0", "lstm")
 
-        all_states, last_states = recurrent(step, [x_proj], [h0, c0], seq_lengths=seq_lengths,
-                                            recompute=recompute, reverse=backwards)
-        return all_states[0], last_states[0], all_states[1], last_states[1]
+            def step(x_t, states):
+                h, c = states
+                return list(lstm_unit(x_t[0], c, forget_bias, h_gates=matmul(h, p[f"w_hh{suffix}"])))
 
-    if not bidirectional:
-        return direction("", h0, c0, reverse)
-    (h0_f, h0_b), (c0_f, c0_b) = _pair(h0, "h0", "lstm"), _pair(c0, "c0", "lstm")
-    return _joined(direction("", h0_f, c0_f, False), direction("_reverse", h0_b, c0_b, True))
+            all_states, last_states = recurrent(step, [x_proj], [h0, c0], seq_lengths=seq_lengths,
+                                                recompute=recompute, reverse=backwards)
+            return all_states[0], last_states[0], all_states[1], last_states[1]
+
+        if not bidirectional:
+            return direction("", h0, c0, reverse)
+        (h0_f, h0_b), (c0_f, c0_b) = _pair(h0, "h0", "lstm"), _pair(c0, "c0", "lstm")
+        return _joined(direction("", h0_f, c0_f, False), direction("_reverse", h0_b, c0_b, True))
+
+    return _stacked(one_layer, x, [h0, c0], _name(name, "lstm"), num_layers, dropout, "lstm")
 
 
 def gru(x: Var, hidden: int, h0=None, seq_lengths: Var | None = None, name: str | None = None,
-        recompute=None, reverse: bool = False, bidirectional: bool = False) -> tuple[Var, Var]:
+        recompute=None, reverse: bool = False, bidirectional: bool = False, num_layers: int = 1,
+        bias: bool = True, dropout: float = 0.0) -> tuple[Var, Var]:
     """A GRU over ``x [T, N, D]`` (as ``torch.nn.GRU``); returns ``(h_all [T,N,H], h_last [N,H])``.
 
     Parameters ``w_ih [D, 3H]``, ``w_hh [H, 3H]``, ``b_ih [3H]``, ``b_hh [3H]``;
     gate order r, z, n: ``n = tanh(xW_n + b_in + r * (hU_n + b_hn))``,
-    ``h' = (1 - z) * n + z * h``. ``reverse`` and ``bidirectional`` (then
+    ``h' = (1 - z) * n + z * h``. ``reverse``, ``bidirectional`` (then
     ``h_all [T,N,2H]``, ``h_last [N,2H]``, ``h0`` a pair, parameters
-    ``<name>.w_ih_reverse`` etc.) work as for ``lstm``.
+    ``<name>.w_ih_reverse`` etc.), ``num_layers`` (parameters ``<name>.l<k>.w_ih``
+    ..., ``h0`` a list per layer, the top layer's results), ``dropout`` between
+    layers and ``bias=False`` work as for ``lstm``.
 
     Example::
 
         h_all, h_last = rg.layers.gru(x, 64, name="gru")
+        h_all, h_last = rg.layers.gru(x, 64, num_layers=3, bias=False, name="deep")
     """
     hidden = _check_hidden(hidden, "gru")
-    d_in = _check_input(x, "gru")
-    name = _name(name, "gru")
 
-    def direction(suffix: str, h0, backwards: bool):
-        p = _params(name, hidden, x.dtype, {f"w_ih{suffix}": [d_in, 3 * hidden], f"w_hh{suffix}": [hidden, 3 * hidden],
-                                            f"b_ih{suffix}": [3 * hidden], f"b_hh{suffix}": [3 * hidden]})
-        x_proj = seq_linear(x, p[f"w_ih{suffix}"], p[f"b_ih{suffix}"])
-        h0 = _state(h0, x, hidden, "h0", "gru")
+    def one_layer(inp, prefix, h0):
+        d_in = _check_input(inp, "gru")
 
-        def step(x_t, states):
-            h, = states
-            return [gru_unit(x_t[0], matmul(h, p[f"w_hh{suffix}"]) + p[f"b_hh{suffix}"], h)]
+        def direction(suffix: str, h0, backwards: bool):
+            shapes = {f"w_ih{suffix}": [d_in, 3 * hidden], f"w_hh{suffix}": [hidden, 3 * hidden]}
+            if bias:
+                shapes.update({f"b_ih{suffix}": [3 * hidden], f"b_hh{suffix}": [3 * hidden]})
+            p = _params(prefix, hidden, inp.dtype, shapes)
+            x_proj = seq_linear(inp, p[f"w_ih{suffix}"], p.get(f"b_ih{suffix}"))
+            h0 = _state(h0, inp, hidden, "h0", "gru")
 
-        all_states, last_states = recurrent(step, [x_proj], [h0], seq_lengths=seq_lengths,
-                                            recompute=recompute, reverse=backwards)
-        return all_states[0], last_states[0]
+            def step(x_t, states):
+                h, = states
+                h_proj = matmul(h, p[f"w_hh{suffix}"])
+                if bias:
+                    h_proj = h_proj + p[f"b_hh{suffix}"]
+                return [gru_unit(x_t[0], h_proj, h)]
 
-    if not bidirectional:
-        return direction("", h0, reverse)
-    h0_f, h0_b = _pair(h0, "h0", "gru")
-    return _joined(direction("", h0_f, False), direction("_reverse", h0_b, True))
+            all_states, last_states = recurrent(step, [x_proj], [h0], seq_lengths=seq_lengths,
+                                                recompute=recompute, reverse=backwards)
+            return all_states[0], last_states[0]
+
+        if not bidirectional:
+            return direction("", h0, reverse)
+        h0_f, h0_b = _pair(h0, "h0", "gru")
+        return _joined(direction("", h0_f, False), direction("_reverse", h0_b, True))
+
+    return _stacked(one_layer, x, [h0], _name(name, "gru"), num_layers, dropout, "gru")
+
+
+def _stacked(one_layer, x: Var, initial: list, name: str, num_layers: int, dropout: float, layer: str):
+    """``num_layers`` of ``one_layer(input, prefix, *initial states)``, each reading the one below.
+
+    One layer keeps the names ``<name>.<param>``; a stack names layer k's ``<name>.l<k>.<param>``
+    and takes its initial states from per-layer lists. ``dropout`` applies to every layer's output
+    but the top one (torch's convention); the results are the top layer's.
+    """
+    if isinstance(num_layers, bool) or not isinstance(num_layers, int) or num_layers < 1:
+        raise ProgramError(f"layers.{layer}: num_layers must be an int >= 1, got {num_layers!r}")
+    if not 0.0 <= dropout < 1.0:
+        raise ProgramError(f"layers.{layer}: dropout must be in [0, 1), got {dropout!r}")
+    if num_layers == 1:
+        return one_layer(x, name, *initial)
+    per_layer = [_per_layer(given, num_layers, what, layer) for given, what in zip(initial, ("h0", "c0"))]
+    out = None
+    for k in range(num_layers):
+        if k and dropout:
+            x = dropout_op(x, dropout)
+        out = one_layer(x, f"{name}.l{k}", *(states[k] for states in per_layer))
+        x = out[0]
+    return out
+
+
+def _per_layer(given, num_layers: int, what: str, layer: str) -> list:
+    """A stacked layer's initial states: None, or one state (pair, when bidirectional) per layer."""
+    if given is None:
+        return [None] * num_layers
+    if isinstance(given, (list, tuple)) and len(given) == num_layers:
+        return list(given)
+    raise ProgramError(f"layers.{layer}(num_layers={num_layers}): {what} must be None or a list of "
+                       f"{num_layers} initial states, one per layer, got {given!r}")
 
 
 def _pair(given, what: str, layer: str) -> tuple:

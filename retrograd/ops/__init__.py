@@ -18,3 +18,4 @@ from .cond import cond, switch_case  # noqa: F401
 from .do import do  # noqa: F401
 from .while_loop import while_loop  # noqa: F401
 from .attention import scaled_dot_product_attention  # noqa: F401
+from .linear_cross_entropy import linear_cross_entropy  # noqa: F401

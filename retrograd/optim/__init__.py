@@ -1,4 +1,4 @@
-"""Optimizers as ops in the program: ``SGD``, ``Momentum``, ``Adam``.
+"""Optimizers as ops in the program: ``SGD``, ``Momentum``, ``Adam``, ``AdamW``, ``RMSProp``, ``Adagrad``.
 
 ``opt.minimize(loss)`` appends the backward pass (``rg.append_backward``),
 optional global-norm clipping, and one update op per parameter; optimizer
@@ -15,9 +15,12 @@ Example::
 """
 from . import fused  # noqa: F401  (registers FusedAdamUpdate, built by retrograd.passes)
 from .clip import clip_by_global_norm, global_norm  # noqa: F401
-from .ops import adam_update, increment, momentum_update, sgd_update  # noqa: F401
-from .optimizer import SGD, Adam, Momentum, Optimizer  # noqa: F401
+from . import lr  # noqa: F401  (rg.optim.lr.cosine / step_decay / linear_warmup)
+from .ops import (adagrad_update, adam_update, increment, momentum_update, rmsprop_update,  # noqa: F401
+                  sgd_update)
+from .optimizer import SGD, Adagrad, Adam, AdamW, Momentum, Optimizer, RMSProp  # noqa: F401
 from .state import create_state  # noqa: F401
 
-__all__ = ["SGD", "Momentum", "Adam", "Optimizer", "clip_by_global_norm", "global_norm",
-           "create_state", "increment", "sgd_update", "momentum_update", "adam_update"]
+__all__ = ["SGD", "Momentum", "Adam", "AdamW", "RMSProp", "Adagrad", "Optimizer", "lr",
+           "clip_by_global_norm", "global_norm", "create_state", "increment", "sgd_update",
+           "momentum_update", "adam_update", "rmsprop_update", "adagrad_update"]

@@ -25,7 +25,7 @@ from ..errors import ShapeError
 from ..ir.program import Var
 from ..ops.lowering import lowers
 from ..ops.registry import defop
-from .ops import STEP_DTYPE, adam_math
+from .ops import STEP_DTYPE, adam_math, decay_factor_onnx
 
 GROUPS = ("param", "grad", "moment1", "moment2", "step")
 
@@ -74,7 +74,9 @@ def _fused_adam_onnx(g):
     groups = split_inputs(g.ins, n)
     p, grad, m, v = (_flat(g, names) for names in groups[:4])
     steps = g.node("Concat", groups[4], axis=0) if n > 1 else groups[4][0]    # [n] int64
-    if a.get("weight_decay"):
+    if a.get("weight_decay") and a.get("decoupled"):      # AdamW
+        p = g.node("Mul", [p, decay_factor_onnx(g, g.const(a["lr"], "float64"), a["weight_decay"], dtype)])
+    elif a.get("weight_decay"):
         grad = g.node("Add", [grad, g.node("Mul", [g.const(a["weight_decay"], dtype), p])])
     steps = g.node("Add", [steps, g.const([1], "int64")])
     t = g.cast(steps, "float64")

@@ -1,4 +1,4 @@
-"""SGD, Momentum and Adam: ``minimize`` appends the backward pass and the update ops.
+"""SGD, Momentum, Adam, AdamW, RMSProp, Adagrad: ``minimize`` appends the backward pass and the updates.
 
 Example::
 
@@ -22,8 +22,10 @@ from ..autodiff import append_backward
 from ..errors import ProgramError
 from ..ir.builder import default_startup_program, program_guard
 from ..ir.program import Program, Var
+from ..ops.tensor import cast
 from . import ops
 from .clip import clip_by_global_norm
+from .lr import Schedule
 from .state import create_state, state_name
 
 
@@ -36,16 +38,25 @@ class Optimizer:
     and ``weight_decay`` (L2 added to the gradient, as in ``torch.optim``) are
     available to every optimizer. After ``minimize``, ``grad_norm`` is the Var
     holding the global gradient norm before clipping (when ``clip_norm`` is set).
+
+    ``lr`` is a float or a schedule (``rg.optim.lr``): then the rate is computed
+    in the program from the persistable step count ``lr_schedule.step`` (the
+    updates done so far), which the step increments after the updates.
     """
 
-    def __init__(self, lr: float, *, clip_norm: float | None = None, weight_decay: float = 0.0):
+    def __init__(self, lr, *, clip_norm: float | None = None, weight_decay: float = 0.0):
+        self.schedule = lr if isinstance(lr, Schedule) else None
+        if self.schedule is not None:
+            lr = self.schedule.base
         if isinstance(lr, bool) or not isinstance(lr, numbers.Real) or not lr > 0:
-            raise ProgramError(f"learning rate must be positive, got {lr}")
+            raise ProgramError(f"learning rate must be positive (or an rg.optim.lr schedule), got {lr!r}")
         if clip_norm is not None and not clip_norm > 0:
             raise ProgramError(f"clip_norm must be positive, got {clip_norm}")
-        if weight_decay < 0:
+        if not weight_decay >= 0:
             raise ProgramError(f"weight_decay must be >= 0, got {weight_decay}")
         self.lr = float(lr)
+        self.step_count: Var | None = None      # the schedule's step count, after minimize
+        self._rate: float | Var = self.lr
         self.clip_norm = None if clip_norm is None else float(clip_norm)
         self.weight_decay = float(weight_decay)
         self.grad_norm: Var | None = None
@@ -124,8 +135,19 @@ class Optimizer:
             grads = [g for _, g in params_grads]
             if self.clip_norm is not None:
                 grads, self.grad_norm = clip_by_global_norm(grads, self.clip_norm)
+            if self.schedule is not None:
+                self._rate = self._scheduled_rate()
             for (param, _), grad in zip(params_grads, grads):
                 self._update(param, grad)
+            if self.schedule is not None:
+                ops.increment(self.step_count)
+
+    def _scheduled_rate(self) -> Var:
+        """The schedule's ops: the rate (float64 ``[1]``) from the step count before this update."""
+        name = "lr_schedule.step"
+        name = self._main.unique_name(name) if self._main.has_name(name) else name
+        self.step_count = create_state(name, [1], ops.STEP_DTYPE, main=self._main, startup=self._startup)
+        return self.schedule.rate(cast(self.step_count, "float64"))
 
     def _state(self, param: Var, slot: str, shape=None, dtype: str | None = None) -> Var:
         """A zero-initialised persistable Var ``<param>.<slot>`` (velocity, moment, step count)."""
@@ -156,7 +178,7 @@ class SGD(Optimizer):
     """
 
     def _update(self, param: Var, grad: Var) -> None:
-        ops.sgd_update(param, grad, self.lr, self.weight_decay)
+        ops.sgd_update(param, grad, self._rate, self.weight_decay)
 
 
 class Momentum(Optimizer):
@@ -170,7 +192,7 @@ class Momentum(Optimizer):
         rg.optim.Momentum(0.05, momentum=0.9).minimize(loss)
     """
 
-    def __init__(self, lr: float, momentum: float = 0.9, *, nesterov: bool = False,
+    def __init__(self, lr, momentum: float = 0.9, *, nesterov: bool = False,
                  clip_norm: float | None = None, weight_decay: float = 0.0):
         super().__init__(lr, clip_norm=clip_norm, weight_decay=weight_decay)
         if not 0.0 <= momentum < 1.0:
@@ -182,7 +204,7 @@ class Momentum(Optimizer):
 
     def _update(self, param: Var, grad: Var) -> None:
         velocity = self._state(param, "velocity")
-        ops.momentum_update(param, grad, velocity, self.lr, self.momentum, self.nesterov,
+        ops.momentum_update(param, grad, velocity, self._rate, self.momentum, self.nesterov,
                             self.weight_decay)
 
 
@@ -197,7 +219,7 @@ class Adam(Optimizer):
         rg.optim.Adam(2e-3, clip_norm=5.0).minimize(loss)
     """
 
-    def __init__(self, lr: float = 1e-3, beta1: float = 0.9, beta2: float = 0.999, eps: float = 1e-8,
+    def __init__(self, lr=1e-3, beta1: float = 0.9, beta2: float = 0.999, eps: float = 1e-8,
                  *, clip_norm: float | None = None, weight_decay: float = 0.0):
         super().__init__(lr, clip_norm=clip_norm, weight_decay=weight_decay)
         for what, beta in (("beta1", beta1), ("beta2", beta2)):
@@ -213,5 +235,85 @@ class Adam(Optimizer):
         m = self._state(param, "moment1")
         v = self._state(param, "moment2")
         step = self._state(param, "step", shape=[1], dtype=ops.STEP_DTYPE)
-        ops.adam_update(param, grad, m, v, step, self.lr, self.beta1, self.beta2, self.eps,
-                        self.weight_decay)
+        ops.adam_update(param, grad, m, v, step, self._rate, self.beta1, self.beta2, self.eps,
+                        self.weight_decay, decoupled=self.DECOUPLED)
+
+    DECOUPLED = False
+
+
+class AdamW(Adam):
+    """Adam with decoupled weight decay (``torch.optim.AdamW``): ``p *= 1 - lr * wd`` before the
+    Adam step, whose gradient is not decayed. ``weight_decay`` defaults to 0.01 as in torch.
+
+    Example::
+
+        rg.optim.AdamW(1e-3, weight_decay=0.1).minimize(loss)
+    """
+
+    DECOUPLED = True
+
+    def __init__(self, lr=1e-3, beta1: float = 0.9, beta2: float = 0.999, eps: float = 1e-8,
+                 weight_decay: float = 0.01, *, clip_norm: float | None = None):
+        super().__init__(lr, beta1, beta2, eps, clip_norm=clip_norm, weight_decay=weight_decay)
+
+
+class RMSProp(Optimizer):
+    """RMSProp as ``torch.optim.RMSprop``: ``s = alpha s + (1-alpha) g^2``, ``p -= lr g / (sqrt(s) + eps)``.
+
+    ``momentum > 0`` keeps a buffer ``b = momentum b + g / (sqrt(s) + eps)`` and steps by it;
+    ``centered=True`` divides by the estimated variance (``s`` minus the squared mean gradient).
+    State: ``<param>.square_avg`` (and ``.momentum_buf``, ``.grad_avg``).
+
+    Example::
+
+        rg.optim.RMSProp(1e-2, alpha=0.9, momentum=0.5).minimize(loss)
+    """
+
+    def __init__(self, lr=1e-2, alpha: float = 0.99, eps: float = 1e-8, momentum: float = 0.0,
+                 centered: bool = False, *, clip_norm: float | None = None, weight_decay: float = 0.0):
+        super().__init__(lr, clip_norm=clip_norm, weight_decay=weight_decay)
+        if not 0.0 <= alpha <= 1.0:
+            raise ProgramError(f"alpha must be in [0, 1], got {alpha}")
+        if not eps > 0:
+            raise ProgramError(f"eps must be positive, got {eps}")
+        if not 0.0 <= momentum < 1.0:
+            raise ProgramError(f"momentum must be in [0, 1), got {momentum}")
+        self.alpha, self.eps, self.momentum, self.centered = float(alpha), float(eps), float(momentum), bool(centered)
+        self.STATE_SLOTS = 1 + int(momentum > 0) + int(centered)
+
+    def _update(self, param: Var, grad: Var) -> None:
+        square_avg = self._state(param, "square_avg")
+        buf = self._state(param, "momentum_buf") if self.momentum > 0 else None
+        grad_avg = self._state(param, "grad_avg") if self.centered else None
+        ops.rmsprop_update(param, grad, square_avg, self._rate, self.alpha, self.eps, self.momentum,
+                           self.centered, buf, grad_avg, self.weight_decay)
+
+
+class Adagrad(Optimizer):
+    """Adagrad as ``torch.optim.Adagrad``: ``s += g^2``, ``p -= lr / (1 + (t-1) lr_decay) * g / (sqrt(s) + eps)``.
+
+    State: ``<param>.sum`` (starting at ``initial_accumulator_value``) and ``<param>.step``.
+
+    Example::
+
+        rg.optim.Adagrad(1e-2).minimize(loss)
+    """
+
+    STATE_SLOTS = 1
+
+    def __init__(self, lr=1e-2, eps: float = 1e-10, lr_decay: float = 0.0,
+                 initial_accumulator_value: float = 0.0, *, clip_norm: float | None = None,
+                 weight_decay: float = 0.0):
+        super().__init__(lr, clip_norm=clip_norm, weight_decay=weight_decay)
+        if not eps > 0:
+            raise ProgramError(f"eps must be positive, got {eps}")
+        if not lr_decay >= 0 or not initial_accumulator_value >= 0:
+            raise ProgramError(f"lr_decay and initial_accumulator_value must be >= 0, got {lr_decay} "
+                               f"and {initial_accumulator_value}")
+        self.eps, self.lr_decay, self.initial = float(eps), float(lr_decay), float(initial_accumulator_value)
+
+    def _update(self, param: Var, grad: Var) -> None:
+        total = create_state(state_name(self._main, param, "sum"), param.shape, param.dtype, self.initial,
+                             main=self._main, startup=self._startup)
+        step = self._state(param, "step", shape=[1], dtype=ops.STEP_DTYPE)
+        ops.adagrad_update(param, grad, total, step, self._rate, self.eps, self.lr_decay, self.weight_decay)

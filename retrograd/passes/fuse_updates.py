@@ -1,7 +1,7 @@
 """``fuse_optimizer_updates``: a program's Adam updates as one ``FusedAdamUpdate`` op.
 
 A training program ends with one ``AdamUpdate`` per parameter. The ones that
-share their hyper-parameters (lr, betas, eps, weight decay) and dtype become
+share their hyper-parameters (lr, betas, eps, weight decay, AdamW's decoupling) and dtype become
 one op (``retrograd/optim/fused.py``), placed where the last of them was.
 Moving an earlier update down to that place is safe only when nothing in
 between reads or writes what it reads or writes; updates for which that does
@@ -13,7 +13,7 @@ from ..ir.analysis import op_reads
 from ..ir.program import Block, Op, Program
 from ..optim.fused import GROUPS
 
-ATTRS = ("lr", "beta1", "beta2", "eps", "weight_decay")
+ATTRS = ("lr", "beta1", "beta2", "eps", "weight_decay", "decoupled")
 
 
 def fuse_optimizer_updates(program: Program) -> int:
@@ -35,7 +35,8 @@ def _groups(block: Block) -> list[list[Op]]:
     """AdamUpdate ops keyed by their hyper-parameters and the parameter's dtype, in program order."""
     groups: dict[tuple, list[Op]] = {}
     for op in block.ops:
-        if op.type == "AdamUpdate":
+        # An update whose rate is an input (a schedule's) keeps its own op.
+        if op.type == "AdamUpdate" and len(op.inputs) == len(GROUPS):
             key = tuple(op.attrs.get(a, 0.0) for a in ATTRS) + (block.find_var(op.inputs[0]).dtype,)
             groups.setdefault(key, []).append(op)
     return list(groups.values())
@@ -59,7 +60,7 @@ def _replace(block: Block, ops: list[Op]) -> None:
     """Remove ``ops`` and put one FusedAdamUpdate where the last of them was."""
     inputs = [op.inputs[i] for i in range(len(GROUPS)) for op in ops]
     outputs = [op.outputs[i] for i in range(4) for op in ops]
-    attrs = {a: ops[0].attrs.get(a, 0.0) for a in ATTRS}
+    attrs = {a: ops[0].attrs[a] for a in ATTRS if a in ops[0].attrs}
     attrs["n"] = len(ops)
     fused = Op("FusedAdamUpdate", inputs, outputs, attrs, location=ops[-1].location)
     position = ops[-1].index()

@@ -415,6 +415,16 @@ def _heads(r):
             "MergeHeads": [(merge_heads, {"x": normal(r, 2, 3, 4, 2)}), (merge_heads, {"x": normal(r, 2, 3, 4)})]}
 
 
+def _linear_xent(r):
+    """Chunks of 2 rows over 5 (a short last chunk), with and without a bias, leading axes too."""
+    return [
+        (lambda h, w, b, labels: rg.linear_cross_entropy(h, w, b, labels, chunk_rows=2),
+         {"h": normal(r, 5, 3), "w": normal(r, 3, 4), "b": normal(r, 4), "labels": r.integers(0, 4, 5)}),
+        (lambda h, w, labels: rg.linear_cross_entropy(h, w, None, labels),
+         {"h": normal(r, 2, 3, 3), "w": normal(r, 3, 4), "labels": r.integers(0, 4, (2, 3))}),
+    ]
+
+
 CASES = {
     # elementwise binary (broadcasting)
     "Add": _binary(rg.add),
@@ -468,6 +478,7 @@ CASES = {
     "Softmax": _softmax(rg.softmax),
     "LogSoftmax": _softmax(rg.log_softmax),
     "SoftmaxCrossEntropy": _xent,
+    "LinearCrossEntropy": _linear_xent,
     "OneHot": _one_hot,
     "OneHotLike": _one_hot_like,
     "Dropout": _dropout,

@@ -239,3 +239,62 @@ def test_minimize_outside_the_guard_needs_the_startup_program():
         exe.run(main, feed={"x": np.array([[1.0, 2.0]])})
     # v1 = g = [1, 2]; v2 = 0.5 v1 + g = [1.5, 3]; w = 1 - 0.5 (v1 + v2)
     np.testing.assert_allclose(exe.scope.get("w")[:, 0], [1 - 0.5 * 2.5, 1 - 0.5 * 5.0])
+
+
+# --- AdamW, RMSProp, Adagrad ---------------------------------------------------------------------
+
+@pytest.mark.parametrize("weight_decay", [0.01, 0.3])
+def test_adamw_matches_torch(weight_decay, backend):
+    _compare(rg.optim.AdamW(0.02, weight_decay=weight_decay),
+             lambda p: torch.optim.AdamW(p, lr=0.02, weight_decay=weight_decay), backend, steps=8)
+
+
+def test_adamw_default_decay_is_torchs():
+    assert rg.optim.AdamW(1e-3).weight_decay == torch.optim.AdamW([torch.zeros(1)]).defaults["weight_decay"]
+
+
+def test_adamw_with_clip_norm_matches_torch(backend):
+    _compare(rg.optim.AdamW(0.02, weight_decay=0.1, clip_norm=0.5),
+             lambda p: torch.optim.AdamW(p, lr=0.02, weight_decay=0.1), backend, clip=0.5, loss_scale=20.0)
+
+
+@pytest.mark.parametrize("kwargs", [{}, {"alpha": 0.9, "momentum": 0.5}, {"centered": True},
+                                    {"centered": True, "momentum": 0.3, "weight_decay": 0.05}])
+def test_rmsprop_matches_torch(kwargs, backend):
+    _compare(rg.optim.RMSProp(0.01, **kwargs), lambda p: torch.optim.RMSprop(p, lr=0.01, **kwargs), backend)
+
+
+@pytest.mark.parametrize("kwargs", [{}, {"lr_decay": 0.1, "initial_accumulator_value": 0.2},
+                                    {"weight_decay": 0.05, "eps": 1e-6}])
+def test_adagrad_matches_torch(kwargs, backend):
+    _compare(rg.optim.Adagrad(0.1, **kwargs), lambda p: torch.optim.Adagrad(p, lr=0.1, **kwargs), backend)
+
+
+def test_rmsprop_and_adagrad_with_clip_norm_match_torch(backend):
+    _compare(rg.optim.RMSProp(0.01, clip_norm=0.5), lambda p: torch.optim.RMSprop(p, lr=0.01), backend,
+             clip=0.5, loss_scale=20.0)
+    _compare(rg.optim.Adagrad(0.1, clip_norm=0.5), lambda p: torch.optim.Adagrad(p, lr=0.1), backend,
+             clip=0.5, loss_scale=20.0)
+
+
+@pytest.mark.parametrize("make", [lambda: rg.optim.AdamW(1e-3, weight_decay=-0.1),
+                                  lambda: rg.optim.RMSProp(1e-3, alpha=1.5),
+                                  lambda: rg.optim.RMSProp(1e-3, momentum=-0.1),
+                                  lambda: rg.optim.Adagrad(1e-3, eps=0.0),
+                                  lambda: rg.optim.Adagrad(1e-3, lr_decay=-1.0),
+                                  lambda: rg.optim.Adagrad(-1.0)])
+def test_impossible_optimizer_settings_raise_program_error(make):
+    with pytest.raises(rg.ProgramError):
+        make()
+
+
+def test_state_names_of_the_new_optimizers():
+    for opt, slots in ((rg.optim.AdamW(0.01), ("moment1", "moment2", "step")),
+                       (rg.optim.RMSProp(0.01, momentum=0.5, centered=True),
+                        ("square_avg", "momentum_buf", "grad_avg")),
+                       (rg.optim.Adagrad(0.01), ("sum", "step"))):
+        main, _, _, _ = _build(opt)
+        block = main.global_block()
+        for slot in slots:
+            var = block.vars[f"w1.{slot}"]
+            assert var.persistable and not var.trainable
