@@ -8,5 +8,6 @@ Example::
 from .common import embedding, fc
 from .rnn import gru, lstm, milstm  # noqa: F401
 from .attention import multi_head_attention  # noqa: F401
+from .transformer import transformer_block  # noqa: F401
 
 __all__ = ["embedding", "fc"]
