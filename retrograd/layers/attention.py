@@ -19,6 +19,8 @@ from __future__ import annotations
 import math
 import numbers
 
+import numpy as np
+
 from ..errors import ProgramError, ShapeError
 from ..ir.builder import default_main_program
 from ..ir.location import here
@@ -63,7 +65,8 @@ def multi_head_attention(q: Var, k: Var | None = None, v: Var | None = None, num
     ``1/sqrt(D / num_heads)``), merged and projected by ``w_o``. ``mask``
     broadcasts to ``[N, heads, L, S]``: bool with True = attend (torch's
     ``attn_mask`` uses True = *not* allowed), or float added to the scores;
-    ``causal=True`` hides later keys. Returns ``[N, L, D]``.
+    ``causal=True`` hides later keys. Returns ``[N, L, D]``. Calling it again
+    with the same ``name`` shares the parameters (give each layer its own).
 
     Example::
 
@@ -85,7 +88,8 @@ def multi_head_attention(q: Var, k: Var | None = None, v: Var | None = None, num
         raise _fail(ProgramError, layer, f"num_heads={num_heads} does not divide the width D={width}")
     if mask is not None:
         if not isinstance(mask, Var):
-            mask = constant(mask, dtype="bool" if getattr(mask, "dtype", None) == bool else q.dtype)
+            array = np.asarray(mask)
+            mask = constant(array, dtype="bool" if array.dtype == np.bool_ else q.dtype)
         _check_mask(mask, (q.shape[0], int(num_heads), q.shape[1], k.shape[1]), layer)
     in_bound = math.sqrt(6.0 / (width + 3 * width))
     out_bound = 1.0 / math.sqrt(width)

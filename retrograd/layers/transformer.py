@@ -37,7 +37,9 @@ def transformer_block(x: Var, num_heads: int, ffn_dim: int | None = None, causal
     ``x [N, L, D]`` -> ``[N, L, D]``. ``num_heads`` must divide ``D``;
     ``ffn_dim`` (default ``4 * D``) is the MLP's hidden width; ``causal``
     makes every position attend only to itself and earlier ones (a language
-    model); ``dropout`` applies to the attention's and the MLP's outputs.
+    model); ``dropout`` applies to the attention's and the MLP's outputs. A
+    second block with the same ``name`` shares the first one's parameters:
+    name each block of a stack.
 
     Example::
 

@@ -343,3 +343,18 @@ def test_no_keys_gives_zeros(backend):
         out = rg.scaled_dot_product_attention(*vars_)
     got, = backend.executor().run(main, feed=dict(zip("qkv", (q, k, v))), fetch_list=[out])
     assert got.shape == (2, 3, 4, 5) and not got.any()
+
+
+def test_numpy_masks_become_constants(backend):
+    q, k, v = _qkv()
+    keep = np.random.default_rng(25).random((4, 6)) > 0.3
+    bias = _normal(4, 6, seed=26)
+    main, startup = rg.Program(), rg.Program()
+    with rg.program_guard(main, startup):
+        vars_ = [rg.data(n, a.shape, "float64") for n, a in zip("qkv", (q, k, v))]
+        outs = [rg.scaled_dot_product_attention(*vars_, mask=keep),
+                rg.scaled_dot_product_attention(*vars_, mask=bias.tolist())]
+    got = backend.executor().run(main, feed=dict(zip("qkv", (q, k, v))), fetch_list=outs)
+    tq, tk, tv = (torch.tensor(a) for a in (q, k, v))
+    np.testing.assert_allclose(got[0], _torch_attention(tq, tk, tv, torch.tensor(keep)).numpy(), rtol=1e-10)
+    np.testing.assert_allclose(got[1], _torch_attention(tq, tk, tv, torch.tensor(bias)).numpy(), rtol=1e-10)
