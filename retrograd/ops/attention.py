@@ -181,7 +181,7 @@ def _attention_grad_maker(g):
     dq, dk, dv = (unbroadcast(d, x, *(o for o in (q, k, v) if o is not x)) for d, x in zip(grads, (q, k, v)))
     if mask is None:
         return [dq, dk, dv]
-    return [dq, dk, dv, unbroadcast(grads[3], mask, q, k) if mask_grad else None]
+    return [dq, dk, dv, unbroadcast(grads[3], mask, q, k, v) if mask_grad else None]
 
 
 @defop("ScaledDotProductAttention", inputs=("q", "k", "v", "mask?"), outputs=("out", "lse"),
@@ -415,7 +415,7 @@ def _attention_grad_grad(g):
              for d, x in zip((gq, gk, gv), (q, k, v))]
     gmask = None
     if has_mask and mask.dtype != "bool" and g_scores is not None:
-        gmask = unbroadcast(g_scores, mask, q, k)
+        gmask = unbroadcast(g_scores, mask, q, k, v, dout)
     return grads + ([gmask] if has_mask else []) + [None, None,
                                                     None if gdout is None else unbroadcast(gdout, dout, q, k, v)]
 

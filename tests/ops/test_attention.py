@@ -182,6 +182,8 @@ def test_unknown_dimensions(backend):
     keep = np.random.default_rng(17).random((2, 1, 4, 6)) > 0.3
     declared = {n: [-1] * 4 for n in ("q", "k", "v", "mask")}
     Case(q, k, v, mask=keep, causal=True, declared=declared).check(backend)
+    bias = _normal(2, 1, 4, 1, seed=18)                 # its gradient is summed over heads and keys
+    Case(q, k[:1], v, mask=bias, declared=declared).check(backend)
 
 
 def test_float32(backend):
