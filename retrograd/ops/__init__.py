@@ -18,4 +18,5 @@ from .cond import cond, switch_case  # noqa: F401
 from .do import do  # noqa: F401
 from .while_loop import while_loop  # noqa: F401
 from .attention import scaled_dot_product_attention  # noqa: F401
+from . import heads  # noqa: F401  (SplitHeads, MergeHeads: multi-head attention's layout ops)
 from .linear_cross_entropy import linear_cross_entropy  # noqa: F401

@@ -409,7 +409,7 @@ def _attention_grad(r):
 
 
 def _heads(r):
-    from retrograd.ops.attention import merge_heads, split_heads
+    from retrograd.ops.heads import merge_heads, split_heads
     return {"SplitHeads": [(lambda x: split_heads(x, 2), {"x": normal(r, 2, 3, 4)}),
                            (lambda x: split_heads(x, 3), {"x": normal(r, 4, 3)})],
             "MergeHeads": [(merge_heads, {"x": normal(r, 2, 3, 4, 2)}), (merge_heads, {"x": normal(r, 2, 3, 4)})]}
