@@ -16,7 +16,7 @@ import contextlib
 import numpy as np
 
 from ..errors import BackendError
-from . import keyed_random
+from . import keyed_random, norm_math, windows
 
 
 def dtype_name(dtype) -> str:
@@ -80,9 +80,53 @@ class Backend:
         """``(dq, dk, dv)`` of ``ScaledDotProductAttentionGrad`` from the fused kernel, or None."""
         return None
 
+    # -- sliding windows: the general im2col + GEMM path (windows.py); torch has its own ----------
+    def conv(self, x, w, strides, pads, dilations, groups: int):
+        """``y [N, F, *out]`` of ``x [N, C, *spatial]``, ``w [F, C/groups, *kernel]`` (the ``Conv``
+        kernel); ``pads`` in ONNX's order (every axis' before, then every axis' after)."""
+        return windows.conv(self.xp, x, w, strides, pads, dilations, groups)
+
+    def conv_input_grad(self, dy, w, x_like, strides, pads, dilations, groups: int):
+        """``dx`` shaped like ``x_like`` (read for its shape): the transposed convolution of ``dy``."""
+        return windows.conv_input_grad(self.xp, dy, w, tuple(x_like.shape), strides, pads, dilations, groups)
+
+    def conv_weight_grad(self, x, dy, w_like, strides, pads, dilations, groups: int):
+        """``dw`` shaped like ``w_like`` (read for its shape)."""
+        return windows.conv_weight_grad(self.xp, x, dy, tuple(w_like.shape), strides, pads, dilations, groups)
+
+    def max_pool(self, x, kernel, strides, pads):
+        """``(y, indices)``: window maxima and their flat indices into each ``(n, c)`` plane."""
+        return windows.max_pool(self.xp, x, kernel, strides, pads)
+
+    def max_pool_grad(self, dy, indices, x_like, kernel, strides, pads):
+        """``dy`` added into a zero ``x_like``-shaped array at ``indices`` (repeats accumulate);
+        the window geometry is for backends whose routine checks it."""
+        shape = tuple(x_like.shape)
+        size = 1
+        for d in shape:
+            size *= d
+        ids = windows.plane_ids(self.xp, indices, size // (shape[0] * shape[1]) if size else 1)
+        flat = self.scatter_add_rows((size,), dtype_name(dy.dtype), ids, self.xp.reshape(dy, (-1,)))
+        return self.xp.reshape(flat, shape)
+
+    def max_pool_gather(self, v, indices):
+        """``v`` read at ``indices`` (``max_pool``'s), shaped like ``indices``."""
+        return windows.max_pool_gather(self.xp, v, indices)
+
+    def avg_pool(self, x, kernel, strides, pads):
+        """Window means, zero padding counted in the divisor (``count_include_pad=True``)."""
+        return windows.avg_pool(self.xp, x, kernel, strides, pads)
+
+    def avg_pool_grad(self, dy, x_like, kernel, strides, pads):
+        return windows.avg_pool_grad(self.xp, dy, tuple(x_like.shape), kernel, strides, pads)
+
     def scatter_add_rows(self, shape, dtype: str, ids, rows):
         """zeros(shape) with ``rows[i]`` added into row ``ids[i]`` (repeated ids accumulate)."""
         raise NotImplementedError
+
+    def einsum(self, equation: str, *operands):
+        """``numpy.einsum(equation, *operands)`` with explicit output subscripts (the Einsum kernel)."""
+        raise NotImplementedError(f"backend {self.name!r} has no einsum")
 
     def buffer_of(self, array) -> tuple[int, int]:
         """(identity, bytes) of the memory an array lives in: views share their base's."""
@@ -102,6 +146,37 @@ class Backend:
         """The context the executor runs kernels in (CuPy: our device made current; torch:
         inference mode, as retrograd does its own differentiation)."""
         return contextlib.nullcontext()
+
+    # -- normalization over the last axis (norm_math; torch overrides with its fused routines) --
+    def layer_norm(self, x, weight, bias, eps: float):
+        """``(y, mean, rstd)`` of a layer norm over the last axis (``mean``, ``rstd``: ``[..., 1]``)."""
+        return norm_math.layer_norm(self.xp, x, weight, bias, eps)
+
+    def layer_norm_backward(self, dy, x, mean, rstd, weight, want_weight: bool, want_bias: bool):
+        """``(dx, dweight or None, dbias or None)`` from the forward's ``mean`` and ``rstd``."""
+        return norm_math.layer_norm_backward(self.xp, dy, x, mean, rstd, weight, want_weight, want_bias)
+
+    def rms_norm(self, x, weight, eps: float):
+        """``(y, rstd)`` of an RMS norm over the last axis (``rstd``: ``[..., 1]``)."""
+        return norm_math.rms_norm(self.xp, x, weight, eps)
+
+    def rms_norm_backward(self, dy, x, rstd, weight, want_weight: bool):
+        """``(dx, dweight or None)`` from the forward's ``rstd``."""
+        return norm_math.rms_norm_backward(self.xp, dy, x, rstd, weight, want_weight)
+
+    def channel_stats(self, x):
+        """``(mean, var)`` (biased) per channel of ``x [N, C, ...]``, each ``[C]``."""
+        return norm_math.channel_stats(self.xp, x)
+
+    def batch_norm(self, x, mean, var, weight, bias, eps: float):
+        """``x [N, C, ...]`` normalized per channel with the given ``mean`` and ``var`` ``[C]``."""
+        return norm_math.batch_norm(self.xp, x, mean, var, weight, bias, eps)
+
+    def batch_norm_backward(self, dy, x, mean, var, weight, eps: float, training: bool,
+                            want_weight: bool, want_bias: bool):
+        """``(dx, dweight or None, dbias or None)`` with the statistics the forward used."""
+        return norm_math.batch_norm_backward(self.xp, dy, x, mean, var, weight, eps, training,
+                                             want_weight, want_bias)
 
     # -- keyed random draws (the same numbers on every backend) -------------------------
     def random_uniform(self, key, shape, low: float, high: float, dtype: str):

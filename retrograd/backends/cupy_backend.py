@@ -78,6 +78,10 @@ class CupyBackend(Backend):
             self.cupy.add.at(out, ids, rows.reshape((ids.shape[0],) + tuple(shape[1:])))
         return out
 
+    def einsum(self, equation: str, *operands):
+        with self.cuda_device:
+            return self.cupy.einsum(equation, *operands)
+
     def buffer_of(self, array) -> tuple[int, int]:
         memory = array.data.mem
         if memory is None:                 # an empty array owns no allocation

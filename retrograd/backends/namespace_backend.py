@@ -33,6 +33,9 @@ class NamespaceBackend(Backend):
         host = NumpyBackend().scatter_add_rows(shape, dtype, self.to_numpy(ids), self.to_numpy(rows))
         return self.from_numpy(host)
 
+    def einsum(self, equation: str, *operands):
+        return self.from_numpy(NumpyBackend().einsum(equation, *(self.to_numpy(x) for x in operands)))
+
     def buffer_of(self, array) -> tuple[int, int]:
         # array-api-strict keeps its NumPy array in ``_array``: views share that array's base.
         # (DLPack would give each view its own capsule, hiding what it shares.)

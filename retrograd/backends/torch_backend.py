@@ -5,7 +5,11 @@ Kernels use ``array_api_compat.torch`` (torch itself lacks ``isdtype``,
 functions are bound to that device (``DeviceNamespace``). What the standard
 lacks: scatter-add is ``index_add_``, a buffer is the tensor's untyped storage
 (views share it), transfers are ``torch.from_numpy(...).to(device)`` and
-``.cpu().numpy()``.
+``.cpu().numpy()``. Convolution and pooling run torch's own routines forward
+(``torch.nn.functional.conv*d``, ``max_pool2d``, ``avg_pool2d``) and ATen's
+explicit backward ops for their gradient ops (``convolution_backward``,
+``max_pool2d_with_indices_backward``, ``avg_pool2d_backward``): never torch's
+autograd.
 
 Programs run under ``torch.inference_mode()`` (retrograd computes gradients
 itself), so the tensors a run creates, fetched with ``return_numpy=False`` or
@@ -18,7 +22,9 @@ import numpy as np
 
 from ..errors import BackendError
 from . import torch_attention
+from . import torch_fused_rnn
 from .base import Backend, Namespace, dtype_name
+from .windows import crop, pad_spatial, padded_shape
 
 
 def is_array(array) -> bool:
@@ -27,6 +33,16 @@ def is_array(array) -> bool:
 
 def array_to_numpy(array) -> np.ndarray:
     return array.detach().cpu().numpy()
+
+
+_ONEDNN_LSTM: dict[str, bool] = {}
+
+
+def _has_onednn_lstm(torch) -> bool:
+    """Whether this torch runs oneDNN's LSTM through explicit ops (checked and logged once)."""
+    if "ok" not in _ONEDNN_LSTM:
+        _ONEDNN_LSTM["ok"] = torch_fused_rnn.available(torch)
+    return _ONEDNN_LSTM["ok"]
 
 
 def _import_torch():
@@ -66,6 +82,20 @@ class TorchBackend(Backend):
         xp = Namespace(compat, None if dev.type == "cpu" else dev, matmul=torch.matmul)
         super().__init__(xp, str(dev))
         self.flash_attention = torch_attention.flash_ops(torch)   # None: this torch lacks them
+        self.onednn_lstm = torch_fused_rnn.OneDNNLSTM(torch) if _has_onednn_lstm(torch) else None
+
+    # -- fused kernels (LSTMSequence): None where this backend has none for the arrays given ----
+    def fused_lstm_forward(self, x, w_ih, w_hh, b, h0, c0, forget_bias: float, reverse: bool):
+        fused = self.onednn_lstm
+        if fused is None or not fused.applies(x):
+            return None
+        return fused.forward(x, w_ih, w_hh, b, h0, c0, forget_bias, reverse)
+
+    def fused_lstm_backward(self, x, *rest):
+        fused = self.onednn_lstm
+        if fused is None or not fused.applies(x):
+            return None
+        return fused.backward(x, *rest)
 
     @property
     def has_graphs(self) -> bool:
@@ -102,6 +132,9 @@ class TorchBackend(Backend):
         return torch_attention.attention_grad(self.torch, self.flash_attention, q, k, v, mask, out, lse,
                                               dout, causal, scale)
 
+    def einsum(self, equation: str, *operands):
+        return self.torch.einsum(equation, *operands)
+
     def buffer_of(self, array) -> tuple[int, int]:
         storage = array.untyped_storage()
         return storage.data_ptr(), storage.nbytes()
@@ -125,3 +158,103 @@ class TorchBackend(Backend):
         if self.torch_device.type != "cuda":
             return None
         return int(self.torch.cuda.memory_allocated(self.torch_device))
+
+    # -- normalization: torch's fused kernels (the ones torch.nn.LayerNorm / RMSNorm run) ----------
+    def layer_norm(self, x, weight, bias, eps: float):
+        return self.torch.native_layer_norm(x, [x.shape[-1]], weight, bias, eps)
+
+    def layer_norm_backward(self, dy, x, mean, rstd, weight, want_weight: bool, want_bias: bool):
+        # (callers want a weight's gradient only where there is a weight)
+        bias = dy.new_empty(x.shape[-1:]) if want_bias else None     # read for its presence only
+        return self.torch.ops.aten.native_layer_norm_backward(
+            dy, x, [x.shape[-1]], mean, rstd, weight, bias, [True, want_weight, want_bias])
+
+    def rms_norm(self, x, weight, eps: float):
+        return self.torch.ops.aten._fused_rms_norm(x, [x.shape[-1]], weight, eps)
+    # (rms_norm_backward: the generic one; torch 2.13 has _fused_rms_norm_backward for CUDA only)
+
+    def channel_stats(self, x):
+        var, mean = self.torch.var_mean(x, dim=[0, *range(2, x.ndim)], correction=0)
+        return mean, var
+
+    def batch_norm(self, x, mean, var, weight, bias, eps: float):
+        # evaluation mode with (mean, var) as the running statistics: one fused pass, nothing written
+        return self.torch.native_batch_norm(x, weight, bias, mean, var, False, 0.0, eps)[0]
+
+    def batch_norm_backward(self, dy, x, mean, var, weight, eps: float, training: bool,
+                            want_weight: bool, want_bias: bool):
+        mask = [True, want_weight, want_bias]
+        if training:     # torch reads the batch statistics as (mean, 1 / sqrt(var + eps))
+            return self.torch.ops.aten.native_batch_norm_backward(
+                dy, x, weight, None, None, mean, (var + eps).rsqrt(), True, eps, mask)
+        return self.torch.ops.aten.native_batch_norm_backward(dy, x, weight, mean, var, None, None, False,
+                                                              eps, mask)
+    # -- sliding windows: torch's routines, ATen's explicit backward ops ----------------------------
+    def conv(self, x, w, strides, pads, dilations, groups: int):
+        x, padding = self._symmetric(x, pads)
+        conv_nd = getattr(self.torch.nn.functional, f"conv{x.ndim - 2}d", None)
+        if conv_nd is None:
+            return super().conv(x, w, strides, [0] * 2 * (x.ndim - 2), dilations, groups)
+        return conv_nd(x, w, None, list(strides), padding, list(dilations), groups)
+
+    def conv_input_grad(self, dy, w, x_like, strides, pads, dilations, groups: int):
+        nd, shape = len(strides), tuple(x_like.shape)
+        asymmetric = _asymmetric(pads)
+        padding = [0] * nd if asymmetric else list(pads[:nd])
+        # convolution_backward reads only the input's shape for the input gradient
+        stand_in = self.torch.empty(padded_shape(shape, pads) if asymmetric else shape,
+                                    dtype=dy.dtype, device=dy.device)
+        dx = self.torch.ops.aten.convolution_backward(
+            dy, stand_in, w, None, list(strides), padding, list(dilations), False,
+            [0] * nd, groups, [True, False, False])[0]
+        return crop(dx, pads, shape[2:]) if asymmetric else dx
+
+    def conv_weight_grad(self, x, dy, w_like, strides, pads, dilations, groups: int):
+        x, padding = self._symmetric(x, pads)
+        return self.torch.ops.aten.convolution_backward(
+            dy, x, self._stand_in(w_like), None, list(strides), padding, list(dilations), False,
+            [0] * len(strides), groups, [False, True, False])[1]
+
+    def max_pool(self, x, kernel, strides, pads):
+        if x.ndim != 4 or _asymmetric(pads):
+            return super().max_pool(x, kernel, strides, pads)
+        return self.torch.ops.aten.max_pool2d_with_indices(x, list(kernel), list(strides), list(pads[:2]))
+
+    def max_pool_grad(self, dy, indices, x_like, kernel, strides, pads):
+        if dy.ndim != 4 or _asymmetric(pads):
+            return super().max_pool_grad(dy, indices, x_like, kernel, strides, pads)
+        return self.torch.ops.aten.max_pool2d_with_indices_backward(
+            dy, self._stand_in(x_like), list(kernel), list(strides), list(pads[:2]), [1, 1], False, indices)
+
+    def max_pool_gather(self, v, indices):
+        n, c = indices.shape[:2]
+        picked = self.torch.gather(v.reshape(n, c, -1), 2, indices.reshape(n, c, -1))
+        return picked.reshape(indices.shape)
+
+    def avg_pool(self, x, kernel, strides, pads):
+        if x.ndim != 4 or _asymmetric(pads):
+            return super().avg_pool(x, kernel, strides, pads)
+        return self.torch.nn.functional.avg_pool2d(x, list(kernel), list(strides), list(pads[:2]),
+                                                   ceil_mode=False, count_include_pad=True)
+
+    def avg_pool_grad(self, dy, x_like, kernel, strides, pads):
+        if dy.ndim != 4 or _asymmetric(pads):
+            return super().avg_pool_grad(dy, x_like, kernel, strides, pads)
+        return self.torch.ops.aten.avg_pool2d_backward(dy, self._stand_in(x_like), list(kernel), list(strides),
+                                                       list(pads[:2]), False, True, None)
+
+    def _stand_in(self, like):
+        """An uninitialised dense tensor shaped like ``like``: ATen's backward ops read only the
+        shape of their ``input``/``weight`` there, and ``like`` may be a zero-stride stand-in."""
+        return self.torch.empty(tuple(like.shape), dtype=like.dtype, device=like.device)
+
+    def _symmetric(self, x, pads):
+        """``(x, padding)`` for torch's symmetric ``padding``: asymmetric pads are applied to ``x``."""
+        if not _asymmetric(pads):
+            return x, list(pads[:len(pads) // 2])
+        return pad_spatial(self.xp, x, pads), [0] * (len(pads) // 2)
+
+
+def _asymmetric(pads) -> bool:
+    half = len(pads) // 2
+    return list(pads[:half]) != list(pads[half:])

@@ -24,6 +24,16 @@ OPERATORS: dict[str, Callable[..., "Var"]] = {}
 
 _program_serials = itertools.count()
 
+# ``clone(for_test=True)`` rewrites its copy with the pass that ``retrograd/passes/for_test.py``
+# hands over when imported (the pass needs the op registry; the IR imports no ops).
+_FOR_TEST_PASS: dict[str, Callable[["Program"], None]] = {}
+
+
+def register_for_test_pass(fn: Callable[["Program"], None]) -> Callable[["Program"], None]:
+    """Called once by ``retrograd/passes/for_test.py`` with its ``make_test_program``."""
+    _FOR_TEST_PASS["pass"] = fn
+    return fn
+
 # Blocks inside blocks: passes, the printer and the executor walk nested blocks
 # recursively, so loading and verifying refuse deeper nesting than this.
 MAX_BLOCK_DEPTH = 64
@@ -46,7 +56,7 @@ def as_ints(values, what: str) -> list[int]:
 
 def as_list(values, what: str) -> list:
     """``list(values)``; ProgramError for a non-iterable (or a string) where a list belongs."""
-    if isinstance(values, (str, bytes)) or not hasattr(values, "__iter__"):
+    if isinstance(values, (str, bytes, Var)) or not hasattr(values, "__iter__"):
         raise ProgramError(f"{what} must be a list, got {type(values).__name__} {values!r:.40}")
     return list(values)
 
@@ -126,6 +136,21 @@ class Var:
     def __gt__(self, other): return OPERATORS["greater"](self, other)
     def __ge__(self, other): return OPERATORS["greater_equal"](self, other)
     __hash__ = object.__hash__
+
+    def __getitem__(self, key):
+        """``x[1:, ::2, None, i]``: ints, slices (steps too), None, ``...`` and int64 0-d Vars."""
+        return OPERATORS["getitem"](self, key)
+
+    def __iter__(self):
+        # Without this, __getitem__ would make a Var iterable (x[0], x[1], ... until IndexError),
+        # and a dimension known only at run time would never end it.
+        raise ProgramError(f"Var '{self.name}' cannot be iterated while the program is being built; "
+                           "index it (x[i]) or split it (rg.split)")
+
+    @property
+    def T(self) -> "Var":
+        """The axes reversed (``x.T`` of a matrix is its transpose)."""
+        return OPERATORS["transpose"](self)
 
 
 class Op:
@@ -353,14 +378,29 @@ class Program:
         from .serialize import program_from_json
         return program_from_json(text)
 
-    def clone(self) -> "Program":
+    def clone(self, for_test: bool = False) -> "Program":
         """A deep copy (through the JSON form, so nothing is shared).
 
         The copy remembers where it came from, so the original's Vars can be
         fetched from it and fed to it: ``exe.run(main.clone(), fetch_list=[loss])``.
+
+        With ``for_test=True`` the copy is the program's evaluation form: forward
+        only (no gradient ops, optimizer updates, AllReduce, nor the ops that only
+        feed those); dropout is the identity and batch_norm uses its running
+        statistics without writing them (ops registered ``test_mode=True`` get
+        ``attrs["is_test"] = True``).
+
+        Example::
+
+            test_program = main.clone(for_test=True)
+            acc_v, = exe.run(test_program, feed={"x": xb, "y": yb}, fetch_list=[acc])
         """
         copy = Program.from_json(self.to_json())
         copy.lineage = self.lineage | {self.serial}
+        if for_test:
+            if "pass" not in _FOR_TEST_PASS:
+                raise ProgramError("clone(for_test=True) needs the op registry; import retrograd")
+            _FOR_TEST_PASS["pass"](copy)
         return copy
 
     def owns(self, var: Var) -> bool:

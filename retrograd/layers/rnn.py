@@ -23,6 +23,7 @@ from ..ir.builder import default_main_program
 from ..ir.program import Var
 from ..ops.creation import create_parameter, fill, fill_like
 from ..ops.nn import dropout as dropout_op
+from ..ops.lstm_sequence import lstm_sequence
 from ..ops.math import matmul
 from ..ops.recurrent import recurrent
 from ..ops.reduce import sum as reduce_sum
@@ -86,7 +87,8 @@ def _check_hidden(hidden: int, layer: str) -> int:
 
 def lstm(x: Var, hidden: int, h0=None, c0=None, seq_lengths: Var | None = None, forget_bias: float = 0.0,
          name: str | None = None, recompute=None, reverse: bool = False, bidirectional: bool = False,
-         num_layers: int = 1, bias: bool = True, dropout: float = 0.0) -> tuple[Var, Var, Var, Var]:
+         num_layers: int = 1, bias: bool = True, dropout: float = 0.0,
+         fused: bool = False) -> tuple[Var, Var, Var, Var]:
     """An LSTM over ``x [T, N, D]``; returns ``(h_all [T,N,H], h_last [N,H], c_all, c_last)``.
 
     Parameters ``<name>.w_ih [D, 4H]``, ``<name>.w_hh [H, 4H]``, ``<name>.b [4H]``;
@@ -111,6 +113,14 @@ def lstm(x: Var, hidden: int, h0=None, c0=None, seq_lengths: Var | None = None, 
     one state (or pair) per layer, and the results are the top layer's.
     ``bias=False`` creates no bias.
 
+    ``fused=True`` builds each layer and direction as one ``LSTMSequence`` op
+    (``rg.lstm_sequence``): the backend's fused kernel where it has one (oneDNN on
+    the torch CPU backend, float32: what ``torch.nn.LSTM`` runs), else one general
+    kernel for the whole sequence; it needs ``recompute`` None or ``"steps"`` and
+    no ``seq_lengths`` (otherwise the layer builds the step-by-step recurrence,
+    as with ``fused=False``). A whole-program ``memory_budget`` turns it back into
+    that recurrence. Results agree to rounding.
+
     Example::
 
         x = rg.data("x", [-1, -1, 32])                     # [T, N, D]
@@ -128,9 +138,12 @@ def lstm(x: Var, hidden: int, h0=None, c0=None, seq_lengths: Var | None = None, 
             if bias:
                 shapes[f"b{suffix}"] = [4 * hidden]
             p = _params(prefix, hidden, inp.dtype, shapes)
-            x_proj = seq_linear(inp, p[f"w_ih{suffix}"], p.get(f"b{suffix}"))
             h0 = _state(h0, inp, hidden, "h0", "lstm")    # N from x: under a budget x_proj is made per step
             c0 = _state(c0, inp, hidden, "c0", "lstm")
+            if fused and recompute in (None, "steps") and seq_lengths is None:     # one op
+                return _fused_lstm(inp, p[f"w_ih{suffix}"], p[f"w_hh{suffix}"], p.get(f"b{suffix}"), h0, c0,
+                                   forget_bias, backwards, "all" if recompute is None else "cells")
+            x_proj = seq_linear(inp, p[f"w_ih{suffix}"], p.get(f"b{suffix}"))
 
             def step(x_t, states):
                 h, c = states
@@ -196,6 +209,11 @@ def gru(x: Var, hidden: int, h0=None, seq_lengths: Var | None = None, name: str 
         return _joined(direction("", h0_f, False), direction("_reverse", h0_b, True))
 
     return _stacked(one_layer, x, [h0], _name(name, "gru"), num_layers, dropout, "gru")
+
+
+def _fused_lstm(x, w_ih, w_hh, b, h0, c0, forget_bias: float, backwards: bool, keep: str):
+    """One direction of one layer as one ``LSTMSequence`` op: (h_all, h_last, c_all, c_last)."""
+    return lstm_sequence(x, w_ih, w_hh, b, h0, c0, forget_bias, backwards, keep)
 
 
 def _stacked(one_layer, x: Var, initial: list, name: str, num_layers: int, dropout: float, layer: str):

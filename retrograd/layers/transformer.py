@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import numbers
 
-from .. import layers as layer_builders      # layer_norm lives beside this module in the package
 from .. import ops
 from ..errors import ProgramError
 from ..ir.builder import default_main_program
@@ -23,6 +22,7 @@ from ..ir.location import here
 from ..ir.program import Var
 from .attention import multi_head_attention
 from .common import fc
+from .norm import layer_norm
 
 
 def _fail(layer: str, message: str) -> ProgramError:
@@ -65,8 +65,8 @@ def transformer_block(x: Var, num_heads: int, ffn_dim: int | None = None, causal
     def dropped(h: Var) -> Var:
         return ops.dropout(h, float(dropout)) if dropout else h
 
-    h = layer_builders.layer_norm(x, name=f"{layer}.ln1")
+    h = layer_norm(x, name=f"{layer}.ln1")
     x = x + dropped(multi_head_attention(h, num_heads=int(num_heads), causal=causal, name=f"{layer}.att"))
-    h = layer_builders.layer_norm(x, name=f"{layer}.ln2")
+    h = layer_norm(x, name=f"{layer}.ln2")
     h = fc(ops.gelu(fc(h, int(ffn_dim), name=f"{layer}.fc1")), width, name=f"{layer}.fc2")
     return x + dropped(h)

@@ -28,6 +28,7 @@ from typing import Callable, Mapping
 import numpy as np
 
 from ..autodiff.rewrites import register_backward_rewrite
+from ..passes.expand_fused import expand_fused_ops
 from ..errors import ProgramError
 from ..ir.program import Block, Program, Var
 from ..ops.recurrent_steps import is_budget
@@ -70,6 +71,9 @@ def fit_memory_budget(loss: Var, memory_budget: int, feed_shapes: Mapping | None
     reserve = max(int(reserve), 0)
     budget = total - reserve
     program = loss.block.program
+    # The budget schedules recurrences over time steps: whole-layer vendor ops become the general
+    # RecurrentNetwork they stand for.
+    expand_fused_ops(program)
     store_all = _store_all_peak(loss, feed_shapes, build)
     if store_all is not None and store_all <= budget:
         pairs, _ = build()

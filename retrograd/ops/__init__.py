@@ -20,3 +20,12 @@ from .while_loop import while_loop  # noqa: F401
 from .attention import scaled_dot_product_attention  # noqa: F401
 from . import heads  # noqa: F401  (SplitHeads, MergeHeads: multi-head attention's layout ops)
 from .linear_cross_entropy import linear_cross_entropy  # noqa: F401
+from .norm import layer_norm, rms_norm  # noqa: F401
+from .batch_norm import batch_norm  # noqa: F401
+from .losses import binary_cross_entropy_with_logits, nll_loss  # noqa: F401
+from .lstm_sequence import lstm_sequence  # noqa: F401
+from .indexing import getitem, scatter, update_slice  # noqa: F401
+from .shape_ops import arange, broadcast_to, pad, stack, tile  # noqa: F401
+from .einsum import einsum  # noqa: F401
+from .conv import conv1d, conv2d  # noqa: F401
+from .pool import avg_pool2d, max_pool2d  # noqa: F401

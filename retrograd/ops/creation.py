@@ -76,13 +76,26 @@ def _default_dtype(array: np.ndarray) -> str:
 
 
 def scalar_like(value, other: Var) -> Var:
-    """Python scalar as a constant for an op with ``other``.
+    """A Python or NumPy number, or a NumPy array, as a constant for an op with ``other``.
 
-    Floats follow the other operand's float dtype; ints stay int64 next to
-    integer Vars and follow a float Var's dtype (NumPy's rule for scalars).
+    Such operands are "weakly typed", as Python scalars are in NumPy: floats
+    follow the other operand's float dtype (``x_f32 + np.ones(8)`` is float32);
+    integers stay int64 next to integer Vars and follow a float Var's dtype;
+    bools stay bool. A float array next to an integer Var keeps its own dtype.
     """
     if isinstance(value, Var):
         return value
+    if isinstance(value, np.ndarray):
+        kind = value.dtype.kind
+        if kind not in "biuf":
+            raise ProgramError(f"cannot combine a NumPy array of dtype {value.dtype} with Var '{other.name}'")
+        if kind == "b":
+            dtype = "bool"
+        elif is_float(other.dtype):
+            dtype = other.dtype
+        else:
+            dtype = "int64" if kind in "iu" else canonical(value.dtype)
+        return constant(value, dtype)
     if isinstance(value, (bool, np.bool_)):
         dtype = "bool"
     elif isinstance(value, (int, np.integer)):
@@ -90,7 +103,8 @@ def scalar_like(value, other: Var) -> Var:
     elif isinstance(value, (float, np.floating)):
         dtype = other.dtype if is_float(other.dtype) else "float32"
     else:
-        raise ProgramError(f"cannot combine {type(value).__name__} {value!r} with Var '{other.name}'")
+        raise ProgramError(f"cannot combine {type(value).__name__} {value!r:.60} with Var '{other.name}' "
+                           "(operands are Vars, Python or NumPy numbers, or NumPy arrays)")
     return constant(value, dtype)
 
 

@@ -5,6 +5,8 @@ input's run-time shape by ``SumTo`` (see ``unbroadcast``).
 """
 from __future__ import annotations
 
+import numpy as np
+
 from ..errors import ShapeError
 from ..ir.dtypes import is_float
 from ..ir.program import OPERATORS, Var, as_float
@@ -14,12 +16,18 @@ from .lowering import axes_input, compare, elementwise, lowers
 from .shapes import broadcast_rule, broadcast_shapes, compare_rule, float_same_as_first, same_as_first
 
 
-def _binary(type: str, a, b) -> Var:
+def _operands(a, b, what: str) -> tuple[Var, Var]:
+    """Both operands as Vars: a number or NumPy array beside a Var becomes a constant
+    (``scalar_like``), so ``x + np.ones(8)`` works as ``x + 1.0`` does, reflected forms too."""
     if not isinstance(a, Var) and not isinstance(b, Var):
-        raise ShapeError(f"{type} needs at least one Var operand, got {a!r} and {b!r}")
+        raise ShapeError(f"{what} needs at least one Var operand, got {a!r:.60} and {b!r:.60}")
     a = scalar_like(a, b) if not isinstance(a, Var) else a
     b = scalar_like(b, a) if not isinstance(b, Var) else b
-    return append_op(type, [a, b])[0]
+    return a, b
+
+
+def _binary(type: str, a, b) -> Var:
+    return append_op(type, list(_operands(a, b, type)))[0]
 
 
 # --- Broadcast reduction used by every binary gradient -------------------------
@@ -387,6 +395,8 @@ def _where_onnx(g):
 
 def where(cond: Var, x, y) -> Var:
     """``x`` where ``cond`` holds, else ``y`` (broadcasting). Example: ``rg.where(x > 0, x, 0.0)``."""
+    if not isinstance(cond, Var):
+        cond = constant(np.asarray(cond), "bool")
     if not isinstance(x, Var) and not isinstance(y, Var):
         x = constant(x)                      # both Python scalars: float32 / int64 / bool
         y = scalar_like(y, x)
@@ -575,8 +585,9 @@ def _logical_and(k, x, y):
 lowers("LogicalAnd")(elementwise("And"))
 
 
-def logical_and(x: Var, y: Var) -> Var:
-    return append_op("LogicalAnd", [x, y])[0]
+def logical_and(x, y) -> Var:
+    """Elementwise ``x and y`` of bools (a NumPy bool array or bool may stand for one side)."""
+    return _binary("LogicalAnd", x, y)
 
 
 # --- MatMul -------------------------------------------------------------------------------
@@ -631,13 +642,15 @@ def _swap_last(ndim: int) -> list[int]:
     return list(range(ndim - 2)) + [ndim - 1, ndim - 2]
 
 
-def matmul(x: Var, y: Var, transpose_x: bool = False, transpose_y: bool = False) -> Var:
+def matmul(x, y, transpose_x: bool = False, transpose_y: bool = False) -> Var:
     """Batched matrix product (NumPy ``matmul`` broadcasting over leading axes).
 
     Example::
 
         h = rg.matmul(x, w)                  # x [N, D], w [D, H] -> [N, H]
     """
+    if not isinstance(x, Var) or not isinstance(y, Var):
+        x, y = _operands(x, y, "matmul")
     attrs = {}
     if transpose_x:
         attrs["transpose_x"] = True

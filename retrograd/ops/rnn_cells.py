@@ -129,7 +129,7 @@ def _gate_scale(xp, dtype, hidden: int):
     return vectors
 
 
-def _lstm_activations(xp, gates, forget_bias: float):
+def lstm_activations(xp, gates, forget_bias: float):
     """[sig(i), sig(f + forget_bias), tanh(g), sig(o)] of gates [N, 4H], in one tanh pass."""
     hidden = gates.shape[1] // 4
     scale, offset, _ = _gate_scale(xp, gates.dtype, hidden)
@@ -184,7 +184,7 @@ def _lstm_unit(k, gates, c_prev, h_gates=None):
             raise ExecutionError(f"{k.op.where()}: gates {list(gates.shape)} and h_gates "
                                  f"{list(h_gates.shape)} must have one shape (no broadcasting)")
         gates = gates + h_gates
-    acts = _lstm_activations(k.xp, gates, k.attrs["forget_bias"])
+    acts = lstm_activations(k.xp, gates, k.attrs["forget_bias"])
     c = acts[:, hidden:2 * hidden] * c_prev
     c += acts[:, :hidden] * acts[:, 2 * hidden:3 * hidden]
     h = k.xp.tanh(c)
@@ -284,7 +284,12 @@ def _lstm_unit_grad_grad(g):
        infer=_like_inputs(0, 1), grad=_lstm_unit_grad_grad)
 def _lstm_unit_grad(k, acts, c_prev, c, dh, dc):
     """Both input gradients of LSTMUnit in one kernel, from the stored gate activations."""
-    xp = k.xp
+    return lstm_unit_grad_math(k.xp, acts, c_prev, c, dh, dc)
+
+
+def lstm_unit_grad_math(xp, acts, c_prev, c, dh, dc):
+    """``(dgates, dc_prev)`` of one LSTM step as arrays (LSTMUnitGrad's kernel; LSTMSequence's
+    general backward runs it per step)."""
     hidden = c_prev.shape[1]
     tc = xp.tanh(c)
     o = acts[:, 3 * hidden:]

@@ -8,6 +8,8 @@ exports, so the user's program is never changed.
 
 * ``fuse_optimizer_updates``: the ``AdamUpdate`` ops that share their
   hyper-parameters become one ``FusedAdamUpdate`` (one flat buffer in ONNX).
+* ``expand_fused_ops``: whole-layer ops (``LSTMSequence``) back into the
+  general ops they stand for (run by passes that schedule recurrences).
 
 Example::
 
@@ -20,7 +22,9 @@ from typing import Callable
 
 from ..ir.program import Program
 from ..ir.verify import verify_program
+from .expand_fused import expand_fused_ops  # noqa: F401  (the memory budget's first step)
 from .fuse_updates import fuse_optimizer_updates
+from .for_test import make_test_program  # noqa: F401  (registers clone(for_test=True)'s pass)
 
 PASSES: list[Callable[[Program], int]] = [fuse_optimizer_updates]
 

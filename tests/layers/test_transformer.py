@@ -29,9 +29,9 @@ def _param_shapes(ffn=FFN):
 
 @pytest.fixture
 def gelu_approximate():
-    """"none" with the real ``rg.gelu`` and ``rg.layers.layer_norm``. Until they are merged (other
-    branches build them), a stand-in for each, written here with ops, and the tanh GELU."""
-    return "none" if hasattr(rg, "gelu") and hasattr(rg.layers, "layer_norm") else "tanh"
+    """"none" with the real ``rg.gelu``. Until it is merged (branch ops-math builds it), a stand-in
+    written here with ops: the tanh GELU."""
+    return "none" if hasattr(rg, "gelu") else "tanh"
 
 
 @pytest.fixture(autouse=True)
@@ -42,14 +42,7 @@ def _stand_ins(monkeypatch, gelu_approximate):
     def gelu(x):
         return 0.5 * x * (1.0 + rg.tanh(0.7978845608028654 * (x + 0.044715 * x * x * x)))
 
-    def layer_norm(x, name):
-        w = rg.create_parameter(f"{name}.w", [x.shape[-1]], x.dtype, init="ones")
-        b = rg.create_parameter(f"{name}.b", [x.shape[-1]], x.dtype, init="zeros")
-        centred = x - rg.mean(x, axis=-1, keepdims=True)
-        return centred / rg.sqrt(rg.mean(centred * centred, axis=-1, keepdims=True) + 1e-5) * w + b
-
     monkeypatch.setattr(rg.ops, "gelu", gelu, raising=False)
-    monkeypatch.setattr(rg.layers, "layer_norm", layer_norm, raising=False)
 
 
 class TorchBlock(torch.nn.Module):

@@ -22,9 +22,14 @@ import pytest
 import retrograd as rg
 from retrograd.ops.math import expand_as, sum_to
 from retrograd.ops.nn import one_hot_like
+from retrograd.ops.batch_norm import batch_norm_grad
+from retrograd.ops.norm import layer_norm_grad, rms_norm_grad
+from retrograd.ops.registry import append_op
 from retrograd.ops.rnn_cells import gru_unit_grad, lstm_unit_grad
 from retrograd.ops.tensor import gather_grad, reshape_as, slice_grad, split_like
 from retrograd.testing import check_gradients
+from retrograd.ops.indexing import dynamic_slice, index_grad, key_items
+from retrograd.ops.shape_ops import tile_grad
 
 
 # --- input helpers ----------------------------------------------------------------------------
@@ -316,6 +321,87 @@ def _rnn_cells(r):
     }
 
 
+def _norm_stats(op_type: str, x, **attrs):
+    """The statistics outputs of a LayerNorm / RMSNorm of ``x`` (no weight), built directly."""
+    outs = append_op(op_type, [x], {"eps": 1e-5, "has_weight": False, "has_bias": False, **attrs})
+    return outs[1:]
+
+
+def _layer_norm(r):
+    return [(lambda x, w, b: rg.layer_norm(x, w, b), {"x": normal(r, 3, 5), "w": normal(r, 5), "b": normal(r, 5)}),
+            (lambda x: rg.layer_norm(x * x, eps=0.1), {"x": normal(r, 2, 3, 4)}),
+            (lambda x, w: rg.layer_norm(x, w), {"x": normal(r, 4), "w": normal(r, 4)})]
+
+
+def _layer_norm_grad(r):
+    def fused(dy, x, w):
+        mean, rstd = _norm_stats("LayerNorm", x)
+        return layer_norm_grad(dy, x, mean, rstd, w, 1e-5, want_weight=True, want_bias=True)
+
+    def plain(dy, x):
+        return layer_norm_grad(dy, x, *_norm_stats("LayerNorm", x), None, 1e-5)
+    return [(fused, {"dy": normal(r, 3, 4), "x": normal(r, 3, 4), "w": normal(r, 4)}),
+            (plain, {"dy": normal(r, 2, 2, 3), "x": normal(r, 2, 2, 3)})]
+
+
+def _rms_norm(r):
+    return [(lambda x, w: rg.rms_norm(x, w), {"x": normal(r, 3, 5), "w": normal(r, 5)}),
+            (lambda x: rg.rms_norm(x, eps=0.1), {"x": normal(r, 2, 3, 4)})]
+
+
+def _rms_norm_grad(r):
+    def fused(dy, x, w):
+        [rstd] = _norm_stats("RMSNorm", x)
+        return rms_norm_grad(dy, x, rstd, w, 1e-5, want_weight=True)
+
+    def plain(dy, x):
+        return rms_norm_grad(dy, x, *_norm_stats("RMSNorm", x), None, 1e-5)
+    return [(fused, {"dy": normal(r, 3, 4), "x": normal(r, 3, 4), "w": normal(r, 4)}),
+            (plain, {"dy": normal(r, 2, 2, 3), "x": normal(r, 2, 2, 3)})]
+
+
+def _batch_norm(r):
+    """Training (batch statistics) on [N, C] and [N, C, L], evaluation with running statistics."""
+    mean, var = normal(r, 3), positive(r, 3)
+
+    def running(like):
+        c = like.shape[1]
+        return rg.constant(mean[:c], dtype=like.dtype), rg.constant(var[:c], dtype=like.dtype)
+    return [(lambda x, w, b: rg.batch_norm(x, *running(x), w, b), {"x": normal(r, 4, 3), "w": normal(r, 3),
+                                                                   "b": normal(r, 3)}),
+            (lambda x: rg.batch_norm(x * x, *running(x), eps=0.1), {"x": normal(r, 3, 2, 4)}),
+            (lambda x, w: rg.batch_norm(x, *running(x), w, training=False), {"x": normal(r, 2, 3, 2),
+                                                                            "w": normal(r, 3)})]
+
+
+def _batch_norm_grad(r):
+    """Training: the statistics of x itself (BatchNorm's outputs); evaluation: fixed ones."""
+    def batch_stats(x):
+        c = x.shape[1]
+        running = [rg.constant(np.zeros(c), dtype=x.dtype), rg.constant(np.ones(c), dtype=x.dtype)]
+        attrs = {"eps": 1e-5, "training": True, "has_weight": False, "has_bias": False}
+        return append_op("BatchNorm", [x, *running], attrs)[1:]
+
+    def training(dy, x, w):
+        return batch_norm_grad(dy, x, *batch_stats(x), w, 1e-5, True, want_weight=True, want_bias=True)
+
+    def evaluation(dy, x, w):
+        mean, var = rg.constant(normal(r, 3), dtype=x.dtype), rg.constant(positive(r, 3), dtype=x.dtype)
+        return batch_norm_grad(dy, x, mean, var, w, 1e-5, False, want_weight=True, want_bias=True)
+    return [(training, {"dy": normal(r, 4, 3, 2), "x": normal(r, 4, 3, 2), "w": normal(r, 3)}),
+            (lambda dy, x: batch_norm_grad(dy, x, *batch_stats(x), None, 1e-5, True)[0],
+             {"dy": normal(r, 5, 3), "x": normal(r, 5, 3)}),
+            (evaluation, {"dy": normal(r, 2, 3, 2), "x": normal(r, 2, 3, 2), "w": normal(r, 3)})]
+
+
+def _bce_with_logits(r):
+    return [(rg.binary_cross_entropy_with_logits, {"x": normal(r, 3, 4) * 3.0, "t": r.uniform(0, 1, (3, 4))})]
+
+
+def _nll_loss(r):
+    return [(rg.nll_loss, {"log_probs": normal(r, 4, 3), "labels": np.array([2, 0, 1, 2])})]
+
+
 def _if(r):
     def branchy(x, w):
         return rg.cond(rg.sum(x) > 0.0, lambda: rg.tanh(x * w), lambda: x - w * w)
@@ -425,6 +511,51 @@ def _linear_xent(r):
     ]
 
 
+def _conv(r):
+    return [
+        (lambda x, w: rg.conv2d(x, w), {"x": normal(r, 2, 3, 5, 4), "w": normal(r, 4, 3, 3, 2)}),
+        (lambda x, w, b: rg.conv2d(x, w, b, stride=2, padding=1, dilation=(1, 2)),
+         {"x": normal(r, 1, 2, 6, 7), "w": normal(r, 3, 2, 2, 3), "b": normal(r, 3)}),
+        (lambda x, w: rg.conv2d(x, w, padding=((1, 0), (2, 1)), groups=2),
+         {"x": normal(r, 2, 4, 4, 4), "w": normal(r, 6, 2, 3, 3)}),
+        (lambda x, w, b: rg.conv1d(x, w, b, stride=2, padding=(2, 1), dilation=2),
+         {"x": normal(r, 2, 3, 9), "w": normal(r, 2, 3, 3), "b": normal(r, 2)}),
+    ]
+
+
+def _conv_grad_ops(r):
+    """ConvInputGrad / ConvWeightGrad with strides, pads, dilations and groups (second order)."""
+    from retrograd.ops.conv import conv_input_grad, conv_weight_grad
+    attrs = {"strides": [2, 1], "pads": [1, 0, 0, 2], "dilations": [1, 2], "groups": 2}
+    x, w, dy = normal(r, 2, 4, 5, 5), normal(r, 6, 2, 2, 3), normal(r, 2, 6, 3, 3)
+    return {"ConvInputGrad": [(lambda dy, w, x: conv_input_grad(dy, w, x, attrs), {"dy": dy, "w": w, "x": x})],
+            "ConvWeightGrad": [(lambda x, dy, w: conv_weight_grad(x, dy, w, attrs), {"x": x, "dy": dy, "w": w})]}
+
+
+def _distinct(r, *shape):
+    """Values 0.1 apart at least (no ties inside a pooling window, whatever the step)."""
+    return r.permutation(np.arange(np.prod(shape))).reshape(shape) * 0.1 - 1.0
+
+
+def _max_pool(r):
+    return [(lambda x: rg.max_pool2d(x, 2), {"x": _distinct(r, 2, 3, 4, 6)}),
+            (lambda x: rg.max_pool2d(x, (3, 2), stride=1, padding=(1, 0)), {"x": _distinct(r, 1, 2, 5, 4)})]
+
+
+def _pool_grad_ops(r):
+    from retrograd.ops.pool import avg_pool_grad, max_pool_gather, max_pool_grad
+    attrs = {"kernel": [3, 3], "strides": [2, 1], "pads": [1, 1, 1, 1]}
+    x, dy, ids = normal(r, 2, 2, 5, 4), normal(r, 2, 2, 3, 4), r.integers(0, 20, (2, 2, 3, 4))
+    return {"MaxPoolGrad": [(lambda dy, i, x: max_pool_grad(dy, i, x, attrs), {"dy": dy, "i": ids, "x": x})],
+            "MaxPoolGather": [(lambda v, i: max_pool_gather(v, i, attrs), {"v": x, "i": ids})],
+            "AvgPoolGrad": [(lambda dy, x: avg_pool_grad(dy, x, attrs), {"dy": dy, "x": x})]}
+
+
+def _avg_pool(r):
+    return [(lambda x: rg.avg_pool2d(x, 2), {"x": normal(r, 2, 3, 4, 6)}),
+            (lambda x: rg.avg_pool2d(x, 3, stride=(2, 1), padding=1), {"x": normal(r, 1, 2, 5, 4)})]
+
+
 CASES = {
     # elementwise binary (broadcasting)
     "Add": _binary(rg.add),
@@ -500,7 +631,20 @@ CASES = {
     "ScaledDotProductAttentionGrad": _attention_grad,
     "SplitHeads": lambda r: _heads(r)["SplitHeads"],
     "MergeHeads": lambda r: _heads(r)["MergeHeads"],
+    # convolution and pooling
+    "Conv": _conv,
+    **{op_type: (lambda r, t=op_type: _conv_grad_ops(r)[t]) for op_type in ("ConvInputGrad", "ConvWeightGrad")},
+    "MaxPool": _max_pool,
+    "AvgPool": _avg_pool,
+    **{op_type: (lambda r, t=op_type: _pool_grad_ops(r)[t])
+       for op_type in ("MaxPoolGrad", "MaxPoolGather", "AvgPoolGrad")},
 }
+
+CASES.update({     # normalization and losses (ops/norm.py, ops/losses.py)
+    "LayerNorm": _layer_norm, "LayerNormGrad": _layer_norm_grad, "RMSNorm": _rms_norm,
+    "RMSNormGrad": _rms_norm_grad, "BatchNorm": _batch_norm, "BatchNormGrad": _batch_norm_grad,
+    "BinaryCrossEntropyWithLogits": _bce_with_logits, "NLLLoss": _nll_loss,
+})
 
 # The core set whose gradients are themselves differentiable (issue 3).
 DOUBLE_BACKWARD = ["MatMul", "Add", "Sub", "Mul", "Div", "Neg", "Exp", "Log", "Tanh", "Sigmoid",
@@ -508,6 +652,81 @@ DOUBLE_BACKWARD = ["MatMul", "Add", "Sub", "Mul", "Div", "Neg", "Exp", "Log", "T
                    "Split", "Slice", "Gather", "Where", "Maximum", "Minimum", "Clip", "Softmax",
                    "LogSoftmax", "SoftmaxCrossEntropy", "LSTMUnit", "GRUUnit", "SeqLinear",
                    "If", "Do", "While", "Sin", "Cos", "Mod", "RecurrentNetwork"]
+DOUBLE_BACKWARD += ["LayerNorm", "LayerNormGrad", "RMSNorm", "RMSNormGrad", "BatchNorm", "BatchNormGrad",
+                    "BinaryCrossEntropyWithLogits", "NLLLoss"]
+
+
+# --- indexing, shape ops and einsum (issue 19) ---------------------------------------------------
+
+def _index(r):
+    return [
+        (lambda x: x[1], {"x": normal(r, 3, 4)}),
+        (lambda x: x[:, ::-2, None], {"x": normal(r, 2, 5)}),
+        (lambda x, i: x[..., i], {"x": normal(r, 2, 3, 4), "i": np.array(-2)}),
+        (lambda x: x[-1:0:-1, 1:].T, {"x": normal(r, 4, 3)}),
+    ]
+
+
+def _index_grad(r):
+    def fn(dy, x):
+        items, _ = key_items((slice(None, None, -2), 1), x)
+        return index_grad(dy, x, items, [])
+    return [(fn, {"dy": normal(r, 2), "x": normal(r, 4, 3)})]
+
+
+def _scatter(r):
+    ids = np.array([1, 3, 1, 0])         # row 1 written twice: the last update wins
+    return [
+        (lambda x, ids, u: rg.scatter(x, ids, u), {"x": normal(r, 5, 3), "ids": ids, "u": normal(r, 4, 3)}),
+        (lambda x, ids, u: rg.scatter(x, ids, u, overwrite=False),
+         {"x": normal(r, 5, 3), "ids": ids, "u": normal(r, 4, 3)}),
+        (lambda x, ids, u: rg.scatter(x * x, ids, u * 2.0),
+         {"x": normal(r, 4, 2), "ids": np.array([[0, 2], [2, 2]]), "u": normal(r, 2, 2, 2)}),
+    ]
+
+
+def _update_slice(r):
+    return [
+        (lambda x, u, t: rg.update_slice(x, u, [t, 1]), {"x": normal(r, 4, 5), "u": normal(r, 2, 3), "t": np.array(1)}),
+        (lambda x, u: rg.update_slice(x * x, u, [9, -3]), {"x": normal(r, 3, 4), "u": normal(r, 2, 2)}),  # clamped
+    ]
+
+
+def _dynamic_slice(r):
+    return [(lambda x, like, t: dynamic_slice(x, like, [t, 0]),
+             {"x": normal(r, 4, 3), "like": normal(r, 2, 2), "t": np.array(3)})]
+
+
+def _einsum(r):
+    return [
+        (lambda a, b: rg.einsum("ij,jk->ik", a, b), {"a": normal(r, 2, 3), "b": normal(r, 3, 4)}),
+        (lambda a, b, c: rg.einsum("bij,bjk,k", a, b, c),
+         {"a": normal(r, 2, 2, 3), "b": normal(r, 2, 3, 2), "c": normal(r, 2)}),
+        (lambda m: rg.einsum("ii->i", m), {"m": normal(r, 3, 3)}),
+        (lambda a: rg.einsum("ij->", a * a), {"a": normal(r, 2, 3)}),
+        (lambda a, b: rg.einsum("...j,j->...", a, b), {"a": normal(r, 2, 2, 3), "b": normal(r, 3)}),
+    ]
+
+
+CASES.update({
+    "Index": _index,
+    "IndexGrad": _index_grad,
+    "Scatter": _scatter,
+    "UpdateSlice": _update_slice,
+    "DynamicSlice": _dynamic_slice,
+    "Stack": lambda r: [(lambda a, b: rg.stack([a, b], 1), {"a": normal(r, 2, 3), "b": normal(r, 2, 3)}),
+                        (lambda a: rg.stack([a, a * a, a], -1), {"a": normal(r, 3)})],
+    "BroadcastTo": lambda r: [(lambda x: rg.broadcast_to(x, [2, 3, 4]), {"x": normal(r, 3, 1)}),
+                              (lambda x: rg.broadcast_to(x, [2, -1]), {"x": normal(r, 3)})],
+    "Tile": lambda r: [(lambda x: rg.tile(x, [2, 1, 3]), {"x": normal(r, 2, 3)}),
+                       (lambda x: rg.tile(x, 2), {"x": normal(r, 2, 2)})],
+    "TileGrad": lambda r: [(lambda dy, x: tile_grad(dy, x, [3, 1]), {"dy": normal(r, 6, 4), "x": normal(r, 2, 4)})],
+    "Pad": lambda r: [(lambda x: rg.pad(x, [(1, 0), (2, 1)], 0.5), {"x": normal(r, 2, 3)}),
+                      (lambda x: rg.pad(x * x, 1), {"x": normal(r, 3)})],
+    "Einsum": _einsum,
+})
+DOUBLE_BACKWARD += ["Index", "Scatter", "UpdateSlice", "Stack", "BroadcastTo", "Tile", "Pad", "Einsum"]
+DOUBLE_BACKWARD += ["Conv", "ConvInputGrad", "ConvWeightGrad", "MaxPool", "AvgPool"]
 
 
 def _import_every_module() -> None:

@@ -1,0 +1,102 @@
+"""rg.einsum against torch.einsum (float64): values, gradients and second derivatives, on every
+backend (NumPy, torch-CPU, the onnxruntime engine); NumPy's implicit output; equations that do not
+match their operands are ShapeErrors naming the op and the line."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import retrograd as rg
+
+torch = pytest.importorskip("torch", reason="the reference values come from torch.einsum")
+
+pytestmark = pytest.mark.engine
+
+R = np.random.default_rng(3)
+
+# equation, operand shapes
+EQUATIONS = [
+    ("ij,jk->ik", [(2, 3), (3, 4)]),
+    ("ij,jk", [(2, 3), (3, 4)]),                         # implicit output: "ik"
+    ("bij,bjk->bik", [(2, 2, 3), (2, 3, 4)]),
+    ("ij,jk,kl->il", [(2, 3), (3, 4), (4, 2)]),
+    ("ijk->kji", [(2, 3, 4)]),
+    ("ij,ij->", [(2, 3), (2, 3)]),
+    ("i,j->ij", [(3,), (4,)]),
+    ("ii", [(3, 3)]),                                    # trace (implicit: no letter used once)
+    ("ii->i", [(3, 3)]),                                 # diagonal
+    ("ij->i", [(2, 3)]),                                 # j summed in one operand only
+    ("...j,jk->...k", [(2, 2, 3), (3, 4)]),
+    ("nhld,nhsd->nhls", [(2, 2, 3, 4), (2, 2, 5, 4)]),   # attention scores
+]
+
+
+@pytest.mark.parametrize("equation, shapes", EQUATIONS, ids=[e for e, _ in EQUATIONS])
+def test_einsum_values_and_two_orders_of_gradients_match_torch(backend, equation, shapes):
+    arrays = [R.standard_normal(s) for s in shapes]
+    main, startup = rg.Program(), rg.Program()
+    with rg.program_guard(main, startup):
+        xs = [rg.data(f"x{i}", [-1] + list(s[1:]), "float64", stop_gradient=False) for i, s in enumerate(shapes)]
+        y = rg.einsum(equation, *xs)
+        grads = rg.gradients(rg.sum(rg.sin(y)), xs)
+        second = rg.gradients(rg.add_n([rg.sum(g * g) for g in grads]), xs)
+    got = backend.executor().run(main, feed={f"x{i}": a for i, a in enumerate(arrays)},
+                                 fetch_list=[y, *grads, *second])
+    tensors = [torch.tensor(a, requires_grad=True) for a in arrays]
+    ty = torch.einsum(equation, *tensors)
+    tgrads = torch.autograd.grad(torch.sin(ty).sum(), tensors, create_graph=True)
+    tsecond = torch.autograd.grad(sum((g * g).sum() for g in tgrads), tensors)
+    for i, (ours, want) in enumerate(zip(got, [ty, *tgrads, *tsecond])):
+        assert ours.shape == tuple(want.shape), f"fetch {i}"
+        np.testing.assert_allclose(ours, want.detach().numpy(), rtol=1e-10, atol=1e-12, err_msg=f"fetch {i}")
+
+
+def test_implicit_output_and_ellipsis_give_numpys_shapes():
+    with rg.program_guard(rg.Program(), rg.Program()):
+        a, b = rg.data("a", [2, 3]), rg.data("b", [3, 4])
+        assert rg.einsum("ij,jk", a, b).shape == (2, 4)
+        assert rg.einsum("ba,bc", a, rg.data("c", [2, 5])).shape == (3, 5)       # alphabetical
+        assert rg.einsum("...j,jk", rg.data("d", [-1, 2, 3]), b).shape == (-1, 2, 4)
+        assert rg.einsum("ii", rg.data("m", [3, 3])).shape == ()
+
+
+def test_numpy_arrays_are_constant_operands(backend):
+    w = R.standard_normal((3, 2))
+    main, startup = rg.Program(), rg.Program()
+    with rg.program_guard(main, startup):
+        x = rg.data("x", [-1, 3], "float64")
+        y = rg.einsum("ij,jk->ik", x, w)
+    a = R.standard_normal((4, 3))
+    got, = backend.executor().run(main, feed={"x": a}, fetch_list=[y])
+    np.testing.assert_allclose(got, a @ w, rtol=1e-12)
+
+
+@pytest.mark.parametrize("equation, shapes, match", [
+    ("ij,jk->ik", [[2, 3], [4, 5]], r"letter 'j' has size 3 and 4"),
+    ("ij,jk->ik", [[2, 3]], r"names 2 operands, got 1"),
+    ("ijk,jk", [[2, 3], [3, 4]], r"operand 0 has 2 axes but subscripts 'ijk'"),
+    ("ij->ik", [[2, 3]], r"output 'ik' must name distinct letters of the inputs"),
+    ("ij->ii", [[2, 3]], r"output 'ii' must name distinct letters"),
+    ("i1,1->i", [[2, 3], [3]], r"may hold letters and one '...'"),
+    ("ij->i->j", [[2, 3]], r"more than one '->'"),
+])
+def test_equation_not_matching_its_operands_is_a_shape_error_at_the_users_line(equation, shapes, match):
+    with rg.program_guard(rg.Program(), rg.Program()):
+        xs = [rg.data(f"x{i}", s) for i, s in enumerate(shapes)]
+        with pytest.raises(rg.ShapeError, match=r"test_einsum\.py:\d+: Einsum in block 0: .*" + match):
+            rg.einsum(equation, *xs)
+
+
+def test_operands_of_different_dtypes_are_refused():
+    with rg.program_guard(rg.Program(), rg.Program()):
+        with pytest.raises(rg.ShapeError, match="share one dtype"):
+            rg.einsum("ij,jk", rg.data("a", [2, 3]), rg.data("b", [3, 4], "float64"))
+
+
+def test_integer_einsum_has_no_gradient_but_runs(backend):
+    main, startup = rg.Program(), rg.Program()
+    with rg.program_guard(main, startup):
+        y = rg.einsum("ij,j->i", rg.data("a", [2, 3], "int64"), rg.data("b", [3], "int64"))
+    a, b = np.arange(6).reshape(2, 3), np.array([1, -1, 2])
+    got, = backend.executor().run(main, feed={"a": a, "b": b}, fetch_list=[y])
+    np.testing.assert_array_equal(got, a @ b)
