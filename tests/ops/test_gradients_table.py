@@ -468,39 +468,6 @@ def _reverse_sequence(r):
             (rg.reverse_sequence, {"x": normal(r, 4, 3, 2), "lengths": np.array([4, 0, 2], dtype=np.int64)})]
 
 
-def _attention(r):
-    """Attention with no mask, causal (L > S), a bool mask with a fully masked row, a float mask
-    (differentiated), a custom scale and batch axes that broadcast."""
-    q, k, v = normal(r, 2, 2, 3, 2), normal(r, 2, 2, 4, 2), normal(r, 2, 2, 4, 3)
-    keep = r.random((3, 4)) > 0.3
-    keep[:, 0], keep[2] = True, False
-    sdpa = rg.scaled_dot_product_attention
-    return [
-        (sdpa, {"q": q, "k": k, "v": v}),
-        (lambda q, k, v: sdpa(q, k, v, causal=True), {"q": normal(r, 2, 4, 2), "k": normal(r, 2, 3, 2),
-                                                      "v": normal(r, 2, 3, 2)}),
-        (lambda q, k, v, m: sdpa(q, k, v, m), {"q": q, "k": k, "v": v, "m": keep}),
-        (lambda q, k, v, m: sdpa(q, k, v, m, scale=0.7), {"q": q, "k": k, "v": v, "m": normal(r, 2, 1, 3, 4)}),
-        (lambda q, k, v: sdpa(q, k, v, causal=True), {"q": q, "k": normal(r, 2, 1, 4, 2), "v": normal(r, 4, 3)}),
-    ]
-
-
-def _attention_grad(r):
-    """The gradient op (reached through rg.gradients with a fed output gradient), differentiated."""
-    def first(q, k, v, m, dout):
-        out = rg.scaled_dot_product_attention(q, k, v, m, causal=True)
-        return rg.gradients(out, [q, k, v, m], target_gradients=[dout])
-    return [(first, {"q": normal(r, 2, 3, 2), "k": normal(r, 2, 4, 2), "v": normal(r, 2, 4, 3),
-                     "m": normal(r, 3, 4), "dout": normal(r, 2, 3, 3)})]
-
-
-def _heads(r):
-    from retrograd.ops.heads import merge_heads, split_heads
-    return {"SplitHeads": [(lambda x: split_heads(x, 2), {"x": normal(r, 2, 3, 4)}),
-                           (lambda x: split_heads(x, 3), {"x": normal(r, 4, 3)})],
-            "MergeHeads": [(merge_heads, {"x": normal(r, 2, 3, 4, 2)}), (merge_heads, {"x": normal(r, 2, 3, 4)})]}
-
-
 def _linear_xent(r):
     """Chunks of 2 rows over 5 (a short last chunk), with and without a bias, leading axes too."""
     return [
@@ -554,6 +521,53 @@ def _pool_grad_ops(r):
 def _avg_pool(r):
     return [(lambda x: rg.avg_pool2d(x, 2), {"x": normal(r, 2, 3, 4, 6)}),
             (lambda x: rg.avg_pool2d(x, 3, stride=(2, 1), padding=1), {"x": normal(r, 1, 2, 5, 4)})]
+
+
+def _lstm_sequence(r):
+    """A whole LSTM layer as one op, both directions, with and without a bias."""
+    n, d, h = 2, 3, 2
+    base = {"x": normal(r, 3, n, d), "w_ih": normal(r, d, 4 * h) * 0.5, "w_hh": normal(r, h, 4 * h) * 0.5,
+            "h0": normal(r, n, h), "c0": normal(r, n, h)}
+    return [
+        (lambda x, w_ih, w_hh, b, h0, c0: list(rg.lstm_sequence(x, w_ih, w_hh, b, h0, c0, 0.5)),
+         {"x": base["x"], "w_ih": base["w_ih"], "w_hh": base["w_hh"], "b": normal(r, 4 * h),
+          "h0": base["h0"], "c0": base["c0"]}),
+        (lambda x, w_ih, w_hh, h0, c0: list(rg.lstm_sequence(x, w_ih, w_hh, None, h0, c0, reverse=True,
+                                                             keep="cells")), base),
+    ]
+
+
+def _attention(r):
+    """Attention with no mask, causal (L > S), a bool mask with a fully masked row, a float mask
+    (differentiated), a custom scale and batch axes that broadcast."""
+    q, k, v = normal(r, 2, 2, 3, 2), normal(r, 2, 2, 4, 2), normal(r, 2, 2, 4, 3)
+    keep = r.random((3, 4)) > 0.3
+    keep[:, 0], keep[2] = True, False
+    sdpa = rg.scaled_dot_product_attention
+    return [
+        (sdpa, {"q": q, "k": k, "v": v}),
+        (lambda q, k, v: sdpa(q, k, v, causal=True), {"q": normal(r, 2, 4, 2), "k": normal(r, 2, 3, 2),
+                                                      "v": normal(r, 2, 3, 2)}),
+        (lambda q, k, v, m: sdpa(q, k, v, m), {"q": q, "k": k, "v": v, "m": keep}),
+        (lambda q, k, v, m: sdpa(q, k, v, m, scale=0.7), {"q": q, "k": k, "v": v, "m": normal(r, 2, 1, 3, 4)}),
+        (lambda q, k, v: sdpa(q, k, v, causal=True), {"q": q, "k": normal(r, 2, 1, 4, 2), "v": normal(r, 4, 3)}),
+    ]
+
+
+def _attention_grad(r):
+    """The gradient op (reached through rg.gradients with a fed output gradient), differentiated."""
+    def first(q, k, v, m, dout):
+        out = rg.scaled_dot_product_attention(q, k, v, m, causal=True)
+        return rg.gradients(out, [q, k, v, m], target_gradients=[dout])
+    return [(first, {"q": normal(r, 2, 3, 2), "k": normal(r, 2, 4, 2), "v": normal(r, 2, 4, 3),
+                     "m": normal(r, 3, 4), "dout": normal(r, 2, 3, 3)})]
+
+
+def _heads(r):
+    from retrograd.ops.heads import merge_heads, split_heads
+    return {"SplitHeads": [(lambda x: split_heads(x, 2), {"x": normal(r, 2, 3, 4)}),
+                           (lambda x: split_heads(x, 3), {"x": normal(r, 4, 3)})],
+            "MergeHeads": [(merge_heads, {"x": normal(r, 2, 3, 4, 2)}), (merge_heads, {"x": normal(r, 2, 3, 4)})]}
 
 
 CASES = {
@@ -610,6 +624,7 @@ CASES = {
     "LogSoftmax": _softmax(rg.log_softmax),
     "SoftmaxCrossEntropy": _xent,
     "LinearCrossEntropy": _linear_xent,
+    "LSTMSequence": _lstm_sequence,
     "OneHot": _one_hot,
     "OneHotLike": _one_hot_like,
     "Dropout": _dropout,
@@ -626,11 +641,6 @@ CASES = {
     "ReverseSequence": _reverse_sequence,
     # collectives (data parallelism)
     "AllReduce": _all_reduce,
-    # attention
-    "ScaledDotProductAttention": _attention,
-    "ScaledDotProductAttentionGrad": _attention_grad,
-    "SplitHeads": lambda r: _heads(r)["SplitHeads"],
-    "MergeHeads": lambda r: _heads(r)["MergeHeads"],
     # convolution and pooling
     "Conv": _conv,
     **{op_type: (lambda r, t=op_type: _conv_grad_ops(r)[t]) for op_type in ("ConvInputGrad", "ConvWeightGrad")},
@@ -638,6 +648,11 @@ CASES = {
     "AvgPool": _avg_pool,
     **{op_type: (lambda r, t=op_type: _pool_grad_ops(r)[t])
        for op_type in ("MaxPoolGrad", "MaxPoolGather", "AvgPoolGrad")},
+    # attention
+    "ScaledDotProductAttention": _attention,
+    "ScaledDotProductAttentionGrad": _attention_grad,
+    "SplitHeads": lambda r: _heads(r)["SplitHeads"],
+    "MergeHeads": lambda r: _heads(r)["MergeHeads"],
 }
 
 CASES.update({     # normalization and losses (ops/norm.py, ops/losses.py)
