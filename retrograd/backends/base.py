@@ -12,11 +12,12 @@ numbers for the same key.
 from __future__ import annotations
 
 import contextlib
+import math
 
 import numpy as np
 
 from ..errors import BackendError
-from . import keyed_random
+from . import keyed_random, special
 
 
 def dtype_name(dtype) -> str:
@@ -94,6 +95,30 @@ class Backend:
         inference mode, as retrograd does its own differentiation)."""
         return contextlib.nullcontext()
 
+    # -- elementwise special functions (a backend overrides them with its library's own) ---------
+    def erf(self, x):
+        """The error function, elementwise (``special.erf``: Array API operations only)."""
+        return special.erf(self.xp, x)
+
+    def gelu(self, x, approximate: str = "none"):
+        """torch.nn.functional.gelu: ``x * Phi(x)``, or its tanh approximation."""
+        if approximate == "tanh":
+            inner = math.sqrt(2.0 / math.pi) * (x + 0.044715 * (x * x * x))
+            return 0.5 * x * (1.0 + self.xp.tanh(inner))
+        return 0.5 * x * (1.0 + self.erf(x * math.sqrt(0.5)))
+
+    def take_along_axis(self, x, indices, axis: int):
+        """``numpy.take_along_axis``: ``out[..., i, ...] = x[..., indices[..., i, ...], ...]``."""
+        return self.xp.take_along_axis(x, indices, axis=axis)
+
+    def put_along_axis(self, shape, indices, values, axis: int):
+        """Zeros of ``shape`` (``values``' dtype) with ``values`` written at ``indices`` along
+        ``axis`` (``numpy.put_along_axis``; indices distinct within each slice). This default
+        goes through the host; the libraries' modules do it on the device."""
+        out = np.zeros(tuple(shape), dtype=dtype_name(values.dtype))
+        np.put_along_axis(out, self.to_numpy(indices), self.to_numpy(values), axis)
+        return self.from_numpy(out)
+
     # -- keyed random draws (the same numbers on every backend) -------------------------
     def random_uniform(self, key, shape, low: float, high: float, dtype: str):
         return keyed_random.uniform(self.xp, key, tuple(shape), low, high, self.dtype_of(dtype))
@@ -104,6 +129,15 @@ class Backend:
     def random_keep_mask(self, key, shape, keep_prob: float):
         """Bernoulli(keep_prob) as a bool array; the same key gives the same mask everywhere."""
         return keyed_random.keep_mask(self.xp, key, tuple(shape), keep_prob)
+
+    def random_integers(self, key, shape, low: int, high: int):
+        """int64 values uniform in [low, high)."""
+        return keyed_random.integers(self.xp, key, tuple(shape), low, high)
+
+    def random_categorical(self, key, logits):
+        """int64 [N]: one category per row of float ``logits`` [N, C], drawn with probabilities
+        softmax(logits)."""
+        return keyed_random.categorical(self.xp, key, logits)
 
 
 class Namespace:

@@ -93,6 +93,19 @@ class TorchBackend(Backend):
         rows = rows.reshape((ids.shape[0],) + tuple(shape[1:]))
         return out.index_add_(0, ids, rows)
 
+    def erf(self, x):
+        return self.torch.special.erf(x)
+
+    def gelu(self, x, approximate: str = "none"):
+        return self.torch.nn.functional.gelu(x, approximate=approximate)
+
+    def take_along_axis(self, x, indices, axis: int):
+        return self.torch.take_along_dim(x, indices, dim=axis)
+
+    def put_along_axis(self, shape, indices, values, axis: int):
+        out = self.torch.zeros(tuple(shape), dtype=values.dtype, device=values.device)
+        return out.scatter_(axis, indices, values)
+
     def buffer_of(self, array) -> tuple[int, int]:
         storage = array.untyped_storage()
         return storage.data_ptr(), storage.nbytes()

@@ -17,3 +17,6 @@ from .sequence import reverse_sequence  # noqa: F401
 from .cond import cond, switch_case  # noqa: F401
 from .do import do  # noqa: F401
 from .while_loop import while_loop  # noqa: F401
+from .special import erf, expm1, log1p, rsqrt  # noqa: F401
+from .logic import logical_or, not_equal  # noqa: F401
+from .activation import elu, gelu, leaky_relu, silu, softplus  # noqa: F401
