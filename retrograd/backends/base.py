@@ -107,6 +107,10 @@ class Backend:
             return 0.5 * x * (1.0 + self.xp.tanh(inner))
         return 0.5 * x * (1.0 + self.erf(x * math.sqrt(0.5)))
 
+    def sort_descending(self, x, axis: int):
+        """int64 indices sorting ``x`` along ``axis`` largest first, equal values in index order."""
+        return self.xp.astype(self.xp.argsort(x, axis=axis, descending=True, stable=True), self.xp.int64)
+
     def take_along_axis(self, x, indices, axis: int):
         """``numpy.take_along_axis``: ``out[..., i, ...] = x[..., indices[..., i, ...], ...]``."""
         return self.xp.take_along_axis(x, indices, axis=axis)

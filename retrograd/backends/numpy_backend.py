@@ -69,6 +69,12 @@ class NumpyBackend(Backend):
             return super().erf(x)
         return erf(x)
 
+    def sort_descending(self, x, axis: int):
+        # NumPy's argsort has no descending order: a stable ascending sort of the reversed
+        # axis, read backwards, orders equal values by index (any dtype; no negation).
+        ascending = np.argsort(np.flip(x, axis), axis=axis, kind="stable")
+        return (x.shape[axis] - 1 - np.flip(ascending, axis)).astype(np.int64)
+
     def put_along_axis(self, shape, indices, values, axis: int):
         out = np.zeros(tuple(shape), dtype=values.dtype)
         np.put_along_axis(out, indices, values, axis)

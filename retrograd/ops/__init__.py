@@ -20,3 +20,4 @@ from .while_loop import while_loop  # noqa: F401
 from .special import erf, expm1, log1p, rsqrt  # noqa: F401
 from .logic import logical_or, not_equal  # noqa: F401
 from .activation import elu, gelu, leaky_relu, silu, softplus  # noqa: F401
+from .extrema import argmax, argmin, max, min, topk  # noqa: F401

@@ -94,3 +94,9 @@ def sum(x: Var, axis=None, keepdims: bool = False) -> Var:
 def mean(x: Var, axis=None, keepdims: bool = False) -> Var:
     """Mean over ``axis`` (None: all axes). Example: ``loss = rg.mean(err * err)``."""
     return append_op("Mean", [x], {"axis": _axis_attr(axis), "keepdims": bool(keepdims)})[0]
+
+
+# Shared with the other reductions (extrema.py).
+reduce_rule = _reduce_rule
+reduce_onnx = _reduce_onnx
+axis_attr = _axis_attr
