@@ -21,3 +21,5 @@ from .special import erf, expm1, log1p, rsqrt  # noqa: F401
 from .logic import logical_or, not_equal  # noqa: F401
 from .activation import elu, gelu, leaky_relu, silu, softplus  # noqa: F401
 from .extrema import argmax, argmin, max, min, topk  # noqa: F401
+from .reduce import logsumexp, prod  # noqa: F401
+from .cumulative import cumprod, cumsum  # noqa: F401
