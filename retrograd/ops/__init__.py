@@ -23,3 +23,4 @@ from .activation import elu, gelu, leaky_relu, silu, softplus  # noqa: F401
 from .extrema import argmax, argmin, max, min, topk  # noqa: F401
 from .reduce import logsumexp, prod  # noqa: F401
 from .cumulative import cumprod, cumsum  # noqa: F401
+from .random_ops import categorical, rand, rand_like, randint, randn, randn_like  # noqa: F401
