@@ -198,7 +198,8 @@ def _prod_onnx(g):
 
 def prod(x: Var, axis=None, keepdims: bool = False) -> Var:
     """Product over ``axis`` (None: all axes). Its gradient is exact with zeros in ``x`` (the
-    product of the other elements, never a division by a zero).
+    product of the other elements, never a division by a zero); so is its second derivative,
+    except in a slice holding two or more zeros (there the second derivative is taken as 0).
 
     Example::
 
