@@ -83,24 +83,30 @@ def _cumprod(k, x):
 
 @lowers("CumProd")
 def _cumprod_onnx(g):
-    """A Scan over the axis carrying the running product (ONNX has no CumProd)."""
+    """A Scan over the axis carrying the running product (ONNX has no CumProd), behind an If
+    for an empty axis (onnxruntime's Scan cannot run zero iterations)."""
     x, var = g.ins[0], g.in_vars[0]
     dtype = "int64" if var.dtype == "bool" else var.dtype
     if var.dtype == "bool":
         x = g.cast(x, "int64")
     axis = g.attrs["axis"] % var.ndim
-    rest = [g.node("Shape", [x], start=0, end=axis), g.node("Shape", [x], start=axis + 1)]
-    ones = g.fill(g.node("Concat", rest, axis=0), 1, dtype)
-    body = g.child()
+    scan = g.child()
+    rest = [scan.node("Shape", [x], start=0, end=axis), scan.node("Shape", [x], start=axis + 1)]
+    ones = scan.fill(scan.node("Concat", rest, axis=0), 1, dtype)
+    body = scan.child()
     carry = body.input("carry", dtype)
     item = body.input("item", dtype)
     running = body.node("Mul", [carry, item])
     direction = [int(g.attrs["reverse"])]
-    _, out = g.nodes("Scan", [ones, x], 2, num_scan_inputs=1, scan_input_axes=[axis],
-                     scan_output_axes=[axis], scan_input_directions=direction,
-                     scan_output_directions=direction,
-                     body=body.finish(f"{g.op.outputs[0]}.step", [(running, dtype, None), (running, dtype, None)]))
-    return [out]
+    _, out = scan.nodes("Scan", [ones, x], 2, num_scan_inputs=1, scan_input_axes=[axis],
+                        scan_output_axes=[axis], scan_input_directions=direction,
+                        scan_output_directions=direction,
+                        body=body.finish(f"{g.op.outputs[0]}.step", [(running, dtype, None), (running, dtype, None)]))
+    empty = g.child()
+    copy = empty.node("Identity", [x])
+    is_empty = g.node("Equal", [g.scalar_dim(x, axis), g.const(0, "int64")])
+    return [g.node("If", [is_empty], then_branch=empty.finish(f"{g.op.outputs[0]}.empty", [(copy, dtype, None)]),
+                   else_branch=scan.finish(f"{g.op.outputs[0]}.scan", [(out, dtype, None)]))]
 
 
 def cumprod(x: Var, axis: int, reverse: bool = False) -> Var:
