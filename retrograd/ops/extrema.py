@@ -130,7 +130,7 @@ def _inverse(perm) -> list[int]:
     return out
 
 
-@defop("FirstExtremeMask", infer=_mask_rule)
+@defop("FirstExtremeMask", infer=_mask_rule, nondiff=(0,))
 def _first_extreme_mask(k, x):
     """1 at the first maximal (``mode`` "Max") or minimal element over ``axes`` in row-major
     order, 0 elsewhere, in ``x``'s dtype and shape."""

@@ -80,7 +80,7 @@ def _like_rule(ins, attrs):
     return [(ins[0].shape, attrs["dtype"])]
 
 
-@defop("UniformRandomLike", inputs=("like",), infer=_like_rule, random=True, shape_only=(0,))
+@defop("UniformRandomLike", inputs=("like",), infer=_like_rule, random=True, shape_only=(0,), nondiff=(0,))
 def _uniform_like(k, like):
     """Uniform(low, high) values shaped like ``like`` at run time (the key of ``rand``)."""
     a = k.attrs
@@ -92,7 +92,7 @@ def _uniform_like_onnx(g):
     return [uniform_onnx(g, g.shape(g.ins[0]), per_run=True)]
 
 
-@defop("GaussianRandomLike", inputs=("like",), infer=_like_rule, random=True, shape_only=(0,))
+@defop("GaussianRandomLike", inputs=("like",), infer=_like_rule, random=True, shape_only=(0,), nondiff=(0,))
 def _gaussian_like(k, like):
     """Normal(mean, std) values shaped like ``like`` at run time (the key of ``randn``)."""
     a = k.attrs
