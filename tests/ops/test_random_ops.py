@@ -160,3 +160,24 @@ def test_bad_arguments_are_refused_when_built():
             rg.categorical(rg.data("l", [-1], "float32"))
         with pytest.raises(rg.ShapeError, match="float32 or float64"):
             rg.categorical(rg.data("i", [2, 3], "int64"))
+
+
+def test_the_backward_recomputes_the_forwards_draws(backend):
+    """Loop bodies and recurrent steps are replayed in the backward: their draws must repeat
+    (else the gradients would not match finite differences)."""
+    from retrograd.ops.recurrent import recurrent
+
+    def looped(x, w):
+        def body(i, y):
+            return i + 1, rg.tanh(y @ w) * (1.0 + rg.randn_like(y)) + rg.rand([3], dtype="float64")
+        return rg.while_loop(lambda i, y: i < 3, body, [rg.constant(0), x])[1]
+
+    def stepped(x, h0, w):
+        step = lambda xs, hs: [rg.tanh(xs[0] @ w + hs[0]) * rg.rand_like(hs[0])]     # noqa: E731
+        (h_all,), _ = recurrent(step, [x], [h0], recompute="steps")
+        return h_all
+    r = np.random.default_rng(0)
+    rg.testing.check_gradients(looped, {"x": r.standard_normal((2, 3)), "w": r.standard_normal((3, 3)) * 0.5},
+                               **backend.kwargs)
+    rg.testing.check_gradients(stepped, {"x": r.standard_normal((4, 2, 3)), "h0": r.standard_normal((2, 3)),
+                                         "w": r.standard_normal((3, 3))}, **backend.kwargs)
