@@ -107,6 +107,37 @@ class Backend:
             return 0.5 * x * (1.0 + self.xp.tanh(inner))
         return 0.5 * x * (1.0 + self.erf(x * math.sqrt(0.5)))
 
+    def silu(self, x):
+        """``x * sigmoid(x)``, the sigmoid from ``exp(-|x|)`` (no overflow)."""
+        xp = self.xp
+        z = xp.exp(-xp.abs(x))
+        return x * xp.where(x >= 0, 1.0 / (1.0 + z), z / (1.0 + z))
+
+    def softplus(self, x, threshold: float):
+        """torch's softplus (beta 1): ``x`` above ``threshold``, else ``log1p(exp(x))``."""
+        xp = self.xp
+        return xp.where(x > threshold, x, xp.log1p(xp.exp(xp.minimum(x, xp.full_like(x, threshold)))))
+
+    def elu(self, x, alpha: float):
+        xp = self.xp
+        return xp.where(x > 0, x, alpha * xp.expm1(xp.minimum(x, xp.zeros_like(x))))
+
+    def leaky_relu(self, x, negative_slope: float):
+        return self.xp.where(x > 0, x, x * negative_slope)
+
+    def logsumexp(self, x, axes: tuple, keepdims: bool):
+        """``log(sum(exp(x)))`` over ``axes`` (a non-empty tuple), shifted by the maximum; -inf
+        over an empty axis, as torch.logsumexp."""
+        xp = self.xp
+        kept = tuple(1 if i in axes else d for i, d in enumerate(x.shape))
+        if any(x.shape[a] == 0 for a in axes):
+            out = xp.full(kept, -math.inf, dtype=x.dtype)
+        else:
+            top = xp.max(x, axis=axes, keepdims=True)
+            top = xp.where(xp.isfinite(top), top, xp.zeros_like(top))   # all -inf (or an inf): no shift
+            out = xp.log(xp.sum(xp.exp(x - top), axis=axes, keepdims=True)) + top
+        return out if keepdims else xp.reshape(out, tuple(d for i, d in enumerate(x.shape) if i not in axes))
+
     def sort_descending(self, x, axis: int):
         """int64 indices sorting ``x`` along ``axis`` largest first, equal values in index order."""
         return self.xp.astype(self.xp.argsort(x, axis=axis, descending=True, stable=True), self.xp.int64)

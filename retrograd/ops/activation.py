@@ -1,6 +1,7 @@
 """Activations: ``gelu``, ``silu``, ``leaky_relu``, ``elu``, ``softplus`` (PyTorch's definitions).
 
-Each gradient is written with rg ops (so second derivatives work); the ONNX
+Kernels are backend methods (``backends/base.py``: Array API formulas; torch's own
+``torch.nn.functional`` routines on the torch backend). Each gradient is written with rg ops (so second derivatives work); the ONNX
 lowerings use basic nodes that onnxruntime runs in float32 and float64 alike
 (its ``Gelu``, ``Elu``, ``LeakyRelu`` and ``Softplus`` kernels are float32-only).
 """
@@ -77,9 +78,7 @@ def _silu_grad(g):
 
 @defop("Silu", infer=float_same_as_first, grad=_silu_grad)
 def _silu(k, x):
-    xp = k.xp
-    z = xp.exp(-xp.abs(x))           # sigmoid without overflow, as the Sigmoid kernel
-    return x * xp.where(x >= 0, 1.0 / (1.0 + z), z / (1.0 + z))
+    return k.backend.silu(x)
 
 
 @lowers("Silu")
@@ -104,7 +103,7 @@ def silu(x: Var) -> Var:
 @defop("LeakyRelu", infer=float_same_as_first,
        grad=lambda g: [where(g.x[0] > 0.0, g.dy, g.dy * g.attrs["negative_slope"])])
 def _leaky_relu(k, x):
-    return k.xp.where(x > 0, x, x * k.attrs["negative_slope"])
+    return k.backend.leaky_relu(x, k.attrs["negative_slope"])
 
 
 @lowers("LeakyRelu")
@@ -133,8 +132,7 @@ def _elu_grad(g):
 
 @defop("Elu", infer=float_same_as_first, grad=_elu_grad)
 def _elu(k, x):
-    xp = k.xp
-    return xp.where(x > 0, x, k.attrs["alpha"] * xp.expm1(xp.minimum(x, xp.zeros_like(x))))
+    return k.backend.elu(x, k.attrs["alpha"])
 
 
 @lowers("Elu")
@@ -160,9 +158,7 @@ def elu(x: Var, alpha: float = 1.0) -> Var:
 @defop("Softplus", infer=float_same_as_first,
        grad=lambda g: [where(g.x[0] > SOFTPLUS_THRESHOLD, g.dy, g.dy * sigmoid(g.x[0]))])
 def _softplus(k, x):
-    xp = k.xp
-    capped = xp.minimum(x, xp.full_like(x, SOFTPLUS_THRESHOLD))
-    return xp.where(x > SOFTPLUS_THRESHOLD, x, xp.log1p(xp.exp(capped)))
+    return k.backend.softplus(x, SOFTPLUS_THRESHOLD)
 
 
 @lowers("Softplus")

@@ -122,17 +122,10 @@ def _logsumexp_grad(g):
 def _logsumexp(k, x):
     """``log(sum(exp(x)))`` over ``axis``, shifted by the maximum (no overflow); -inf over an
     empty axis, as torch.logsumexp."""
-    xp, axes, keepdims = k.xp, normalize_axes(k.attrs["axis"], x.ndim), k.attrs["keepdims"]
+    axes = normalize_axes(k.attrs["axis"], x.ndim)
     if not axes:
-        return xp.asarray(x, copy=True)
-    kept = tuple(1 if i in axes else d for i, d in enumerate(x.shape))
-    if any(x.shape[a] == 0 for a in axes):
-        out = xp.full(kept, -float("inf"), dtype=x.dtype)
-    else:
-        top = xp.max(x, axis=axes, keepdims=True)
-        top = xp.where(xp.isfinite(top), top, xp.zeros_like(top))   # all -inf (or an inf): no shift
-        out = xp.log(xp.sum(xp.exp(x - top), axis=axes, keepdims=True)) + top
-    return out if keepdims else xp.reshape(out, tuple(d for i, d in enumerate(x.shape) if i not in axes))
+        return k.xp.asarray(x, copy=True)
+    return k.backend.logsumexp(x, axes, k.attrs["keepdims"])
 
 
 @lowers("LogSumExp")
