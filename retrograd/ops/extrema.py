@@ -298,12 +298,23 @@ def _put_along_axis_onnx(g):
 
 
 def take_along_axis(x: Var, indices: Var, axis: int) -> Var:
-    """``numpy.take_along_axis(x, indices, axis)`` (int64 ``indices`` of x's rank)."""
+    """``numpy.take_along_axis(x, indices, axis)`` (int64 ``indices`` of x's rank).
+
+    Example::
+
+        picked = take_along_axis(x, ids, 1)        # x [N, C], ids int64 [N, k] -> [N, k]
+    """
     return append_op("TakeAlongAxis", [x, indices], {"axis": int(axis)})[0]
 
 
 def put_along_axis(values: Var, indices: Var, like: Var, axis: int) -> Var:
-    """Zeros of ``like``'s run-time shape with ``values`` at ``indices`` along ``axis``."""
+    """Zeros of ``like``'s run-time shape with ``values`` at ``indices`` along ``axis``
+    (indices distinct within each slice: topk's gradient).
+
+    Example::
+
+        dx = put_along_axis(dvalues, ids, x, 1)    # [N, k] into zeros [N, C]
+    """
     return append_op("PutAlongAxis", [values, indices, like], {"axis": int(axis)})[0]
 
 
@@ -357,22 +368,28 @@ def _topk_onnx(g):
     axis = g.attrs["axis"] % var.ndim
     if len(g.ins) > 1:
         count = g.node("Reshape", [g.cast(g.ins[1], "int64"), g.const([1], "int64")])
-        size = g.dim(x, axis)
-        out_of_range = g.node("Or", [g.node("Greater", [count, size]), g.node("Less", [count, g.const([0], "int64")])])
-        failed = g.node("Squeeze", [out_of_range, g.const([0], "int64")])
-        op = g.op
-
-        def verify(k_value, size_value):
-            try:
-                check_k(int(k_value[0]), int(size_value[0]))
-            except ValueError as exc:
-                raise kernel_failure(op.where(), exc) from None
-        ok = g.check(failed, "k must lie in [0, the axis' size]", verify, [count, size])
-        count = g.node("Where", [ok, count, count])
     else:
         count = g.const([g.attrs["k"]], "int64")
+    if len(g.ins) > 1 or var.shape[axis] < 0:       # k may exceed the axis only at run time
+        count = _k_in_range_onnx(g, count, g.dim(x, axis))
     values, indices = g.nodes("TopK", [x, count], 2, axis=axis, largest=1, sorted=1)
     return [values, indices]
+
+
+def _k_in_range_onnx(g, count: str, size: str) -> str:
+    """``count`` behind a guard node failing the run (with ``check_k``'s error) unless
+    0 <= k <= size (both int64 [1])."""
+    out_of_range = g.node("Or", [g.node("Greater", [count, size]), g.node("Less", [count, g.const([0], "int64")])])
+    failed = g.node("Squeeze", [out_of_range, g.const([0], "int64")])
+    op = g.op
+
+    def verify(k_value, size_value):
+        try:
+            check_k(int(k_value[0]), int(size_value[0]))
+        except ValueError as exc:
+            raise kernel_failure(op.where(), exc) from None
+    ok = g.check(failed, "k must lie in [0, the axis' size]", verify, [count, size])
+    return g.node("Where", [ok, count, count])
 
 
 def topk(x: Var, k, axis: int = -1):

@@ -163,3 +163,14 @@ def test_bad_axes_and_k_are_refused_when_built():
             rg.topk(x, -1)
         with pytest.raises(rg.ShapeError, match="must be an int64 scalar"):
             rg.topk(x, rg.data("k2", [1], "int64"))
+
+
+def test_an_int_k_larger_than_an_axis_known_only_at_run_time_fails_naming_the_op(backend):
+    main, startup = rg.Program(), rg.Program()
+    with rg.program_guard(main, startup):
+        values, _ = rg.topk(rg.data("x", [2, -1], "float64"), 3)
+    exe = backend.executor()
+    got, = exe.run(main, feed={"x": distinct((2, 4))}, fetch_list=[values])
+    assert got.shape == (2, 3)
+    with pytest.raises(rg.ExecutionError, match=r"TopK in block 0.*k = 3 must lie in \[0, 2\]"):
+        exe.run(main, feed={"x": np.zeros((2, 2))}, fetch_list=[values])
