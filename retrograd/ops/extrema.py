@@ -58,6 +58,8 @@ def not_empty_onnx(g, x: str, axes) -> str:
 def _extreme_grad(g):
     x = g.x[0]
     axes = normalize_axes(g.attrs["axis"], x.ndim)
+    if not axes:                       # nothing reduced (a scalar): the identity
+        return [g.dy]
     from .math import expand_as
     dy = expand_as(g.dy, x, axes=() if g.attrs["keepdims"] else axes)
     return [dy * first_extreme_mask(x, axes, g.op.type)]
@@ -173,7 +175,7 @@ def first_extreme_mask(x: Var, axes, mode: str) -> Var:
 
 def _arg_rule(ins, attrs):
     x = ins[0]
-    if attrs["axis"] is None:
+    if attrs["axis"] is None or x.ndim == 0:       # a scalar's axis 0 or -1: index 0, as torch
         shape = (1,) * x.ndim if attrs["keepdims"] else ()
         return [(shape, "int64")]
     return [(reduce_rule(ins, attrs)[0][0], "int64")]
@@ -182,13 +184,13 @@ def _arg_rule(ins, attrs):
 def _arg_kernel(fn_name: str):
     def kernel(k, x):
         xp, axis = k.xp, k.attrs["axis"]
-        axes = tuple(range(x.ndim)) if axis is None else normalize_axes(axis, x.ndim)
+        axes = tuple(range(x.ndim)) if axis is None or x.ndim == 0 else normalize_axes(axis, x.ndim)
         check_not_empty(x.shape, axes, k.op.type)
         if axis is None:
             out = getattr(xp, fn_name)(xp.reshape(x, (-1,)))
             out = xp.reshape(out, (1,) * x.ndim if k.attrs["keepdims"] else ())
         elif x.ndim == 0:
-            out = xp.zeros((), dtype=xp.int64)
+            out = xp.zeros((), dtype=xp.int64)        # (axes is () here: nothing can be empty)
         else:
             out = getattr(xp, fn_name)(x, axis=axes[0], keepdims=k.attrs["keepdims"])
         return xp.astype(out, xp.int64)
@@ -198,7 +200,7 @@ def _arg_kernel(fn_name: str):
 def _arg_onnx(onnx_type: str):
     def lower(g):
         x, var, axis, keepdims = g.ins[0], g.in_vars[0], g.attrs["axis"], int(g.attrs["keepdims"])
-        axes = tuple(range(var.ndim)) if axis is None else normalize_axes(axis, var.ndim)
+        axes = tuple(range(var.ndim)) if axis is None or var.ndim == 0 else normalize_axes(axis, var.ndim)
         x = not_empty_onnx(g, x, axes)
         if var.ndim == 0:
             return [g.const(0, "int64")]
