@@ -174,3 +174,11 @@ def test_an_int_k_larger_than_an_axis_known_only_at_run_time_fails_naming_the_op
     assert got.shape == (2, 3)
     with pytest.raises(rg.ExecutionError, match=r"TopK in block 0.*k = 3 must lie in \[0, 2\]"):
         exe.run(main, feed={"x": np.zeros((2, 2))}, fetch_list=[values])
+
+
+def test_extremes_of_a_scalar(backend):
+    s0 = np.array(2.5)
+    y, i, j, ds = run(backend, lambda s: [rg.max(s), rg.argmax(s), rg.argmin(s, axis=None, keepdims=True)],
+                      {"s": s0})
+    assert y.shape == () and float(y) == 2.5 and float(ds) == 1.0
+    assert i.shape == () and int(i) == 0 and j.shape == () and int(j) == 0
