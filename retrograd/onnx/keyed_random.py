@@ -144,24 +144,3 @@ def _cos_2pi(g, u: str) -> str:
         series = g.node("Add", [g.node("Mul", [series, minus_x2]), _f(g, 1.0 / math.factorial(n))])
     return g.node("Where", [flip, g.node("Neg", [series]), series])
 
-
-# --- integer and categorical draws, as backends/keyed_random.py ------------------------------------
-
-def integers(g, h: str, low: int, high: int) -> str:
-    """int64 values in [low, high) from hashes ``h``: ``low + (h * n) >> 32``."""
-    scaled = g.node("Div", [g.node("Mul", [h, g.const(high - low, "int64")]), g.const(1 << 32, "int64")])
-    return g.node("Add", [scaled, g.const(low, "int64")])
-
-
-def categorical(g, h: str, logits: str) -> str:
-    """int64 [N] categories from one hash per row ``h`` [N] and float ``logits`` [N, C]."""
-    u = g.node("Mul", [g.cast(h, "float64"), g.const(2.0 ** -32, "float64")])
-    weights = g.cast(logits, "float64")
-    top = g.node("ReduceMax", [weights, g.const([1], "int64")], keepdims=1)
-    weights = g.node("Exp", [g.node("Sub", [weights, top])])
-    cdf = g.node("CumSum", [weights, g.const(1, "int64")])
-    total = g.node("Slice", [cdf, g.const([-1], "int64"), g.const([2 ** 62], "int64"), g.const([1], "int64")])
-    below = g.node("LessOrEqual", [cdf, g.node("Mul", [g.node("Unsqueeze", [u, g.const([1], "int64")]), total])])
-    count = g.node("ReduceSum", [g.cast(below, "int64"), g.const([1], "int64")], keepdims=0)
-    last = g.node("Sub", [g.scalar_dim(logits, 1), g.const(1, "int64")])
-    return g.node("Min", [count, last])

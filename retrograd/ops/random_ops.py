@@ -144,9 +144,11 @@ def _random_integers(k):
 
 @lowers("RandomIntegers")
 def _random_integers_onnx(g):
-    from ..onnx.keyed_random import integers
+    """``low + (h * n) >> 32`` on the keyed hashes, as ``keyed_random.integers``."""
     a = g.attrs
-    return [integers(g, g.random_bits(a["seed"], g.const(list(a["shape"]), "int64")), a["low"], a["high"])]
+    h = g.random_bits(a["seed"], g.const(list(a["shape"]), "int64"))
+    scaled = g.node("Div", [g.node("Mul", [h, g.const(a["high"] - a["low"], "int64")]), g.const(1 << 32, "int64")])
+    return [g.node("Add", [scaled, g.const(a["low"], "int64")])]
 
 
 def randint(low: int, high: int, shape: Sequence[int], seed: int | None = None) -> Var:
@@ -192,10 +194,19 @@ def _categorical(k, logits):
 
 @lowers("Categorical")
 def _categorical_onnx(g):
-    from ..onnx.keyed_random import categorical
+    """``keyed_random.categorical`` node for node: one hash per row, the inverse of the row's
+    cumulative weights."""
     logits = g.ins[0]
-    rows = g.node("Shape", [logits], start=0, end=1)
-    return [categorical(g, g.random_bits(g.attrs["seed"], rows), logits)]
+    h = g.random_bits(g.attrs["seed"], g.node("Shape", [logits], start=0, end=1))
+    u = g.node("Mul", [g.cast(h, "float64"), g.const(2.0 ** -32, "float64")])
+    weights = g.cast(logits, "float64")
+    top = g.node("ReduceMax", [weights, g.const([1], "int64")], keepdims=1)
+    weights = g.node("Exp", [g.node("Sub", [weights, top])])
+    cdf = g.node("CumSum", [weights, g.const(1, "int64")])
+    total = g.node("Slice", [cdf, g.const([-1], "int64"), g.const([2 ** 62], "int64"), g.const([1], "int64")])
+    below = g.node("LessOrEqual", [cdf, g.node("Mul", [g.node("Unsqueeze", [u, g.const([1], "int64")]), total])])
+    count = g.node("ReduceSum", [g.cast(below, "int64"), g.const([1], "int64")], keepdims=0)
+    return [g.node("Min", [count, g.node("Sub", [g.scalar_dim(logits, 1), g.const(1, "int64")])])]
 
 
 def categorical(logits: Var, seed: int | None = None) -> Var:
