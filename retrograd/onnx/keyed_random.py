@@ -143,4 +143,3 @@ def _cos_2pi(g, u: str) -> str:
     for n in range(22, -1, -2):
         series = g.node("Add", [g.node("Mul", [series, minus_x2]), _f(g, 1.0 / math.factorial(n))])
     return g.node("Where", [flip, g.node("Neg", [series]), series])
-
