@@ -138,6 +138,12 @@ class Backend:
             out = xp.log(xp.sum(xp.exp(x - top), axis=axes, keepdims=True)) + top
         return out if keepdims else xp.reshape(out, tuple(d for i, d in enumerate(x.shape) if i not in axes))
 
+    def cumsum(self, x, axis: int):
+        return self.xp.cumulative_sum(x, axis=axis, dtype=x.dtype)
+
+    def cumprod(self, x, axis: int):
+        return self.xp.cumulative_prod(x, axis=axis, dtype=x.dtype)
+
     def sort_descending(self, x, axis: int):
         """int64 indices sorting ``x`` along ``axis`` largest first, equal values in index order."""
         return self.xp.astype(self.xp.argsort(x, axis=axis, descending=True, stable=True), self.xp.int64)

@@ -191,6 +191,7 @@ def categorical(xp, key, logits, *, device=None):
     u = xp.astype(hash_bits(xp, key, (rows,), device=device), xp.float64) * 2.0 ** -32
     weights = xp.astype(logits, xp.float64)
     weights = xp.exp(weights - xp.max(weights, axis=1, keepdims=True))
-    cdf = xp.cumulative_sum(weights, axis=1)
+    cumulative_sum = getattr(xp, "cumulative_sum", None) or xp.cumsum    # NumPy 1.26's namespace
+    cdf = cumulative_sum(weights, axis=1)
     below = cdf <= xp.reshape(u, (rows, 1)) * cdf[:, count - 1:]
     return xp.minimum(xp.sum(xp.astype(below, xp.int64), axis=1), count - 1)

@@ -69,6 +69,17 @@ class NumpyBackend(Backend):
             return super().erf(x)
         return erf(x)
 
+    # NumPy's own spellings: array_api_compat's namespace for NumPy 1.26 may lack the newer
+    # Array API functions (cumulative_prod, take_along_axis).
+    def cumsum(self, x, axis: int):
+        return np.cumsum(x, axis=axis, dtype=x.dtype)
+
+    def cumprod(self, x, axis: int):
+        return np.cumprod(x, axis=axis, dtype=x.dtype)
+
+    def take_along_axis(self, x, indices, axis: int):
+        return np.take_along_axis(x, indices, axis)
+
     def sort_descending(self, x, axis: int):
         # NumPy's argsort has no descending order: a stable ascending sort of the reversed
         # axis, read backwards, orders equal values by index (any dtype; no negation).

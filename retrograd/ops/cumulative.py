@@ -26,11 +26,12 @@ def _cumulative_rule(ins, attrs):
 
 
 def _along(xp, fn, x, axis: int, reverse: bool):
+    """``fn(x, axis)`` (a backend's cumsum or cumprod), from the end when ``reverse``."""
     if x.dtype == xp.bool:
         x = xp.astype(x, xp.int64)
     if not reverse:
-        return fn(x, axis=axis)
-    return xp.flip(fn(xp.flip(x, axis=axis), axis=axis), axis=axis)
+        return fn(x, axis)
+    return xp.flip(fn(xp.flip(x, axis=axis), axis), axis=axis)
 
 
 # --- cumsum -----------------------------------------------------------------------------------------
@@ -38,7 +39,7 @@ def _along(xp, fn, x, axis: int, reverse: bool):
 @defop("CumSum", infer=_cumulative_rule,
        grad=lambda g: [cumsum(g.dy, g.attrs["axis"], reverse=not g.attrs["reverse"])])
 def _cumsum(k, x):
-    return _along(k.xp, k.xp.cumulative_sum, x, k.attrs["axis"] % x.ndim, k.attrs["reverse"])
+    return _along(k.xp, k.backend.cumsum, x, k.attrs["axis"] % x.ndim, k.attrs["reverse"])
 
 
 @lowers("CumSum")
@@ -78,7 +79,7 @@ def _cumprod_grad(g):
 
 @defop("CumProd", infer=_cumulative_rule, grad=_cumprod_grad)
 def _cumprod(k, x):
-    return _along(k.xp, k.xp.cumulative_prod, x, k.attrs["axis"] % x.ndim, k.attrs["reverse"])
+    return _along(k.xp, k.backend.cumprod, x, k.attrs["axis"] % x.ndim, k.attrs["reverse"])
 
 
 @lowers("CumProd")
