@@ -107,6 +107,18 @@ class Backend:
             return 0.5 * x * (1.0 + self.xp.tanh(inner))
         return 0.5 * x * (1.0 + self.erf(x * math.sqrt(0.5)))
 
+    def gelu_grad(self, x, dy, approximate: str = "none"):
+        """``dy * d gelu / dx`` (torch's gelu_backward)."""
+        xp = self.xp
+        if approximate == "tanh":
+            c = math.sqrt(2.0 / math.pi)
+            square = x * x
+            t = xp.tanh(c * (x + 0.044715 * (square * x)))
+            slope = 0.5 * (1.0 + t) + 0.5 * x * (1.0 - t * t) * (c * (1.0 + 3.0 * 0.044715 * square))
+        else:
+            slope = 0.5 * (1.0 + self.erf(x * math.sqrt(0.5))) + x * xp.exp(-0.5 * (x * x)) / math.sqrt(2.0 * math.pi)
+        return dy * slope
+
     def silu(self, x):
         """``x * sigmoid(x)``, the sigmoid from ``exp(-|x|)`` (no overflow)."""
         xp = self.xp

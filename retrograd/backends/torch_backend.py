@@ -99,6 +99,9 @@ class TorchBackend(Backend):
     def gelu(self, x, approximate: str = "none"):
         return self.torch.nn.functional.gelu(x, approximate=approximate)
 
+    def gelu_grad(self, x, dy, approximate: str = "none"):
+        return self.torch.ops.aten.gelu_backward(dy, x, approximate=approximate)
+
     def silu(self, x):
         return self.torch.nn.functional.silu(x)
 

@@ -23,19 +23,24 @@ SOFTPLUS_THRESHOLD = 20.0     # torch's default: softplus(x) = x above it
 
 
 # --- GELU -----------------------------------------------------------------------------------------
+# Gelu's gradient is one fused op, GeluGrad(x, dy) = dy * gelu'(x) (torch's gelu_backward on the
+# torch backend); GeluGrad's own gradient is written with rg ops (gelu'' from the formulas below).
 
-def _gelu_grad(g):
-    x = g.x[0]
-    if g.attrs["approximate"] == "tanh":
-        t = tanh(SQRT_2_OVER_PI * (x + GELU_CUBIC * x * x * x))
-        slope = 0.5 * (1.0 + t) + 0.5 * x * (1.0 - t * t) * SQRT_2_OVER_PI * (1.0 + 3.0 * GELU_CUBIC * x * x)
-    else:
-        cdf = 0.5 * (1.0 + erf(x * math.sqrt(0.5)))
-        slope = cdf + x * exp(-0.5 * (x * x)) * (1.0 / math.sqrt(2.0 * math.pi))
-    return [g.dy * slope]
+def _tanh_parts(x):
+    """(t, u', u'') of u = sqrt(2/pi) (x + 0.044715 x^3), t = tanh(u)."""
+    t = tanh(SQRT_2_OVER_PI * (x + GELU_CUBIC * x * x * x))
+    return t, SQRT_2_OVER_PI * (1.0 + 3.0 * GELU_CUBIC * x * x), (6.0 * SQRT_2_OVER_PI * GELU_CUBIC) * x
 
 
-@defop("Gelu", infer=float_same_as_first, grad=_gelu_grad)
+def _gelu_curvature(x: Var, approximate: str) -> Var:
+    """gelu''(x): phi(x) (2 - x^2) exactly; (1 - t^2) (u' + x (u'' - 2 t u'^2) / 2) for tanh."""
+    if approximate == "tanh":
+        t, du, ddu = _tanh_parts(x)
+        return (1.0 - t * t) * (du + 0.5 * x * (ddu - 2.0 * t * du * du))
+    return exp(-0.5 * (x * x)) * (1.0 / math.sqrt(2.0 * math.pi)) * (2.0 - x * x)
+
+
+@defop("Gelu", infer=float_same_as_first, grad=lambda g: [gelu_grad(g.x[0], g.dy, g.attrs["approximate"])])
 def _gelu(k, x):
     return k.backend.gelu(x, k.attrs["approximate"])
 
@@ -53,6 +58,54 @@ def _gelu_onnx(g):
     else:
         gate = g.node("Add", [c(1.0), erf_onnx(g, g.node("Mul", [x, c(math.sqrt(0.5))]), dtype)])
     return [g.node("Mul", [g.node("Mul", [c(0.5), x]), gate])]
+
+
+def _gelu_grad_grad(g):
+    x, dy = g.x
+    approximate = g.attrs["approximate"]
+    return [g.dy * dy * _gelu_curvature(x, approximate), gelu_grad(x, g.dy, approximate)]
+
+
+@defop("GeluGrad", inputs=("x", "dy"), infer=float_same_as_first, grad=_gelu_grad_grad)
+def _gelu_grad(k, x, dy):
+    """``dy * gelu'(x)``: ``Phi(x) + x phi(x)``, or the tanh form's derivative."""
+    return k.backend.gelu_grad(x, dy, k.attrs["approximate"])
+
+
+@lowers("GeluGrad")
+def _gelu_grad_onnx(g):
+    x, dy = g.ins
+    dtype = g.in_vars[0].dtype
+
+    def c(value):
+        return g.const(value, dtype)
+
+    def mul(*values):
+        out = values[0]
+        for v in values[1:]:
+            out = g.node("Mul", [out, v])
+        return out
+    if g.attrs["approximate"] == "tanh":
+        square = mul(x, x)
+        t = g.node("Tanh", [mul(c(SQRT_2_OVER_PI), g.node("Add", [x, mul(c(GELU_CUBIC), square, x)]))])
+        du = mul(c(SQRT_2_OVER_PI), g.node("Add", [c(1.0), mul(c(3.0 * GELU_CUBIC), square)]))
+        slope = g.node("Add", [mul(c(0.5), g.node("Add", [c(1.0), t])),
+                               mul(c(0.5), x, g.node("Sub", [c(1.0), mul(t, t)]), du)])
+    else:
+        cdf = mul(c(0.5), g.node("Add", [c(1.0), erf_onnx(g, mul(x, c(math.sqrt(0.5))), dtype)]))
+        density = mul(g.node("Exp", [mul(c(-0.5), x, x)]), c(1.0 / math.sqrt(2.0 * math.pi)))
+        slope = g.node("Add", [cdf, mul(x, density)])
+    return [mul(dy, slope)]
+
+
+def gelu_grad(x: Var, dy: Var, approximate: str = "none") -> Var:
+    """``dy * gelu'(x)`` in one op (Gelu's gradient).
+
+    Example::
+
+        dx = gelu_grad(x, dy)
+    """
+    return append_op("GeluGrad", [x, dy], {"approximate": approximate})[0]
 
 
 def gelu(x: Var, approximate: str = "none") -> Var:

@@ -673,6 +673,24 @@ def _gelu(g: Gen, type_: str) -> Case:
                 _np_gelu(approximate), rtol=1e-5)
 
 
+@case("GeluGrad")
+def _gelu_grad(g: Gen, type_: str) -> Case:
+    from retrograd.ops.activation import gelu_grad
+    s, dtype, approximate = g.shape(), g.pick(FLOATS), g.pick(["none", "tanh"])
+
+    def ref(x, dy):
+        v = x.astype(np.float64)
+        if approximate == "tanh":
+            c = math.sqrt(2.0 / math.pi)
+            t = np.tanh(c * (v + 0.044715 * v ** 3))
+            slope = 0.5 * (1 + t) + 0.5 * v * (1 - t * t) * c * (1 + 3 * 0.044715 * v * v)
+        else:
+            slope = 0.5 * (1 + _np_erf(v / math.sqrt(2.0))) + v * np.exp(-0.5 * v * v) / math.sqrt(2 * math.pi)
+        return (dy * slope).astype(x.dtype)
+    return Case([(g.declare(s), g.floats(s, dtype, -6.0, 6.0)), (g.declare(s), g.floats(s, dtype))],
+                lambda x, dy: gelu_grad(x, dy, approximate), ref, rtol=1e-5)
+
+
 @case("LogicalOr")
 def _logical_or(g: Gen, type_: str) -> Case:
     sa, sb = g.broadcastable(2)

@@ -458,6 +458,12 @@ def _gelu(r):
             (lambda x: rg.gelu(x, approximate="tanh"), {"x": normal(r, 3, 4) * 2.0})]
 
 
+def _gelu_grad(r):
+    from retrograd.ops.activation import gelu_grad
+    return [(lambda x, dy: gelu_grad(x, dy), {"x": normal(r, 3, 4) * 2.0, "dy": normal(r, 3, 4)}),
+            (lambda x, dy: gelu_grad(x, dy, "tanh"), {"x": normal(r, 3, 4) * 2.0, "dy": normal(r, 3, 4)})]
+
+
 def _softplus(r):
     return [(rg.softplus, {"x": normal(r, 3, 4) * 3.0}),
             (rg.softplus, {"x": np.array([-30.0, 19.5, 20.5, 25.0])})]
@@ -534,6 +540,7 @@ CASES = {
     "AllReduce": _all_reduce,
     # activations and special functions (issue 19)
     "Gelu": _gelu,
+    "GeluGrad": _gelu_grad,
     "Silu": _unary(rg.silu),
     "LeakyRelu": _unary(lambda x: rg.leaky_relu(x, 0.1), away_from_zero),
     "Elu": _unary(lambda x: rg.elu(x, 1.5), away_from_zero),
@@ -560,7 +567,7 @@ DOUBLE_BACKWARD = ["MatMul", "Add", "Sub", "Mul", "Div", "Neg", "Exp", "Log", "T
                    "Split", "Slice", "Gather", "Where", "Maximum", "Minimum", "Clip", "Softmax",
                    "LogSoftmax", "SoftmaxCrossEntropy", "LSTMUnit", "GRUUnit", "SeqLinear",
                    "If", "Do", "While", "Sin", "Cos", "Mod", "RecurrentNetwork",
-                   "Gelu", "Silu", "LeakyRelu", "Elu", "Softplus", "Erf", "Log1p", "Expm1", "Rsqrt",
+                   "Gelu", "GeluGrad", "Silu", "LeakyRelu", "Elu", "Softplus", "Erf", "Log1p", "Expm1", "Rsqrt",
                    "Max", "Min", "TopK", "LogSumExp", "Prod", "CumSum"]   # CumProd: tests/ops/test_cumulative.py
 
 
