@@ -82,6 +82,12 @@ class CupyBackend(Backend):
         import cupyx.scipy.special
         return cupyx.scipy.special.erf(x)
 
+    def cumsum(self, x, axis: int):
+        return self.cupy.cumsum(x, axis=axis, dtype=x.dtype)
+
+    def cumprod(self, x, axis: int):
+        return self.cupy.cumprod(x, axis=axis, dtype=x.dtype)
+
     def take_along_axis(self, x, indices, axis: int):
         return self.cupy.take_along_axis(x, indices, axis)
 
