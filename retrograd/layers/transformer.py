@@ -15,11 +15,12 @@ from __future__ import annotations
 
 import numbers
 
-from .. import ops
 from ..errors import ProgramError
 from ..ir.builder import default_main_program
 from ..ir.location import here
 from ..ir.program import Var
+from ..ops.activation import gelu
+from ..ops.nn import dropout as dropout_op
 from .attention import multi_head_attention
 from .common import fc
 from .norm import layer_norm
@@ -63,10 +64,10 @@ def transformer_block(x: Var, num_heads: int, ffn_dim: int | None = None, causal
         raise _fail(layer, f"dropout must be in [0, 1), got {dropout!r}")
 
     def dropped(h: Var) -> Var:
-        return ops.dropout(h, float(dropout)) if dropout else h
+        return dropout_op(h, float(dropout)) if dropout else h
 
     h = layer_norm(x, name=f"{layer}.ln1")
     x = x + dropped(multi_head_attention(h, num_heads=int(num_heads), causal=causal, name=f"{layer}.att"))
     h = layer_norm(x, name=f"{layer}.ln2")
-    h = fc(ops.gelu(fc(h, int(ffn_dim), name=f"{layer}.fc1")), width, name=f"{layer}.fc2")
+    h = fc(gelu(fc(h, int(ffn_dim), name=f"{layer}.fc1")), width, name=f"{layer}.fc2")
     return x + dropped(h)

@@ -5,16 +5,11 @@ import re
 from pathlib import Path
 
 import numpy as np
-import pytest
-
-import retrograd as rg
 
 README = (Path(__file__).resolve().parents[2] / "README.md").read_text()
 
 
 def test_readme_attention_example_runs_and_its_test_program_is_deterministic():
-    if not (hasattr(rg.layers, "layer_norm") and hasattr(rg, "gelu")):
-        pytest.skip("needs rg.layers.layer_norm and rg.gelu (branches ops-norm and ops-math)")
     block = next(b for b in re.findall(r"```python\n(.*?)```", README, re.S)
                  if "rg.layers.transformer_block(h" in b)
     env: dict = {"__name__": "readme"}

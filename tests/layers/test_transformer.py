@@ -27,37 +27,19 @@ def _param_shapes(ffn=FFN):
     return shapes
 
 
-@pytest.fixture
-def gelu_approximate():
-    """"none" with the real ``rg.gelu``. Until it is merged (branch ops-math builds it), a stand-in
-    written here with ops: the tanh GELU."""
-    return "none" if hasattr(rg, "gelu") else "tanh"
-
-
-@pytest.fixture(autouse=True)
-def _stand_ins(monkeypatch, gelu_approximate):
-    if gelu_approximate == "none":
-        return
-
-    def gelu(x):
-        return 0.5 * x * (1.0 + rg.tanh(0.7978845608028654 * (x + 0.044715 * x * x * x)))
-
-    monkeypatch.setattr(rg.ops, "gelu", gelu, raising=False)
-
-
 class TorchBlock(torch.nn.Module):
-    def __init__(self, causal: bool, approximate: str, ffn=FFN):
+    def __init__(self, causal: bool, ffn=FFN):
         super().__init__()
         self.ln1, self.ln2 = torch.nn.LayerNorm(D), torch.nn.LayerNorm(D)
         self.att = torch.nn.MultiheadAttention(D, HEADS, batch_first=True)
         self.fc1, self.fc2 = torch.nn.Linear(D, ffn), torch.nn.Linear(ffn, D)
-        self.causal, self.approximate = causal, approximate
+        self.causal = causal
 
     def forward(self, x):
         h = self.ln1(x)
         hidden = ~torch.ones(x.shape[1], x.shape[1], dtype=torch.bool).tril() if self.causal else None
         x = x + self.att(h, h, h, attn_mask=hidden, need_weights=False)[0]
-        return x + self.fc2(torch.nn.functional.gelu(self.fc1(self.ln2(x)), approximate=self.approximate))
+        return x + self.fc2(torch.nn.functional.gelu(self.fc1(self.ln2(x))))
 
 
 def _torch_weights(tp):
@@ -72,7 +54,7 @@ def _torch_weights(tp):
     }
 
 
-def _compare_with_torch(backend, approximate, causal, ffn_dim=None, seed=0):
+def _compare_with_torch(backend, causal, ffn_dim=None, seed=0):
     ffn = FFN if ffn_dim else 4 * D
     r = np.random.default_rng(seed)
     shapes = _param_shapes(ffn)
@@ -96,7 +78,7 @@ def _compare_with_torch(backend, approximate, causal, ffn_dim=None, seed=0):
 
     tp = {n: torch.tensor(v, requires_grad=True) for n, v in params.items()}
     tx = torch.tensor(x, requires_grad=True)
-    module = TorchBlock(causal, approximate, ffn).double()
+    module = TorchBlock(causal, ffn).double()
     want = torch.func.functional_call(module, _torch_weights(tp), (tx,))
     want_grads = torch.autograd.grad((want * torch.tensor(weight)).sum(), [tx] + [tp[n] for n in shapes])
     np.testing.assert_allclose(got[0], want.detach().numpy(), rtol=1e-9, atol=1e-10)
@@ -104,12 +86,12 @@ def _compare_with_torch(backend, approximate, causal, ffn_dim=None, seed=0):
         np.testing.assert_allclose(g, w.numpy(), rtol=1e-8, atol=1e-10, err_msg=f"gradient of {name}")
 
 
-def test_causal_block_matches_torch(backend, gelu_approximate):
-    _compare_with_torch(backend, gelu_approximate, causal=True)
+def test_causal_block_matches_torch(backend):
+    _compare_with_torch(backend, causal=True)
 
 
-def test_bidirectional_block_with_ffn_dim_matches_torch(backend, gelu_approximate):
-    _compare_with_torch(backend, gelu_approximate, causal=False, ffn_dim=FFN, seed=1)
+def test_bidirectional_block_with_ffn_dim_matches_torch(backend):
+    _compare_with_torch(backend, causal=False, ffn_dim=FFN, seed=1)
 
 
 def test_dropout_applies_to_both_branches_and_is_the_identity_in_a_test_program():
@@ -124,8 +106,6 @@ def test_dropout_applies_to_both_branches_and_is_the_identity_in_a_test_program(
     feed = {"x": np.random.default_rng(0).standard_normal((N, L, D)).astype(np.float32)}
     dropped, reference = exe.run(main, feed=feed, fetch_list=[out, plain])
     assert not np.allclose(dropped, reference)
-    if "for_test" not in rg.Program.clone.__code__.co_varnames:
-        pytest.skip("Program.clone(for_test=True) is not merged into this branch yet")
     test_program = main.clone(for_test=True)
     evaluated, reference = exe.run(test_program, feed=feed, fetch_list=[out, plain])
     np.testing.assert_allclose(evaluated, reference, rtol=1e-6)
