@@ -82,6 +82,18 @@ class CupyBackend(Backend):
         with self.cuda_device:
             return self.cupy.einsum(equation, *operands)
 
+    def erf(self, x):
+        import cupyx.scipy.special
+        return cupyx.scipy.special.erf(x)
+
+    def take_along_axis(self, x, indices, axis: int):
+        return self.cupy.take_along_axis(x, indices, axis)
+
+    def put_along_axis(self, shape, indices, values, axis: int):
+        out = self.cupy.zeros(tuple(shape), dtype=values.dtype)
+        self.cupy.put_along_axis(out, indices, values, axis)
+        return out
+
     def buffer_of(self, array) -> tuple[int, int]:
         memory = array.data.mem
         if memory is None:                 # an empty array owns no allocation
