@@ -17,6 +17,7 @@ import pytest
 
 import retrograd as rg
 from retrograd import train
+from retrograd.generation import generate_text
 
 SMALL = ["--hidden", "32", "--embed", "16", "--seq-len", "16", "--batch", "8", "--sample-len", "40"]
 STEP_LINE = re.compile(r"^step\s+(\d+)\s+loss\s+([0-9.]+)", re.M)
@@ -310,12 +311,12 @@ def test_sample_prints_text_from_a_saved_model(saved_small):
                           timeout=120)
     assert done.returncode == 0, done.stderr
     assert done.stdout.startswith("import ") and len(done.stdout) == len("import ") + 25 + 1
-    # the same text generate() gives in this process from the same parameters and seed
+    # the same text the generation program gives in this process from the same parameters and seed
     exe = rg.Executor()
     for name, value in rg.read_params(saved_small).items():
         exe.scope.set(name, value)
     cfg = train.ModelConfig(hidden=32, embed=16)
-    assert done.stdout == train.generate(exe, cfg, "import ", 25, 0.8, 0) + "\n"
+    assert done.stdout == generate_text(exe, cfg, "import ", 25, 0.8, 0) + "\n"
 
 
 def test_sample_of_files_that_are_not_models(tmp_path):
