@@ -609,6 +609,20 @@ def _softplus(r):
             (rg.softplus, {"x": np.array([-30.0, 19.5, 20.5, 25.0])})]
 
 
+def _lstm_sequence(r):
+    """A whole LSTM layer as one op, both directions, with and without a bias."""
+    n, d, h = 2, 3, 2
+    base = {"x": normal(r, 3, n, d), "w_ih": normal(r, d, 4 * h) * 0.5, "w_hh": normal(r, h, 4 * h) * 0.5,
+            "h0": normal(r, n, h), "c0": normal(r, n, h)}
+    return [
+        (lambda x, w_ih, w_hh, b, h0, c0: list(rg.lstm_sequence(x, w_ih, w_hh, b, h0, c0, 0.5)),
+         {"x": base["x"], "w_ih": base["w_ih"], "w_hh": base["w_hh"], "b": normal(r, 4 * h),
+          "h0": base["h0"], "c0": base["c0"]}),
+        (lambda x, w_ih, w_hh, h0, c0: list(rg.lstm_sequence(x, w_ih, w_hh, None, h0, c0, reverse=True,
+                                                             keep="cells")), base),
+    ]
+
+
 CASES = {
     # elementwise binary (broadcasting)
     "Add": _binary(rg.add),
@@ -663,6 +677,7 @@ CASES = {
     "LogSoftmax": _softmax(rg.log_softmax),
     "SoftmaxCrossEntropy": _xent,
     "LinearCrossEntropy": _linear_xent,
+    "LSTMSequence": _lstm_sequence,
     "OneHot": _one_hot,
     "OneHotLike": _one_hot_like,
     "Dropout": _dropout,
