@@ -7,6 +7,8 @@ Example::
 """
 from .common import embedding, fc
 from .rnn import gru, lstm, milstm  # noqa: F401
+from .attention import multi_head_attention  # noqa: F401
+from .transformer import transformer_block  # noqa: F401
 from .norm import batch_norm, layer_norm, rms_norm  # noqa: F401
 from .conv import conv1d, conv2d  # noqa: F401
 
