@@ -46,7 +46,9 @@ import numpy as np
 import retrograd as rg
 
 from .charlm import ModelConfig
+from .errors import ProgramError
 from .ops.tensor import dim
+from .transformer_lm import CachedStep
 
 INPUTS = ("prompt", "length", "temperature", "seed", "top_k")
 
@@ -63,9 +65,11 @@ class Generator:
     ids: object             # int64 [P + length]
 
 
-def build_generator(cfg: ModelConfig, top_k: int | None = None) -> Generator:
+def build_generator(cfg: ModelConfig, top_k: int | None = None, max_positions: int | None = None) -> Generator:
     """The whole sampling loop of the model ``cfg`` as one forward-only program; an int
-    ``top_k`` is built in as a constant instead of the ``top_k`` input.
+    ``top_k`` is built in as a constant instead of the ``top_k`` input. A transformer
+    (``retrograd/transformer_lm.py``) needs ``max_positions``, the rows of its ``pos.w``:
+    ``P + length`` may not exceed it.
 
     Example::
 
@@ -79,7 +83,7 @@ def build_generator(cfg: ModelConfig, top_k: int | None = None) -> Generator:
         temperature = rg.data("temperature", [])
         seed = rg.data("seed", [], dtype="int64")
         top_k = rg.data("top_k", [], dtype="int64") if top_k is None else rg.constant(int(top_k), "int64")
-        model = _model_step(cfg)
+        model = _model_step(cfg, max_positions)
         buffer = rg.concat([prompt, rg.arange(0, length) * 0])        # [P + length]
         prompt_len, total = dim(prompt, 0), dim(buffer, 0)
 
@@ -90,7 +94,7 @@ def build_generator(cfg: ModelConfig, top_k: int | None = None) -> Generator:
             return [t + 1, rg.update_slice(ids, following, [t + 1])] + state
 
         _, ids, *_ = rg.while_loop(lambda t, ids, *state: t + 1 < total, body,
-                                   [rg.constant(0, "int64"), buffer] + model.initial())
+                                   [rg.constant(0, "int64"), buffer] + model.initial(total))
     return Generator(main, prompt, length, temperature, seed, top_k, ids)
 
 
@@ -144,8 +148,12 @@ def generate_text(exe, cfg: ModelConfig, prompt: str, length: int, temperature: 
 
 # --- one step of the model ------------------------------------------------------------------
 
-def _model_step(cfg: ModelConfig):
-    return _RecurrentStep(cfg)
+def _model_step(cfg: ModelConfig, max_positions: int | None):
+    if cfg.model != "transformer":
+        return _RecurrentStep(cfg)
+    if max_positions is None:
+        raise ProgramError("build_generator: a transformer needs max_positions (the rows of its pos.w)")
+    return CachedStep(cfg, max_positions)
 
 
 class _RecurrentStep:
@@ -156,7 +164,7 @@ class _RecurrentStep:
         self.cfg = cfg
         self.per_layer = 2 if cfg.has_cell() else 1
 
-    def initial(self) -> list:
+    def initial(self, total) -> list:
         return [rg.fill([1, self.cfg.hidden], 0.0) for _ in range(self.cfg.layers * self.per_layer)]
 
     def __call__(self, ids, t, state: list):

@@ -1,0 +1,118 @@
+"""The transformer character model (GPT-2's layout, as ``examples/gpt_chars.py``) and its
+one-position step over a key/value cache, for generating text in one program.
+
+The model, batch-major, over ids ``[N, L]`` at positions ``[L]``::
+
+    x = embed.w[ids] + pos.w[positions]                         # [N, L, D], D = cfg.hidden
+    x = rg.layers.transformer_block(x, cfg.heads, name=f"block{i}")   for i < cfg.layers
+    logits = rg.layers.layer_norm(x, name="ln_f") @ out.w + out.b     # [N, L, V]
+
+Parameters: ``embed.w [V, D]``, ``pos.w [max_positions, D]`` (learned
+positions: a text is at most ``max_positions`` long), ``block<i>.*`` (the
+block's: ``.ln1``, ``.att.w_q`` ..., ``.ln2``, ``.fc1``, ``.fc2``), ``ln_f.w/.b``,
+``out.w [D, V]``, ``out.b [V]``. ``cfg`` is anything with ``hidden``, ``layers``,
+``heads`` and ``vocab`` (``charlm.ModelConfig``).
+
+``CachedStep`` computes the same logits one position at a time: the block's
+layer norms and MLP through the same ``rg.layers`` calls (shared by name), the
+attention written with the same projections, ``split_heads`` and
+``scaled_dot_product_attention`` over a cache of every earlier position's keys
+and values, ``[layers, N, heads, max_len, head_dim]``, written with
+``rg.update_slice`` (positions not yet written are masked out).
+
+Example::
+
+    ids, positions = rg.data("ids", [-1, -1], dtype="int64"), rg.data("pos", [-1], dtype="int64")
+    logits = transformer_logits(ids, positions, cfg, max_positions=128)
+"""
+from __future__ import annotations
+
+import retrograd as rg
+
+from .ops.heads import merge_heads, split_heads
+from .ops.rnn_cells import seq_linear
+from .ops.tensor import dim
+
+
+def _embeddings(cfg, max_positions: int):
+    table = rg.create_parameter("embed.w", [len(cfg.vocab), cfg.hidden], init=("normal", 0.0, 0.02))
+    positions = rg.create_parameter("pos.w", [max_positions, cfg.hidden], init=("normal", 0.0, 0.02))
+    return table, positions
+
+
+def _head(cfg, x):
+    """``[..., D]`` -> logits ``[..., V]``: the final layer norm and the output layer."""
+    w = rg.create_parameter("out.w", [cfg.hidden, len(cfg.vocab)])
+    b = rg.create_parameter("out.b", [len(cfg.vocab)], init="zeros")
+    return seq_linear(rg.layers.layer_norm(x, name="ln_f"), w, b)
+
+
+def transformer_logits(ids, positions, cfg, max_positions: int, dropout: float = 0.0):
+    """Logits ``[N, L, V]`` of the model for ids ``[N, L]`` at positions ``[L]`` (each < ``max_positions``).
+
+    Example::
+
+        logits = transformer_logits(ids, rg.arange(0, 16), cfg, max_positions=128)   # ids [N, 16]
+    """
+    table, position_table = _embeddings(cfg, max_positions)
+    x = rg.gather(table, ids) + rg.gather(position_table, positions)
+    for i in range(cfg.layers):
+        x = rg.layers.transformer_block(x, cfg.heads, causal=True, dropout=dropout, name=f"block{i}")
+    return _head(cfg, x)
+
+
+class CachedStep:
+    """One position of ``transformer_logits`` for one stream: ``step(ids [1, 1], t, [keys, values])
+    -> (logits [1, V], [keys, values])``, the caches ``[layers, 1, heads, max_len, head_dim]``.
+
+    Example::
+
+        step = CachedStep(cfg, max_positions=128)
+        caches = step.initial(total)                  # zeros, total = the text's length (a 0-d Var)
+        logits, caches = step(rg.reshape(ids[t], [1, 1]), t, caches)
+    """
+
+    def __init__(self, cfg, max_positions: int):
+        self.cfg = cfg
+        self.max_positions = max_positions
+        self.head_dim = cfg.hidden // cfg.heads
+
+    def initial(self, total) -> list:
+        """Zero caches for ``total`` positions (an int64 0-d Var)."""
+        cfg = self.cfg
+        along_time = rg.reshape(rg.cast(rg.arange(0, total), "float32") * 0.0, [1, 1, 1, -1, 1])
+        zeros = along_time + rg.fill([cfg.layers, 1, cfg.heads, 1, self.head_dim], 0.0)
+        return [zeros, zeros]
+
+    def __call__(self, ids, t, state: list):
+        cfg = self.cfg
+        keys, values = state
+        table, position_table = _embeddings(cfg, self.max_positions)
+        x = rg.gather(table, ids) + rg.reshape(position_table[t], [1, 1, cfg.hidden])     # [1, 1, D]
+        written = rg.arange(0, dim(keys, 3)) <= t                           # [max_len]
+        for i in range(cfg.layers):
+            x, keys, values = self._block(x, t, i, keys, values, written)
+        return rg.reshape(_head(cfg, x), [1, len(cfg.vocab)]), [keys, values]
+
+    def _block(self, x, t, i, keys, values, written):
+        """``rg.layers.transformer_block(x, name=f"block{i}")`` at position ``t``, its attention
+        over the cached keys and values (this position's written into them first)."""
+        cfg, name = self.cfg, f"block{i}"
+        h = rg.layers.layer_norm(x, name=f"{name}.ln1")
+        q, k, v = (split_heads(self._projection(h, f"{name}.att", which), cfg.heads) for which in "qkv")
+        at = [i, 0, 0, t, 0]
+        keys = rg.update_slice(keys, rg.reshape(k, [1, 1, cfg.heads, 1, self.head_dim]), at)
+        values = rg.update_slice(values, rg.reshape(v, [1, 1, cfg.heads, 1, self.head_dim]), at)
+        attended = rg.scaled_dot_product_attention(q, keys[i], values[i], mask=written)      # [1, heads, 1, hd]
+        x = x + self._projection(merge_heads(attended), f"{name}.att", "o")
+        h = rg.layers.layer_norm(x, name=f"{name}.ln2")
+        h = rg.layers.fc(rg.gelu(rg.layers.fc(h, 4 * cfg.hidden, name=f"{name}.fc1")), cfg.hidden,
+                         name=f"{name}.fc2")
+        return x + h, keys, values
+
+    def _projection(self, x, layer: str, which: str):
+        """``x @ <layer>.w_<which> + <layer>.b_<which>``, the attention layer's parameters."""
+        width = self.cfg.hidden
+        w = rg.create_parameter(f"{layer}.w_{which}", [width, width])
+        b = rg.create_parameter(f"{layer}.b_{which}", [width], init="zeros")
+        return seq_linear(x, w, b)
