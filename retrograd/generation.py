@@ -46,7 +46,7 @@ import numpy as np
 import retrograd as rg
 
 from .charlm import ModelConfig
-from .errors import ProgramError
+from .errors import FeedError, ProgramError
 from .ops.tensor import dim
 from .transformer_lm import CachedStep
 
@@ -63,6 +63,7 @@ class Generator:
     seed: object            # int64 []
     top_k: object           # int64 []
     ids: object             # int64 [P + length]
+    max_positions: int | None = None    # a transformer's longest text (P + length)
 
 
 def build_generator(cfg: ModelConfig, top_k: int | None = None, max_positions: int | None = None) -> Generator:
@@ -95,7 +96,7 @@ def build_generator(cfg: ModelConfig, top_k: int | None = None, max_positions: i
 
         _, ids, *_ = rg.while_loop(lambda t, ids, *state: t + 1 < total, body,
                                    [rg.constant(0, "int64"), buffer] + model.initial(total))
-    return Generator(main, prompt, length, temperature, seed, top_k, ids)
+    return Generator(main, prompt, length, temperature, seed, top_k, ids, max_positions)
 
 
 def draw(logits, temperature, top_k, seed):
@@ -125,6 +126,11 @@ def run_generator(exe, gen: Generator, prompt_ids, length: int, temperature: flo
 
         ids = run_generator(exe, gen, vocab.encode("def "), 100, 0.8, seed=1)
     """
+    total = len(prompt_ids) + length
+    if gen.max_positions is not None and total > gen.max_positions:
+        raise FeedError(f"the text would be {total} ids long, but the transformer has {gen.max_positions} "
+                        f"positions (pos.w); ask for at most {gen.max_positions - len(prompt_ids)} ids "
+                        "after this prompt")
     feed = {"prompt": np.asarray(prompt_ids, dtype=np.int64), "length": np.array(length, dtype=np.int64),
             "temperature": np.array(temperature, dtype=np.float32), "seed": np.array(seed, dtype=np.int64)}
     if gen.top_k.is_data:
@@ -142,8 +148,19 @@ def generate_text(exe, cfg: ModelConfig, prompt: str, length: int, temperature: 
         print(generate_text(exe, cfg, "def ", 200, temperature=0.8, seed=0, top_k=40))
     """
     prompt_ids = cfg.vocab.encode(prompt or "\n")
-    ids = run_generator(exe, build_generator(cfg), prompt_ids, length, temperature, seed, top_k)
+    gen = build_generator(cfg, max_positions=max_positions(exe.scope.find("pos.w")))
+    ids = run_generator(exe, gen, prompt_ids, length, temperature, seed, top_k)
     return prompt + cfg.vocab.decode(ids[len(prompt_ids):])
+
+
+def max_positions(position_table) -> int | None:
+    """The rows of a transformer's ``pos.w`` (None for a model without one).
+
+    Example::
+
+        gen = build_generator(cfg, max_positions=max_positions(params.get("pos.w")))
+    """
+    return None if position_table is None else int(position_table.shape[0])
 
 
 # --- one step of the model ------------------------------------------------------------------

@@ -47,7 +47,7 @@ from typing import Sequence
 import numpy as np
 
 from ..charlm import config_from_params, build_sampler
-from ..generation import build_generator
+from ..generation import build_generator, max_positions
 from ..io import read_params
 from ..options import non_negative_int
 from ..runtime import Scope
@@ -114,7 +114,7 @@ def export_generator(params: dict, where: str, path, opset: int | None = None, t
     onnx = _onnx()
     from .model import build_model
     cfg = config_from_params(params, where)
-    gen = build_generator(cfg, top_k=top_k)
+    gen = build_generator(cfg, top_k=top_k, max_positions=max_positions(params.get("pos.w")))
     built = build_model(gen.program, [gen.ids.name], scope=_scope(params), opset=opset,
                         name="retrograd_generator")
     return _finish(onnx, built.model, {gen.ids.name: "ids"}, cfg, path, top_k=top_k)
