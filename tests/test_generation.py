@@ -149,3 +149,21 @@ def test_the_program_is_one_while_loop_with_a_fixed_top_k_option():
         {"prompt", "length", "temperature", "seed", "top_k"}
     fixed = build_generator(cfg, top_k=3)
     assert "top_k" not in {v.name for v in fixed.program.global_block().vars.values() if v.is_data}
+
+
+def test_readme_generation_example_runs_as_printed():
+    import re
+    from pathlib import Path
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    block = next(b for b in re.findall(r"```python\n(.*?)```", readme, re.S)
+                 if "rg.categorical(logits / 0.8, seed=seed)" in b)
+    env: dict = {"__name__": "readme"}
+    exec(compile(block, "README.md", "exec"), env)
+    out, exe, main, ids = env["out"], env["exe"], env["main"], env["ids"]
+    assert out.dtype == np.int64 and out.shape == (12,) and out[:2].tolist() == [3, 1]
+    other, = exe.run(main, feed={**env["feed"], "seed": np.array(8)}, fetch_list=[ids])
+    assert other[:2].tolist() == [3, 1] and other.tolist() != out.tolist()
+    pytest.importorskip("torch", reason="the same ids on the torch backend")
+    on_torch = rg.Executor(backend="torch")
+    on_torch.scope.set("next.w", np.asarray(exe.scope.find("next.w")))
+    np.testing.assert_array_equal(on_torch.run(main, feed=env["feed"], fetch_list=[ids])[0], out)
