@@ -25,7 +25,6 @@ leaves the last good one (and says which step it holds).
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import math
 import os
@@ -34,22 +33,22 @@ import sys
 import threading
 import time
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
 
 import retrograd as rg
 
-from .charlm import (LR_SCHEDULES, MIN_CORPUS_CHARS, MODELS, OPTIMIZERS, VOCAB,  # noqa: F401
-                     Corpus, ModelConfig, TrainError, Training, Vocab, batch_at, build_loss,
+from .charlm import (BUILTIN_VOCAB, LR_SCHEDULES, MIN_CORPUS_CHARS, MODELS, OPTIMIZERS,  # noqa: F401
+                     VOCAB, Corpus, ModelConfig, TrainError, Training, Vocab, batch_at, build_loss,
                      build_training, builtin_corpus, check_seq_len, config_from_params, decode,
                      encode, generate, held_out_batches, load_corpus, load_text, make_lr,
                      optimizer_of, read_record, split_corpus)
 from .errors import RetrogradError
 from .io import ParamFileError, load_params, read_params, save_params
 from .options import non_negative, non_negative_int, parse_recompute, positive  # noqa: F401
-from . import charlm, plot
+from . import plot
 from .termplot import loss_curve
 
 # --- the command ------------------------------------------------------------------------------
@@ -211,7 +210,7 @@ def check_resumable(saved: dict, where: str, cfg: ModelConfig, optimizer: str) -
 
 
 def _vocab_words(vocab: Vocab) -> str:
-    if vocab == charlm.BUILTIN_VOCAB:
+    if vocab == BUILTIN_VOCAB:
         return "the built-in corpus's 96 characters"
     return f"{len(vocab) - 1} characters + unknown"
 
@@ -233,7 +232,7 @@ def _fit_recompute_budget(job: "Job", args, cfg: ModelConfig, checkpoint, text: 
             print(f"retrograd train: --recompute {args.recompute:,} bytes cannot hold one step of the "
                   f"{cfg.model} layers at these sizes; using the least budget that fits, {least:,} bytes")
         args.recompute = least
-        cfg = dataclasses.replace(cfg, recompute=least)
+        cfg = replace(cfg, recompute=least)
         job = Job(args, cfg, checkpoint, text)
     return job, cfg
 

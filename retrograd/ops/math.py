@@ -707,8 +707,7 @@ lowers("LogicalAnd")(elementwise("And"))
 
 
 def logical_and(x, y) -> Var:
-    """Elementwise ``x and y`` of bools (broadcasting; a NumPy bool array or bool may stand for
-    one side).
+    """Elementwise AND of bools, broadcasting (a NumPy bool array or bool may stand for one side).
 
     Example::
 
