@@ -61,6 +61,20 @@ def transformer_logits(ids, positions, cfg, max_positions: int, dropout: float =
     return _head(cfg, x)
 
 
+def time_major_logits(ids, cfg, max_positions: int, dropout: float = 0.0):
+    """``charlm``'s layout: ids ``[T, N]`` (time-major, as the recurrent models read them) ->
+    logits ``[T * N, V]``, row ``t * N + n`` for position ``t`` of stream ``n``.
+
+    Example::
+
+        ids = rg.data("chars", [64, -1], dtype="int64")
+        logits = time_major_logits(ids, cfg, max_positions=64)      # what charlm.Net.logits holds
+    """
+    positions = rg.arange(0, dim(ids, 0))
+    logits = transformer_logits(rg.transpose(ids, [1, 0]), positions, cfg, max_positions, dropout)
+    return rg.reshape(rg.transpose(logits, [1, 0, 2]), [-1, len(cfg.vocab)])
+
+
 class CachedStep:
     """One position of ``transformer_logits`` for one stream: ``step(ids [1, 1], t, [keys, values])
     -> (logits [1, V], [keys, values])``, the caches ``[layers, 1, heads, max_len, head_dim]``.

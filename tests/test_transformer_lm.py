@@ -9,7 +9,7 @@ import pytest
 import retrograd as rg
 from retrograd.charlm import ModelConfig
 from retrograd.generation import build_generator, run_generator
-from retrograd.transformer_lm import transformer_logits
+from retrograd.transformer_lm import time_major_logits, transformer_logits
 
 pytestmark = pytest.mark.engine
 
@@ -113,3 +113,15 @@ def test_a_text_longer_than_the_positions_is_refused_before_running():
         run_generator(executor(params), gen, PROMPT, 21, 0.8, seed=0)
     with pytest.raises(rg.ProgramError, match="needs max_positions"):
         build_generator(cfg)
+
+
+def test_time_major_logits_are_the_batch_major_models_rows_in_time_order():
+    cfg = CONFIGS[1]
+    main, logits, exe, _ = full_model(cfg)
+    with rg.program_guard(main, rg.Program()):
+        chars = rg.data("chars", [-1, -1], dtype="int64")
+        rows = time_major_logits(chars, cfg, MAX_POSITIONS)
+    text = np.random.default_rng(0).integers(0, 96, (5, 3))          # [T, N]
+    want, = exe.run(main, feed={"ids": text.T, "positions": np.arange(5)}, fetch_list=[logits])
+    got, = exe.run(main, feed={"chars": text}, fetch_list=[rows])
+    np.testing.assert_allclose(got, want.transpose(1, 0, 2).reshape(15, 96), rtol=1e-5, atol=1e-6)
