@@ -37,3 +37,6 @@ from .extrema import argmax, argmin, max, min, topk  # noqa: F401
 from .reduce import logsumexp, prod  # noqa: F401
 from .cumulative import cumprod, cumsum  # noqa: F401
 from .random_ops import categorical, rand, rand_like, randint, randn, randn_like  # noqa: F401
+from .tensor_array import TensorArray  # noqa: F401
+from .scan import fori_loop, map, scan  # noqa: F401
+from .custom_gradient import custom_gradient  # noqa: F401
