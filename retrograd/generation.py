@@ -46,7 +46,7 @@ import numpy as np
 import retrograd as rg
 
 from .charlm import ModelConfig
-from .errors import FeedError, ProgramError
+from .errors import ProgramError
 from .ops.tensor import dim
 from .transformer_lm import CachedStep
 
@@ -63,14 +63,14 @@ class Generator:
     seed: object            # int64 []
     top_k: object           # int64 []
     ids: object             # int64 [P + length]
-    max_positions: int | None = None    # a transformer's longest text (P + length)
+    max_positions: int | None = None    # a transformer's learned positions (its window)
 
 
 def build_generator(cfg: ModelConfig, top_k: int | None = None, max_positions: int | None = None) -> Generator:
     """The whole sampling loop of the model ``cfg`` as one forward-only program; an int
     ``top_k`` is built in as a constant instead of the ``top_k`` input. A transformer
-    (``retrograd/transformer_lm.py``) needs ``max_positions``, the rows of its ``pos.w``:
-    ``P + length`` may not exceed it.
+    (``retrograd/transformer_lm.py``) needs ``max_positions``, the rows of its ``pos.w``
+    (a longer text slides its window).
 
     Example::
 
@@ -89,7 +89,7 @@ def build_generator(cfg: ModelConfig, top_k: int | None = None, max_positions: i
         prompt_len, total = dim(prompt, 0), dim(buffer, 0)
 
         def body(t, ids, *state):
-            logits, state = model(rg.reshape(ids[t], [1, 1]), t, list(state))
+            logits, state = model(ids, t, list(state))
             drawn = draw(logits, temperature, top_k, seed)
             following = rg.where(t + 1 < prompt_len, rg.reshape(ids[t + 1], [1]), drawn)
             return [t + 1, rg.update_slice(ids, following, [t + 1])] + state
@@ -126,11 +126,6 @@ def run_generator(exe, gen: Generator, prompt_ids, length: int, temperature: flo
 
         ids = run_generator(exe, gen, vocab.encode("def "), 100, 0.8, seed=1)
     """
-    total = len(prompt_ids) + length
-    if gen.max_positions is not None and total > gen.max_positions:
-        raise FeedError(f"the text would be {total} ids long, but the transformer has {gen.max_positions} "
-                        f"positions (pos.w); ask for at most {gen.max_positions - len(prompt_ids)} ids "
-                        "after this prompt")
     feed = {"prompt": np.asarray(prompt_ids, dtype=np.int64), "length": np.array(length, dtype=np.int64),
             "temperature": np.array(temperature, dtype=np.float32), "seed": np.array(seed, dtype=np.int64)}
     if gen.top_k.is_data:
@@ -187,7 +182,7 @@ class _RecurrentStep:
     def __call__(self, ids, t, state: list):
         cfg = self.cfg
         table = rg.create_parameter("embed.w", [len(cfg.vocab), cfg.embed], init=("normal", 0.0, 0.1))
-        x = rg.gather(table, ids)                                           # [1, 1, E]
+        x = rg.gather(table, rg.reshape(ids[t], [1, 1]))                    # [1, 1, E]
         new_state = []
         for layer in range(cfg.layers):
             name = f"{cfg.model}{layer}"

@@ -18,7 +18,8 @@ layer norms and MLP through the same ``rg.layers`` calls (shared by name), the
 attention written with the same projections, ``split_heads`` and
 ``scaled_dot_product_attention`` over a cache of every earlier position's keys
 and values, ``[layers, N, heads, max_len, head_dim]``, written with
-``rg.update_slice`` (positions not yet written are masked out).
+``rg.update_slice`` (positions not yet written are masked out). A text longer
+than ``max_positions`` slides its window (``CachedStep``).
 
 Example::
 
@@ -76,14 +77,22 @@ def time_major_logits(ids, cfg, max_positions: int, dropout: float = 0.0):
 
 
 class CachedStep:
-    """One position of ``transformer_logits`` for one stream: ``step(ids [1, 1], t, [keys, values])
-    -> (logits [1, V], [keys, values])``, the caches ``[layers, 1, heads, max_len, head_dim]``.
+    """One position of ``transformer_logits`` for one stream over a key/value cache:
+    ``step(ids, t, state) -> (logits [1, V], state)`` for the id ``ids[t]`` of the int64
+    buffer ``ids``; ``state`` is ``[keys, values, offset]``, the caches
+    ``[layers, 1, heads, max_len, head_dim]`` (max_len = min(text length, max_positions)) and
+    the position of the cache's first entry in the text.
+
+    A text longer than the ``max_positions`` the model has learned slides its window: when the
+    cache is full, it is refilled with the last ``max_positions // 2`` ids at positions 0, 1, ...
+    (a ``while_loop`` under a ``cond``) and the text goes on from there, as a model that
+    recomputes everything would on that window.
 
     Example::
 
         step = CachedStep(cfg, max_positions=128)
-        caches = step.initial(total)                  # zeros, total = the text's length (a 0-d Var)
-        logits, caches = step(rg.reshape(ids[t], [1, 1]), t, caches)
+        state = step.initial(total)                   # zeros, total = the text's length (a 0-d Var)
+        logits, state = step(ids, t, state)
     """
 
     def __init__(self, cfg, max_positions: int):
@@ -92,21 +101,46 @@ class CachedStep:
         self.head_dim = cfg.hidden // cfg.heads
 
     def initial(self, total) -> list:
-        """Zero caches for ``total`` positions (an int64 0-d Var)."""
+        """Zero caches for ``min(total, max_positions)`` positions (``total`` an int64 0-d Var),
+        and the offset 0."""
         cfg = self.cfg
-        along_time = rg.reshape(rg.cast(rg.arange(0, total), "float32") * 0.0, [1, 1, 1, -1, 1])
+        slots = rg.minimum(total, rg.constant(self.max_positions, "int64"))
+        along_time = rg.reshape(rg.cast(rg.arange(0, slots), "float32") * 0.0, [1, 1, 1, -1, 1])
         zeros = along_time + rg.fill([cfg.layers, 1, cfg.heads, 1, self.head_dim], 0.0)
-        return [zeros, zeros]
+        return [zeros, zeros, rg.constant(0, "int64")]
 
     def __call__(self, ids, t, state: list):
+        keys, values, offset = state
+        keys, values, offset = rg.cond(t - offset >= self.max_positions,
+                                       lambda: self._refill(ids, t, keys, values),
+                                       lambda: (keys, values, offset))
+        logits, keys, values = self._position(ids[t], t - offset, keys, values)
+        return logits, [keys, values, offset]
+
+    def _refill(self, ids, t, keys, values):
+        """The caches of ids ``t - keep .. t - 1`` at positions ``0 .. keep - 1`` (keep =
+        max_positions // 2), and the new offset ``t - keep``."""
+        keep = self.max_positions // 2
+        offset = t - keep
+
+        def one(j, keys, values):
+            _, keys, values = self._position(ids[offset + j], j, keys, values)
+            return j + 1, keys, values
+
+        _, keys, values = rg.while_loop(lambda j, keys, values: j < keep, one,
+                                        [rg.constant(0, "int64"), keys * 0.0, values * 0.0])
+        return keys, values, offset
+
+    def _position(self, id_, p, keys, values):
+        """The logits ``[1, V]`` for ``id_`` (int64 0-d) at position ``p``, and the caches with
+        its keys and values written at ``p``."""
         cfg = self.cfg
-        keys, values = state
         table, position_table = _embeddings(cfg, self.max_positions)
-        x = rg.gather(table, ids) + rg.reshape(position_table[t], [1, 1, cfg.hidden])     # [1, 1, D]
-        written = rg.arange(0, dim(keys, 3)) <= t                           # [max_len]
+        x = rg.gather(table, rg.reshape(id_, [1, 1])) + rg.reshape(position_table[p], [1, 1, cfg.hidden])
+        written = rg.arange(0, dim(keys, 3)) <= p                           # [max_len]
         for i in range(cfg.layers):
-            x, keys, values = self._block(x, t, i, keys, values, written)
-        return rg.reshape(_head(cfg, x), [1, len(cfg.vocab)]), [keys, values]
+            x, keys, values = self._block(x, p, i, keys, values, written)
+        return rg.reshape(_head(cfg, x), [1, len(cfg.vocab)]), keys, values
 
     def _block(self, x, t, i, keys, values, written):
         """``rg.layers.transformer_block(x, name=f"block{i}")`` at position ``t``, its attention

@@ -17,14 +17,14 @@ PROMPT = np.array([69, 70, 71, 0], dtype=np.int64)
 MAX_POSITIONS = 24
 
 
-def full_model(cfg):
+def full_model(cfg, max_positions=MAX_POSITIONS):
     """The model over whole texts (the training program's forward), its parameters initialised
     (embeddings scaled up so that greedy decoding keeps changing its answer)."""
     main, startup = rg.Program(random_seed=1), rg.Program(random_seed=1)
     with rg.program_guard(main, startup):
         ids = rg.data("ids", [-1, -1], dtype="int64")
         positions = rg.data("positions", [-1], dtype="int64")
-        logits = transformer_logits(ids, positions, cfg, MAX_POSITIONS)
+        logits = transformer_logits(ids, positions, cfg, max_positions)
     exe = rg.Executor()
     exe.run(startup)
     params = {v.name: np.asarray(exe.scope.find(v.name)) for v in main.global_block().vars.values()
@@ -69,10 +69,11 @@ def test_cached_generation_equals_recomputed_greedy_decoding(cfg):
         recomputed_greedy(cfg, PROMPT[:1], 6)
 
 
-def test_cached_generation_draws_the_same_ids_on_every_backend(backend):
+@pytest.mark.parametrize("window", [MAX_POSITIONS, 8])
+def test_cached_generation_draws_the_same_ids_on_every_backend(backend, window):
     cfg = CONFIGS[0]
-    _, _, _, params = full_model(cfg)
-    gen = build_generator(cfg, max_positions=MAX_POSITIONS)
+    _, _, _, params = full_model(cfg, window)
+    gen = build_generator(cfg, max_positions=window)
     for seed, top_k in ((5, 0), (6, 3)):
         want = run_generator(executor(params), gen, PROMPT, 18, 1.0, seed, top_k)
         got = run_generator(executor(params, backend.name, backend.device), gen, PROMPT, 18, 1.0, seed, top_k)
@@ -100,19 +101,44 @@ def test_the_cache_is_carried_by_the_loop_and_written_with_update_slice():
     gen = build_generator(cfg, max_positions=MAX_POSITIONS)
     loop, = [op for op in gen.program.global_block().ops if op.type == "While"]
     body = loop.attrs["body"]
-    caches = [body.var(name) for name in loop.attrs["carry_binds"][2:]]
+    caches = [body.var(name) for name in loop.attrs["carry_binds"][2:4]]
     assert [tuple(v.shape) for v in caches] == [(2, 1, 4, -1, 4)] * 2         # [layers, N, heads, len, hd]
     assert sum(op.type == "UpdateSlice" for op in body.ops) == 2 * cfg.layers + 1
+    assert [op.type for op in body.ops].count("If") == 1                      # the window's refill
 
 
-def test_a_text_longer_than_the_positions_is_refused_before_running():
-    cfg = CONFIGS[1]
-    _, _, _, params = full_model(cfg)
-    gen = build_generator(cfg, max_positions=MAX_POSITIONS)
-    with pytest.raises(rg.FeedError, match="24 positions.*at most 20 ids"):
-        run_generator(executor(params), gen, PROMPT, 21, 0.8, seed=0)
+def recomputed_sliding_greedy(cfg, prompt, length, window):
+    """Greedy decoding recomputing the model on the window of the text the cache stands for:
+    ids ``offset .. t`` at positions ``0 ..``, the window moving to the last ``window // 2`` ids
+    whenever it is full."""
+    main, logits, exe, _ = full_model(cfg, window)
+    ids, offset = list(prompt), 0
+    for t in range(len(prompt) + length - 1):
+        if t - offset >= window:
+            offset = t - window // 2
+        if t + 1 >= len(prompt):
+            context = ids[offset:t + 1]
+            out, = exe.run(main, feed={"ids": np.array([context]), "positions": np.arange(len(context))},
+                           fetch_list=[logits])
+            ids.append(int(np.argmax(out[0, -1])))
+    return ids
+
+
+@pytest.mark.parametrize("window", [8, 5])
+def test_a_text_longer_than_the_positions_slides_its_window(window):
+    cfg = CONFIGS[0]
+    want = recomputed_sliding_greedy(cfg, PROMPT, 20, window)
+    _, _, _, params = full_model(cfg, window)
+    gen = build_generator(cfg, max_positions=window)
+    assert run_generator(executor(params), gen, PROMPT, 20, 0.0, seed=0).tolist() == want
+    long_prompt = np.arange(30, 30 + 2 * window + 1)                 # the prompt alone overflows the window
+    assert run_generator(executor(params), gen, long_prompt, 6, 0.0, seed=0).tolist() == \
+        recomputed_sliding_greedy(cfg, long_prompt, 6, window)
+
+
+def test_a_transformer_generator_needs_its_positions():
     with pytest.raises(rg.ProgramError, match="needs max_positions"):
-        build_generator(cfg)
+        build_generator(CONFIGS[1])
 
 
 def test_time_major_logits_are_the_batch_major_models_rows_in_time_order():
