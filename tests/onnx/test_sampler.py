@@ -107,3 +107,24 @@ def test_the_lines_python_m_sampler_prints_generate_the_samples_text(tmp_path, c
                               "--temperature", "0.8")
     assert sampler_main([str(tmp_path / "g.onnx"), "--length", "200"]) == 0
     assert capsys.readouterr().out[:-1] == printed
+
+
+def test_a_saved_transformer_generates_the_same_text_in_onnxruntime(tmp_path, capsys):
+    """--model transformer: retrograd sample and the exported generator (the key/value cache,
+    sliding past the 8 learned positions) write the same text; no one-step export for it."""
+    cfg = ModelConfig(model="transformer", hidden=16, layers=2, heads=2)
+    t = build_training(cfg, seq_len=8, optimizer="adam", lr=1e-3, clip_norm=None, seed=1)
+    exe = rg.Executor()
+    exe.run(t.startup)
+    path = tmp_path / "t.npz"
+    rg.save_params(exe.scope, str(path), t.main)
+    assert cli_main(["export", "--generate", str(path), "-o", str(tmp_path / "t.onnx")]) == 0
+    capsys.readouterr()
+    from retrograd.onnx.sampler import generate_with_onnxruntime
+    for seed in (0, 5):
+        text = generate_with_onnxruntime(tmp_path / "t.onnx", "def ", 30, temperature=1.0, seed=seed)
+        assert len(text) == 34
+        assert text == _sample(path, capsys, "--length", "30", "--temperature", "1.0", "--seed", str(seed))
+    assert cli_main(["export", str(path)]) == 2
+    err = capsys.readouterr().err
+    assert "no one-step sampling program" in err and "--generate" in err and len(err.strip().splitlines()) == 1
