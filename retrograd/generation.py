@@ -17,7 +17,8 @@ names of ``retrograd train``'s model (``retrograd/charlm.py``) whose inputs are
 and whose output ``ids`` int64 ``[P + length]`` is the prompt followed by the
 drawn ids. One ``rg.while_loop`` runs the model one id at a time, carrying
 the step ``t``, the id buffer and the model's state (the recurrent layers'
-``h``/``c`` for LSTM/GRU/MILSTM, a key/value cache for the transformer):
+``h``/``c`` for LSTM/GRU/MILSTM, a key/value cache for the transformer, which
+slides its window past the positions it learned; ``retrograd/transformer_lm.py``):
 step ``t`` reads ``ids[t]``, and writes ``ids[t + 1]`` with
 ``rg.update_slice`` -- the prompt's next id while ``t + 1 < P`` (that part of
 the loop only sets the state), else a draw of ``rg.categorical``.

@@ -9,7 +9,8 @@ current character of N streams) and per recurrent layer ``<layer>.h0`` (and
 vocabulary the model was trained with (character ``i`` of the string is id
 ``i``; ``V`` characters, 96 for the built-in corpus) is in the model's
 metadata under ``vocab``, the id any other character reads as under
-``unknown``, so sampling needs onnxruntime alone.
+``unknown``, so sampling needs onnxruntime alone. (A transformer has no such
+step: it exports as the generator below.)
 
 ``retrograd export --generate`` writes the whole generation loop instead
 (``retrograd/generation.py``): ONE model whose inputs are ``prompt`` (int64
