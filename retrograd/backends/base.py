@@ -183,7 +183,6 @@ class Backend:
         """``(dx, dweight or None, dbias or None)`` with the statistics the forward used."""
         return norm_math.batch_norm_backward(self.xp, dy, x, mean, var, weight, eps, training,
                                              want_weight, want_bias)
-
     # -- elementwise special functions (a backend overrides them with its library's own) ---------
     def erf(self, x):
         """The error function, elementwise (``special.erf``: Array API operations only)."""

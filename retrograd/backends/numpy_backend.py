@@ -134,7 +134,6 @@ class NumpyBackend(Backend):
 
     def einsum(self, equation: str, *operands):
         return numpy_einsum.einsum(equation, *operands)     # pairwise, each one batched matmul
-
     def erf(self, x):
         try:
             from scipy.special import erf

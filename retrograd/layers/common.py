@@ -31,8 +31,8 @@ def fc(x: Var, size: int, act: str | None = None, name: str | None = None) -> Va
     Creates ``<name>.w [D, size]`` (Xavier-uniform) and ``<name>.b [size]``
     (zeros) in ``x``'s dtype; ``act`` is None, "tanh", "sigmoid", "relu",
     "softmax" (over the last axis), "gelu", "silu", "leaky_relu" (slope 0.01),
-    "elu" (alpha 1) or "softplus", each with ``rg.<act>``'s defaults. Calling again with the same name shares
-    the parameters. A ``name`` given (and not yet used) also names the output
+    "elu" (alpha 1) or "softplus", each with ``rg.<act>``'s defaults. Calling
+    again with the same name shares the parameters. A ``name`` given (and not yet used) also names the output
     Var, so it can be fetched by that name (``fetch_list=["fc1"]``, or the
     output of an exported ONNX model).
 

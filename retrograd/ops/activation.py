@@ -15,7 +15,7 @@ from .lowering import lowers
 from .math import exp, sigmoid, tanh, where
 from .registry import append_op, defop
 from .shapes import float_same_as_first
-from .special import erf, erf_onnx, expm1_onnx, log1p_onnx
+from .special import erf_onnx, expm1_onnx, log1p_onnx
 
 SQRT_2_OVER_PI = math.sqrt(2.0 / math.pi)
 GELU_CUBIC = 0.044715

@@ -16,9 +16,8 @@ from __future__ import annotations
 import math
 
 from ..errors import ProgramError, ShapeError, kernel_failure
-from ..ir.dtypes import is_float
 from ..ir.program import Var, as_int
-from .lowering import axes_input, lowers
+from .lowering import lowers
 from .registry import append_op, defop
 from .reduce import axis_attr, reduce_onnx, reduce_rule
 from .shapes import normalize_axes, normalize_axis

@@ -11,7 +11,7 @@ import math
 
 from ..ir.program import Var
 from ..backends import special
-from .lowering import elementwise, lowers
+from .lowering import lowers
 from .registry import append_op, defop
 from .shapes import float_same_as_first
 

@@ -182,3 +182,20 @@ def test_extremes_of_a_scalar(backend):
                       {"s": s0})
     assert y.shape == () and float(y) == 2.5 and float(ds) == 1.0
     assert i.shape == () and int(i) == 0 and j.shape == () and int(j) == 0
+
+
+def test_max_gradient_with_sizes_known_only_at_run_time(backend):
+    main, startup = rg.Program(), rg.Program()
+    with rg.program_guard(main, startup):
+        x = rg.data("x", [-1, -1, 3], "float64", stop_gradient=False)
+        y = rg.max(x, axis=[0, 2])
+        dx, = rg.gradients(rg.sum(y * y), x)
+    exe = backend.executor()
+    for shape in [(2, 4, 3), (1, 2, 3)]:
+        x0 = distinct(shape, seed=len(shape))
+        got_y, got_dx = exe.run(main, feed={"x": x0}, fetch_list=[y, dx])
+        t = torch.tensor(x0, requires_grad=True)
+        want = torch.amax(t, (0, 2))
+        (want * want).sum().backward()
+        np.testing.assert_array_equal(got_y, want.detach().numpy())
+        np.testing.assert_allclose(got_dx, t.grad.numpy(), rtol=1e-12)

@@ -522,6 +522,50 @@ def _avg_pool(r):
     return [(lambda x: rg.avg_pool2d(x, 2), {"x": normal(r, 2, 3, 4, 6)}),
             (lambda x: rg.avg_pool2d(x, 3, stride=(2, 1), padding=1), {"x": normal(r, 1, 2, 5, 4)})]
 
+
+def _lstm_sequence(r):
+    """A whole LSTM layer as one op, both directions, with and without a bias."""
+    n, d, h = 2, 3, 2
+    base = {"x": normal(r, 3, n, d), "w_ih": normal(r, d, 4 * h) * 0.5, "w_hh": normal(r, h, 4 * h) * 0.5,
+            "h0": normal(r, n, h), "c0": normal(r, n, h)}
+    return [
+        (lambda x, w_ih, w_hh, b, h0, c0: list(rg.lstm_sequence(x, w_ih, w_hh, b, h0, c0, 0.5)),
+         {"x": base["x"], "w_ih": base["w_ih"], "w_hh": base["w_hh"], "b": normal(r, 4 * h),
+          "h0": base["h0"], "c0": base["c0"]}),
+        (lambda x, w_ih, w_hh, h0, c0: list(rg.lstm_sequence(x, w_ih, w_hh, None, h0, c0, reverse=True,
+                                                             keep="cells")), base),
+    ]
+def _tensor_array_write(r):
+    def writes(a, x):
+        arr = rg.TensorArray(dtype="float64", element_shape=[3]).write(0, a).write(1, x * a)
+        return arr.write(0, rg.sin(x)).write(2, a).stack()            # an overwrite, then an append
+    return [(writes, {"a": normal(r, 3), "x": normal(r, 3)})]
+
+
+def _tensor_array_read(r):
+    def reads(a, x):
+        arr = rg.TensorArray(dtype="float64", element_shape=[-1, 2]).write(0, a).write(1, x)
+        return arr.read(1) * arr.read(rg.constant(0)) + arr.read(0)
+    return [(reads, {"a": normal(r, 3, 2), "x": normal(r, 3, 2)})]
+
+
+def _tensor_array_grads(r):
+    from retrograd.ops.tensor_array import read_grad, write_grad
+    i64 = lambda v: rg.constant(v, dtype="int64")  # noqa: E731
+    return {
+        "TensorArrayReadGrad": [(lambda dy: read_grad(dy, i64(4), i64(2)), {"dy": normal(r, 3)})],
+        "TensorArrayWriteGrad": [
+            (lambda d: write_grad(d, i64(3), i64(1), i64(4)), {"d": normal(r, 4, 2)}),     # overwrite
+            (lambda d: write_grad(d, i64(2), i64(2), i64(3)), {"d": normal(r, 3, 2)}),     # append
+            (lambda d: write_grad(d, i64(5), i64(0), i64(3)), {"d": normal(r, 3, 2)})],    # padded
+    }
+
+
+def _custom_gradient(r):
+    true_grad = rg.custom_gradient(lambda x, w: rg.tanh(x @ w),            # grad_fn = the true gradient
+                                   lambda xs, ys, dys: [(dys[0] * (1.0 - ys[0] * ys[0])) @ rg.transpose(xs[1], [1, 0]),
+                                                        rg.transpose(xs[0], [1, 0]) @ (dys[0] * (1.0 - ys[0] * ys[0]))])
+    return [(lambda x, w: true_grad(x, w), {"x": normal(r, 2, 3), "w": normal(r, 3, 4)})]
 # --- activations, special functions, extrema, reductions, cumulative ops (issue 19) ----------------
 
 def distinct(r, *shape, gap=0.1):
@@ -607,51 +651,6 @@ def _gelu_grad(r):
 def _softplus(r):
     return [(rg.softplus, {"x": normal(r, 3, 4) * 3.0}),
             (rg.softplus, {"x": np.array([-30.0, 19.5, 20.5, 25.0])})]
-
-
-def _lstm_sequence(r):
-    """A whole LSTM layer as one op, both directions, with and without a bias."""
-    n, d, h = 2, 3, 2
-    base = {"x": normal(r, 3, n, d), "w_ih": normal(r, d, 4 * h) * 0.5, "w_hh": normal(r, h, 4 * h) * 0.5,
-            "h0": normal(r, n, h), "c0": normal(r, n, h)}
-    return [
-        (lambda x, w_ih, w_hh, b, h0, c0: list(rg.lstm_sequence(x, w_ih, w_hh, b, h0, c0, 0.5)),
-         {"x": base["x"], "w_ih": base["w_ih"], "w_hh": base["w_hh"], "b": normal(r, 4 * h),
-          "h0": base["h0"], "c0": base["c0"]}),
-        (lambda x, w_ih, w_hh, h0, c0: list(rg.lstm_sequence(x, w_ih, w_hh, None, h0, c0, reverse=True,
-                                                             keep="cells")), base),
-    ]
-def _tensor_array_write(r):
-    def writes(a, x):
-        arr = rg.TensorArray(dtype="float64", element_shape=[3]).write(0, a).write(1, x * a)
-        return arr.write(0, rg.sin(x)).write(2, a).stack()            # an overwrite, then an append
-    return [(writes, {"a": normal(r, 3), "x": normal(r, 3)})]
-
-
-def _tensor_array_read(r):
-    def reads(a, x):
-        arr = rg.TensorArray(dtype="float64", element_shape=[-1, 2]).write(0, a).write(1, x)
-        return arr.read(1) * arr.read(rg.constant(0)) + arr.read(0)
-    return [(reads, {"a": normal(r, 3, 2), "x": normal(r, 3, 2)})]
-
-
-def _tensor_array_grads(r):
-    from retrograd.ops.tensor_array import read_grad, write_grad
-    i64 = lambda v: rg.constant(v, dtype="int64")  # noqa: E731
-    return {
-        "TensorArrayReadGrad": [(lambda dy: read_grad(dy, i64(4), i64(2)), {"dy": normal(r, 3)})],
-        "TensorArrayWriteGrad": [
-            (lambda d: write_grad(d, i64(3), i64(1), i64(4)), {"d": normal(r, 4, 2)}),     # overwrite
-            (lambda d: write_grad(d, i64(2), i64(2), i64(3)), {"d": normal(r, 3, 2)}),     # append
-            (lambda d: write_grad(d, i64(5), i64(0), i64(3)), {"d": normal(r, 3, 2)})],    # padded
-    }
-
-
-def _custom_gradient(r):
-    true_grad = rg.custom_gradient(lambda x, w: rg.tanh(x @ w),            # grad_fn = the true gradient
-                                   lambda xs, ys, dys: [(dys[0] * (1.0 - ys[0] * ys[0])) @ rg.transpose(xs[1], [1, 0]),
-                                                        rg.transpose(xs[0], [1, 0]) @ (dys[0] * (1.0 - ys[0] * ys[0]))])
-    return [(lambda x, w: true_grad(x, w), {"x": normal(r, 2, 3), "w": normal(r, 3, 4)})]
 
 
 def _attention(r):
@@ -765,7 +764,17 @@ CASES = {
     "AvgPool": _avg_pool,
     **{op_type: (lambda r, t=op_type: _pool_grad_ops(r)[t])
        for op_type in ("MaxPoolGrad", "MaxPoolGather", "AvgPoolGrad")},
-
+    # attention
+    "ScaledDotProductAttention": _attention,
+    "ScaledDotProductAttentionGrad": _attention_grad,
+    "SplitHeads": lambda r: _heads(r)["SplitHeads"],
+    "MergeHeads": lambda r: _heads(r)["MergeHeads"],
+    # TensorArray
+    "TensorArrayWrite": _tensor_array_write,
+    "TensorArrayRead": _tensor_array_read,
+    "TensorArrayReadGrad": lambda r: _tensor_array_grads(r)["TensorArrayReadGrad"],
+    "TensorArrayWriteGrad": lambda r: _tensor_array_grads(r)["TensorArrayWriteGrad"],
+    "CustomGradient": _custom_gradient,
     # activations and special functions (issue 19)
     "Gelu": _gelu,
     "GeluGrad": _gelu_grad,
@@ -787,17 +796,6 @@ CASES = {
     "Prod": _prod,
     "CumSum": _cumulative(rg.cumsum),
     "CumProd": _cumulative(rg.cumprod),
-    # attention
-    "ScaledDotProductAttention": _attention,
-    "ScaledDotProductAttentionGrad": _attention_grad,
-    "SplitHeads": lambda r: _heads(r)["SplitHeads"],
-    "MergeHeads": lambda r: _heads(r)["MergeHeads"],
-    # TensorArray
-    "TensorArrayWrite": _tensor_array_write,
-    "TensorArrayRead": _tensor_array_read,
-    "TensorArrayReadGrad": lambda r: _tensor_array_grads(r)["TensorArrayReadGrad"],
-    "TensorArrayWriteGrad": lambda r: _tensor_array_grads(r)["TensorArrayWriteGrad"],
-    "CustomGradient": _custom_gradient,
 }
 
 CASES.update({     # normalization and losses (ops/norm.py, ops/losses.py)
@@ -887,8 +885,6 @@ CASES.update({
 })
 DOUBLE_BACKWARD += ["Index", "Scatter", "UpdateSlice", "Stack", "BroadcastTo", "Tile", "Pad", "Einsum"]
 DOUBLE_BACKWARD += ["Conv", "ConvInputGrad", "ConvWeightGrad", "MaxPool", "AvgPool"]
-DOUBLE_BACKWARD += ["Gelu", "GeluGrad", "Silu", "LeakyRelu", "Elu", "Softplus", "Erf", "Log1p", "Expm1", "Rsqrt",
-                    "Max", "Min", "TopK", "LogSumExp", "Prod", "CumSum"]   # CumProd: tests/ops/test_cumulative.py
 
 
 # Libraries some modules import at their top (retrograd.onnx.graph: onnx); without them those
@@ -896,6 +892,8 @@ DOUBLE_BACKWARD += ["Gelu", "GeluGrad", "Silu", "LeakyRelu", "Elu", "Softplus", 
 OPTIONAL_LIBRARIES = {"onnx", "onnxruntime", "torch", "cupy", "mpi4py", "jax", "matplotlib"}
 DOUBLE_BACKWARD += ["TensorArrayWrite", "TensorArrayRead", "TensorArrayReadGrad", "TensorArrayWriteGrad",
                     "CustomGradient"]
+DOUBLE_BACKWARD += ["Gelu", "GeluGrad", "Silu", "LeakyRelu", "Elu", "Softplus", "Erf", "Log1p", "Expm1", "Rsqrt",
+                    "Max", "Min", "TopK", "LogSumExp", "Prod", "CumSum"]   # CumProd: tests/ops/test_cumulative.py
 
 
 def _import_every_module() -> None:

@@ -251,3 +251,24 @@ def test_a_seed_var_must_be_an_int64_scalar():
         logits = rg.data("l", [2, 3], "float32")
         with pytest.raises(rg.ShapeError, match="seed Var must be int64 0-d"):
             rg.categorical(logits, seed=rg.data("s", [1], dtype="int64"))
+
+
+def test_sampling_in_a_loop_draws_per_step_and_matches_across_backends(backend):
+    """Text generation's shape: a while_loop carrying the last sample, drawing the next with
+    categorical from logits that depend on it."""
+    table = np.log(np.random.default_rng(3).dirichlet(np.ones(5), size=5))
+    main = rg.Program(random_seed=4)
+    with rg.program_guard(main, rg.Program()):
+        logits_table = rg.constant(table, "float64")
+
+        def body(i, token, total):
+            logits = rg.gather(logits_table, token)                     # [N, 5]
+            nxt = rg.categorical(logits)
+            return i + 1, nxt, total + nxt
+        start = rg.fill([64], 0, "int64")
+        _, last, total = rg.while_loop(lambda i, token, total: i < 6, body, [rg.constant(0), start, start])
+    got = backend.executor().run(main, fetch_list=[last, total])
+    want = rg.Executor().run(main, fetch_list=[last, total])
+    for g, w in zip(got, want):
+        np.testing.assert_array_equal(g, w)
+    assert len(set(got[1].tolist())) > 3
