@@ -134,6 +134,7 @@ class TorchBackend(Backend):
 
     def einsum(self, equation: str, *operands):
         return self.torch.einsum(equation, *operands)
+
     def erf(self, x):
         return self.torch.special.erf(x)
 
