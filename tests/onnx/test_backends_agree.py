@@ -111,3 +111,94 @@ def test_gemm_sum_fusion_weight_gradient_of_a_third_split_part_loads_in_a_defaul
         return [loss] + rg.gradients(loss, [w, x])
     rng = np.random.default_rng(1)
     _agree(build, {"x": rng.standard_normal((4, 3)), "w": rng.standard_normal((3, 3))})
+
+
+# --- 3. a cond in a loop body whose branches keep different values for the backward --------------
+
+def _i64(value):
+    return rg.constant(value, dtype="int64")
+
+
+def _cond_step(i, h):
+    """The branch taken changes every iteration; each keeps other values for its backward."""
+    return rg.cond(rg.equal(i % 2, _i64(0)), lambda: rg.tanh(rg.tanh(h) * 1.5), lambda: h * 0.5)
+
+
+def _inner_while(h, trips):
+    """v <- tanh(0.9 v + h) ``trips`` times (a run-time count)."""
+    _, v = rg.while_loop(lambda j, v: j < trips, lambda j, v: [j + 1, rg.tanh(v * 0.9 + h)], [_i64(0), h])
+    return v
+
+
+def _data_while(xt, h):
+    """v <- tanh(0.9 v + xt) from h while sum(v) > 0 (at most 3 times): the count depends on the
+    values, so it changes from step to step."""
+    _, v = rg.while_loop(lambda j, v: rg.logical_and(j < 3, rg.sum(v) > 0.0),
+                         lambda j, v: [j + 1, rg.tanh(v * 0.9 + xt)], [_i64(0), h])
+    return v
+
+
+def _while_program(step, recompute=None, second=False):
+    def build():
+        x = rg.data("x", [2], dtype="float64", stop_gradient=False)
+        _, h = rg.while_loop(lambda i, h: i < 3, lambda i, h: [i + 1, step(i, h)], [_i64(0), x],
+                             recompute=recompute)
+        dx, = rg.gradients(rg.sum(h * h), [x])
+        return [h, dx] + (rg.gradients(rg.sum(dx * dx), [x]) if second else [])
+    return build
+
+
+def _recurrent_program(step, recompute=None, second=False):
+    def build():
+        s = rg.data("s", [-1, 2, 3], dtype="float64", stop_gradient=False)
+        x = rg.data("x", [2, 3], dtype="float64", stop_gradient=False)
+        alls, lasts = rg.recurrent(lambda xs, hs: [rg.tanh(step(xs[0], hs[0]) + xs[0])], [s], [x],
+                                   recompute=recompute)
+        loss = rg.sum(lasts[0]) + rg.sum(alls[0]) * 0.5
+        ds, dx = rg.gradients(loss, [s, x])
+        return [loss, ds, dx] + (rg.gradients(rg.sum(dx * dx), [s, x]) if second else [])
+    return build
+
+
+def _recurrent_feed(steps: int) -> dict:
+    rng = np.random.default_rng(3)
+    return {"s": rng.uniform(-1, 1, (steps, 2, 3)), "x": rng.uniform(-1, 1, (2, 3))}
+
+
+@pytest.mark.parametrize("recompute,second", [(None, False), (None, True), (1 << 12, False)],
+                         ids=["first", "second", "budget"])
+def test_cond_in_a_while_body_keeping_other_values_per_branch(recompute, second):
+    """The untaken branch's empty stand-in for a value the loop stacks: "Inconsistent shape in
+    loop output ... Expected:{2} Got:{0}"."""
+    _agree(_while_program(_cond_step, recompute, second), {"x": np.array([0.3, -0.7])})
+
+
+def _cond_on_input(xt, h):
+    return rg.cond(rg.sum(xt) > 0.0, lambda: rg.tanh(rg.tanh(h) * 1.5 + xt), lambda: h * 0.5)
+
+
+@pytest.mark.parametrize("recompute,second", [(None, False), (None, True), ("steps", False), (1 << 12, False)],
+                         ids=["first", "second", "steps", "budget"])
+@pytest.mark.parametrize("steps", [0, 1, 4])
+def test_cond_in_a_recurrent_step_keeping_other_values_per_branch(recompute, second, steps):
+    """"output 'cond_0__3' ... has shape {1,2} but the computed output shape for this run is
+    {0,0}" (the engine's Scan form) and the same in exported Loops."""
+    _agree(_recurrent_program(_cond_on_input, recompute, second), _recurrent_feed(steps))
+
+
+# --- 4. an inner while_loop whose trip count changes between outer iterations --------------------
+
+@pytest.mark.parametrize("recompute,second", [(None, False), (None, True), (1 << 12, False)],
+                         ids=["first", "second", "budget"])
+def test_inner_while_trip_count_changing_between_outer_iterations(recompute, second):
+    """The inner loop runs i times in outer iteration i: its per-iteration record for the
+    backward is ragged ("Inconsistent shape in loop output ... Expected:{0,2} Got:{1,2}")."""
+    _agree(_while_program(lambda i, h: rg.tanh(_inner_while(h, i) * 1.1), recompute, second),
+           {"x": np.array([0.3, -0.7])})
+
+
+@pytest.mark.parametrize("recompute,second", [(None, False), (None, True), ("steps", False), (1 << 12, False)],
+                         ids=["first", "second", "steps", "budget"])
+@pytest.mark.parametrize("steps", [0, 1, 4])
+def test_inner_while_trip_count_changing_between_recurrent_steps(recompute, second, steps):
+    _agree(_recurrent_program(_data_while, recompute, second), _recurrent_feed(steps))
