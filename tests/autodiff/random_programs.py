@@ -290,6 +290,8 @@ def torch_reference(desc: dict, seed: int) -> dict:
     pre = _apply(desc["pre"], nodes, w, 1, leaves.get("k"))
     out = _structure(desc, pre, x, w, leaves.get("s"), desc["trips"], 1, k=leaves.get("k"))
     loss = (out * torch.tensor(vals["p1"])).sum() + (pre * torch.tensor(vals["p2"])).sum()
+    if "k" in leaves:          # a 0-d value computed from the 0-d leaf alone
+        loss = loss + leaves["k"] * leaves["k"] * 0.1
     second = desc["second"]
     grads = torch.autograd.grad(loss, [leaves[k] for k in names], allow_unused=True, create_graph=second)
     result = {"loss": loss.detach().numpy(), "grads": _as_numpy(names, grads, vals)}
@@ -325,6 +327,8 @@ def build_program(desc: dict, seed: int):
         pre = _apply(desc["pre"], [x, leaves["y"]], w, 0, leaves.get("k"))
         out = _structure(desc, pre, x, w, leaves.get("s"), trips, 0, lengths, leaves.get("k"))
         loss = rg.sum(out * rg.constant(vals["p1"], dtype=dtype)) + rg.sum(pre * rg.constant(vals["p2"], dtype=dtype))
+        if "k" in leaves:      # a 0-d value computed from the 0-d leaf alone
+            loss = loss + leaves["k"] * leaves["k"] * 0.1
         grads = rg.gradients(loss, [leaves[k] for k in names])
         fetch = [loss] + [g for g in grads if g is not None]
         labels = ["loss"] + [f"grads.{k}" for k, g in zip(names, grads) if g is not None]
