@@ -27,7 +27,7 @@ from ..errors import ExecutionError, ProgramError
 from ..ir.builder import capture_ops, emit
 from ..ir.program import Op, Var
 from ..ops import streams
-from ..ops.loop_stacks import RaggedStacks, ragged_values
+from ..ops.loop_stacks import RaggedStacks
 from ..ops.lowering import lowers
 from ..ops.registry import GradCtx, defop
 from .recompute import seen_from
@@ -239,17 +239,12 @@ def _while_budget_grad_onnx(g):
     binds = {**dict(zip(loop_names[n:], loop_in[n:])), **dict(zip(a["fwd_carry_binds"], state))}
     new = fwd.lower(a["fwd_body"], binds, list(a["fwd_body_outs"]) + list(a["x_binds"]))
     carried = g.in_vars[1 + c + m:1 + c + m + n]
-    ragged = [j for j, x in enumerate(a["x_binds"]) if x in ragged_values(a["fwd_body"])
-              and a["fwd_body"].var(x).ndim > 0]      # as While's lowering stacks them
-    padded = RaggedStacks(g, [a["fwd_body"].var(a["x_binds"][j]) for j in ragged])
-    _, ragged_outputs = padded.carry(fwd, [new[n + j] for j in ragged])
-    outputs = ([(cond, "bool", [])] + list(zip(new[:n], carried)) + ragged_outputs
-               + [(v, a["fwd_body"].var(x)) for j, (v, x) in enumerate(zip(new[n:], a["x_binds"]))
-                  if j not in ragged])
-    outs = g.nodes("Loop", [count, "", *loop_in[:n], *padded.starts], len(outputs) - 1,
+    kept = RaggedStacks(g, a["fwd_body"], a["x_binds"])      # as While's lowering stacks them
+    outputs = ([(cond, "bool", [])] + list(zip(new[:n], carried)) + kept.carry(fwd, new[n:])
+               + kept.scanned([(v, a["fwd_body"].var(x)) for v, x in zip(new[n:], a["x_binds"])]))
+    outs = g.nodes("Loop", [count, "", *loop_in[:n], *kept.starts], len(outputs) - 1,
                    body=fwd.finish(f"{g.op.outputs[0]}.forward", outputs))
-    rows, scanned = iter(padded.stacks(g, outs[n:n + 2 * len(ragged)])), iter(outs[n + 2 * len(ragged):])
-    stacks = [next(rows) if j in ragged else next(scanned) for j in range(len(a["x_binds"]))]
+    stacks = kept.stacks(g, outs[n:n + kept.width], outs[n + kept.width:])
     back = g.child()
     i = back.input("iter", "int64", [])
     cond = back.input("cond", "bool", [])

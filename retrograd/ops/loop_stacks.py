@@ -126,34 +126,60 @@ def _branches_differ(attrs: dict, i: int) -> bool:
     return any(spec in ragged_values(block) for block, spec in named)
 
 
-class RaggedStacks:
-    """ONNX Loop stacks ``[iterations, ...]`` of body values ``vars`` whose shape may change
-    between iterations: each is carried as a sequence beside its running largest shape
-    (``starts`` are the Loop's initial values of those carries, ``carry`` the body's part),
-    then zero-padded to that shape and stacked (``stacks``), as the kernels pad them. The
-    largest shape starts at the Var's known sizes, so zero iterations give the kernels' empty
-    stack."""
+def ragged_positions(block: Block, names: Sequence[str]) -> list[int]:
+    """Positions of ``names`` (values of ``block`` a loop keeps per iteration) whose shape may
+    change between iterations (``ragged_values``; a 0-d value never does)."""
+    ragged = ragged_values(block)
+    return [j for j, name in enumerate(names) if name in ragged and block.var(name).ndim > 0]
 
-    def __init__(self, g, vars_: list):
-        self.vars = list(vars_)
+
+class RaggedStacks:
+    """The ONNX Loop stacks ``[iterations, ...]`` of the body values ``names`` of ``block``: those
+    whose shape may change between iterations (``positions``) are carried as sequences beside
+    their running largest shape (``starts``: the Loop's initial values of those carries, after
+    the loop's own; ``carry``: the body's outputs for them, after its own carries), then
+    zero-padded to that shape and stacked, as the kernels pad them; the others are the Loop's
+    scan outputs (``scanned``). The largest shape starts at the Var's known sizes, so zero
+    iterations give the kernels' empty stack. Example (a Loop with ``c`` carries)::
+
+        stacks = RaggedStacks(g, body_block, kept_names)
+        outputs = [cond, *carries] + stacks.carry(body, kept) + stacks.scanned(kept_outputs)
+        outs = g.nodes("Loop", [count, "", *inits, *stacks.starts], ...)
+        kept_stacks = stacks.stacks(g, outs[c:c + stacks.width], outs[c + stacks.width:])
+    """
+
+    def __init__(self, g, block: Block, names: Sequence[str]):
+        self.count = len(names)
+        self.positions = ragged_positions(block, names)
+        self.vars = [block.var(names[j]) for j in self.positions]
+        self.width = 2 * len(self.vars)          # carries per ragged value: the sequence, the shape
         self.starts = ([g.node("SequenceEmpty", [], dtype=g.onnx_dtype(var.dtype)) for var in self.vars]
                        + [g.const([max(d, 0) for d in var.shape], "int64") for var in self.vars])
 
-    def carry(self, body, values: list[str]) -> tuple[list[str], list[tuple]]:
-        """(the body's inputs for the carries, its outputs: the carries after appending ``values``,
-        the body's values of ``vars``); inputs and outputs both sequences first, then shapes."""
+    def carry(self, body, values: Sequence[str]) -> list[tuple]:
+        """The body's inputs for the carries (made here: call it right after the body's own
+        carries' inputs are made) and its outputs for them, given the body's ``values`` of every
+        name: the sequences with the ragged values appended, then the largest shapes."""
         seqs = [body.input("kept.seq", f"sequence:{var.dtype}", None) for var in self.vars]
         largest = [body.input("kept.shape", "int64", [var.ndim]) for var in self.vars]
+        ragged = [values[j] for j in self.positions]
         outputs = [(body.node("SequenceInsert", [seq, value]), f"sequence:{var.dtype}", None)
-                   for seq, value, var in zip(seqs, values, self.vars)]
-        outputs += [(body.node("Max", [shape, body.shape(value)]), "int64", [var.ndim])
-                    for shape, value, var in zip(largest, values, self.vars)]
-        return seqs + largest, outputs
+                   for seq, value, var in zip(seqs, ragged, self.vars)]
+        return outputs + [(body.node("Max", [shape, body.shape(value)]), "int64", [var.ndim])
+                          for shape, value, var in zip(largest, ragged, self.vars)]
 
-    def stacks(self, g, outs: list[str]) -> list[str]:
-        """The padded ``[iterations, ...]`` stacks from the Loop's final carries ``outs``."""
+    def scanned(self, items: Sequence) -> list:
+        """``items`` (one per name) of the names stacked as scan outputs."""
+        return [item for j, item in enumerate(items) if j not in self.positions]
+
+    def stacks(self, g, carried: Sequence[str], scanned: Sequence[str]) -> list[str]:
+        """The stack of every name, in order: the padded ones from the Loop's final ``carried``
+        values, the others from its scan outputs ``scanned``."""
         k = len(self.vars)
-        return [_padded_stack(g, seq, shape, var) for seq, shape, var in zip(outs[:k], outs[k:], self.vars)]
+        padded = iter([_padded_stack(g, seq, shape, var)
+                       for seq, shape, var in zip(carried[:k], carried[k:], self.vars)])
+        rows = iter(scanned)
+        return [next(padded) if j in self.positions else next(rows) for j in range(self.count)]
 
 
 def _padded_stack(g, seq: str, shape: str, var) -> str:

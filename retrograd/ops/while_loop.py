@@ -29,7 +29,7 @@ from ..ir.builder import block_guard, current_block
 from ..ir.program import Block, Op, Var
 from . import streams
 from .loop_grad import LoopView, loop_grad
-from .loop_stacks import Kept, RaggedStacks, ragged_values
+from .loop_stacks import Kept, RaggedStacks
 from .recurrent_steps import budget_variant, is_budget
 from .registry import GradCtx, append_op, defop
 from .lowering import lowers
@@ -155,13 +155,10 @@ def _while_onnx(g):
     body.input("cond", "bool", [])
     carries = [body.input(name, var.dtype, None) for name, var in zip(a["carry_binds"], carry_vars)]
     count = body.input("iters", "int64", [])
-    ragged = _ragged_ys(a["body"], a["ys"])
-    stacks = RaggedStacks(g, [a["body"].var(a["ys"][j]) for j in ragged])
+    stacks = RaggedStacks(g, a["body"], a["ys"])
     values = body.lower(a["body"], dict(zip(a["carry_binds"], carries)), list(a["body_outs"]) + list(a["ys"]))
     new, kept = values[:n], values[n:]
-    _, ragged_outputs = stacks.carry(body, [kept[j] for j in ragged])
-    kept = [value for j, value in enumerate(kept) if j not in ragged]
-    scanned = [name for j, name in enumerate(a["ys"]) if j not in ragged]
+    ragged_outputs = stacks.carry(body, kept)
     flag, = body.lower(a["cond"], dict(zip(a["cond_binds"], new)), [a["cond_out"]])
     first, flag = _scalar_onnx(g, first), _scalar_onnx(body, flag)
     if a.get("max_iters") == 0:     # only then can the first condition exceed it
@@ -170,30 +167,17 @@ def _while_onnx(g):
         flag = _max_iters_onnx(body, flag, body.node("Add", [iteration, body.const(1, "int64")]))
     outputs = ([(flag, "bool", [])] + list(zip(new, carry_vars))
                + [(body.node("Add", [count, body.const(1, "int64")]), "int64", [])] + ragged_outputs
-               + [(value, a["body"].var(name)) for value, name in zip(kept, scanned)])
+               + stacks.scanned([(value, a["body"].var(name)) for value, name in zip(kept, a["ys"])]))
     graph = body.finish(f"{g.op.outputs[0]}.body", outputs)
     outs = g.nodes("Loop", ["", first, *g.ins[:n], g.const(0, "int64"), *stacks.starts], len(outputs) - 1,
                    body=graph)
-    outs = outs[:n + 1] + _merge_stacks(len(a["ys"]), ragged, stacks.stacks(g, outs[n + 1:n + 1 + 2 * len(ragged)]),
-                                        outs[n + 1 + 2 * len(ragged):])
+    end = n + 1 + stacks.width
+    outs = outs[:n + 1] + stacks.stacks(g, outs[n + 1:end], outs[end:])
     if a.get("budget_outputs"):   # recompute=<bytes>: its ONNX backward re-runs every iteration
         extra = g.out_vars[len(outs):]  # (store-all) and reads no checkpoints: empty ones
         outs += [g.fill(g.const([0] * var.ndim, "int64"), 0, var.dtype) for var in extra[:-1]]
         outs.append(g.const([0] * extra[-1].shape[0], "int64"))
     return outs
-
-
-def _ragged_ys(body: Block, ys) -> list[int]:
-    """Positions of the kept values ``ys`` whose shape may change between iterations (stacked as
-    ONNX sequences and padded: ``RaggedStacks``)."""
-    ragged = ragged_values(body)
-    return [j for j, name in enumerate(ys) if name in ragged and body.var(name).ndim > 0]
-
-
-def _merge_stacks(count: int, ragged: list[int], padded: list[str], scanned: list[str]) -> list[str]:
-    """The ``count`` stacks in order: positions ``ragged`` from ``padded``, the rest from ``scanned``."""
-    padded, scanned = iter(padded), iter(scanned)
-    return [next(padded) if j in ragged else next(scanned) for j in range(count)]
 
 
 def _scalar_onnx(g, value: str) -> str:
@@ -285,17 +269,12 @@ def _scan_onnx(g):
             slices[j] = body.node("Slice", [slices[j], body.node("Mul", [sizes, body.const(0, "int64")]), sizes])
     binds = {**dict(zip(a["carry_binds"], carries)), **dict(zip(a["x_binds"], slices))}
     values = body.lower(a["body"], binds, list(a["body_outs"]) + list(a["ys"]))
-    ragged = _ragged_ys(a["body"], a["ys"])
-    ragged_stacks = RaggedStacks(g, [a["body"].var(a["ys"][j]) for j in ragged])
-    _, ragged_outputs = ragged_stacks.carry(body, [values[c + j] for j in ragged])
-    outputs = ([(cond, "bool", [])] + list(zip(values[:c], g.out_vars[:c])) + ragged_outputs
-               + [(value, a["body"].var(name)) for j, (value, name) in enumerate(zip(values[c:], a["ys"]))
-                  if j not in ragged])
-    outs = g.nodes("Loop", [count, "", *g.ins[1:1 + c], *ragged_stacks.starts], len(outputs) - 1,
+    kept = RaggedStacks(g, a["body"], a["ys"])
+    outputs = ([(cond, "bool", [])] + list(zip(values[:c], g.out_vars[:c])) + kept.carry(body, values[c:])
+               + kept.scanned([(value, a["body"].var(name)) for value, name in zip(values[c:], a["ys"])]))
+    outs = g.nodes("Loop", [count, "", *g.ins[1:1 + c], *kept.starts], len(outputs) - 1,
                    body=body.finish(f"{g.op.outputs[0] if g.op.outputs else 'scan'}.body", outputs))
-    k = 2 * len(ragged)
-    stacks = _merge_stacks(len(a["ys"]), ragged, ragged_stacks.stacks(g, outs[c:c + k]), outs[c + k:])
-    outs = outs[:c]
+    stacks = kept.stacks(g, outs[c:c + kept.width], outs[c + kept.width:])
     if a["reverse"]:
         stacks = [g.node("Slice", [v, g.const([-1], "int64"), g.const([-(1 << 62)], "int64"),
                                    g.const([0], "int64"), g.const([-1], "int64")]) for v in stacks]
