@@ -202,3 +202,23 @@ def test_inner_while_trip_count_changing_between_outer_iterations(recompute, sec
 @pytest.mark.parametrize("steps", [0, 1, 4])
 def test_inner_while_trip_count_changing_between_recurrent_steps(recompute, second, steps):
     _agree(_recurrent_program(_data_while, recompute, second), _recurrent_feed(steps))
+
+
+# --- found by the differential fuzz -----------------------------------------------------------------
+
+@pytest.mark.parametrize("order", ["product first", "value first"])
+def test_a_fetched_value_added_to_a_transposed_product_loads_in_a_default_session(order):
+    """``x @ w^T + c`` with ``c`` fetched too: outputs were Identities of the values, and
+    onnxruntime's basic optimisations (IdentityElimination with the MatMul + Add fusion) left the
+    fused node reading the eliminated Identity's input, so the session did not build ("Node input
+    'mul_0__2' is not a graph input, initializer, or output of a previous node")."""
+    def build():
+        x, y, w = (rg.data(name, [2, 2], dtype="float32") for name in "xyw")
+        k = rg.data("k", [], dtype="float32")
+        c = y * k
+        product = rg.matmul(x, w, transpose_y=True)
+        out = product + c if order == "product first" else c + product
+        return [out, c]
+    rng = np.random.default_rng(5)
+    feed = {name: rng.standard_normal((2, 2)).astype(np.float32) for name in "xyw"}
+    _agree(build, {**feed, "k": np.array(2.0, dtype=np.float32)})
