@@ -6,7 +6,9 @@ of ``fuzz_random_programs.py`` and the hypothesis tests, with its torch twin): c
 recurrent (budgets, "steps", sequence lengths, two states), control flow nested in loop bodies
 (conds on sums and on means, inner loops with constant and value-dependent trip counts),
 second derivatives, float32 and float64, batches of 0 and 1 rows and of 2-3, sequences of 0 to 7
-steps, a 0-d leaf, fed trip counts 0 to 5 with ``max_iters`` 3 sometimes below them. Each runs on
+steps, a 0-d leaf, fed trip counts 0 to 5 with ``max_iters`` 3 sometimes below them, inputs
+declared with -1 sizes or static ones, the weight fed or a parameter (an initializer of the exported
+model, a parameter input of the engine's). Each runs on
 every backend (``tests/autodiff/differential.py``) and is classified:
 
 * ``agree``: every runner gave the NumPy executor's values (float64 NumPy also matches the

@@ -107,8 +107,8 @@ def draw_expression(choose: Choices, inputs: int, length: int, nested: bool = Fa
 def draw_program(choose: Choices, edges: bool = False) -> dict:
     """A description: sizes, the ``pre`` DAG, one structure and its options. ``edges`` (the
     differential fuzz) adds empty and single-row batches (m = 0, 1), float32, the 0-d leaf
-    ``k``, conds on means, value-dependent inner loops and ``max_iters`` below the fed trip
-    count."""
+    ``k``, conds on means, value-dependent inner loops, ``max_iters`` below the fed trip
+    count, inputs declared with -1 sizes and W as a parameter."""
     structure = choose("structure", list(STRUCTURES))
     desc = {"m": choose("m", [0, 1, 1, 2, 3] if edges else [1, 2, 3]), "n": choose("n", [1, 2, 3]),
             "T": choose("T", [0, 1, 3, 7]),
@@ -120,6 +120,8 @@ def draw_program(choose: Choices, edges: bool = False) -> dict:
             "recompute": None, "second": choose("second", [False, True])}
     if edges:
         desc["dtype"] = choose("dtype", ["float64", "float64", "float32"])
+        desc["dynamic"] = choose("dynamic", [False, True])     # x, y, s declared with -1 sizes
+        desc["param_w"] = choose("param_w", [False, True])     # W a parameter (an initializer)
         if structure == "cond":
             desc["pred"] = choose("pred", ["sum", "mean"])
         if structure == "while":
@@ -320,7 +322,7 @@ def build_program(desc: dict, seed: int):
     dtype = desc.get("dtype", "float64")
     main, startup = rg.Program(), rg.Program()
     with rg.program_guard(main, startup):
-        leaves = {k: rg.data(k, list(vals[k].shape), dtype=dtype) for k in names}
+        leaves = {k: _leaf(desc, k, vals[k], dtype) for k in names}
         trips = rg.data("trips", [], dtype="int64")
         lengths = rg.data("lengths", [-1], dtype="int64") if desc.get("lengths") is not None else None
         x, w = leaves["x"], leaves["W"]
@@ -340,11 +342,22 @@ def build_program(desc: dict, seed: int):
                 grads2 = rg.gradients(loss2, [leaves[k] for k in names])
                 fetch += [loss2] + [g for g in grads2 if g is not None]
                 labels += ["loss2"] + [f"grads2.{k}" for k, g in zip(names, grads2) if g is not None]
-    feed = {k: np.asarray(vals[k], dtype=dtype) for k in names}
+    feed = {k: np.asarray(vals[k], dtype=dtype) for k in names if not (k == "W" and desc.get("param_w"))}
     feed["trips"] = np.array(desc["trips"], dtype=np.int64)
     if desc.get("lengths") is not None:
         feed["lengths"] = np.array(desc["lengths"], dtype=np.int64)
     return main, startup, feed, fetch, labels
+
+
+def _leaf(desc: dict, name: str, value: np.ndarray, dtype: str):
+    """Leaf ``name``: fed data (with -1 sizes but the last where ``desc["dynamic"]``), or for W
+    with ``desc["param_w"]`` a parameter initialised to ``value``."""
+    if name == "W" and desc.get("param_w"):
+        return rg.create_parameter("W", list(value.shape), dtype=dtype, init=value.astype(dtype))
+    shape = list(value.shape)
+    if desc.get("dynamic") and name in ("x", "y", "s"):
+        shape = [-1] * (len(shape) - 1) + shape[-1:]
+    return rg.data(name, shape, dtype=dtype)
 
 
 def reference_values(desc: dict, seed: int, labels) -> list:
