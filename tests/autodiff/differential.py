@@ -172,7 +172,7 @@ def classify(outcomes: dict, fetch: Sequence) -> Verdict:
         if why is not None:
             return Verdict("mismatch", f"{runner}: {why}", outcomes)
     if refused:
-        return Verdict("refused", "; ".join(f"{r}: {outcomes[r].error}" for r in refused), outcomes)
+        return Verdict("refused", "; ".join(f"{r}: {outcomes[r].error or ref.error}" for r in refused), outcomes)
     if ref.error is not None:
         return Verdict("same error", f"{type(ref.error).__name__}: {ref.error}", outcomes)
     return Verdict("agree", "", outcomes)
