@@ -38,6 +38,15 @@ def onnx_dtype(dtype: str) -> int:
 
 
 RUN_ID = "retrograd.run_id"
+SEQUENCE = "sequence:"      # a dtype "sequence:<dtype>": an ONNX sequence of tensors of <dtype>
+
+
+def value_info(name: str, dtype: str, shape: Sequence | None = None) -> onnx.ValueInfoProto:
+    """The value info of a tensor of ``dtype`` (``shape``: sizes, None for unknown ones), or of a
+    sequence of such tensors for a dtype ``"sequence:<dtype>"``."""
+    if dtype.startswith(SEQUENCE):
+        return helper.make_tensor_sequence_value_info(name, onnx_dtype(dtype[len(SEQUENCE):]), shape)
+    return helper.make_tensor_value_info(name, onnx_dtype(dtype), shape)
 
 
 class Names:
@@ -151,7 +160,7 @@ class Graph:
     def input(self, hint: str, dtype: str, shape: Sequence | None = None) -> str:
         """A formal input of this graph (a model input, or a Loop body's iteration/carry input)."""
         name = self.names.fresh(hint)
-        self.inputs.append(helper.make_tensor_value_info(name, onnx_dtype(dtype), shape))
+        self.inputs.append(value_info(name, dtype, shape))
         return name
 
     def proto(self, name: str, outputs: Sequence[tuple[str, str]], out_names: Sequence[str] | None = None,
@@ -172,7 +181,7 @@ class Graph:
                 self.nodes.append(helper.make_node("Identity", [value], [out]))
             taken.add(value)
             shape = shapes[i] if shapes is not None else None
-            infos.append(helper.make_tensor_value_info(out, onnx_dtype(dtype), shape))
+            infos.append(value_info(out, dtype, shape))
         return helper.make_graph(self.nodes, name, self.inputs, infos, initializer=self.initializers)
 
     # -- lowering blocks -------------------------------------------------------------------

@@ -70,8 +70,17 @@ def _mean(k, x):
 
 @lowers("Mean")
 def _mean_onnx(g):
+    """ReduceMean where the reduced sizes are known and not 0; else ReduceSum / count, so that the
+    mean of nothing is NaN (0 / 0) as in NumPy and torch: ONNX ReduceMean of an empty tensor is 0."""
     x = g.ins[0] if is_float(g.in_vars[0].dtype) else g.cast(g.ins[0], "float64")
-    return [_reduce_onnx(g, "ReduceMean", x)]
+    shape = g.in_vars[0].shape
+    axes = normalize_axes(g.attrs["axis"], len(shape))
+    if all(shape[a] > 0 for a in axes):
+        return [_reduce_onnx(g, "ReduceMean", x)]
+    total = _reduce_onnx(g, "ReduceSum", x)
+    sizes = g.node("Gather", [g.shape(g.ins[0]), g.const(list(axes), "int64")])
+    count = g.cast(g.node("ReduceProd", [sizes], keepdims=0), g.out_vars[0].dtype)
+    return [g.node("Div", [total, count])]
 
 
 def _axis_attr(axis):
