@@ -126,10 +126,11 @@ def _branches_differ(attrs: dict, i: int) -> bool:
     return any(spec in ragged_values(block) for block, spec in named)
 
 
-def ragged_positions(block: Block, names: Sequence[str]) -> list[int]:
+def ragged_positions(block: Block, names: Sequence[str], seeds=()) -> list[int]:
     """Positions of ``names`` (values of ``block`` a loop keeps per iteration) whose shape may
-    change between iterations (``ragged_values``; a 0-d value never does)."""
-    ragged = ragged_values(block)
+    change between iterations (``ragged_values``, with the bound names ``seeds`` changing shape
+    themselves: a growing loop's carries, a ragged stack's rows; a 0-d value never does)."""
+    ragged = ragged_values(block, seeds)
     return [j for j, name in enumerate(names) if name in ragged and block.var(name).ndim > 0]
 
 
@@ -148,9 +149,9 @@ class RaggedStacks:
         kept_stacks = stacks.stacks(g, outs[c:c + stacks.width], outs[c + stacks.width:])
     """
 
-    def __init__(self, g, block: Block, names: Sequence[str]):
+    def __init__(self, g, block: Block, names: Sequence[str], seeds=()):
         self.count = len(names)
-        self.positions = ragged_positions(block, names)
+        self.positions = ragged_positions(block, names, seeds)
         self.vars = [block.var(names[j]) for j in self.positions]
         self.width = 2 * len(self.vars)          # carries per ragged value: the sequence, the shape
         self.starts = ([g.node("SequenceEmpty", [], dtype=g.onnx_dtype(var.dtype)) for var in self.vars]

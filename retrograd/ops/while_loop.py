@@ -153,7 +153,8 @@ def _while_onnx(g):
     body.input("cond", "bool", [])
     carries = [body.input(name, var.dtype, None) for name, var in zip(a["carry_binds"], carry_vars)]
     count = body.input("iters", "int64", [])
-    stacks = RaggedStacks(g, a["body"], a["ys"])
+    # A loop whose loop vars change shape (shape_invariants) keeps values that may change with them.
+    stacks = RaggedStacks(g, a["body"], a["ys"], a["carry_binds"] if a.get("ragged") else ())
     values = body.lower(a["body"], dict(zip(a["carry_binds"], carries)), list(a["body_outs"]) + list(a["ys"]))
     new, kept = values[:n], values[n:]
     ragged_outputs = stacks.carry(body, kept)
@@ -285,7 +286,8 @@ def _scan_onnx(g):
             slices[j] = body.node("Slice", [slices[j], body.node("Mul", [sizes, body.const(0, "int64")]), sizes])
     binds = {**dict(zip(a["carry_binds"], carries)), **dict(zip(a["x_binds"], slices))}
     values = body.lower(a["body"], binds, list(a["body_outs"]) + list(a["ys"]))
-    kept = RaggedStacks(g, a["body"], a["ys"])
+    rows = [bind for bind, position in zip(a["x_binds"], a.get("x_shapes") or []) if position is not None]
+    kept = RaggedStacks(g, a["body"], a["ys"], rows + (list(a["carry_binds"]) if a.get("ragged") else []))
     outputs = ([(cond, "bool", [])] + list(zip(values[:c], g.out_vars[:c])) + kept.carry(body, values[c:])
                + kept.scanned([(value, a["body"].var(name)) for value, name in zip(values[c:], a["ys"])]))
     outs = g.nodes("Loop", [count, "", *_carry_inits(g, range(1, 1 + c)), *kept.starts], len(outputs) - 1,
