@@ -52,6 +52,7 @@ import numpy as np  # noqa: E402
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+sys.path.insert(0, str(ROOT / "benchmarks"))
 import retrograd as rg  # noqa: E402
 from retrograd import train  # noqa: E402
 
@@ -235,10 +236,10 @@ def time_cli() -> str:
 SECTION = "Training step"      # the earlier "## Training" section stays as that run's record
 
 
-def write_section(text: str) -> None:
-    """Replace (or append) the '## Training step' section of RESULTS.md, leaving the others alone."""
+def write_section(text: str, title: str = SECTION) -> None:
+    """Replace (or append) the '## <title>' section of RESULTS.md, leaving the others alone."""
     old = RESULTS.read_text(encoding="utf-8") if RESULTS.exists() else "# Benchmark results\n"
-    pattern = re.compile(rf"^## {SECTION}\n.*?(?=^## |\Z)", re.S | re.M)
+    pattern = re.compile(rf"^## {re.escape(title)}\n.*?(?=^## |\Z)", re.S | re.M)
     if pattern.search(old):
         new = pattern.sub(lambda _: text, old, count=1)
     else:
@@ -246,9 +247,48 @@ def write_section(text: str) -> None:
     RESULTS.write_text(new, encoding="utf-8")
 
 
+def transformer_main(args, corpus) -> int:
+    """``--model transformer``: examples/gpt_chars.py's model per backend beside PyTorch eager and JAX."""
+    import train_transformer
+    steppers = train_transformer.steppers(corpus, args.batch, args.lr, int(THREADS))
+    if not steppers:
+        print("skipped: this checkout has no examples/gpt_chars.py (or no rg.gelu / "
+              "rg.scaled_dot_product_attention) yet")
+        return 0
+    results = interleaved(steppers, args)
+    seq_len = train_transformer.gpt_module().Config().seq_len
+    chars = args.round * args.batch * seq_len
+    cps = {name: chars / float(np.median(r["times"])) for name, r in results.items()}
+    eager = "PyTorch eager (`torch.nn`)"
+    jax = next((name for name in cps if name.startswith("JAX")), None)
+    table = ("| framework | chars/s | ms/step | x PyTorch eager | x JAX | loss at the end |\n"
+             "|---|---:|---:|---:|---:|---:|\n") + "".join(
+        f"| {name} | {cps[name]:,.0f} | {1000 * args.batch * seq_len / cps[name]:.1f} "
+        f"| {cps[name] / cps[eager]:.2f} | {f'{cps[name] / cps[jax]:.2f}' if jax else 'n/a'} "
+        f"| {results[name]['losses'][-1]:.3f} |\n" for name in cps)
+    command = "python benchmarks/train.py" + "".join(f" {a}" for a in sys.argv[1:])
+    section = (
+        f"## {SECTION} (transformer)\n\n"
+        "Characters per second training the transformer of `examples/gpt_chars.py` (width 64, 4 heads, "
+        f"2 pre-norm blocks, GELU MLP, 64 positions; batch {args.batch} x 64 characters, AdamW + clip 1.0, "
+        "float32, one thread), all frameworks in one process on the same batches, "
+        f"{args.warmup} warm-up steps each, then {args.rounds} alternating rounds of {args.round} steps; "
+        "the median round counts. PyTorch eager is the same layers from `torch.nn`; JAX one `jit` of the "
+        "whole step. Losses differ by initialisation.\n\n"
+        f"{table}\n"
+        f"Command: `{command}`  \nMachine: {machine()}\n\n")
+    print(section)
+    if args.write:
+        write_section(section, f"{SECTION} (transformer)")
+        print(f"wrote the {SECTION} (transformer) section of {RESULTS}")
+    return 0
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--model", choices=("lstm", "gru"), default="lstm")
+    parser.add_argument("--model", choices=("lstm", "gru", "transformer"), default="lstm",
+                        help="transformer: the model of examples/gpt_chars.py at its sizes (batch 32 x 64; "
+                             "--batch and --lr apply, the LSTM size options do not)")
     parser.add_argument("--hidden", type=int, default=128)
     parser.add_argument("--layers", type=int, default=1)
     parser.add_argument("--embed", type=int, default=64)
@@ -268,6 +308,8 @@ def main() -> int:
     args = parser.parse_args()
 
     corpus, _ = train.load_corpus()
+    if args.model == "transformer":
+        return transformer_main(args, corpus)
     rg_step, exe = retrograd_stepper(args, corpus)
     engine_step, first_run_s = engine_stepper(args, corpus)
     torch_backend_step, _ = engine_stepper(args, corpus, backend="torch")
