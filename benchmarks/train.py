@@ -252,8 +252,7 @@ def transformer_main(args, corpus) -> int:
     import train_transformer
     steppers = train_transformer.steppers(corpus, args.batch, args.lr, int(THREADS))
     if not steppers:
-        print("skipped: this checkout has no examples/gpt_chars.py (or no rg.gelu / "
-              "rg.scaled_dot_product_attention) yet")
+        print("skipped: this checkout has no examples/gpt_chars.py (or no rg.layers.transformer_block) yet")
         return 0
     results = interleaved(steppers, args)
     seq_len = train_transformer.gpt_module().Config().seq_len
