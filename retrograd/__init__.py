@@ -31,3 +31,24 @@ from . import memory  # noqa: E402
 from . import testing  # noqa: E402
 from . import onnx  # noqa: E402  (rg.onnx.export; onnx itself is imported only when exporting)
 from . import passes  # noqa: E402  (whole-program rewrites: rg.passes.optimize_for_engine)
+
+# --- the public namespace (keep this block last) ---------------------------------------------
+# `dir(rg)` and `from retrograd import *` give the API: the classes and functions imported above
+# (the op builders are whatever retrograd/ops/__init__.py exports) and the public subpackages.
+# The ops package's modules (math, loop_grad, ...), which `from .ops import *` brought along,
+# are dropped here; every module stays importable under its own name (retrograd.ops.math).
+import types as _types  # noqa: E402
+
+_SUBPACKAGES = ("backends", "distributed", "layers", "memory", "onnx", "optim", "passes", "testing")
+_UNLISTED = ("autodiff", "backend", "errors", "io", "ir", "ops", "runtime")   # kept, not listed
+for _name, _value in list(globals().items()):
+    if isinstance(_value, _types.ModuleType) and not _name.startswith("_") \
+            and _name not in _SUBPACKAGES + _UNLISTED:
+        del globals()[_name]
+__all__ = sorted(n for n, v in globals().items() if not n.startswith("_")
+                 and not isinstance(v, _types.ModuleType)) + list(_SUBPACKAGES)
+del _name, _value
+
+
+def __dir__() -> list[str]:
+    return sorted(__all__ + ["__version__"])

@@ -89,7 +89,8 @@ def _add_train(commands) -> None:
     from .train import add_train_arguments, run_train
     train = commands.add_parser("train", help="train a character-level language model (train -h: options)",
                                 description="Train a character-level language model on the Python "
-                                            "standard library's source, save it, print a sample.")
+                                            "standard library's source (or on your --text files), "
+                                            "save it, print a sample.")
     add_train_arguments(train)
     train.set_defaults(handler=run_train)
 

@@ -26,7 +26,7 @@ from __future__ import annotations
 import lzma
 import math
 import os
-import tempfile
+import secrets
 import time
 import tokenize
 import zipfile
@@ -102,7 +102,7 @@ _STALE_AFTER_S = 3600.0
 
 def _atomic_write(path: Path, arrays: dict[str, np.ndarray]) -> None:
     """Write to a temporary file in ``path``'s directory, sync it, then rename it over ``path``."""
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.{os.getpid()}.", suffix=".tmp", dir=path.parent)
+    fd, tmp = _create_temp(path)
     try:
         with os.fdopen(fd, "wb") as file:
             _write_npz(file, arrays)
@@ -113,6 +113,19 @@ def _atomic_write(path: Path, arrays: dict[str, np.ndarray]) -> None:
         if os.path.exists(tmp):
             os.unlink(tmp)
         raise
+
+
+def _create_temp(path: Path) -> tuple[int, str]:
+    """A new file ``.<name>.<pid>.<random>.tmp`` beside ``path``, opened for writing, with the
+    mode ``open()`` would give it (0666 less the umask; ``mkstemp`` would make it 0600)."""
+    for _ in range(100):
+        tmp = str(path.parent / f".{path.name}.{os.getpid()}.{secrets.token_hex(4)}.tmp")
+        try:
+            return os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_BINARY", 0),
+                           0o666), tmp
+        except FileExistsError:
+            continue
+    raise FileExistsError(f"no free temporary file name beside {path}")
 
 
 def _remove_stale_temps(path: Path) -> None:

@@ -34,17 +34,28 @@ def parse_recompute(text: str):
             from None
 
 
+# What a value of the kind is called in messages, and a positive one.
+_KIND_NAMES = {int: ("an integer", "a positive integer"), float: ("a number", "a positive number")}
+
+
 def positive(kind):
-    """A parser of positive ``kind`` values (``int`` or ``float``; floats must be finite)."""
+    """A parser of positive ``kind`` values (``int`` or ``float``; floats must be finite).
+
+    Example::
+
+        parser.add_argument("--steps", type=positive(int))   # "--steps ten": 'ten' is not an integer
+    """
+    name, positive_name = _KIND_NAMES[kind]
+
     def parse(text: str):
         try:
             value = kind(text)
         except ValueError:
-            raise argparse.ArgumentTypeError(f"'{text}' is not a {kind.__name__}") from None
+            raise argparse.ArgumentTypeError(f"'{text}' is not {name}") from None
         if not value > 0 or (kind is float and not math.isfinite(value)):
-            raise argparse.ArgumentTypeError(f"must be a positive {kind.__name__}, got {text}")
+            raise argparse.ArgumentTypeError(f"must be {positive_name}, got {text}")
         return value
-    parse.__name__ = f"positive {kind.__name__}"
+    parse.__name__ = positive_name
     return parse
 
 

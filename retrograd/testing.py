@@ -20,6 +20,8 @@ from .ir.program import Program, Var
 from .ops import creation, math as ops_math, reduce as ops_reduce
 from .runtime import Executor
 
+__all__ = ["build_program", "check_gradients", "GradientCheckError", "started_executor"]
+
 
 def build_program(fn: Callable[[], object], seed: int = 0) -> tuple[Program, Program, object]:
     """Build ``fn()`` into a fresh (main, startup) pair and verify it; return (main, startup, fn's result).
@@ -37,7 +39,13 @@ def build_program(fn: Callable[[], object], seed: int = 0) -> tuple[Program, Pro
 
 
 def started_executor(startup: Program) -> Executor:
-    """A new Executor that has run ``startup`` (parameters initialised)."""
+    """A new Executor that has run ``startup`` (parameters initialised).
+
+    Example::
+
+        exe = rg.testing.started_executor(startup)
+        y, = exe.run(main, feed={"x": xb}, fetch_list=[out])
+    """
     exe = Executor()
     exe.run(startup)
     return exe

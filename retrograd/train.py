@@ -1,23 +1,26 @@
 """``retrograd train``: train the character-level language model of ``retrograd/charlm.py``.
 
 One program holds the forward pass, the backward pass and the optimizer's
-updates; the job feeds it windows of standard-library source, measures the
-loss on held-out text now and then, writes checkpoints and a JSON-lines log
-if asked, and at the end saves the parameters, draws the loss curve and
-prints a sample.
+updates; the job feeds it windows of standard-library source (or of your
+``--text`` files), measures the loss on held-out text now and then, writes
+checkpoints and a JSON-lines log if asked, and at the end saves the
+parameters, draws the loss curve and prints a sample.
 
 Examples::
 
     retrograd train                                    # the default run: about 30 s on 2 cores
+    retrograd train --text notes.txt --text 'more/*.md'   # your own UTF-8 text
     retrograd train --steps 2000 --save m.npz --save-every 200 --log m.jsonl
     retrograd train --resume m.npz --save m.npz --steps 500
     retrograd train --recompute 256K                   # byte sizes take K/M/G suffixes
+    retrograd train --optimizer momentum --lr 0.1 --weight-decay 1e-4
 
 Failures end with one line saying what to change and a non-zero exit:
-a parameter file that is missing, corrupt or from another model, or a loss
-that diverges (non-finite, or far above where it started). The parameter
-file is only ever replaced by a complete, healthy checkpoint: a diverged or
-interrupted run leaves the last good one (and says which step it holds).
+a parameter file that is missing, corrupt or from another model, optimizer
+or vocabulary, a ``--seq-len`` longer than the text, or a loss that diverges
+(non-finite, or far above where it started). The parameter file is only ever
+replaced by a complete, healthy checkpoint: a diverged or interrupted run
+leaves the last good one (and says which step it holds).
 """
 from __future__ import annotations
 
@@ -30,15 +33,18 @@ import sys
 import threading
 import time
 from contextlib import contextmanager
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
 
 import retrograd as rg
 
-from .charlm import (MIN_CORPUS_CHARS, MODELS, VOCAB, ModelConfig, TrainError, Training,  # noqa: F401
-                     batch_at, build_loss, build_training, decode, encode, generate,
-                     held_out_batches, load_corpus, split_corpus)
+from .charlm import (BUILTIN_VOCAB, LR_SCHEDULES, MIN_CORPUS_CHARS, MODELS, OPTIMIZERS,  # noqa: F401
+                     VOCAB, Corpus, ModelConfig, TrainError, Training, Vocab, batch_at, build_loss,
+                     build_training, builtin_corpus, check_seq_len, config_from_params, decode,
+                     encode, generate, held_out_batches, load_corpus, load_text, make_lr,
+                     optimizer_of, read_record, split_corpus)
 from .errors import RetrogradError
 from .io import ParamFileError, load_params, read_params, save_params
 from .options import non_negative, non_negative_int, parse_recompute, positive  # noqa: F401
@@ -57,16 +63,28 @@ def add_train_arguments(parser: argparse.ArgumentParser) -> None:
     """
     pos_int, pos_float = positive(int), positive(float)
     add = parser.add_argument
-    add("--model", choices=MODELS, default="lstm", help="recurrent layer type (default: lstm)")
+    add("--text", action="append", metavar="FILE", default=None,
+        help="train on this UTF-8 text file instead of the built-in corpus; repeat it, or give a "
+             "glob such as 'notes/*.md' (the vocabulary is every character of the text)")
+    add("--model", choices=MODELS, default="lstm",
+        help="lstm, gru, milstm (recurrent layers) or transformer (default: lstm)")
     add("--hidden", type=pos_int, default=128, help="hidden units per layer (default: 128)")
-    add("--layers", type=pos_int, default=1, help="stacked recurrent layers (default: 1)")
+    add("--layers", type=pos_int, default=1, help="stacked recurrent layers or blocks (default: 1)")
+    add("--heads", type=pos_int, default=4, help="attention heads of --model transformer (default: 4)")
     add("--embed", type=pos_int, default=64, help="character embedding size (default: 64)")
     add("--seq-len", type=pos_int, default=64, help="characters per training window (default: 64)")
     add("--batch", type=pos_int, default=32, help="windows per step (default: 32)")
     add("--steps", type=pos_int, default=600, help="training steps to run (default: 600)")
     add("--lr", type=pos_float, default=3e-3, help="learning rate (default: 0.003)")
-    add("--optimizer", choices=("adam", "momentum", "sgd"), default="adam",
+    add("--optimizer", choices=OPTIMIZERS, default="adam",
         help="optimizer (default: adam; momentum uses 0.9)")
+    add("--weight-decay", type=non_negative, default=None,
+        help="weight decay of the optimizer (default: the optimizer's own: 0, or 0.01 for adamw)")
+    add("--lr-schedule", choices=LR_SCHEDULES, default="constant",
+        help="constant, cosine (to 0 over the run) or step (divided by 10 at each third of the "
+             "run) (default: constant)")
+    add("--warmup", type=non_negative_int, default=0, metavar="STEPS",
+        help="raise the learning rate linearly from 0 over this many steps (default: 0)")
     add("--clip-norm", type=non_negative, default=5.0,
         help="clip gradients to this global norm; 0 turns clipping off (default: 5.0)")
     add("--recompute", type=parse_recompute, default=None, metavar="none|steps|BYTES",
@@ -87,6 +105,9 @@ def add_train_arguments(parser: argparse.ArgumentParser) -> None:
         help="replay each step as a CUDA graph (--backend torch on a CUDA device): one launch instead "
              "of thousands of small ones per step")
     add("--seed", type=int, default=0, help="seed for initialisation, batches and sampling (default: 0)")
+    add("--check-finite", action="store_true",
+        help="stop at the first op whose output holds NaN or Inf, naming it and its inputs "
+             "(slower: one reduction per op output)")
     add("--sample-len", type=non_negative_int, default=300, help="characters to generate at the end (default: 300)")
     add("--temperature", type=pos_float, default=0.8, help="sampling temperature (default: 0.8)")
     add("--log-every", type=pos_int, default=None,
@@ -94,7 +115,8 @@ def add_train_arguments(parser: argparse.ArgumentParser) -> None:
              "(default: 10 times per run)")
     add("--log", metavar="PATH", default=None,
         help="write one JSON object per step to PATH (step, loss, chars_per_s, peak_bytes, and "
-             "val_loss where the held-out loss was measured); a resumed run appends")
+             "val_loss where the held-out loss was measured); a resumed run continues it from "
+             "the checkpoint's step")
     add("--save-every", type=pos_int, default=None, metavar="N",
         help="also write the parameters to --save every N steps (atomically), so an "
              "interrupted run keeps its last checkpoint")
@@ -111,27 +133,28 @@ def run_train(args: argparse.Namespace) -> int:
     Raises ``RetrogradError`` subclasses (one-line messages) for bad input and
     for a diverging loss; returns 130 after Ctrl-C.
     """
-    cfg = ModelConfig(args.model, args.hidden, args.layers, args.embed, args.recompute)
     save_path = Path(args.save if args.save else f"retrograd-{args.model}.npz")
     _check_writable(save_path, "--save")
     if args.log:
         _check_writable(Path(args.log), "--log")
     if args.plot_file:
         _check_plot_file(Path(args.plot_file))
-    if args.resume:
-        read_params(args.resume)                # a missing or corrupt file fails before any work
+    saved = read_params(args.resume) if args.resume else None   # a missing or corrupt file fails first
     checkpoint = Checkpoint(save_path)
     job = None
     try:
-        ids, files = load_corpus()
-        corpus, held_out = split_corpus(ids)
-        job = Job(args, cfg, checkpoint, corpus, held_out)
-        job, cfg = _fit_recompute_budget(job, args, cfg, checkpoint, corpus, held_out)
-        out = _Reporter(args, job.first, len(corpus), len(held_out), files)
-        with _open_log(args) as log:
+        text = TrainingText.load(args, saved)
+        cfg = ModelConfig(args.model, args.hidden, args.layers, args.embed, args.recompute,
+                          vocab=text.corpus.vocab, heads=args.heads)
+        if saved is not None:
+            check_resumable(saved, args.resume, cfg, args.optimizer)
+        job = Job(args, cfg, checkpoint, text)
+        job, cfg = _fit_recompute_budget(job, args, cfg, checkpoint, text)
+        out = _Reporter(args, job.first, text)
+        with _open_log(args, job.first) as log:
             job.train(out, log)
         checkpoint.save(job.exe, job.training, job.step_done)
-        sample = generate(job.exe, cfg, "def ", args.sample_len, args.temperature, args.seed) \
+        sample = generate(job.exe, cfg, text.prompt, args.sample_len, args.temperature, args.seed) \
             if rg.distributed.rank() == 0 else ""
         out.finish(job.losses, job.val_losses, save_path, sample)
     except KeyboardInterrupt:
@@ -139,14 +162,60 @@ def run_train(args: argparse.Namespace) -> int:
         when = f"at step {job.step_done}" if job is not None else "before training started"
         print(f"retrograd train: interrupted {when}; {checkpoint.status()}", file=sys.stderr)
         return 130
-    except TrainError as exc:
+    except (TrainError, rg.ExecutionError) as exc:      # ExecutionError: --check-finite's, say
         if job is None:
             raise                       # a setup failure: nothing can have been saved
         raise TrainError(f"{exc}; {checkpoint.status()}") from None
     return 0
 
 
-def _fit_recompute_budget(job: "Job", args, cfg: ModelConfig, checkpoint, corpus, held_out):
+@dataclass
+class TrainingText:
+    """What a run trains on: the corpus (``--text`` files or the built-in one), its training
+    and held-out ids, the sampling prompt and the step the run starts from."""
+    corpus: Corpus
+    train: np.ndarray
+    held_out: np.ndarray
+    prompt: str
+    first_step: int
+
+    @classmethod
+    def load(cls, args, saved: dict | None) -> "TrainingText":
+        corpus = load_text(args.text) if args.text else builtin_corpus()
+        train_ids, held_out = split_corpus(corpus.ids)
+        check_seq_len(args.seq_len, train_ids, held_out)
+        record = read_record(saved, args.resume) if saved is not None else {}
+        first = int(np.asarray(saved.get("train.step", [0])).reshape(-1)[0]) if saved else 0
+        # A resumed run keeps the prompt it was saved with (the file's record must stay the same).
+        return cls(corpus, train_ids, held_out, record.get("prompt", corpus.prompt), first)
+
+
+def check_resumable(saved: dict, where: str, cfg: ModelConfig, optimizer: str) -> None:
+    """TrainError (one line) when the file ``where`` holds another kind of model, another
+    optimizer's state or another vocabulary than this run's; sizes are checked on loading."""
+    old = config_from_params(saved, where)
+    refuse = f"cannot resume from {where}: it"
+    if old.model != cfg.model:
+        raise TrainError(f"{refuse} holds a {old.model} model and this run builds {cfg.model}; resume "
+                         f"with --model {old.model}, or start a new run without --resume")
+    old_optimizer = optimizer_of(saved, read_record(saved, where))
+    if old_optimizer != optimizer:
+        raise TrainError(f"{refuse} was trained with --optimizer {old_optimizer}, whose state "
+                         f"{optimizer} cannot continue; resume with --optimizer {old_optimizer}, or "
+                         "start a new run without --resume")
+    if old.vocab != cfg.vocab:
+        raise TrainError(f"{refuse} was trained on another vocabulary ({_vocab_words(old.vocab)}) "
+                         f"than this run's text ({_vocab_words(cfg.vocab)}); resume with the --text "
+                         "files it was trained on, or start a new run without --resume")
+
+
+def _vocab_words(vocab: Vocab) -> str:
+    if vocab == BUILTIN_VOCAB:
+        return "the built-in corpus's 96 characters"
+    return f"{len(vocab) - 1} characters + unknown"
+
+
+def _fit_recompute_budget(job: "Job", args, cfg: ModelConfig, checkpoint, text: TrainingText):
     """With ``--recompute BYTES`` below what one step of the recurrent layers holds, say so and
     train with the least budget that fits (the library raises; the command offers the fix)."""
     if not isinstance(args.recompute, int):
@@ -163,8 +232,8 @@ def _fit_recompute_budget(job: "Job", args, cfg: ModelConfig, checkpoint, corpus
             print(f"retrograd train: --recompute {args.recompute:,} bytes cannot hold one step of the "
                   f"{cfg.model} layers at these sizes; using the least budget that fits, {least:,} bytes")
         args.recompute = least
-        cfg = ModelConfig(args.model, args.hidden, args.layers, args.embed, least)
-        job = Job(args, cfg, checkpoint, corpus, held_out)
+        cfg = replace(cfg, recompute=least)
+        job = Job(args, cfg, checkpoint, text)
     return job, cfg
 
 
@@ -189,13 +258,33 @@ def _check_writable(path: Path, option: str) -> None:
 
 
 @contextmanager
-def _open_log(args):
-    """The ``--log`` file (appended to when resuming), or None (always, on ranks other than 0)."""
+def _open_log(args, first: int):
+    """The ``--log`` file, or None (always, on ranks other than 0). A resumed run continues it
+    from its checkpoint's step ``first``: lines of later steps (a run interrupted after its last
+    checkpoint logged them) are dropped first, so no step is logged twice."""
     if not args.log or rg.distributed.rank() != 0:
         yield None
         return
-    with open(args.log, "a" if args.resume else "w", encoding="utf-8") as file:
+    path = Path(args.log)
+    if args.resume and path.is_file():
+        _keep_log_until(path, first)
+    with open(path, "a" if args.resume else "w", encoding="utf-8") as file:
         yield file
+
+
+def _keep_log_until(path: Path, step: int) -> None:
+    """Rewrite the JSON-lines log ``path`` with its records of steps up to ``step`` only (a line
+    cut short by a killed run is dropped too)."""
+    kept = []
+    with open(path, encoding="utf-8", errors="replace") as file:
+        for line in file:
+            try:
+                record = json.loads(line)
+            except ValueError:
+                continue
+            if isinstance(record, dict) and isinstance(record.get("step"), int) and record["step"] <= step:
+                kept.append(json.dumps(record) + "\n")
+    path.write_text("".join(kept), encoding="utf-8")
 
 
 class Checkpoint:
@@ -239,10 +328,10 @@ def _ctrl_c_deferred():
 class Job:
     """One training run: the executor, the programs, the checkpoint and the history."""
 
-    def __init__(self, args, cfg: ModelConfig, checkpoint: Checkpoint, corpus, held_out):
+    def __init__(self, args, cfg: ModelConfig, checkpoint: Checkpoint, text: TrainingText):
         self.args = args
-        self.corpus = corpus
-        self.val_batches = held_out_batches(held_out, args.seq_len, args.batch)
+        self.corpus = text.train
+        self.val_batches = held_out_batches(text.held_out, args.seq_len, args.batch)
         # Under `mpiexec -n N`, every rank trains on its 1/N of each batch (the global batch is
         # unchanged); the gradients and the losses it reports are averaged over the ranks.
         ranks = rg.distributed.world_size()
@@ -250,15 +339,17 @@ class Job:
         if args.batch % ranks:
             raise TrainError(f"--batch {args.batch} does not split evenly over {ranks} MPI ranks; "
                              f"use a multiple of {ranks}")
-        self.training = build_training(cfg, args.seq_len, args.optimizer, args.lr,
-                                       args.clip_norm or None, args.seed, data_parallel=ranks > 1)
+        lr = make_lr(args.lr_schedule, args.lr, args.warmup, total_steps=text.first_step + args.steps)
+        self.training = build_training(cfg, args.seq_len, args.optimizer, lr, args.clip_norm or None,
+                                       args.seed, data_parallel=ranks > 1,
+                                       weight_decay=args.weight_decay, prompt=text.prompt)
         self.val_program, self.val_loss = build_loss(cfg, args.seq_len, data_parallel=ranks > 1)
         self.exe = rg.Executor(threads=args.threads, backend=args.backend, device=args.device,
-                               graphs=args.graphs)
+                               graphs=args.graphs, check_finite=args.check_finite)
         self.exe.run(self.training.startup)
         if args.resume:
-            try:
-                load_params(self.exe.scope, args.resume, self.training.main)
+            try:     # strict: state this run's optimizer would drop is refused, not lost
+                load_params(self.exe.scope, args.resume, self.training.main, strict=True)
             except ParamFileError as exc:
                 raise TrainError(f"{exc}; resume with the --model, --hidden, --layers, --embed and "
                                  "--optimizer of the run that saved it") from None
@@ -365,7 +456,7 @@ def _log_line(file, step: int, loss: float, cps: float, peak: int, val: float | 
 class _Reporter:
     """The rich progress bar and the text lines around it."""
 
-    def __init__(self, args, first: int, corpus_chars: int, held_out_chars: int, files: list[str]):
+    def __init__(self, args, first: int, text: TrainingText):
         from rich.console import Console
         self.args = args
         self.first = first
@@ -381,8 +472,7 @@ class _Reporter:
             f"{args.optimizer} lr {args.lr:g}, batch {args.batch} x {args.seq_len} chars, "
             f"{args.steps} steps {where}, backend {args.backend}"
             f"{'' if args.device is None else ' on ' + args.device}\n"
-            f"corpus: {corpus_chars:,} characters of the standard library ({', '.join(files[:4])}, ...), "
-            f"{held_out_chars:,} more held out")
+            f"corpus: {text.corpus.describe(len(text.train), len(text.held_out))}")
 
     def reports(self, step: int) -> bool:
         """Whether ``step`` gets a progress line (and a held-out loss)."""

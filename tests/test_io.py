@@ -355,7 +355,7 @@ def test_os_errors_on_save_are_param_file_errors(tmp_path, monkeypatch):
     def refuse(*args, **kwargs):
         raise PermissionError(13, "Permission denied")
 
-    monkeypatch.setattr(rio.tempfile, "mkstemp", refuse)
+    monkeypatch.setattr(rio, "_create_temp", refuse)
     with pytest.raises(rio.ParamFileError, match="cannot save to .*Permission denied"):
         rg.save_params(exe.scope, tmp_path / "p.npz", main)
 
@@ -414,3 +414,22 @@ def test_a_temporary_file_of_a_live_save_is_kept_until_it_is_old(tmp_path):
     os.utime(live, (old, old))
     rg.save_params(exe.scope, path, main)
     assert not live.exists()
+
+
+@pytest.mark.skipif(os.name != "posix", reason="file modes and the umask are POSIX's")
+@pytest.mark.parametrize("umask", [0o022, 0o077, 0o002])
+def test_save_params_files_get_the_umask_mode_not_0600(tmp_path, umask):
+    """Issue 23: files written through mkstemp were 0600 whatever the umask; a save gives the
+    mode a plain open() would: 0666 less the umask."""
+    main, startup, _ = _build()
+    exe = _fresh(startup)
+    previous = os.umask(umask)
+    try:
+        path = rg.save_params(exe.scope, tmp_path / "m.npz", main)
+        with open(tmp_path / "plain.txt", "w"):
+            pass
+    finally:
+        os.umask(previous)
+    assert path.stat().st_mode & 0o777 == 0o666 & ~umask
+    assert path.stat().st_mode & 0o777 == (tmp_path / "plain.txt").stat().st_mode & 0o777
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["m.npz", "plain.txt"]     # no temp left

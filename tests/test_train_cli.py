@@ -83,7 +83,13 @@ def test_resume_continues_exactly(tmp_path):
 @pytest.mark.parametrize("args, fragment", [
     (["--hiden", "32"], "unrecognized arguments: --hiden"),
     (["--lr", "-1"], "--lr"),
-    (["--model", "transformer"], "--model"),
+    (["--model", "rnn"], "--model"),
+    (["--optimizer", "lion"], "--optimizer"),
+    (["--lr-schedule", "linear"], "--lr-schedule"),
+    (["--warmup", "-1"], "--warmup"),
+    (["--weight-decay", "-0.1"], "--weight-decay"),
+    (["--heads", "0"], "--heads"),
+    (["--text"], "--text"),
     (["--recompute", "lots"], "--recompute"),
     (["--steps", "ten"], "--steps"),
 ])
@@ -129,7 +135,7 @@ def test_resume_file_of_another_model(saved_small):
     line = _one_line_error(done, "lstm0.w_hh", "[32, 128] in the file, expected [48, 192]", "--hidden")
     done = retrograd_train(*SMALL, "--model", "gru", "--steps", "2", "--resume", str(saved_small),
                            "--save", str(saved_small))
-    _one_line_error(done, "missing 'gru0.", "--model")
+    _one_line_error(done, "holds a lstm model and this run builds gru", "--model lstm")
     assert line.startswith("retrograd train: error:")
 
 
@@ -401,3 +407,180 @@ def test_plot_file_draws_an_image(tmp_path):
 def test_graphs_without_torch_on_a_gpu_is_one_line_naming_what_is_needed():
     done = retrograd_train(*SMALL, "--steps", "1", "--graphs")
     _one_line_error(done, "graphs=True", 'needs a CUDA device of backend "torch"')
+
+
+# --- issue 23: your text, the new flags, resume and log bugs ------------------------------------
+
+STORY = "Once upon a time, a fox met a crow. " * 40 + "The end.\n"     # 1,449 characters
+NOTES = "# notes\n\nfoxes and crows: élan, naïve.\n" * 20
+
+
+def _text_files(tmp_path: Path) -> tuple[Path, Path]:
+    (tmp_path / "more").mkdir()
+    story, notes = tmp_path / "story.txt", tmp_path / "more" / "notes.md"
+    story.write_text(STORY, encoding="utf-8")
+    notes.write_text(NOTES, encoding="utf-8")
+    return story, notes
+
+
+def test_text_trains_on_your_files_and_samples_their_alphabet(tmp_path):
+    story, notes = _text_files(tmp_path)
+    path = tmp_path / "m.npz"
+    done = retrograd_train(*SMALL, "--steps", "6", "--text", str(story), "--text", str(tmp_path / "more" / "*.md"),
+                           "--save", str(path))
+    assert done.returncode == 0, done.stderr
+    header = done.stdout.splitlines()[1]
+    total = len(STORY) + len(NOTES)
+    held = int(total * 0.1)
+    assert header == (f"corpus: {story} ({len(STORY):,} characters), {notes} ({len(NOTES):,} characters): "
+                      f"{total - held:,} characters to train on, {held:,} held out; vocabulary "
+                      f"{len(set(STORY + NOTES))} characters + 1 unknown")
+    alphabet = set(STORY + NOTES) | {"\ufffd"}
+    sample = done.stdout.split("sample:\n", 1)[1].rstrip("\n")
+    assert sample.startswith("Once") and set(sample) <= alphabet and len(sample) == 4 + 40
+    stored = rg.read_params(path)
+    assert stored["embed.w"].shape == (len(alphabet), 16)
+    # `retrograd sample` reads the vocabulary and the prompt from the file
+    sampled = subprocess.run([sys.executable, "-m", "retrograd", "sample", str(path), "--length", "50"],
+                             capture_output=True, text=True, timeout=120)
+    assert sampled.returncode == 0, sampled.stderr
+    text = sampled.stdout.rstrip("\n")
+    assert text.startswith("Once") and len(text) == 54 and set(text) <= alphabet
+    again = subprocess.run([sys.executable, "-m", "retrograd", "sample", str(path), "--length", "20",
+                            "--prompt", "élan"], capture_output=True, text=True, timeout=120)
+    assert again.stdout.startswith("élan") and set(again.stdout.rstrip("\n")) <= alphabet
+
+
+def test_text_vocabulary_goes_into_the_exported_model(tmp_path):
+    pytest.importorskip("onnx")
+    ort = pytest.importorskip("onnxruntime")
+    story, _ = _text_files(tmp_path)
+    path = tmp_path / "m.npz"
+    done = retrograd_train(*SMALL, "--steps", "2", "--text", str(story), "--save", str(path))
+    assert done.returncode == 0, done.stderr
+    exported = subprocess.run([sys.executable, "-m", "retrograd", "export", str(path)], capture_output=True,
+                              text=True, timeout=120)
+    assert exported.returncode == 0, exported.stderr
+    meta = ort.InferenceSession(str(path.with_suffix(".onnx"))).get_modelmeta().custom_metadata_map
+    vocab = "".join(sorted(set(STORY))) + "\ufffd"
+    assert meta["vocab"] == vocab and meta["unknown"] == str(len(vocab) - 1)
+
+
+@pytest.mark.parametrize("make, fragment", [
+    (lambda d: d / "missing.txt", "missing.txt: no such file"),
+    (lambda d: d / "nothing-*.txt", "nothing-*.txt: no such file"),
+    (lambda d: d, "is a directory"),
+    (lambda d: _write(d / "latin1.txt", "café".encode("latin-1")), "latin1.txt is not UTF-8 text (byte 3"),
+    (lambda d: _write(d / "empty.txt", b""), "the files hold no text"),
+])
+def test_text_that_cannot_be_read_is_one_line(tmp_path, make, fragment):
+    done = retrograd_train(*SMALL, "--steps", "1", "--text", str(make(tmp_path)),
+                           "--save", str(tmp_path / "m.npz"))
+    _one_line_error(done, "--text", fragment)
+    assert not (tmp_path / "m.npz").exists()
+
+
+def _write(path: Path, data: bytes) -> Path:
+    path.write_bytes(data)
+    return path
+
+
+def test_seq_len_longer_than_the_held_out_text_is_one_line_not_an_index_error(tmp_path):
+    """Issue 23: --seq-len 80000 (>= the 76,413 held-out characters) ended in an IndexError from
+    held_out_batches; a text too short for --seq-len stops the same way."""
+    done = retrograd_train("--seq-len", "80000", "--steps", "1", "--save", str(tmp_path / "m.npz"))
+    line = _one_line_error(done, "--seq-len 80000 is longer than the held-out text")
+    assert "IndexError" not in line
+    story, _ = _text_files(tmp_path)
+    done = retrograd_train("--seq-len", "200", "--text", str(story), "--save", str(tmp_path / "m.npz"))
+    _one_line_error(done, "--seq-len 200 is longer than the held-out text (144 characters)",
+                    "--seq-len 143 or less")
+
+
+def test_resume_with_another_optimizer_is_refused_and_the_file_kept(saved_small):
+    """Issue 23: resuming an Adam checkpoint with --optimizer sgd rewrote it without the moments."""
+    done = _unchanged_after(saved_small, lambda: retrograd_train(
+        *SMALL, "--steps", "2", "--optimizer", "sgd", "--resume", str(saved_small), "--save", str(saved_small)))
+    _one_line_error(done, "was trained with --optimizer adam", "--optimizer adam")
+
+
+def test_resume_of_an_older_file_infers_its_optimizer(tmp_path, saved_small):
+    """Files saved before the run record: the optimizer is read from the state they hold."""
+    older = tmp_path / "older.npz"
+    np.savez(older, **{k: v for k, v in rg.read_params(saved_small).items() if k != "train.record"})
+    done = retrograd_train(*SMALL, "--steps", "1", "--optimizer", "momentum", "--resume", str(older),
+                           "--save", str(tmp_path / "new.npz"))
+    _one_line_error(done, "was trained with --optimizer adam")
+
+
+def test_resume_with_another_vocabulary_is_refused(tmp_path, saved_small):
+    story, _ = _text_files(tmp_path)
+    done = _unchanged_after(saved_small, lambda: retrograd_train(
+        *SMALL, "--steps", "2", "--text", str(story), "--resume", str(saved_small), "--save", str(saved_small)))
+    _one_line_error(done, "trained on another vocabulary (the built-in corpus's 96 characters)",
+                    "resume with the --text files")
+
+
+def test_resumed_log_continues_from_the_checkpoint_step(tmp_path):
+    """Issue 23: a run interrupted at step 8 with its checkpoint at step 6 logged steps 7-8, and the
+    resumed run appended 7-8 again; now the log goes on from the checkpoint's step, once each."""
+    path, log = tmp_path / "m.npz", tmp_path / "m.jsonl"
+    done = retrograd_train(*SMALL, "--steps", "6", "--save", str(path), "--log", str(log))
+    assert done.returncode == 0, done.stderr
+    with open(log, "a", encoding="utf-8") as file:     # what the interrupted steps 7, 8 had logged
+        file.write('{"step": 7, "loss": 9.0}\n{"step": 8, "loss": 9.0}\n{"step": 9, "lo')
+    done = retrograd_train(*SMALL, "--steps", "4", "--resume", str(path), "--save", str(path),
+                           "--log", str(log))
+    assert done.returncode == 0, done.stderr
+    records = [json.loads(line) for line in log.read_text().splitlines()]
+    assert [r["step"] for r in records] == list(range(1, 11))
+    assert all(r["loss"] != 9.0 for r in records)
+
+
+def test_optimizer_flags_train_or_name_what_is_missing(tmp_path):
+    done = retrograd_train(*SMALL, "--steps", "3", "--optimizer", "momentum", "--lr", "0.05",
+                           "--weight-decay", "0.01", "--log-every", "1", "--save", str(tmp_path / "m.npz"))
+    assert done.returncode == 0, done.stderr
+    assert "momentum lr 0.05" in done.stdout and len(_losses(done.stdout)) == 3
+    stored = rg.read_params(tmp_path / "m.npz")
+    assert any(k.endswith(".velocity") for k in stored)
+    for name, cls in [("adamw", "AdamW"), ("rmsprop", "RMSProp"), ("adagrad", "Adagrad")]:
+        done = retrograd_train(*SMALL, "--steps", "2", "--optimizer", name, "--save", str(tmp_path / "o.npz"))
+        if hasattr(rg.optim, cls):
+            assert done.returncode == 0, done.stderr
+        else:
+            _one_line_error(done, f"--optimizer {name} is not available yet", f"rg.optim.{cls}")
+
+
+@pytest.mark.parametrize("flags, function", [(["--lr-schedule", "cosine", "--warmup", "2"], "cosine"),
+                                             (["--lr-schedule", "step"], "step_decay"),
+                                             (["--warmup", "2"], "linear_warmup")])
+def test_lr_schedule_flags_train_or_name_what_is_missing(tmp_path, flags, function):
+    done = retrograd_train(*SMALL, "--steps", "4", *flags, "--save", str(tmp_path / "m.npz"))
+    if hasattr(getattr(rg.optim, "lr", None), function):
+        assert done.returncode == 0, done.stderr
+    else:
+        _one_line_error(done, "is not available yet", f"rg.optim.lr.{function}")
+
+
+@pytest.mark.parametrize("flags, fragment", [
+    (["--lr-schedule", "step", "--warmup", "2"], "--warmup works with --lr-schedule constant or cosine"),
+    (["--lr-schedule", "cosine", "--warmup", "4"], "--warmup 4 is not below the run's 4 steps"),
+])
+def test_lr_schedule_values_that_cannot_work_are_one_line(tmp_path, flags, fragment):
+    _one_line_error(retrograd_train(*SMALL, "--steps", "4", *flags, "--save", str(tmp_path / "m.npz")),
+                    fragment)
+
+
+def test_model_transformer_is_one_line_until_its_layers_exist(tmp_path):
+    done = retrograd_train(*SMALL, "--model", "transformer", "--heads", "2", "--steps", "1",
+                           "--save", str(tmp_path / "m.npz"))
+    _one_line_error(done, "--model transformer is not available yet", "rg.layers.transformer_block")
+
+
+def test_check_finite_stops_at_the_op_that_made_nan(tmp_path, saved_small):
+    done = _unchanged_after(saved_small, lambda: retrograd_train(
+        *SMALL, "--steps", "3", "--lr", "1e38", "--check-finite", "--resume", str(saved_small),
+        "--save", str(saved_small)))
+    line = _one_line_error(done, "charlm.py:", "produced", "inputs:", "is unchanged")
+    assert re.search(r"op #\d+ \w+ in block \d+ produced (NaN|Inf)", line), line

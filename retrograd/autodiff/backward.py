@@ -428,7 +428,9 @@ def append_backward(loss: Var, parameter_list=None, no_grad_set=None, callbacks=
     the flow. Each callback is called as ``cb(block, context)`` after every
     gradient op appended (``context`` maps gradient names to forward Vars and
     holds the op under ``"__current_op__"``). Parameters that the loss does
-    not depend on are left out of the result.
+    not depend on are left out of the result; a loss that no trainable
+    parameter reaches raises ProgramError naming it, unless
+    ``parameter_list=[]`` asked for no parameter.
 
     ``checkpoints`` (Vars, names or ``"auto"``) keep only those forward values
     and recompute the rest in the backward. ``memory_budget`` (bytes) bounds
@@ -456,6 +458,8 @@ def append_backward(loss: Var, parameter_list=None, no_grad_set=None, callbacks=
                            "scalar (reduce it with rg.mean / rg.sum, or use rg.gradients with "
                            "target_gradients)")
     params = _parameters(block, parameter_list)
+    if not params and not _explicitly_empty(parameter_list):
+        raise _no_parameters(loss, params)
     no_grad = set(_names(no_grad_set, block, "no_grad_set entry"))
     if callable(callbacks):
         callbacks = [callbacks]
@@ -471,11 +475,32 @@ def append_backward(loss: Var, parameter_list=None, no_grad_set=None, callbacks=
             found = target.block.program.global_block()
             return _build_append(target, [found.var(n) for n in param_names], set(no_grad_names),
                                  callbacks if real else None)
-        return backward_rewrite("memory_budget")(loss, memory_budget, feed_shapes, build, memory_reserve)
-    pairs, n_forward = _build_append(loss, params, no_grad, callbacks)
-    if checkpoints is not None:        # memory/recompute.py: recompute segments instead of storing them
-        backward_rewrite("recompute")(block, n_forward, loss, checkpoints, feed_shapes=feed_shapes)
+        pairs = backward_rewrite("memory_budget")(loss, memory_budget, feed_shapes, build, memory_reserve)
+    else:
+        pairs, n_forward = _build_append(loss, params, no_grad, callbacks)
+        if checkpoints is not None:    # memory/recompute.py: recompute segments instead of storing them
+            backward_rewrite("recompute")(block, n_forward, loss, checkpoints, feed_shapes=feed_shapes)
+    wanted = [p for p in params if p.name not in no_grad]    # no_grad_set may leave none on purpose
+    if not pairs and wanted:
+        raise _no_parameters(loss, wanted)
     return pairs
+
+
+def _explicitly_empty(parameter_list) -> bool:
+    return isinstance(parameter_list, (list, tuple)) and len(parameter_list) == 0
+
+
+def _no_parameters(loss: Var, params: list[Var]) -> ProgramError:
+    """A loss no trainable parameter reaches: almost always a mistake (a model built from data
+    and constants only, or parameters made with trainable=False), so it is named."""
+    producer = next((op for op in reversed(loss.block.ops) if loss.name in op.outputs), None)
+    place = f"{producer.location}: " if producer is not None and producer.location else ""
+    which = (f"none of the {len(params)} parameter(s) asked for reaches it" if params
+             else "the program has no trainable parameter")
+    return ProgramError(f"{place}append_backward: loss '{loss.name}' depends on no trainable "
+                        f"parameter ({which}), so there is no gradient to compute; create "
+                        "parameters with rg.create_parameter or a layer, or pass parameter_list=[] "
+                        "to accept an empty result")
 
 
 def _build_append(loss: Var, params: list[Var], no_grad: set[str], callbacks) -> tuple[list, int]:

@@ -45,7 +45,12 @@ BACKENDS = {
 
 
 def get_backend(name: str = "numpy", device: str | None = None) -> Backend:
-    """The backend ``name`` on ``device``; BackendError for an unknown one or a missing library."""
+    """The backend ``name`` on ``device``; BackendError for an unknown one or a missing library.
+
+    Example::
+
+        be = rg.backends.get_backend("torch", "cpu")
+    """
     cls = BACKENDS.get(name) if isinstance(name, str) else None
     if cls is None:
         raise BackendError(f"unknown backend {name!r}: choose one of {', '.join(map(repr, BACKENDS))}")
@@ -56,7 +61,13 @@ def get_backend(name: str = "numpy", device: str | None = None) -> Backend:
 
 
 def backend_for_namespace(xp, device: str | None = None) -> Backend:
-    """The backend of an array namespace given as ``Executor(xp=...)``."""
+    """The backend of an array namespace given as ``Executor(xp=...)``.
+
+    Example::
+
+        import torch
+        rg.backends.backend_for_namespace(torch).name     # "torch"
+    """
     if xp is np:
         return get_backend("numpy", device)
     module = getattr(xp, "__name__", "")
@@ -75,7 +86,12 @@ _ARRAY_MODULES = (numpy_backend, torch_backend, cupy_backend)
 
 
 def to_numpy(array) -> np.ndarray:
-    """A NumPy array (a view where the array is on the host) of any backend's array."""
+    """A NumPy array (a view where the array is on the host) of any backend's array.
+
+    Example::
+
+        w = rg.backends.to_numpy(exe.scope.get("fc.w"))
+    """
     for module in _ARRAY_MODULES:
         if module.is_array(array):
             return module.array_to_numpy(array)

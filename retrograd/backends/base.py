@@ -20,7 +20,12 @@ from . import keyed_random, norm_math, windows
 
 
 def dtype_name(dtype) -> str:
-    """The retrograd name ("float32", ...) of any library's dtype object or name."""
+    """The retrograd name ("float32", ...) of any library's dtype object or name.
+
+    Example::
+
+        rg.backends.dtype_name(torch.float32)      # "float32"
+    """
     return str(dtype).rsplit(".", 1)[-1]
 
 

@@ -101,7 +101,12 @@ def start_under_launcher() -> None:
 
 
 def launcher_size() -> int:
-    """How many processes a launcher says it started (1 when none did)."""
+    """How many processes a launcher says it started (1 when none did).
+
+    Example::
+
+        if rg.distributed.launcher_size() > 1:     # started by mpiexec -n 2 ...
+    """
     for name in LAUNCHER_SIZE_VARS:
         value = os.environ.get(name, "").strip()
         if value.isdigit():

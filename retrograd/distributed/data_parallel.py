@@ -83,13 +83,23 @@ class DataParallel:
 
 
 def average_gradients(params_grads: Sequence[tuple[Var, Var]]) -> list[tuple[Var, Var]]:
-    """``[(param, mean of grad over the ranks)]``: one ``AllReduce`` op over all the gradients."""
+    """``[(param, mean of grad over the ranks)]``: one ``AllReduce`` op over all the gradients.
+
+    Example::
+
+        params_grads = rg.distributed.average_gradients(rg.append_backward(loss))
+    """
     means = all_reduce([g for _, g in params_grads], "mean")
     return [(param, mean) for (param, _), mean in zip(params_grads, means)]
 
 
 def broadcast_initial_values(startup: Program) -> None:
-    """Append a ``Broadcast`` from rank 0 of every persistable value ``startup`` writes."""
+    """Append a ``Broadcast`` from rank 0 of every persistable value ``startup`` writes.
+
+    Example::
+
+        rg.distributed.broadcast_initial_values(startup)   # every rank starts from rank 0's
+    """
     block = startup.global_block()
     written: dict[str, Var] = {}
     for op in block.ops:

@@ -26,10 +26,22 @@ _state = _BuildState()
 
 
 def default_main_program() -> Program:
+    """The program ops are being added to: ``program_guard``'s main, else a global one.
+
+    Example::
+
+        main = rg.default_main_program()           # inside rg.program_guard(main, startup)
+    """
     return _state.main
 
 
 def default_startup_program() -> Program:
+    """The program parameter initialisers go to: ``program_guard``'s startup, else a global one.
+
+    Example::
+
+        startup = rg.default_startup_program()     # where create_parameter puts initialisers
+    """
     return _state.startup
 
 
@@ -55,7 +67,13 @@ def program_guard(main: Program, startup: Program | None = None) -> Iterator[Non
 
 @contextmanager
 def block_guard(block: Block) -> Iterator[Block]:
-    """Make ``block`` the current block while the body runs."""
+    """Make ``block`` the current block while the body runs.
+
+    Example::
+
+        with rg.block_guard(body):
+            y = rg.tanh(x)                         # an op of ``body``
+    """
     _state.block_stack.append(block)
     try:
         yield block

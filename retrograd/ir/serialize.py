@@ -168,7 +168,9 @@ def _parse(text: str) -> Any:
         return json.loads(text, parse_constant=_reject_constant, parse_float=_finite_float,
                           parse_int=_int64)
     except json.JSONDecodeError as exc:
-        raise ProgramError(f"program JSON is malformed: {exc.msg} at line {exc.lineno}, "
+        # Some messages end in "at" already ("Unterminated string starting at").
+        what = exc.msg[:-len(" at")] if exc.msg.endswith(" at") else exc.msg
+        raise ProgramError(f"program JSON is malformed: {what} at line {exc.lineno}, "
                            f"column {exc.colno}") from None
 
 

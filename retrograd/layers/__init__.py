@@ -11,3 +11,6 @@ from .norm import batch_norm, layer_norm, rms_norm  # noqa: F401
 from .conv import conv1d, conv2d  # noqa: F401
 
 __all__ = ["embedding", "fc"]
+__all__ += ["gru", "lstm", "milstm"]
+# The modules stay importable (retrograd.layers.rnn) but are not attributes: rg.layers lists layers.
+del common, rnn  # noqa: F821

@@ -198,6 +198,10 @@ def planned_peak(block: Block, keep, feed_shapes: Mapping | None = None, shapes:
 
     Raises ProgramError naming the values whose sizes depend on run-time
     shapes ``feed_shapes`` did not give (with ``exact``).
+
+    Example::
+
+        peak = rg.memory.planned_peak(main.global_block(), ["loss"], {"x": (64, 8)})
     """
     shapes = shapes if shapes is not None else resolve_shapes(block, feed_shapes)
     sizer = Sizer(block, shapes)

@@ -219,7 +219,12 @@ def make_plan(steps: int, segment: int, slots: int) -> Plan:
 # --- choosing a plan ---------------------------------------------------------------------------
 
 def sqrt_plan(steps: int) -> Plan:
-    """Chen et al.: segments of about sqrt(T) steps, a checkpoint at each segment start."""
+    """Chen et al.: segments of about sqrt(T) steps, a checkpoint at each segment start.
+
+    Example::
+
+        plan = rg.memory.sqrt_plan(100)            # checkpoints every ~10 steps
+    """
     segment = max(1, math.isqrt(max(steps, 1)))
     return make_plan(steps, segment, -(-steps // segment))
 

@@ -9,3 +9,5 @@ onnxruntime engine uses), the per-op lowerings next to each op
 from __future__ import annotations
 
 from .export import export  # noqa: F401
+
+__all__ = ["export"]

@@ -143,6 +143,8 @@ class OnnxRuntimeEngine:
             inputs[compiled.run_id_input] = np.array(self.run_id, dtype=np.int64)
         inputs.update(params)
         outputs = self._execute(compiled, inputs)
+        if exe.check_finite:
+            self._check_finite(program, compiled, outputs, feed, fetch, params)
         for name, graph_name in compiled.written.items():
             scope.set(name, outputs[graph_name])
         results = [self._fetched(name, compiled, outputs, feeds, block, scope) for name in fetch]
@@ -183,6 +185,32 @@ class OnnxRuntimeEngine:
             return value                     # a parameter the program does not read: its scope value
         raise FeedError(f"fetch '{name}' has no value after the run: nothing in block 0 writes it "
                         "and it was not fed")
+
+    def _check_finite(self, program: Program, compiled: CompiledSession, outputs: dict, feed,
+                      fetch: list[str], params: dict) -> None:
+        """``check_finite``: one reduction per graph output; when one holds NaN or Inf, the program
+        runs again on the NumPy executor (checking every op) from the same feeds, scope values
+        and random numbers, so the error names the first op that made one."""
+        from ..runtime import Executor, Scope
+        from ..runtime.finite import first_non_finite, non_finite_error
+        bad = first_non_finite(np, list(outputs), list(outputs.values()))
+        if bad is None:
+            return
+        names = {graph: name for name, graph in {**compiled.fetched, **compiled.written}.items()}
+        held = f"onnxruntime's result '{names.get(bad, bad)}' held NaN or Inf"
+        reference = Executor(Scope(), backend="numpy", check_finite=True)
+        for name, value in params.items():
+            reference.scope.set(name, value)
+        reference.run_context.run_id = self.run_id - 1      # the same random numbers
+        try:
+            with np.errstate(all="ignore"):
+                reference.run(program, feed=feed, fetch_list=fetch)
+        except ExecutionError as exc:
+            raise ExecutionError(f"{exc} [{held}; the op was found by re-running the program on "
+                                 "NumPy]") from None
+        raise non_finite_error("onnxruntime", names.get(bad, bad), outputs[bad], [],
+                               note="; re-run on NumPy, the program made no NaN or Inf: "
+                                    "onnxruntime's arithmetic differs there")
 
     # -- compiling -----------------------------------------------------------------------------
     def compiled(self, program: Program, fetch: list[str], feed_names: list[str]) -> CompiledSession:

@@ -4,10 +4,12 @@ The model is one step of ``build_sampler`` (``retrograd/charlm.py``) with the
 trained parameters as initializers. Inputs: ``chars`` (int64 ``[1, N]``: the
 current character of N streams) and per recurrent layer ``<layer>.h0`` (and
 ``<layer>.c0`` for LSTM/MILSTM), float32 ``[N, H]``. Outputs: ``probs``
-(``[N, 96]``, the next character's distribution) and ``<layer>.h0.new`` (and
+(``[N, V]``, the next character's distribution) and ``<layer>.h0.new`` (and
 ``.c0.new``): feed them back as ``<layer>.h0`` for the next step. The
-vocabulary (character ``i`` of the string is id ``i``) is in the model's
-metadata under ``vocab``, so sampling needs onnxruntime alone.
+vocabulary the model was trained with (character ``i`` of the string is id
+``i``; ``V`` characters, 96 for the built-in corpus) is in the model's
+metadata under ``vocab``, the id any other character reads as under
+``unknown``, so sampling needs onnxruntime alone.
 
 Examples::
 
@@ -19,7 +21,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from ..charlm import VOCAB, config_from_params, build_sampler
+from ..charlm import config_from_params, build_sampler
 from ..io import read_params
 from ..runtime import Scope
 from .export import INSTALL_HINT
@@ -74,7 +76,8 @@ def export_sampler(params: dict, where: str, path, opset: int | None = None):
         info.name = new
         model.graph.output.append(info)
     description = f"{cfg.model} x{cfg.layers}, hidden {cfg.hidden}"
-    helper.set_model_props(model, {"vocab": VOCAB, "model": description})
+    helper.set_model_props(model, {"vocab": cfg.vocab.chars, "unknown": str(cfg.vocab.unknown),
+                                   "model": description})
     check(model)
     if path is not None:
         onnx.save(model, str(path))

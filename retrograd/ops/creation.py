@@ -151,7 +151,12 @@ def _fill_like_onnx(g):
 
 
 def fill_like(x: Var, value: float, dtype: str | None = None) -> Var:
-    """A tensor with ``x``'s run-time shape filled with ``value``."""
+    """A tensor with ``x``'s run-time shape filled with ``value``.
+
+    Example::
+
+        half = rg.fill_like(x, 0.5)                # x's shape at run time
+    """
     return append_op("FillLike", [x], {"value": value, "dtype": canonical(dtype) if dtype else None})[0]
 
 
@@ -189,10 +194,22 @@ def shape_stand_in(x: Var) -> Var:
 
 
 def zeros_like(x: Var) -> Var:
+    """Zeros of ``x``'s run-time shape and dtype.
+
+    Example::
+
+        z = rg.zeros_like(x)
+    """
     return fill_like(x, 0.0 if is_float(x.dtype) else 0)
 
 
 def ones_like(x: Var) -> Var:
+    """Ones of ``x``'s run-time shape and dtype.
+
+    Example::
+
+        o = rg.ones_like(x)
+    """
     return fill_like(x, 1.0 if is_float(x.dtype) else 1)
 
 
@@ -208,7 +225,12 @@ def _assign_onnx(g):
 
 
 def assign(x: Var, output: Var | None = None) -> Var:
-    """Copy ``x``; with ``output``, write the copy into an existing Var."""
+    """Copy ``x``; with ``output``, write the copy into an existing Var.
+
+    Example::
+
+        rg.assign(new_h, output=h)                 # h takes new_h's value
+    """
     return append_op("Assign", [x], outputs=None if output is None else [output])[0]
 
 

@@ -254,17 +254,32 @@ def add(x, y) -> Var:
 
 
 def sub(x, y) -> Var:
-    """Elementwise ``x - y``."""
+    """Elementwise ``x - y``.
+
+    Example::
+
+        r = rg.sub(pred, y)                        # or pred - y
+    """
     return _binary("Sub", x, y)
 
 
 def mul(x, y) -> Var:
-    """Elementwise ``x * y``."""
+    """Elementwise ``x * y``.
+
+    Example::
+
+        g = rg.mul(x, mask)                        # or x * mask
+    """
     return _binary("Mul", x, y)
 
 
 def div(x, y) -> Var:
-    """Elementwise ``x / y``."""
+    """Elementwise ``x / y``.
+
+    Example::
+
+        p = rg.div(counts, total)                  # or counts / total
+    """
     return _binary("Div", x, y)
 
 
@@ -274,12 +289,22 @@ def pow(x, y) -> Var:
 
 
 def maximum(x, y) -> Var:
-    """Elementwise maximum; ties share the gradient equally."""
+    """Elementwise maximum; ties share the gradient equally.
+
+    Example::
+
+        m = rg.maximum(x, 0.0)
+    """
     return _binary("Maximum", x, y)
 
 
 def minimum(x, y) -> Var:
-    """Elementwise minimum; ties share the gradient equally."""
+    """Elementwise minimum; ties share the gradient equally.
+
+    Example::
+
+        m = rg.minimum(x, 1.0)
+    """
     return _binary("Minimum", x, y)
 
 
@@ -340,28 +365,62 @@ lowers("LogicalNot")(elementwise("Not"))
 
 
 def less(x, y) -> Var:
-    """Elementwise ``x < y`` (bool). Also ``x < y`` on Vars."""
+    """Elementwise ``x < y`` (bool). Also ``x < y`` on Vars.
+
+    Example::
+
+        small = rg.less(x, 0.5)                    # or x < 0.5
+    """
     return _binary("Less", x, y)
 
 
 def less_equal(x, y) -> Var:
+    """Elementwise ``x <= y`` (bool). Also ``x <= y`` on Vars.
+
+    Example::
+
+        inside = rg.less_equal(x, 1.0)             # or x <= 1.0
+    """
     return _binary("LessEqual", x, y)
 
 
 def greater(x, y) -> Var:
+    """Elementwise ``x > y`` (bool). Also ``x > y`` on Vars.
+
+    Example::
+
+        big = rg.greater(x, 0.5)                   # or x > 0.5
+    """
     return _binary("Greater", x, y)
 
 
 def greater_equal(x, y) -> Var:
+    """Elementwise ``x >= y`` (bool). Also ``x >= y`` on Vars.
+
+    Example::
+
+        kept = rg.greater_equal(x, 0.0)            # or x >= 0.0
+    """
     return _binary("GreaterEqual", x, y)
 
 
 def equal(x, y) -> Var:
-    """Elementwise ``x == y`` (bool); ``==`` on Vars is identity, so use this."""
+    """Elementwise ``x == y`` (bool); ``==`` on Vars is identity, so use this.
+
+    Example::
+
+        hit = rg.equal(pred_ids, labels)
+    """
     return _binary("Equal", x, y)
 
 
 def logical_not(x: Var) -> Var:
+    """Elementwise NOT of a bool Var.
+
+    Example::
+
+        outside = rg.logical_not(rg.less(x, 1.0))
+    """
     return append_op("LogicalNot", [x])[0]
 
 
@@ -498,45 +557,102 @@ lowers("Sign")(elementwise("Sign"))
 
 
 def neg(x: Var) -> Var:
-    """``-x``."""
+    """``-x``.
+
+    Example::
+
+        n = rg.neg(x)                              # or -x
+    """
     return _unary("Neg", x)
 
 
 def exp(x: Var) -> Var:
+    """``e ** x``, elementwise; float inputs.
+
+    Example::
+
+        e = rg.exp(x)
+    """
     return _unary("Exp", x)
 
 
 def log(x: Var) -> Var:
-    """Natural logarithm."""
+    """Natural logarithm.
+
+    Example::
+
+        logp = rg.log(probs)
+    """
     return _unary("Log", x)
 
 
 def tanh(x: Var) -> Var:
+    """Hyperbolic tangent, elementwise; float inputs.
+
+    Example::
+
+        h = rg.tanh(rg.matmul(x, w) + b)
+    """
     return _unary("Tanh", x)
 
 
 def sigmoid(x: Var) -> Var:
-    """``1 / (1 + exp(-x))``, computed without overflow."""
+    """``1 / (1 + exp(-x))``, computed without overflow.
+
+    Example::
+
+        gate = rg.sigmoid(rg.matmul(x, w))
+    """
     return _unary("Sigmoid", x)
 
 
 def relu(x: Var) -> Var:
+    """``max(x, 0)``, elementwise; the gradient is 0 at x <= 0.
+
+    Example::
+
+        h = rg.relu(rg.matmul(x, w) + b)
+    """
     return _unary("Relu", x)
 
 
 def square(x: Var) -> Var:
+    """``x * x``, elementwise.
+
+    Example::
+
+        loss = rg.mean(rg.square(pred - y))
+    """
     return _unary("Square", x)
 
 
 def sqrt(x: Var) -> Var:
+    """Square root, elementwise; float inputs (NaN below 0).
+
+    Example::
+
+        norm = rg.sqrt(rg.sum(x * x))
+    """
     return _unary("Sqrt", x)
 
 
 def abs(x: Var) -> Var:
+    """``|x|``, elementwise; the gradient at 0 is 0.
+
+    Example::
+
+        err = rg.mean(rg.abs(pred - y))
+    """
     return _unary("Abs", x)
 
 
 def sign(x: Var) -> Var:
+    """-1, 0 or 1 by the sign of ``x``, elementwise (its gradient is 0).
+
+    Example::
+
+        s = rg.sign(x)                             # -1, 0 or 1, no gradient
+    """
     return _unary("Sign", x)
 
 
@@ -572,7 +688,12 @@ def _clip_onnx(g):
 
 
 def clip(x: Var, lo: float | None, hi: float | None) -> Var:
-    """Clamp to ``[lo, hi]`` (either may be None); the gradient passes where lo <= x <= hi."""
+    """Clamp to ``[lo, hi]`` (either may be None); the gradient passes where lo <= x <= hi.
+
+    Example::
+
+        p = rg.clip(p, 1e-6, 1.0)
+    """
     return append_op("Clip", [x], {"lo": None if lo is None else as_float(lo, "clip: lo"),
                                    "hi": None if hi is None else as_float(hi, "clip: hi")})[0]
 
@@ -586,7 +707,12 @@ lowers("LogicalAnd")(elementwise("And"))
 
 
 def logical_and(x, y) -> Var:
-    """Elementwise ``x and y`` of bools (a NumPy bool array or bool may stand for one side)."""
+    """Elementwise AND of bools, broadcasting (a NumPy bool array or bool may stand for one side).
+
+    Example::
+
+        both = rg.logical_and(x > 0.0, x < 1.0)
+    """
     return _binary("LogicalAnd", x, y)
 
 

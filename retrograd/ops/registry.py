@@ -61,7 +61,15 @@ OPS: dict[str, OpDef] = {}
 def defop(type: str, *, infer, grad=None, inputs: Sequence[str] = ("x",),
           outputs: Sequence[str] = ("out",), nondiff: Sequence[int] = (),
           random: bool = False, **extra):
-    """Register the decorated kernel as op ``type`` with its shape rule and gradient."""
+    """Register the decorated kernel as op ``type`` with its shape rule and gradient.
+
+    Example::
+
+        @defop("Cube", infer=lambda ins, attrs: [(ins[0].shape, ins[0].dtype)],
+               grad=lambda g: [g.dout[0] * 3.0 * g.x[0] * g.x[0]])
+        def _cube(k, x):
+            return x * x * x
+    """
     def register(kernel):
         if type in OPS:
             raise ProgramError(f"op type '{type}' is registered twice")
@@ -74,6 +82,12 @@ def defop(type: str, *, infer, grad=None, inputs: Sequence[str] = ("x",),
 
 
 def get_op_def(type: str) -> OpDef:
+    """The registered ``OpDef`` of op ``type``; ProgramError naming the known ops if none.
+
+    Example::
+
+        rg.get_op_def("MatMul").inputs            # ("x", "y")
+    """
     opdef = OPS.get(type)
     if opdef is None:
         raise ProgramError(f"op type '{type}' is not registered; known ops: {', '.join(sorted(OPS))}")
@@ -112,6 +126,10 @@ def append_op(type: str, inputs: Sequence[Var], attrs: dict | None = None, *,
 
     ``outputs`` names existing Vars to write (loop-carried values, optimizer
     updates); otherwise fresh outputs are created with shapes from the rule.
+
+    Example::
+
+        y, = rg.append_op("Tanh", [x])          # the op builders call this
     """
     block = block or current_block()
     attrs = dict(attrs or {})
@@ -181,6 +199,10 @@ def make_grad_ops(op: Op, out_grad_names: Sequence[str | None], block: Block | N
     so makers can stay one-liners that build every input's gradient.
     ``callbacks`` (``append_backward``'s) reach makers that build sub-block
     backward passes (``GradCtx.callbacks``).
+
+    Example::
+
+        grad_ops, input_grads = rg.make_grad_ops(op, [dout.name])     # dout: the gradient of the op output
     """
     opdef = get_op_def(op.type)
     if block is None:

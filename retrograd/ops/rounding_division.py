@@ -73,7 +73,12 @@ def floor_divide(x, y) -> Var:
 
 
 def mod(x, y) -> Var:
-    """``x - floor(x / y) * y`` elementwise, broadcasting (Python's ``x % y``: the sign of ``y``)."""
+    """``x - floor(x / y) * y`` elementwise, broadcasting (Python's ``x % y``: the sign of ``y``).
+
+    Example::
+
+        phase = rg.mod(t, 7.0)                     # or t % 7.0
+    """
     return _binary("Mod", x, y)
 
 

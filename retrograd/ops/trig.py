@@ -34,5 +34,10 @@ def sin(x: Var) -> Var:
 
 
 def cos(x: Var) -> Var:
-    """Cosine of ``x`` (radians), elementwise; float inputs."""
+    """Cosine of ``x`` (radians), elementwise; float inputs.
+
+    Example::
+
+        c = rg.cos(angle)
+    """
     return append_op("Cos", [x])[0]

@@ -33,6 +33,10 @@ def optimize_for_engine(program: Program, fetch=()) -> Program:
     """A clone of ``program`` with every pass of ``PASSES`` applied (and verified).
 
     ``fetch`` (names) lists values a pass must keep computable by name.
+
+    Example::
+
+        fast = rg.passes.optimize_for_engine(main, ["loss"])
     """
     del fetch   # no pass removes values yet; kept so callers pass what they will fetch
     rewritten = program.clone()

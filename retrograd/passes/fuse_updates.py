@@ -17,7 +17,12 @@ ATTRS = ("lr", "beta1", "beta2", "eps", "weight_decay", "decoupled")
 
 
 def fuse_optimizer_updates(program: Program) -> int:
-    """Fuse the global block's ``AdamUpdate`` ops in place; return how many ops were removed."""
+    """Fuse the global block's ``AdamUpdate`` ops in place; return how many ops were removed.
+
+    Example::
+
+        removed = rg.passes.fuse_optimizer_updates(main)
+    """
     block = program.global_block()
     removed = 0
     for group in _groups(block):

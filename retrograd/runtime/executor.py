@@ -12,6 +12,7 @@ from ..backends import Backend, backend_for_namespace, dtype_name, get_backend
 from ..errors import (BackendError, ExecutionError, FeedDeviceError, FeedError, ProgramError, RetrogradError,
                       kernel_failure)
 from ..ir.program import Block, Program, Var
+from .finite import first_non_finite, non_finite_error
 from .graphs import GraphRunner
 from .malloc import keep_freed_memory
 from .plan import Plan, compile_block
@@ -89,6 +90,10 @@ class Executor:
     older spelling. ``exe.backend`` is the Backend; the scope holds its arrays.
     ``threads`` caps BLAS threads while a run computes (default 1: the small
     per-step products gain nothing from more; see ``runtime/threads.py``).
+    ``check_finite=True`` stops a run at the first op whose output holds NaN or
+    Inf with an ``ExecutionError`` naming the op, its inputs and the user's
+    line (one reduction per output; ``runtime/finite.py``). With
+    ``graphs=True`` such runs are not replayed as device graphs but run op by op.
 
     Example::
 
@@ -99,7 +104,7 @@ class Executor:
     """
 
     def __init__(self, scope: Scope | None = None, xp=None, backend=None, device: str | None = None,
-                 threads: int | None = None, graphs: bool = False):
+                 threads: int | None = None, graphs: bool = False, check_finite: bool = False):
         keep_freed_memory()                # once per process: no page faults per step (runtime/malloc.py)
         self.blas = BlasThreads(threads)   # BLAS threads during each run (runtime/threads.py)
         self.backend = _resolve_backend(xp, backend, device)
@@ -108,6 +113,7 @@ class Executor:
             raise BackendError(f"Executor(graphs=True) needs a CUDA device of backend \"torch\" (CuPy cannot "
                                f"capture cuBLAS calls), not {self._backend_str()}")
         self.graphs = GraphRunner(self.backend) if graphs else None
+        self.check_finite = bool(check_finite)
         if scope is None:
             scope = Scope(backend=self.backend)
         elif scope.backend is None:
@@ -118,6 +124,12 @@ class Executor:
         self._run = RunContext(self)
         self._plans: dict[tuple, Plan] = {}
         self._verified: dict[int, int] = {}
+
+    @property
+    def run_context(self) -> RunContext:
+        """The state of the run in progress; ``run_context.run_id`` counts the runs (random ops
+        key on it: an engine re-running a program on NumPy sets it to draw the same numbers)."""
+        return self._run
 
     # -- compiling -------------------------------------------------------------
     def plan_for(self, block: Block, keep: frozenset[str]) -> Plan:
@@ -183,7 +195,7 @@ class Executor:
 
     def _execute_run(self, plan: Plan, env: dict, fed: frozenset, scope: Scope, fetch: list[str]) -> dict:
         """Run a top-level plan: eagerly, or replaying its device graph (``graphs=True``)."""
-        if self.graphs is not None:
+        if self.graphs is not None and not self.check_finite:
             replayed = self.graphs.run(self, self._run, plan, env, fed, scope, fetch)
             if replayed is not None:
                 return replayed
@@ -221,6 +233,8 @@ class Executor:
             outputs = step.outputs
             if len(outputs) == 1:
                 result = (result,)
+            if self.check_finite:
+                self._check_finite(step, args, result)
             for name, value in zip(outputs, result):
                 old = env.get(name)
                 env[name] = value
@@ -232,6 +246,14 @@ class Executor:
                 if value is not None:
                     release(value)
         self._run.ops_run += len(plan.steps)
+
+    def _check_finite(self, step, args: list, result) -> None:
+        """ExecutionError when an output of ``step`` that the plan keeps holds NaN or Inf."""
+        live = step.k.live_outputs          # the others may be stand-ins nobody reads
+        kept = [(name, value) for i, (name, value) in enumerate(zip(step.outputs, result)) if i in live]
+        bad = first_non_finite(self.xp, [n for n, _ in kept], [v for _, v in kept])
+        if bad is not None:
+            raise non_finite_error(step.op.where(), bad, dict(kept)[bad], zip(step.inputs, args))
 
     # -- checks shared with engines (backend="onnxruntime" runs programs its own way) -----
     def checked_run_args(self, program: Program, feed, fetch_list) -> tuple[Block, list[str]]:
@@ -350,12 +372,32 @@ def _fetch_name(item, block: Block) -> str:
     return name
 
 
+# The one rule for a fed (or scope) value whose dtype is not the declared one: it is cast when
+# the cast keeps its kind and cannot change an integer -- float64 <-> float32 (rounded to the
+# declared precision), int32 -> int64 -- and refused with a FeedError naming both dtypes
+# otherwise (float -> int, int -> float, anything <-> bool, int64 -> int32).
+FEED_CASTS = frozenset({("float64", "float32"), ("float32", "float64"), ("int32", "int64")})
+
+
+def check_cast(what: str, name: str, dtype: str, declared: str) -> None:
+    """FeedError unless a ``dtype`` value may stand for a ``declared`` one (``FEED_CASTS``).
+
+    Example::
+
+        check_cast("feed", "labels", "float32", "int64")   # FeedError: ... has dtype float32 ...
+    """
+    if dtype != declared and (dtype, declared) not in FEED_CASTS:
+        raise FeedError(f"{what} '{name}' has dtype {dtype}, the program declares {declared}; only "
+                        "float64 <-> float32 and int32 -> int64 are cast, so convert it first "
+                        f"(.astype('{declared}')) if that is what you mean")
+
+
 def _check_feed(var: Var, value, backend: Backend):
     """The feed as an array of the backend, of the declared dtype and shape.
 
     A NumPy array (or anything ``np.asarray`` takes) is checked and cast on the
     host, then moved to the device once; an array of the backend must be on its
-    device already. Casts are same-kind only (float64 -> float32).
+    device already. Casts follow ``FEED_CASTS`` (float64 -> float32, ...).
     """
     if backend.owns(value):
         return _check_device_array(var, value, backend, "feed")
@@ -368,8 +410,7 @@ def _check_feed(var: Var, value, backend: Backend):
     except (ValueError, TypeError) as exc:
         raise FeedError(f"feed '{var.name}' is not an array: {exc}") from None
     if array.dtype != np.dtype(var.dtype):
-        if not np.can_cast(array.dtype, var.dtype, casting="same_kind"):
-            raise FeedError(f"feed '{var.name}' has dtype {array.dtype}, the program declares {var.dtype}")
+        check_cast("feed", var.name, dtype_name(array.dtype), var.dtype)
         array = array.astype(var.dtype)
     _check_shape(var, array.shape, "feed")
     return backend.from_numpy(array)
@@ -383,7 +424,8 @@ def _check_shape(var: Var, shape, what: str) -> None:
 
 
 def _check_device_array(var: Var, value, backend: Backend, what: str):
-    """An array of the backend: on the executor's device, declared shape, same-kind dtype (cast here)."""
+    """An array of the backend: on the executor's device, declared shape, a dtype ``FEED_CASTS``
+    allows (cast here)."""
     device = backend.device_of(value)
     if device != backend.device:
         raise FeedDeviceError(f"{what} '{var.name}' is on device {device}, the executor runs on "
@@ -391,8 +433,7 @@ def _check_device_array(var: Var, value, backend: Backend, what: str):
     _check_shape(var, value.shape, what)
     dtype = dtype_name(value.dtype)
     if dtype != var.dtype:
-        if not np.can_cast(dtype, var.dtype, casting="same_kind"):
-            raise FeedError(f"{what} '{var.name}' has dtype {dtype}, the program declares {var.dtype}")
+        check_cast(what, var.name, dtype, var.dtype)
         return backend.xp.astype(value, backend.dtype_of(var.dtype))
     return value
 
@@ -408,7 +449,6 @@ def _check_persistable(var: Var, value, backend: Backend):
     array = np.asarray(value)
     _check_shape(var, array.shape, "scope value")
     if array.dtype != np.dtype(var.dtype):
-        if not np.can_cast(array.dtype, var.dtype, casting="same_kind"):
-            raise FeedError(f"scope value '{var.name}' has dtype {array.dtype}, the program declares {var.dtype}")
+        check_cast("scope value", var.name, dtype_name(array.dtype), var.dtype)
         array = array.astype(var.dtype)
     return backend.from_numpy(array)

@@ -166,3 +166,26 @@ def test_gradient_after_optimizer_update_is_an_error():
         rg.optim.SGD(0.1).minimize(loss)
         with pytest.raises(rg.ProgramError, match=r"MatMul.*'w'.*before optimizer updates"):
             rg.gradients(loss, x)
+
+
+def test_append_backward_of_a_loss_without_trainable_parameters_names_the_loss():
+    """Issue 23: append_backward silently returned [] for a loss no trainable parameter
+    reaches; it names the loss (and its line) unless parameter_list=[] asked for nothing."""
+    main, startup = rg.Program(), rg.Program()
+    with rg.program_guard(main, startup):
+        x = rg.data("x", [-1, 3], dtype="float64")
+        loss = rg.mean(x * x)
+        with pytest.raises(rg.ProgramError, match=rf"test_errors.py:\d+: append_backward: loss "
+                                                  rf"'{loss.name}' depends on no trainable parameter"):
+            rg.append_backward(loss)
+        assert rg.append_backward(loss, parameter_list=[]) == []
+    main, startup = rg.Program(), rg.Program()
+    with rg.program_guard(main, startup):
+        x = rg.data("x", [-1, 3], dtype="float64")
+        w = rg.create_parameter("w", [3, 2], dtype="float64")
+        frozen = rg.create_parameter("frozen", [3], dtype="float64")
+        other = rg.mean(x @ w)
+        loss = rg.mean(x * frozen)
+        with pytest.raises(rg.ProgramError, match="none of the 1 parameter"):
+            rg.append_backward(loss, parameter_list=[w])
+        assert [p.name for p, _ in rg.append_backward(other)] == ["w"]

@@ -8,7 +8,8 @@ one scalar loss with respect to every leaf must agree (float64, rtol 1e-7).
 from __future__ import annotations
 
 import numpy as np
-import torch
+import pytest
+torch = pytest.importorskip("torch", reason="the reference values come from PyTorch (pip install torch)")
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 

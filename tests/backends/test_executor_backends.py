@@ -73,7 +73,7 @@ def test_feeds_of_the_backend_are_used_as_they_are(backend):
 
 
 def test_an_array_of_another_library_is_a_feed_and_backend_error():
-    import torch
+    torch = pytest.importorskip("torch")
     main, startup, y = _tanh_program()
     exe = rg.Executor()
     exe.run(startup)
@@ -85,7 +85,7 @@ def test_an_array_of_another_library_is_a_feed_and_backend_error():
 
 def test_a_feed_on_another_device_is_refused_naming_both():
     """A tensor on the 'meta' device stands in for one on another GPU: same library, other device."""
-    import torch
+    torch = pytest.importorskip("torch")
     main, startup, y = _tanh_program()
     exe = rg.Executor(backend="torch", device="cpu")
     exe.run(startup)
@@ -109,6 +109,7 @@ def numpy_only_op():
 
 
 def test_an_op_the_backend_cannot_run_names_the_op_and_backend(numpy_only_op):
+    pytest.importorskip("torch")
     from retrograd.ops.registry import append_op
     main = rg.Program()
     with rg.program_guard(main, rg.Program()):

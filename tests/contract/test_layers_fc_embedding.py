@@ -2,7 +2,8 @@
 from __future__ import annotations
 
 import numpy as np
-import torch
+import pytest
+torch = pytest.importorskip("torch", reason="the reference values come from PyTorch (pip install torch)")
 
 import retrograd as rg
 

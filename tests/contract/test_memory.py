@@ -157,7 +157,7 @@ def test_while_loop_recompute_budget_same_gradients():
 def test_recurrent_first_step_op_sums_outer_value_batch_grows_then_shrinks():
     """Seed regressions: the step's first op adds an outer value to the previous state;
     the same program runs with a larger, then smaller batch."""
-    import torch
+    torch = pytest.importorskip("torch")
     main, startup = rg.Program(), rg.Program()
     with rg.program_guard(main, startup):
         x = rg.data("x", [-1, -1, 3], dtype="float64")

@@ -153,6 +153,8 @@ def _mlp(budget=None, optimizer=False, depth=3):
 
 
 def _run(main, startup, fetch, kind=("numpy", None)):
+    if kind[0] == "torch":
+        pytest.importorskip("torch")
     exe = rg.Executor(backend=kind[0], device=kind[1])
     exe.run(startup)
     xb = np.random.default_rng(0).standard_normal(FEED_SHAPES["x"]).astype("float32")

@@ -6,7 +6,8 @@ import importlib.util
 from pathlib import Path
 
 import numpy as np
-import torch
+import pytest
+torch = pytest.importorskip("torch", reason="the reference values come from PyTorch (pip install torch)")
 
 import retrograd as rg
 

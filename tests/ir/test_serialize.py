@@ -299,6 +299,15 @@ def test_malformed_json_raises_program_error(text):
         Program.from_json(text)
 
 
+def test_json_error_unterminated_string_says_at_once():
+    """Issue 23: json's "Unterminated string starting at" gave "starting at at line 1"."""
+    with pytest.raises(ProgramError) as info:
+        Program.from_json('{"blocks": "abc')
+    message = str(info.value)
+    assert "at at" not in message
+    assert "Unterminated string starting at line 1, column 12" in message
+
+
 def test_non_text_input_raises_program_error():
     with pytest.raises(ProgramError, match="must be text"):
         Program.from_json(42)

@@ -7,7 +7,7 @@ import re
 
 import numpy as np
 import pytest
-import torch
+torch = pytest.importorskip("torch", reason="the reference values come from PyTorch (pip install torch)")
 
 import retrograd as rg
 from retrograd import Program

@@ -9,16 +9,15 @@ entry here.
 """
 from __future__ import annotations
 
+import importlib
 import math
 from dataclasses import dataclass
 from typing import Callable
 
-import array_api_strict
 import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-import array_api_compat.torch
 from hypothesis.extra import numpy as hnp
 
 import retrograd as rg
@@ -30,8 +29,30 @@ from retrograd.ops import tensor as ops_tensor
 from retrograd.ops.registry import append_op
 
 # Every forward case runs on NumPy, on the strict Array API namespace (portability) and on
-# PyTorch (CPU) through array_api_compat (the torch backend's namespace).
-BACKENDS = [np, array_api_strict, array_api_compat.torch]
+# PyTorch (CPU) through array_api_compat (the torch backend's namespace); a namespace whose
+# library is missing drops out, and test_every_namespace_is_installed skips saying which.
+OPTIONAL_NAMESPACES = {"array_api_strict": "array-api-strict", "array_api_compat.torch": "torch"}
+
+
+def _namespace(name: str):
+    """The module ``name``, or None when its library is not installed."""
+    try:
+        return importlib.import_module(name)
+    except ImportError:
+        return None
+
+
+BACKENDS = [np, *filter(None, map(_namespace, OPTIONAL_NAMESPACES))]
+
+
+@pytest.mark.parametrize("name", sorted(OPTIONAL_NAMESPACES))
+def test_every_namespace_is_installed(name):
+    """Where a namespace is missing, its forward cases do not run: say so as a skip."""
+    if _namespace(name) is None:
+        pytest.skip(f"the forward cases do not run on {name}: pip install {OPTIONAL_NAMESPACES[name]}")
+    assert _namespace(name) in BACKENDS
+
+
 FAMILIES = {"math", "reduce", "creation", "tensor", "nn"}
 # Random ops cannot equal a NumPy formula; they have property tests at the end of this file.
 RANDOM_OPS = {"UniformRandom", "GaussianRandom", "Dropout"}

@@ -11,7 +11,7 @@ import functools
 
 import numpy as np
 import pytest
-import torch
+torch = pytest.importorskip("torch", reason="the reference values come from PyTorch (pip install torch)")
 
 import retrograd as rg
 from retrograd.backends import to_numpy

@@ -12,7 +12,7 @@ import functools
 
 import numpy as np
 import pytest
-import torch
+torch = pytest.importorskip("torch", reason="the reference values come from PyTorch (pip install torch)")
 
 import retrograd as rg
 from retrograd.ops.rnn_cells import gru_unit_grad, lstm_unit_grad

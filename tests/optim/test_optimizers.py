@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-import torch
+torch = pytest.importorskip("torch", reason="the reference values come from PyTorch (pip install torch)")
 
 import retrograd as rg
 from retrograd.backends import to_numpy
