@@ -15,10 +15,11 @@ from typing import Callable, Iterable, Sequence
 
 import numpy as np
 
-from ..errors import ProgramError
+from ..errors import ProgramError, ShapeError
+from ..ir.location import here
 from ..ir.dtypes import is_float
 from ..ir.program import Block, Op, Var
-from ..ops.creation import constant, fill_like
+from ..ops.creation import constant, fill_like, zeros_like
 from ..ops.math import add_n
 from ..ops.registry import get_op_def, make_grad_ops, register_backward_builder
 from ..ir.analysis import op_reads
@@ -313,7 +314,7 @@ def _names(items, block: Block, what: str) -> list[str]:
     for item in _as_list(items):
         name = item.name if isinstance(item, Var) else item
         found = block.find_var(name) if isinstance(name, str) else None
-        if found is None or (isinstance(item, Var) and found is not item):
+        if found is None or (isinstance(item, Var) and found is not item and found.block is not item.block):
             raise ProgramError(f"{what} {item!r} is not a variable of block {block.idx} of this program")
         names.append(name)
     return names
@@ -329,22 +330,46 @@ def _seed(target: Var, grad) -> Var:
         for op in ops:
             block.append_op(op)
         return seed
-    if isinstance(grad, (int, float, np.ndarray, np.generic)) and not isinstance(grad, bool):
+    if isinstance(grad, (int, float)) and not isinstance(grad, bool):
+        with block_guard(target.block):               # a number: the target's shape filled with it
+            return fill_like(target, float(grad))
+    if isinstance(grad, (np.ndarray, np.generic)):
         with block_guard(target.block):               # a fixed seed value: a constant in the program
-            return constant(np.asarray(grad), dtype=target.dtype)
-    if not isinstance(grad, Var):
+            grad = constant(np.asarray(grad), dtype=target.dtype)
+    elif not isinstance(grad, Var):
         raise ProgramError(f"target gradient for '{target.name}' must be a Var or an array, "
                            f"got {type(grad).__name__}")
+    _check_seed_shape(target, grad)
     return grad
 
 
-def gradients(targets, inputs, target_gradients=None, no_grad_set=None) -> list[Var | None]:
+def _check_seed_shape(target: Var, grad: Var) -> None:
+    """A target gradient has its target's shape (sizes -1 match any): broadcasting one would scale
+    or reshape the gradient silently (PyTorch: "Mismatch in shape")."""
+    if len(grad.shape) != len(target.shape) or any(
+            a >= 0 and b >= 0 and a != b for a, b in zip(grad.shape, target.shape)):
+        location = here()
+        raise ShapeError(f"{location + ': ' if location else ''}gradients(): the target gradient "
+                         f"'{grad.name}' {grad.type_str()} does not have the shape of its target "
+                         f"'{target.name}' {target.type_str()}")
+
+
+def gradients(targets, inputs, target_gradients=None, no_grad_set=None, stop_gradients=None,
+              unconnected: str = "none") -> list[Var | None]:
     """Gradients of ``targets`` with respect to ``inputs`` (None where unreachable).
 
     Each target is seeded by its entry in ``target_gradients`` (ones when
-    absent), so non-scalar targets give vector-Jacobian products. Works on
-    any variables, data included, and can be called repeatedly (double
-    backward: differentiate a gradient again).
+    absent; each must have its target's shape, else ShapeError), so
+    non-scalar targets give vector-Jacobian products. Works on any
+    variables, data included, and can be called repeatedly (double backward:
+    differentiate a gradient again).
+
+    As ``tf.gradients``: ``stop_gradients`` (Vars) are held constant, so no
+    gradient flows through them to what they were computed from (an input
+    among them still gets its own, direct gradient); ``unconnected="zero"``
+    gives zeros shaped like an input that the targets do not depend on,
+    instead of None. ``no_grad_set`` names variables that get no gradient at
+    all.
 
     Example::
 
@@ -352,31 +377,40 @@ def gradients(targets, inputs, target_gradients=None, no_grad_set=None) -> list[
         y = rg.sum(x * x * x)
         dx, = rg.gradients(y, x)                 # 3 x^2
         ddx, = rg.gradients(rg.sum(dx), x)       # 6 x
+        b = x * 2.0
+        da, db = rg.gradients(rg.sum(x + b), [x, b], stop_gradients=[b])   # 1 and 1, not 3
+        dz, = rg.gradients(rg.sum(x), [rg.data("z", [2])], unconnected="zero")   # zeros([2])
     """
     targets = _as_list(targets)
     if not targets or not all(isinstance(t, Var) for t in targets):
         raise ProgramError("gradients() needs target Vars")
+    if unconnected not in ("none", "zero"):
+        raise ProgramError(f"gradients(): unconnected must be \"none\" or \"zero\", got {unconnected!r}")
     block = targets[0].block
     wrt = _names(inputs, block, "input")
     seeds = _as_list(target_gradients) or [None] * len(targets)
     if len(seeds) != len(targets):
         raise ProgramError(f"{len(targets)} targets but {len(seeds)} target gradients")
     no_grad = set(_names(no_grad_set, block, "no_grad_set entry"))
+    stops = set(_names(stop_gradients, block, "stop_gradients entry"))
     fwd_ops = list(block.ops)
     target_grads = _combine_seeds(targets, seeds, block)
-    grads = _build_through_enclosing(block, fwd_ops, target_grads, wrt, no_grad)
+    grads = _build_through_enclosing(block, fwd_ops, target_grads, wrt, no_grad, stops)
     _bind_shape_stand_ins(block, len(fwd_ops))
+    if unconnected == "zero":
+        with block_guard(block):
+            grads = {n: zeros_like(block.var(n)) if g is None else g for n, g in grads.items()}
     return [grads[n] for n in wrt]
 
 
 def _build_through_enclosing(block: Block, ops: list[Op], target_grads: dict[str, Var], wrt: list[str],
-                             no_grad: set[str]) -> dict[str, Var | None]:
+                             no_grad: set[str], stops: set[str] = frozenset()) -> dict[str, Var | None]:
     """``build_backward`` over ``ops`` of ``block`` and, for inputs reached through ops of the
     enclosing blocks (a gradient taken inside a cond branch or a loop body of a value computed
     outside it), over those blocks' earlier ops too, innermost first. The gradients of the outer
     values a level reads become the targets of the level above; every gradient op goes into
     ``block``, which sees all their values."""
-    levels = _enclosing_levels(block, ops)
+    levels = [(level, _not_writing(level_ops, stops)) for level, level_ops in _enclosing_levels(block, ops)]
     carry: set[str] = set()           # outer names that depend on an input (root first)
     for level, level_ops in reversed(levels[1:]):
         carry |= needs_grad_names(level_ops, level, [n for n in wrt if n in level.vars] + sorted(carry), no_grad)
@@ -391,6 +425,12 @@ def _build_through_enclosing(block: Block, ops: list[Op], target_grads: dict[str
         if not target_grads:
             break
     return {n: grads.get(n) for n in wrt}
+
+
+def _not_writing(ops: list[Op], stops: set[str]) -> list[Op]:
+    """``ops`` without those writing a ``stop_gradients`` variable: seen from the backward, a
+    stopped variable is a leaf (a constant with respect to everything before it)."""
+    return [op for op in ops if not any(n in stops for n in op.outputs)] if stops else ops
 
 
 def _enclosing_levels(block: Block, ops: list[Op]) -> list[tuple[Block, list[Op]]]:

@@ -10,7 +10,6 @@ from .rnn import gru, lstm, milstm  # noqa: F401
 from .norm import batch_norm, layer_norm, rms_norm  # noqa: F401
 from .conv import conv1d, conv2d  # noqa: F401
 
-__all__ = ["embedding", "fc"]
-__all__ += ["gru", "lstm", "milstm"]
+__all__ = ["embedding", "fc", "gru", "lstm", "milstm", "batch_norm", "layer_norm", "rms_norm", "conv1d", "conv2d"]
 # The modules stay importable (retrograd.layers.rnn) but are not attributes: rg.layers lists layers.
-del common, rnn  # noqa: F821
+del common, rnn, norm, conv  # noqa: F821

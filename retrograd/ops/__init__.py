@@ -27,3 +27,6 @@ from .shape_ops import arange, broadcast_to, pad, stack, tile  # noqa: F401
 from .einsum import einsum  # noqa: F401
 from .conv import conv1d, conv2d  # noqa: F401
 from .pool import avg_pool2d, max_pool2d  # noqa: F401
+from .tensor_array import TensorArray  # noqa: F401
+from .scan import fori_loop, map, scan  # noqa: F401
+from .custom_gradient import custom_gradient  # noqa: F401

@@ -166,8 +166,10 @@ def lower_call(g, b: int, operands: Sequence[str]) -> list[str]:
     for var, spec in zip(g.out_vars, specs):
         if isinstance(spec, str):
             values.append(next(fetched))
-        elif spec is None:
-            values.append(g.fill(g.const([0] * var.ndim, "int64"), 0, var.dtype))
+        elif spec is None:   # a value saved for the other branch's backward: never read. Zeros of its
+            # shape where that is known, so a loop stacking it per iteration gets rows of one shape
+            sizes = list(var.shape) if all(d >= 0 for d in var.shape) else [0] * var.ndim
+            values.append(g.fill(g.const(sizes, "int64"), 0, var.dtype))
         else:
             values.append(g.fill(g.shape(operands[spec]), 0, var.dtype))
     return values

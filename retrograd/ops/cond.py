@@ -10,6 +10,7 @@ from .calls import call_grad, call_rule, lower_call, run_call
 from .math import equal
 from .registry import GradCtx, append_op, defop
 from .lowering import lowers
+from .tensor_array import TensorArray
 from .subblocks import as_vars, check_predicate, names_of, outer_reads, shapes_compatible, truth, unique
 
 
@@ -86,6 +87,8 @@ def cond(pred: Var, true_fn: Callable[[], Var | tuple], false_fn: Callable[[], V
     attrs = {"blocks": branches, "binds": [list(reads), list(reads)],
              "outs": [[v.name for v in vars_] for vars_ in results]}
     outs = append_op("If", [pred] + [block.var(n) for n in reads], attrs, name="cond")
+    outs = [TensorArray.of(v, a.element_shape) if isinstance(a, TensorArray) else v   # arrays stay arrays
+            for v, a in zip(outs, results[0])]
     return outs[0] if single and len(outs) == 1 else tuple(outs)
 
 

@@ -33,6 +33,7 @@ from .loop_stacks import Kept
 from .recurrent_steps import budget_variant, is_budget
 from .registry import GradCtx, append_op, defop
 from .lowering import lowers
+from .tensor_array import TensorArray
 from .subblocks import (as_outputs, as_vars, bound_var, check_bound, check_predicate, full_flags,
                         live_indices, merge_shapes, names_of, or_stand_ins, outer_reads, shapes_compatible,
                         condition_holds, max_iters_exceeded, unique)
@@ -142,9 +143,7 @@ def _while_onnx(g):
     values are computed (store-all)."""
     a = g.attrs
     n = len(a["carry_binds"])
-    if a.get("ragged") and a["ys"]:
-        g.fail("a loop whose loop vars change shape keeps values of changing shape for its backward, "
-               "which an ONNX Loop cannot stack")
+    shape_only = _ragged_shape_only(g)
     carry_vars = g.out_vars[:n]
     first, = g.lower(a["cond"], dict(zip(a["cond_binds"], g.ins[:n])), [a["cond_out"]])
     if streams.contains_random(a["cond"]):
@@ -163,17 +162,74 @@ def _while_onnx(g):
         first = _max_iters_onnx(g, first, g.const(0, "int64"))
     if a.get("max_iters") is not None:
         flag = _max_iters_onnx(body, flag, body.node("Add", [iteration, body.const(1, "int64")]))
+    sizes, stacked = _largest_shapes(body, a, shape_only, kept)
     outputs = ([(flag, "bool", [])] + list(zip(new, carry_vars))
-               + [(body.node("Add", [count, body.const(1, "int64")]), "int64", [])]
-               + [(value, a["body"].var(name)) for value, name in zip(kept, a["ys"])])
+               + [(body.node("Add", [count, body.const(1, "int64")]), "int64", [])] + sizes + stacked)
     graph = body.finish(f"{g.op.outputs[0]}.body", outputs)
-    outs = g.nodes("Loop", ["", first, *g.ins[:n], g.const(0, "int64")], len(outputs) - 1,
-                   body=graph)
+    outs = g.nodes("Loop", ["", first, *_carry_inits(g, range(n)), g.const(0, "int64"), *_no_shapes(g, shape_only)],
+                   len(outputs) - 1, body=graph)
+    outs = outs[:n + 1] + _shape_stand_ins(g, shape_only, outs[n], outs[n + 1:])
     if a.get("budget_outputs"):   # recompute=<bytes>: its ONNX backward re-runs every iteration
         extra = g.out_vars[len(outs):]  # (store-all) and reads no checkpoints: empty ones
         outs += [g.fill(g.const([0] * var.ndim, "int64"), 0, var.dtype) for var in extra[:-1]]
         outs.append(g.const([0] * extra[-1].shape[0], "int64"))
     return outs
+
+
+def _ragged_shape_only(g) -> list[int]:
+    """Of a loop whose loop vars change shape, the kept values read only for their shapes: an
+    ONNX Loop cannot stack values of changing shape, so those become zeros as large as the
+    largest iteration's (the backward cuts each row to its iteration's saved shape). A kept value
+    read in full must have a fixed shape (every size known), or the export is refused."""
+    a = g.attrs
+    if not a.get("ragged") or not a["ys"]:
+        return []
+    full = [f or like is not None for f, like in zip(full_flags(a, a["ys"]), a.get("ys_like") or [None] * len(a["ys"]))]
+    for name, whole in zip(a["ys"], full):
+        var = a["body"].var(name)
+        if whole and any(d < 0 for d in var.shape):
+            g.fail(f"a loop whose loop vars change shape keeps '{name}' {var.type_str()} for its backward, "
+                   "whose shape may change too, which an ONNX Loop cannot stack")
+    return [j for j, whole in enumerate(full) if not whole]
+
+
+def _carry_inits(g, positions) -> list[str]:
+    """The op's inputs at ``positions`` as a Loop's initial carries; a scalar passes through a
+    Reshape to [] first (onnxruntime, with I/O binding, hands a scalar graph input bound straight
+    to a Loop carry back with shape [1])."""
+    return [g.node("Reshape", [g.ins[p], g.const([], "int64")]) if g.in_vars[p].ndim == 0 else g.ins[p]
+            for p in positions]
+
+
+def _largest_shapes(body, a: dict, shape_only: list[int], kept: list[str]) -> tuple[list, list]:
+    """A Loop body's outputs for the kept values ``kept``: for those in ``shape_only`` a carried
+    elementwise maximum of their shapes (an int64 ``[rank]`` loop input per value, made by
+    ``body.input`` here), for the others the value itself (a scan output)."""
+    sizes = []
+    for j in shape_only:
+        rank = a["body"].var(a["ys"][j]).ndim
+        size = body.input(f"{a['ys'][j]}.max_shape", "int64", [rank])
+        sizes.append((body.node("Max", [size, body.shape(kept[j])]), "int64", [rank]))
+    stacked = [(value, a["body"].var(name)) for j, (value, name) in enumerate(zip(kept, a["ys"]))
+               if j not in shape_only]
+    return sizes, stacked
+
+
+def _no_shapes(g, shape_only: list[int]) -> list[str]:
+    """The initial (all-zero) largest shapes of ``_largest_shapes``."""
+    return [g.const([0] * g.attrs["body"].var(g.attrs["ys"][j]).ndim, "int64") for j in shape_only]
+
+
+def _shape_stand_ins(g, shape_only: list[int], iters: str, rest: list[str]) -> list[str]:
+    """The stacks of every kept value from the Loop's outputs after its loop vars (``rest``: the
+    largest shapes, then the scan outputs): zeros ``[iters, *largest]`` for those read only for
+    their shapes (the backward cuts each row to its iteration's saved shape)."""
+    a = g.attrs
+    maxima, stacked = rest[:len(shape_only)], iter(rest[len(shape_only):])
+    iters = g.node("Reshape", [iters, g.const([1], "int64")])
+    zeros = {j: g.fill(g.node("Concat", [iters, size], axis=0), 0, a["body"].var(a["ys"][j]).dtype)
+             for j, size in zip(shape_only, maxima)}
+    return [zeros[j] if j in zeros else next(stacked) for j in range(len(a["ys"]))]
 
 
 def _scalar_onnx(g, value: str) -> str:
@@ -260,16 +316,19 @@ def _scan_onnx(g):
     body.stream(index)
     slices = [body.node("Gather", [x, index], axis=0) for x in g.ins[1 + c:1 + c + s]]
     for j, position in enumerate(a.get("x_shapes") or []):
-        if position is not None:     # a ragged loop's padded stack: cut row i to its own shape
+        if position is not None and g.in_vars[1 + c + j].ndim > 1:  # a ragged loop's padded stack: cut
+            # row i to its own shape (a scalar has none to cut)
             sizes = body.node("Gather", [g.ins[position], index], axis=0)
             slices[j] = body.node("Slice", [slices[j], body.node("Mul", [sizes, body.const(0, "int64")]), sizes])
     binds = {**dict(zip(a["carry_binds"], carries)), **dict(zip(a["x_binds"], slices))}
     values = body.lower(a["body"], binds, list(a["body_outs"]) + list(a["ys"]))
-    outputs = ([(cond, "bool", [])] + list(zip(values[:c], g.out_vars[:c]))
-               + [(value, a["body"].var(name)) for value, name in zip(values[c:], a["ys"])])
-    outs = g.nodes("Loop", [count, "", *g.ins[1:1 + c]], len(outputs) - 1,
+    shape_only = _ragged_shape_only(g)
+    sizes, stacked = _largest_shapes(body, a, shape_only, values[c:])
+    outputs = [(cond, "bool", [])] + list(zip(values[:c], g.out_vars[:c])) + sizes + stacked
+    outs = g.nodes("Loop", [count, "", *_carry_inits(g, range(1, 1 + c)), *_no_shapes(g, shape_only)],
+                   len(outputs) - 1,
                    body=body.finish(f"{g.op.outputs[0] if g.op.outputs else 'scan'}.body", outputs))
-    stacks = outs[c:]
+    stacks = _shape_stand_ins(g, shape_only, count, outs[c:]) if shape_only else outs[c:]
     if a["reverse"]:
         stacks = [g.node("Slice", [v, g.const([-1], "int64"), g.const([-(1 << 62)], "int64"),
                                    g.const([0], "int64"), g.const([-1], "int64")]) for v in stacks]
@@ -365,14 +424,15 @@ def while_loop(cond_fn: Callable[..., Var], body_fn: Callable[..., Var | Sequenc
         raise ProgramError(f"While in block {block.idx}: recompute must be None or a byte budget (an int "
                            f">= 0), got {recompute!r}")
     program = block.program
+    shape_invariants = _array_invariants(inits, shape_invariants)
     declared = _invariant_vars(block, inits, shape_invariants)
     cond_block = program.create_block(block)
-    cond_vars = [bound_var(cond_block, f"{v.name}.cur", v) for v in declared]
+    cond_vars = _as_arrays(inits, [bound_var(cond_block, f"{v.name}.cur", v) for v in declared])
     with block_guard(cond_block):
         flag = cond_fn(*cond_vars)
     check_predicate(flag, "While", "cond_fn's result", cond_block)
     body = program.create_block(block)
-    body_vars = [bound_var(body, f"{v.name}.cur", v) for v in declared]
+    body_vars = _as_arrays(inits, [bound_var(body, f"{v.name}.cur", v) for v in declared])
     with block_guard(body):
         new = body_fn(*body_vars)
     new_vars, _ = as_vars(new, f"While in block {block.idx}: body_fn", body)
@@ -387,5 +447,23 @@ def while_loop(cond_fn: Callable[..., Var], body_fn: Callable[..., Var | Sequenc
         attrs["ragged"] = True
     attrs.update(streams.stream_attrs(cond_block, body))   # a loop key when the loop draws random numbers
     outs = append_op("While", inits + [block.var(n) for n in reads], attrs, name="while")
-    finals = outs[:len(inits)]
+    finals = _as_arrays(inits, outs[:len(inits)])
     return finals[0] if kind is None else kind(finals)
+
+
+def _array_invariants(inits: list[Var], shape_invariants):
+    """The shape invariants with ``[-1, *element_shape]`` for each TensorArray loop var (its size
+    changes as it is written) where none is given; unchanged without TensorArrays."""
+    if not any(isinstance(v, TensorArray) for v in inits):
+        return shape_invariants
+    given = [None] * len(inits) if shape_invariants is None else list(shape_invariants)
+    if len(given) != len(inits):
+        return shape_invariants        # _invariant_vars says what is wrong
+    return [[-1] + list(v.shape[1:]) if isinstance(v, TensorArray) and shape is None else shape
+            for v, shape in zip(inits, given)]
+
+
+def _as_arrays(inits: list[Var], vars_: list[Var]) -> list[Var]:
+    """``vars_`` with those at the positions of TensorArray loop vars seen as TensorArrays."""
+    return [TensorArray.of(v, init.element_shape) if isinstance(init, TensorArray) else v
+            for init, v in zip(inits, vars_)]

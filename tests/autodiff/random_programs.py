@@ -15,8 +15,10 @@ reproducer) drawn from any source of choices (``Choices``: hypothesis'
   optionally under a ``recompute`` byte budget), ``recurrent`` (a state
   updated from a sequence ``s [T, m, n]``, with ``recompute`` None,
   ``"steps"`` or a byte budget, one or two states, with or without
-  per-example ``seq_lengths``) or ``none``; loop bodies may nest a ``cond``
-  or a ``while_loop``;
+  per-example ``seq_lengths``), ``array`` (a while_loop appending rows to a
+  ``TensorArray``, optionally from a nested loop of ``i % 2`` trips (ragged),
+  then stacked and read back under a ``cond`` on its size) or ``none``; loop
+  bodies may nest a ``cond`` or a ``while_loop``;
 * the loss projects the structure's result and the last node onto fixed
   random weights; ``second`` asks for second derivatives: the gradients of
   ``x`` and ``W`` are projected again and differentiated once more.
@@ -57,7 +59,7 @@ BINARY = {
     "maximum": (rg.maximum, torch.maximum),
     "where": (lambda a, b: rg.where(a > b, a * b, b), lambda a, b: torch.where(a > b, a * b, b)),
 }
-STRUCTURES = ("none", "cond", "while", "recurrent")
+STRUCTURES = ("none", "cond", "while", "recurrent", "array")
 
 Choices = Callable[[str, list], Any]   # choose(label, options) -> one of options
 
@@ -102,6 +104,8 @@ def draw_program(choose: Choices) -> dict:
             desc["lengths"] = [choose("length", list(range(desc["T"] + 1))) for _ in range(desc["m"])]
     elif structure == "while":
         desc["recompute"] = choose("recompute", [None, None, 1 << 8, 1 << 10, 1 << 12, 1 << 16])
+    elif structure == "array":
+        desc["inner"] = choose("inner", [False, True])
     return desc
 
 
@@ -162,7 +166,38 @@ def _structure(desc: dict, pre: Any, x, w, s, trips, fw: int, lengths=None):
         for _ in range(desc["trips"]):
             v = torch.tanh(_apply(a, [v, x], w, 1))
         return v
+    if kind == "array":
+        return _array(desc, pre, x, w, trips, fw)
     return _recurrent(desc, pre, w, s, lengths, fw)
+
+
+def _array(desc: dict, pre, x, w, trips, fw: int):
+    """v <- tanh(a(v, x)) ``trips`` times, appending 0.5 v to a TensorArray and, with ``inner``,
+    sin(v) (j + 1) for j < i % 2 from a nested loop; then v + 0.3 sum(rows) + 0.2 rows[pick]
+    (zeros when there are not that many rows)."""
+    a, pick = desc["a"], desc["pick"]
+    if fw == 0:
+        def inner(v, arr, i):
+            def step(j, arr):
+                return j + 1, arr.write(arr.size(), rg.sin(v) * rg.cast(j + 1, "float64"))
+            return rg.while_loop(lambda j, arr: j < i % 2, step, [rg.constant(0), arr])[1]
+
+        def body(i, v, arr):
+            v = rg.tanh(_apply(a, [v, x], w, 0))
+            arr = arr.write(arr.size(), v * 0.5)
+            return i + 1, v, inner(v, arr, i) if desc.get("inner") else arr
+        arr = rg.TensorArray(dtype="float64", element_shape=list(pre.shape))
+        _, v, arr = rg.while_loop(lambda i, v, arr: i < trips, body, [rg.constant(0), pre, arr])
+        row = rg.cond(arr.size() > pick, lambda: arr.read(pick), lambda: rg.zeros_like(v))
+        return v + rg.sum(arr.stack(), axis=0) * 0.3 + row * 0.2
+    v, rows = pre, []
+    for i in range(desc["trips"]):
+        v = torch.tanh(_apply(a, [v, x], w, 1))
+        rows.append(v * 0.5)
+        for j in range(i % 2 if desc.get("inner") else 0):
+            rows.append(torch.sin(v) * (j + 1))
+    total = sum(rows, torch.zeros_like(v))
+    return v + total * 0.3 + (rows[pick] if len(rows) > pick else torch.zeros_like(v)) * 0.2
 
 
 def _recurrent(desc: dict, pre, w, s, lengths, fw: int):

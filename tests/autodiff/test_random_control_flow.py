@@ -64,3 +64,10 @@ def test_budgeted_loops_match_torch(desc, seed):
     """Byte budgets (binomial checkpointing over steps or iterations) and "steps" recompute."""
     desc = dict(desc, recompute=desc["recompute"] if desc["recompute"] is not None else 1 << 12)
     rp.compare(desc, seed)
+
+
+@SETTINGS
+@given(programs(structures=("array",), second=(False, True)), st.integers(0, 2**31 - 1))
+def test_random_tensor_array_programs_match_torch_to_second_order(desc, seed):
+    """TensorArrays appended in a loop (and in a nested loop of varying trips), stacked and read."""
+    rp.compare(desc, seed)

@@ -346,7 +346,6 @@ def test_do_runs_in_a_fresh_scope_with_explicit_bindings():
 
 # --- nesting -----------------------------------------------------------------------------------------
 
-@pytest.mark.engine_gap("loop values whose shape changes between iterations (Loop scan outputs must keep one shape)")
 def test_cond_inside_while():
     """Each iteration picks a branch from the current value."""
     def fn():

@@ -535,6 +535,37 @@ def _lstm_sequence(r):
         (lambda x, w_ih, w_hh, h0, c0: list(rg.lstm_sequence(x, w_ih, w_hh, None, h0, c0, reverse=True,
                                                              keep="cells")), base),
     ]
+def _tensor_array_write(r):
+    def writes(a, x):
+        arr = rg.TensorArray(dtype="float64", element_shape=[3]).write(0, a).write(1, x * a)
+        return arr.write(0, rg.sin(x)).write(2, a).stack()            # an overwrite, then an append
+    return [(writes, {"a": normal(r, 3), "x": normal(r, 3)})]
+
+
+def _tensor_array_read(r):
+    def reads(a, x):
+        arr = rg.TensorArray(dtype="float64", element_shape=[-1, 2]).write(0, a).write(1, x)
+        return arr.read(1) * arr.read(rg.constant(0)) + arr.read(0)
+    return [(reads, {"a": normal(r, 3, 2), "x": normal(r, 3, 2)})]
+
+
+def _tensor_array_grads(r):
+    from retrograd.ops.tensor_array import read_grad, write_grad
+    i64 = lambda v: rg.constant(v, dtype="int64")  # noqa: E731
+    return {
+        "TensorArrayReadGrad": [(lambda dy: read_grad(dy, i64(4), i64(2)), {"dy": normal(r, 3)})],
+        "TensorArrayWriteGrad": [
+            (lambda d: write_grad(d, i64(3), i64(1), i64(4)), {"d": normal(r, 4, 2)}),     # overwrite
+            (lambda d: write_grad(d, i64(2), i64(2), i64(3)), {"d": normal(r, 3, 2)}),     # append
+            (lambda d: write_grad(d, i64(5), i64(0), i64(3)), {"d": normal(r, 3, 2)})],    # padded
+    }
+
+
+def _custom_gradient(r):
+    true_grad = rg.custom_gradient(lambda x, w: rg.tanh(x @ w),            # grad_fn = the true gradient
+                                   lambda xs, ys, dys: [(dys[0] * (1.0 - ys[0] * ys[0])) @ rg.transpose(xs[1], [1, 0]),
+                                                        rg.transpose(xs[0], [1, 0]) @ (dys[0] * (1.0 - ys[0] * ys[0]))])
+    return [(lambda x, w: true_grad(x, w), {"x": normal(r, 2, 3), "w": normal(r, 3, 4)})]
 
 
 CASES = {
@@ -615,6 +646,12 @@ CASES = {
     "AvgPool": _avg_pool,
     **{op_type: (lambda r, t=op_type: _pool_grad_ops(r)[t])
        for op_type in ("MaxPoolGrad", "MaxPoolGather", "AvgPoolGrad")},
+    # TensorArray
+    "TensorArrayWrite": _tensor_array_write,
+    "TensorArrayRead": _tensor_array_read,
+    "TensorArrayReadGrad": lambda r: _tensor_array_grads(r)["TensorArrayReadGrad"],
+    "TensorArrayWriteGrad": lambda r: _tensor_array_grads(r)["TensorArrayWriteGrad"],
+    "CustomGradient": _custom_gradient,
 }
 
 CASES.update({     # normalization and losses (ops/norm.py, ops/losses.py)
@@ -709,6 +746,8 @@ DOUBLE_BACKWARD += ["Conv", "ConvInputGrad", "ConvWeightGrad", "MaxPool", "AvgPo
 # Libraries some modules import at their top (retrograd.onnx.graph: onnx); without them those
 # modules register no op, since every op is registered by `import retrograd` alone.
 OPTIONAL_LIBRARIES = {"onnx", "onnxruntime", "torch", "cupy", "mpi4py", "jax", "matplotlib"}
+DOUBLE_BACKWARD += ["TensorArrayWrite", "TensorArrayRead", "TensorArrayReadGrad", "TensorArrayWriteGrad",
+                    "CustomGradient"]
 
 
 def _import_every_module() -> None:

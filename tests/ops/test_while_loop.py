@@ -94,11 +94,36 @@ def test_bad_shape_invariants_are_program_errors(bad):
         build(model)
 
 
-def test_onnx_export_of_a_ragged_backward_is_refused_by_name():
+@pytest.mark.parametrize("limit", [-5.0, 0.9, 10.0])
+def test_onnx_engine_runs_a_ragged_backward_and_second_derivatives(limit):
+    """The loop keeps the growing matrix only for its shape: the ONNX Loop carries the largest
+    shape and the backward cuts each iteration's row to its saved shape."""
+    pytest.importorskip("onnxruntime", reason="runs the exported model")
     pytest.importorskip("onnx", reason="ONNX export needs onnx")
     main, startup, fetch = build(_decoder)
-    with pytest.raises(rg.BackendError, match="While"):
-        rg.onnx.export(main, None, fetch[2:4], scope=executor(startup).scope)
+    exe = rg.Executor(backend="onnxruntime")
+    exe.run(startup)
+    got = exe.run(main, feed={"h0": H0, "limit": np.array(limit)}, fetch_list=fetch)
+    for ours, want in zip(got, _torch_decoder(limit)):
+        np.testing.assert_allclose(ours, want.detach().numpy(), rtol=1e-10, atol=1e-12)
+
+
+def test_onnx_export_of_a_ragged_backward_reading_a_growing_value_is_refused_by_name():
+    pytest.importorskip("onnx", reason="ONNX export needs onnx")
+
+    def model():
+        x = rg.data("x", [2], dtype="float64", stop_gradient=False)
+        outs0 = rg.fill([0, 2], 0.0, dtype="float64")
+
+        def body(i, h, outs):
+            outs = rg.concat([outs, rg.reshape(h, [1, 2])], 0)
+            return i + 1, h + rg.sum(outs * outs), outs       # the product's backward reads outs itself
+        _, h, _ = rg.while_loop(lambda i, h, outs: i < 3, body, [rg.constant(0), x, outs0],
+                                shape_invariants=[None, None, [-1, 2]])
+        return rg.gradients(rg.sum(h), [x])
+    main, startup, fetch = build(model)
+    with pytest.raises(rg.BackendError, match="While.*may change"):
+        rg.onnx.export(main, None, fetch, scope=executor(startup).scope)
 
 
 def test_onnx_export_of_a_growing_loop_runs_in_onnxruntime():
@@ -121,3 +146,44 @@ def test_onnx_export_of_a_growing_loop_runs_in_onnxruntime():
         got, = sess.run([h.name], feed)
         assert got.shape == want.shape == (n, 2)
         np.testing.assert_allclose(got, want, rtol=1e-12)
+
+
+def test_a_scalar_feed_as_a_loop_var_keeps_its_shape_on_the_engine():
+    """onnxruntime (with the engine's I/O binding) handed a scalar graph input bound straight to a
+    Loop carry back as [1]: the final counter came out [4], not 4."""
+    pytest.importorskip("onnxruntime", reason="runs the onnxruntime engine")
+    pytest.importorskip("onnx", reason="ONNX export needs onnx")
+
+    def model():
+        lo = rg.data("lo", [], dtype="int64")
+        x = rg.data("x", [2], dtype="float64", stop_gradient=False)
+        i, v = rg.while_loop(lambda i, v: i < 4, lambda i, v: (i + 1, v * rg.cast(i, "float64")), [lo, x])
+        return [i, v] + rg.gradients(rg.sum(v), [x])
+    main, _, fetch = build(model)
+    i, v, dx = rg.Executor(backend="onnxruntime").run(main, feed={"lo": np.array(1), "x": np.ones(2)},
+                                                      fetch_list=fetch)
+    assert i.shape == () and int(i) == 4
+    np.testing.assert_allclose(v, [6.0, 6.0])
+    np.testing.assert_allclose(dx, [6.0, 6.0])
+
+
+def test_second_order_of_a_cond_in_a_loop_on_the_engine_does_not_stack_empty_stand_ins():
+    """The If saves, for the branch that did not run, an empty stand-in of what the other branch's
+    backward reads; a Loop stacking it per iteration got rows [2, 3] and [0, 0] and onnxruntime
+    failed ('Inconsistent shape in loop output'). It is now zeros of the known shape."""
+    pytest.importorskip("onnxruntime", reason="runs the onnxruntime engine")
+    pytest.importorskip("onnx", reason="ONNX export needs onnx")
+    x0 = np.array([[0.5, -0.3, 0.8], [-0.6, 0.2, 0.1]])
+
+    def model():
+        x = rg.data("x", [2, 3], dtype="float64", stop_gradient=False)
+        step = lambda i, v: (i + 1, rg.cond(rg.equal(i % 2, 0), lambda: rg.tanh(v * x),  # noqa: E731
+                                            lambda: rg.sin(v) * 0.5))      # the branches alternate
+        _, v = rg.while_loop(lambda i, v: i < 5, step, [rg.constant(0), x])
+        dx, = rg.gradients(rg.sum(v * v), [x])
+        return [dx] + rg.gradients(rg.sum(dx * dx), [x])
+    main, _, fetch = build(model)
+    want = rg.Executor().run(main, feed={"x": x0}, fetch_list=fetch)
+    got = rg.Executor(backend="onnxruntime").run(main, feed={"x": x0}, fetch_list=fetch)
+    for ours, ref in zip(got, want):
+        np.testing.assert_allclose(ours, ref, rtol=1e-10)
