@@ -250,7 +250,8 @@ def write_section(text: str, title: str = SECTION) -> None:
 def transformer_main(args, corpus) -> int:
     """``--model transformer``: examples/gpt_chars.py's model per backend beside PyTorch eager and JAX."""
     import train_transformer
-    steppers = train_transformer.steppers(corpus, args.batch, args.lr, int(THREADS))
+    steps = args.warmup + args.rounds * args.round + 1
+    steppers = train_transformer.steppers(corpus, args.batch, args.lr, int(THREADS), steps)
     if not steppers:
         print("skipped: this checkout has no examples/gpt_chars.py (or no rg.layers.transformer_block) yet")
         return 0
@@ -273,7 +274,8 @@ def transformer_main(args, corpus) -> int:
         "float32, one thread), all frameworks in one process on the same batches, "
         f"{args.warmup} warm-up steps each, then {args.rounds} alternating rounds of {args.round} steps; "
         "the median round counts. PyTorch eager is the same layers from `torch.nn`; JAX one `jit` of the "
-        "whole step. Losses differ by initialisation.\n\n"
+        "whole step. Losses differ by initialisation and by retrograd's learning-rate warmup (the "
+        "example's cosine schedule over these steps, warmup a tenth of them).\n\n"
         f"{table}\n"
         f"Command: `{command}`  \nMachine: {machine()}\n\n")
     print(section)

@@ -4,8 +4,9 @@
 The model (``gpt_chars.Config()``: width 64, 4 heads, 2 pre-norm blocks, 64
 positions, GELU MLP of 4x width, no dropout), AdamW (weight decay 0.01) with
 global-norm clipping at 1.0, batch 32 windows of 64 characters, float32 on the
-CPU, one thread. retrograd runs ``gpt_chars.build`` (with its cosine schedule,
-a handful of scalar ops) on each backend; PyTorch eager the same layers from
+CPU, one thread. retrograd runs ``gpt_chars.build`` (with its cosine schedule
+over the steps this benchmark runs, warmup a tenth of them: a handful of scalar
+ops) on each backend; PyTorch eager the same layers from
 ``torch.nn`` (``MultiheadAttention`` with a causal mask, ``LayerNorm``,
 ``Linear``, ``GELU``); JAX one ``jit`` of the whole step with the same layers
 written in ``jax.numpy`` and AdamW/clipping written out. PyTorch and JAX use a
@@ -41,9 +42,9 @@ def _feed(g, corpus, i: int, batch: int, seq_len: int) -> dict:
     return g.batch_major(*charlm.batch_at(corpus, i, seq_len, batch, 0))
 
 
-def retrograd_stepper(g, corpus, backend: str, batch: int, lr: float):
+def retrograd_stepper(g, corpus, backend: str, batch: int, lr: float, steps: int):
     cfg = g.Config()
-    model = g.build(cfg, lr, steps=1000)
+    model = g.build(cfg, lr, steps=steps)      # its warmup: a tenth of the steps run here
     exe = rg.Executor(backend=backend)
     exe.run(model.startup)
 
@@ -174,7 +175,7 @@ def jax_stepper(g, corpus, batch: int, lr: float):
     return step
 
 
-def steppers(corpus, batch: int, lr: float, threads: int) -> dict:
+def steppers(corpus, batch: int, lr: float, threads: int, steps: int) -> dict:
     """label -> step(i) for every framework installed; empty when gpt_chars is not in this checkout."""
     g = gpt_module()
     if g is None:
@@ -182,7 +183,7 @@ def steppers(corpus, batch: int, lr: float, threads: int) -> dict:
     out = {}
     for backend in ("numpy", "torch", "onnxruntime"):
         try:
-            step = retrograd_stepper(g, corpus, backend, batch, lr)
+            step = retrograd_stepper(g, corpus, backend, batch, lr, steps)
             step(0)
         except rg.BackendError as exc:
             print(f"skipping the transformer on {backend}: {exc}", flush=True)
