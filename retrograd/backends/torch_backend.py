@@ -125,6 +125,39 @@ class TorchBackend(Backend):
 
     def einsum(self, equation: str, *operands):
         return self.torch.einsum(equation, *operands)
+    def erf(self, x):
+        return self.torch.special.erf(x)
+
+    def gelu(self, x, approximate: str = "none"):
+        return self.torch.nn.functional.gelu(x, approximate=approximate)
+
+    def gelu_grad(self, x, dy, approximate: str = "none"):
+        return self.torch.ops.aten.gelu_backward(dy, x, approximate=approximate)
+
+    def silu(self, x):
+        return self.torch.nn.functional.silu(x)
+
+    def softplus(self, x, threshold: float):
+        return self.torch.nn.functional.softplus(x, beta=1.0, threshold=threshold)
+
+    def elu(self, x, alpha: float):
+        return self.torch.nn.functional.elu(x, alpha=alpha)
+
+    def leaky_relu(self, x, negative_slope: float):
+        return self.torch.nn.functional.leaky_relu(x, negative_slope=negative_slope)
+
+    def logsumexp(self, x, axes: tuple, keepdims: bool):
+        return self.torch.logsumexp(x, dim=axes, keepdim=keepdims)
+
+    def sort_descending(self, x, axis: int):
+        return self.torch.sort(x, dim=axis, descending=True, stable=True).indices
+
+    def take_along_axis(self, x, indices, axis: int):
+        return self.torch.take_along_dim(x, indices, dim=axis)
+
+    def put_along_axis(self, shape, indices, values, axis: int):
+        out = self.torch.zeros(tuple(shape), dtype=values.dtype, device=values.device)
+        return out.scatter_(axis, indices, values)
 
     def buffer_of(self, array) -> tuple[int, int]:
         storage = array.untyped_storage()

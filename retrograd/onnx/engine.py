@@ -160,7 +160,9 @@ class OnnxRuntimeEngine:
             return {}
         binding = session.io_binding()
         for name, array in inputs.items():
-            array = np.ascontiguousarray(array)
+            array = np.asarray(array)
+            if not array.flags.c_contiguous:    # (not ascontiguousarray: it makes a 0-d feed 1-d)
+                array = np.ascontiguousarray(array)
             inputs[name] = array            # kept alive until the run is over
             binding.bind_cpu_input(name, array)
         for name in compiled.outputs:

@@ -30,3 +30,10 @@ from .pool import avg_pool2d, max_pool2d  # noqa: F401
 from .tensor_array import TensorArray  # noqa: F401
 from .scan import fori_loop, map, scan  # noqa: F401
 from .custom_gradient import custom_gradient  # noqa: F401
+from .special import erf, expm1, log1p, rsqrt  # noqa: F401
+from .logic import logical_or, not_equal  # noqa: F401
+from .activation import elu, gelu, leaky_relu, silu, softplus  # noqa: F401
+from .extrema import argmax, argmin, max, min, topk  # noqa: F401
+from .reduce import logsumexp, prod  # noqa: F401
+from .cumulative import cumprod, cumsum  # noqa: F401
+from .random_ops import categorical, rand, rand_like, randint, randn, randn_like  # noqa: F401
