@@ -46,6 +46,7 @@ from .charlm import (BUILTIN_VOCAB, LR_SCHEDULES, MIN_CORPUS_CHARS, MODELS, OPTI
                      encode, generate, held_out_batches, load_corpus, load_text, make_lr,
                      optimizer_of, read_record, split_corpus)
 from .errors import RetrogradError
+from .generation import generate_text
 from .io import ParamFileError, load_params, read_params, save_params
 from .options import non_negative, non_negative_int, parse_recompute, positive  # noqa: F401
 from . import plot
@@ -154,7 +155,7 @@ def run_train(args: argparse.Namespace) -> int:
         with _open_log(args, job.first) as log:
             job.train(out, log)
         checkpoint.save(job.exe, job.training, job.step_done)
-        sample = generate(job.exe, cfg, text.prompt, args.sample_len, args.temperature, args.seed) \
+        sample = generate_text(job.exe, cfg, text.prompt, args.sample_len, args.temperature, args.seed) \
             if rg.distributed.rank() == 0 else ""
         out.finish(job.losses, job.val_losses, save_path, sample)
     except KeyboardInterrupt:

@@ -77,6 +77,15 @@ class Backend:
             y = xp.matrix_transpose(y) if hasattr(xp, "matrix_transpose") else xp.swapaxes(y, -1, -2)
         return xp.matmul(x, y)
 
+    def fused_attention(self, q, k, v, mask, causal: bool, scale: float):
+        """``(out, lse)`` of ``ScaledDotProductAttention`` from the library's fused kernel, or None
+        where it has none for these operands (the op then computes its general formulation)."""
+        return None
+
+    def fused_attention_grad(self, q, k, v, mask, out, lse, dout, causal: bool, scale: float):
+        """``(dq, dk, dv)`` of ``ScaledDotProductAttentionGrad`` from the fused kernel, or None."""
+        return None
+
     # -- sliding windows: the general im2col + GEMM path (windows.py); torch has its own ----------
     def conv(self, x, w, strides, pads, dilations, groups: int):
         """``y [N, F, *out]`` of ``x [N, C, *spatial]``, ``w [F, C/groups, *kernel]`` (the ``Conv``

@@ -21,6 +21,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..errors import BackendError
+from . import torch_attention
 from . import torch_fused_rnn
 from .base import Backend, Namespace, dtype_name
 from .windows import crop, pad_spatial, padded_shape
@@ -80,6 +81,7 @@ class TorchBackend(Backend):
         self.torch_device = dev
         xp = Namespace(compat, None if dev.type == "cpu" else dev, matmul=torch.matmul)
         super().__init__(xp, str(dev))
+        self.flash_attention = torch_attention.flash_ops(torch)   # None: this torch lacks them
         self.onednn_lstm = torch_fused_rnn.OneDNNLSTM(torch) if _has_onednn_lstm(torch) else None
 
     # -- fused kernels (LSTMSequence): None where this backend has none for the arrays given ----
@@ -123,8 +125,16 @@ class TorchBackend(Backend):
         rows = rows.reshape((ids.shape[0],) + tuple(shape[1:]))
         return out.index_add_(0, ids, rows)
 
+    def fused_attention(self, q, k, v, mask, causal: bool, scale: float):
+        return torch_attention.attention(self.torch, self.flash_attention, q, k, v, mask, causal, scale)
+
+    def fused_attention_grad(self, q, k, v, mask, out, lse, dout, causal: bool, scale: float):
+        return torch_attention.attention_grad(self.torch, self.flash_attention, q, k, v, mask, out, lse,
+                                              dout, causal, scale)
+
     def einsum(self, equation: str, *operands):
         return self.torch.einsum(equation, *operands)
+
     def erf(self, x):
         return self.torch.special.erf(x)
 

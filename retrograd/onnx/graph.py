@@ -312,14 +312,18 @@ class OpContext:
         if "rng_id" in self.attrs:
             self.graph.rng_path = self.graph.rng_path + [int(self.attrs["rng_id"]), index]
 
-    def random_bits(self, seed: int, shape: str, salt: int = 0, per_run: bool = True) -> str:
+    def random_bits(self, seed: int, shape: str, salt: int = 0, per_run: bool = True,
+                    run: str | None = None) -> str:
         """The keyed generator's 32-bit hashes (int64) for an op with ``seed``, shaped by the int64
         1-D value ``shape``: key (seed, run id, loop keys and iterations), as the kernels draw.
         The run id is the model input ``retrograd.run_id`` (int64 scalar; the executor's count
         of runs, so feed a new one per run); ``per_run=False`` leaves it out of the key
-        (initialisers draw the same values in every run)."""
+        (initialisers draw the same values in every run); ``run`` (an int64 scalar >= 0 of the
+        graph: a seed the program reads at run time) takes the run id's place."""
         from .keyed_random import hash_bits
         names = self.graph.names
+        if run is not None:
+            return hash_bits(self, [int(seed), run, *self.graph.rng_path], shape, salt)
         if names.run_id is None and per_run:
             names.run_id = names.main.input(RUN_ID, "int64", [])
         run = [names.run_id] if per_run else []

@@ -17,6 +17,8 @@ from .sequence import reverse_sequence  # noqa: F401
 from .cond import cond, switch_case  # noqa: F401
 from .do import do  # noqa: F401
 from .while_loop import while_loop  # noqa: F401
+from .attention import scaled_dot_product_attention  # noqa: F401
+from . import heads  # noqa: F401  (SplitHeads, MergeHeads: multi-head attention's layout ops)
 from .linear_cross_entropy import linear_cross_entropy  # noqa: F401
 from .norm import layer_norm, rms_norm  # noqa: F401
 from .batch_norm import batch_norm  # noqa: F401

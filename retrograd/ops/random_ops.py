@@ -184,12 +184,19 @@ def check_categories(count: int) -> None:
         raise ValueError("categorical needs at least one category (logits [N, 0])")
 
 
-@defop("Categorical", inputs=("logits",), infer=_categorical_rule, random=True)
-def _categorical(k, logits):
+SEED_MASK = (1 << 63) - 1      # a run-time seed enters the key as seed & SEED_MASK (>= 0)
+
+
+@defop("Categorical", inputs=("logits", "seed?"), infer=_categorical_rule, random=True, nondiff=(1,))
+def _categorical(k, logits, seed=None):
     """One category per row, with probabilities softmax(logits) (the inverse of the row's
-    cumulative weights at one keyed uniform draw per row)."""
+    cumulative weights at one keyed uniform draw per row). A ``seed`` input (int64 0-d) takes
+    the run id's place in the key: the same seed draws the same categories in every run."""
     check_categories(logits.shape[1])
-    return k.backend.random_categorical(random_key(k, k.attrs["seed"]), logits)
+    key = random_key(k, k.attrs["seed"])
+    if seed is not None:
+        key[1] = int(k.backend.to_numpy(seed)) & SEED_MASK
+    return k.backend.random_categorical(key, logits)
 
 
 @lowers("Categorical")
@@ -197,7 +204,8 @@ def _categorical_onnx(g):
     """``keyed_random.categorical`` node for node: one hash per row, the inverse of the row's
     cumulative weights."""
     logits = g.ins[0]
-    h = g.random_bits(g.attrs["seed"], g.node("Shape", [logits], start=0, end=1))
+    run = g.node("BitwiseAnd", [g.ins[1], g.const(SEED_MASK, "int64")]) if len(g.ins) > 1 else None
+    h = g.random_bits(g.attrs["seed"], g.node("Shape", [logits], start=0, end=1), run=run)
     u = g.node("Mul", [g.cast(h, "float64"), g.const(2.0 ** -32, "float64")])
     weights = g.cast(logits, "float64")
     top = g.node("ReduceMax", [weights, g.const([1], "int64")], keepdims=1)
@@ -209,12 +217,24 @@ def _categorical_onnx(g):
     return [g.node("Min", [count, g.node("Sub", [g.scalar_dim(logits, 1), g.const(1, "int64")])])]
 
 
-def categorical(logits: Var, seed: int | None = None) -> Var:
+def categorical(logits: Var, seed: int | Var | None = None) -> Var:
     """int64 [N]: one sample per row of ``logits`` [N, C] from softmax(logits), new on every run
     (-inf logits are never drawn).
+
+    ``seed`` may also be an int64 0-d Var, a seed chosen at run time (as TensorFlow's
+    stateless ``tf.random.stateless_categorical``): it takes the run's number's place in the
+    keyed generator's key, so the same seed value draws the same samples in every run, on
+    every backend and in exported ONNX (whose model then has no ``retrograd.run_id`` input for
+    this op). Negative seeds count modulo 2**63.
 
     Example::
 
         next_char = rg.categorical(logits / temperature)
+        seed = rg.data("seed", [], dtype="int64")
+        same_every_run = rg.categorical(logits, seed=seed)
     """
+    if isinstance(seed, Var):
+        if seed.dtype != "int64" or seed.ndim != 0:
+            raise ShapeError(f"categorical: a seed Var must be int64 0-d, got '{seed.name}': {seed.type_str()}")
+        return append_op("Categorical", [logits, seed], {"seed": _seed(None)}, name="categorical")[0]
     return append_op("Categorical", [logits], {"seed": _seed(seed)}, name="categorical")[0]

@@ -653,6 +653,39 @@ def _softplus(r):
             (rg.softplus, {"x": np.array([-30.0, 19.5, 20.5, 25.0])})]
 
 
+def _attention(r):
+    """Attention with no mask, causal (L > S), a bool mask with a fully masked row, a float mask
+    (differentiated), a custom scale and batch axes that broadcast."""
+    q, k, v = normal(r, 2, 2, 3, 2), normal(r, 2, 2, 4, 2), normal(r, 2, 2, 4, 3)
+    keep = r.random((3, 4)) > 0.3
+    keep[:, 0], keep[2] = True, False
+    sdpa = rg.scaled_dot_product_attention
+    return [
+        (sdpa, {"q": q, "k": k, "v": v}),
+        (lambda q, k, v: sdpa(q, k, v, causal=True), {"q": normal(r, 2, 4, 2), "k": normal(r, 2, 3, 2),
+                                                      "v": normal(r, 2, 3, 2)}),
+        (lambda q, k, v, m: sdpa(q, k, v, m), {"q": q, "k": k, "v": v, "m": keep}),
+        (lambda q, k, v, m: sdpa(q, k, v, m, scale=0.7), {"q": q, "k": k, "v": v, "m": normal(r, 2, 1, 3, 4)}),
+        (lambda q, k, v: sdpa(q, k, v, causal=True), {"q": q, "k": normal(r, 2, 1, 4, 2), "v": normal(r, 4, 3)}),
+    ]
+
+
+def _attention_grad(r):
+    """The gradient op (reached through rg.gradients with a fed output gradient), differentiated."""
+    def first(q, k, v, m, dout):
+        out = rg.scaled_dot_product_attention(q, k, v, m, causal=True)
+        return rg.gradients(out, [q, k, v, m], target_gradients=[dout])
+    return [(first, {"q": normal(r, 2, 3, 2), "k": normal(r, 2, 4, 2), "v": normal(r, 2, 4, 3),
+                     "m": normal(r, 3, 4), "dout": normal(r, 2, 3, 3)})]
+
+
+def _heads(r):
+    from retrograd.ops.heads import merge_heads, split_heads
+    return {"SplitHeads": [(lambda x: split_heads(x, 2), {"x": normal(r, 2, 3, 4)}),
+                           (lambda x: split_heads(x, 3), {"x": normal(r, 4, 3)})],
+            "MergeHeads": [(merge_heads, {"x": normal(r, 2, 3, 4, 2)}), (merge_heads, {"x": normal(r, 2, 3, 4)})]}
+
+
 CASES = {
     # elementwise binary (broadcasting)
     "Add": _binary(rg.add),
@@ -731,6 +764,11 @@ CASES = {
     "AvgPool": _avg_pool,
     **{op_type: (lambda r, t=op_type: _pool_grad_ops(r)[t])
        for op_type in ("MaxPoolGrad", "MaxPoolGather", "AvgPoolGrad")},
+    # attention
+    "ScaledDotProductAttention": _attention,
+    "ScaledDotProductAttentionGrad": _attention_grad,
+    "SplitHeads": lambda r: _heads(r)["SplitHeads"],
+    "MergeHeads": lambda r: _heads(r)["MergeHeads"],
     # TensorArray
     "TensorArrayWrite": _tensor_array_write,
     "TensorArrayRead": _tensor_array_read,

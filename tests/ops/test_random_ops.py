@@ -183,6 +183,76 @@ def test_the_backward_recomputes_the_forwards_draws(backend):
                                          "w": r.standard_normal((3, 3))}, **backend.kwargs)
 
 
+# --- categorical with a seed chosen at run time --------------------------------------------------
+
+def _seeded_categorical():
+    main = rg.Program(random_seed=5)
+    with rg.program_guard(main, rg.Program()):
+        logits = rg.data("logits", [-1, 4], "float64")
+        seed = rg.data("seed", [], dtype="int64")
+        outs = [rg.categorical(logits, seed=seed), rg.categorical(logits, seed=seed)]
+    return main, outs
+
+
+def test_categorical_with_a_seed_var_draws_by_the_seed_not_the_run(backend):
+    main, outs = _seeded_categorical()
+    exe, numpy_exe = backend.executor(), rg.Executor()
+    feed = {"logits": np.tile(LOGITS, (20, 1))}
+    by_seed = {}
+    for seed in (3, 3, 4, -7, 2 ** 40):
+        got = exe.run(main, feed={**feed, "seed": np.array(seed)}, fetch_list=outs)
+        want = numpy_exe.run(main, feed={**feed, "seed": np.array(seed)}, fetch_list=outs)
+        for g, w in zip(got, want):
+            np.testing.assert_array_equal(g, w, err_msg=f"seed {seed} on {backend}")
+        by_seed.setdefault(seed, []).append(got[0])
+        assert not np.array_equal(got[0], got[1])       # two ops, one seed: their own draws
+    np.testing.assert_array_equal(*by_seed[3])          # the same seed in another run: the same draws
+    assert len({tuple(v[0]) for v in by_seed.values()}) == 4
+
+
+def test_seeded_categorical_exports_without_a_run_id_input():
+    onnx = pytest.importorskip("onnx", reason="ONNX export needs onnx")
+    ort = pytest.importorskip("onnxruntime", reason="the exported model runs in onnxruntime")
+    main, outs = _seeded_categorical()
+    model = rg.onnx.export(main, None, outs)
+    onnx.checker.check_model(model)
+    assert sorted(i.name for i in model.graph.input) == ["logits", "seed"]
+    session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    feed = {"logits": np.tile(LOGITS, (5, 1))}
+    for seed in (0, 9, -1):
+        want = rg.Executor().run(main, feed={**feed, "seed": np.array(seed)}, fetch_list=outs)
+        got = session.run([v.name for v in outs], {**feed, "seed": np.array(seed)})
+        for g, w in zip(got, want):
+            np.testing.assert_array_equal(g, w)
+
+
+def test_seeded_categorical_frequencies_over_seeds_follow_the_softmax():
+    """One row, one draw per seed: over many seeds the draws follow softmax(logits)."""
+    logits = np.array([[2.0, 0.5, -1.0, 1.0, -np.inf]])
+    probs = np.exp(logits[0] - 2.0) / np.exp(logits[0] - 2.0).sum()
+    main = rg.Program()
+    with rg.program_guard(main, rg.Program()):
+        seeds = rg.data("seeds", [-1], dtype="int64")
+        table = rg.data("l", [1, 5], "float64")
+        count = rg.ops.tensor.dim(seeds, 0)
+        _, drawn = rg.while_loop(
+            lambda i, out: i < count,
+            lambda i, out: (i + 1, rg.update_slice(out, rg.categorical(table, seed=seeds[i]), [i])),
+            [rg.constant(0, "int64"), seeds * 0])
+    n = 4000
+    samples, = rg.Executor().run(main, feed={"seeds": np.arange(n), "l": logits}, fetch_list=[drawn])
+    freq = np.bincount(samples, minlength=5) / n
+    assert freq[4] == 0.0
+    assert n * np.sum((freq[:4] - probs[:4]) ** 2 / probs[:4]) < 16.3      # chi2, 3 dof, p = 0.001
+
+
+def test_a_seed_var_must_be_an_int64_scalar():
+    with rg.program_guard(rg.Program(), rg.Program()):
+        logits = rg.data("l", [2, 3], "float32")
+        with pytest.raises(rg.ShapeError, match="seed Var must be int64 0-d"):
+            rg.categorical(logits, seed=rg.data("s", [1], dtype="int64"))
+
+
 def test_sampling_in_a_loop_draws_per_step_and_matches_across_backends(backend):
     """Text generation's shape: a while_loop carrying the last sample, drawing the next with
     categorical from logits that depend on it."""
