@@ -34,7 +34,7 @@ from __future__ import annotations
 import glob
 import json
 import sysconfig
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Sequence
 
@@ -307,6 +307,19 @@ class ModelConfig:
     def has_cell(self) -> bool:
         return self.model != "gru"
 
+    def for_backend(self, backend: str, device: str | None = None) -> "ModelConfig":
+        """This config with the LSTM built as one fused op per layer where the backend runs it
+        with a vendor kernel (torch on the CPU: oneDNN, as ``torch.nn.LSTM``); unchanged elsewhere.
+
+        Example::
+
+            cfg = ModelConfig().for_backend("torch")       # layers.lstm(..., fused=True)
+        """
+        fused = self.model == "lstm" and backend == "torch" and device in (None, "cpu")
+        return replace(self, fused=fused) if fused != self.fused else self
+
+    fused: bool = False         # the LSTM as layers.lstm(..., fused=True); set by for_backend
+
 
 @dataclass
 class Net:
@@ -363,8 +376,12 @@ def _recurrent_layer(cfg: ModelConfig, x, h0, c0, name: str):
     if cfg.model == "gru":
         h_all, h_last = rg.layers.gru(x, cfg.hidden, h0=h0, name=name, recompute=cfg.recompute)
         return h_all, h_last, None
-    layer = rg.layers.lstm if cfg.model == "lstm" else rg.layers.milstm
-    h_all, h_last, _, c_last = layer(x, cfg.hidden, h0=h0, c0=c0, name=name, recompute=cfg.recompute)
+    if cfg.model == "lstm":
+        h_all, h_last, _, c_last = rg.layers.lstm(x, cfg.hidden, h0=h0, c0=c0, name=name,
+                                                  recompute=cfg.recompute, fused=cfg.fused)
+        return h_all, h_last, c_last
+    h_all, h_last, _, c_last = rg.layers.milstm(x, cfg.hidden, h0=h0, c0=c0, name=name,
+                                                recompute=cfg.recompute)
     return h_all, h_last, c_last
 
 
