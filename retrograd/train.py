@@ -98,8 +98,10 @@ def add_train_arguments(parser: argparse.ArgumentParser) -> None:
     add("--threads", type=pos_int, default=1,
         help="BLAS threads per run (default: 1; more help only with a large --hidden or --batch, and "
              "slow everything down when other programs share the cores)")
-    add("--backend", choices=("numpy", "torch", "cupy", "onnxruntime"), default="numpy",
-        help="array library that runs the program (default: numpy; torch and cupy run on GPUs)")
+    add("--backend", choices=("auto", "numpy", "torch", "cupy", "onnxruntime"), default="auto",
+        help="what runs the program (default: auto, the fastest installed for the run: the onnxruntime "
+             "engine, else torch, else numpy; torch with --device/--graphs, not the engine under MPI or "
+             "--recompute); numpy is the embedded default; torch and cupy run on GPUs")
     add("--device", default=None,
         help="device of --backend: cpu, cuda or cuda:N (default: cpu; cuda for cupy)")
     add("--graphs", action="store_true",
@@ -128,6 +130,37 @@ def add_train_arguments(parser: argparse.ArgumentParser) -> None:
              'pip install "retrograd[plot]")')
 
 
+# --backend auto: the fastest that is installed, measured on the default models (benchmarks/train.py,
+# RESULTS.md "Training step": the onnxruntime engine 0.97x and torch 0.88x PyTorch's characters/s,
+# NumPy 0.59x, on a 2-core CPU).
+AUTO_ORDER = ("onnxruntime", "torch", "numpy")
+
+
+def choose_backend(args: argparse.Namespace) -> str:
+    """``args.backend``, with ``auto`` resolved to the first of ``AUTO_ORDER`` that is installed and
+    runs everything asked: a device or CUDA graphs need torch; data parallelism over MPI (its
+    AllReduce) and a ``--recompute`` budget (the engine runs store-all) keep the engine out.
+
+    Example::
+
+        choose_backend(argparse.Namespace(backend="auto", device=None, graphs=False, recompute=None))
+    """
+    if args.backend != "auto":
+        return args.backend
+    order = AUTO_ORDER
+    if args.device is not None or getattr(args, "graphs", False):
+        order = ("torch",)
+    elif getattr(args, "recompute", None) is not None or rg.distributed.world_size() > 1:
+        order = ("torch", "numpy")
+    for name in order:
+        try:
+            rg.Executor(backend=name, device=args.device)
+        except rg.BackendError:
+            continue
+        return name
+    return "numpy" if args.device is None else order[0]
+
+
 def run_train(args: argparse.Namespace) -> int:
     """Train as ``args`` says; print progress, save, draw the loss curve, print a sample; return 0.
 
@@ -140,6 +173,7 @@ def run_train(args: argparse.Namespace) -> int:
         _check_writable(Path(args.log), "--log")
     if args.plot_file:
         _check_plot_file(Path(args.plot_file))
+    args.backend = choose_backend(args)
     saved = read_params(args.resume) if args.resume else None   # a missing or corrupt file fails first
     checkpoint = Checkpoint(save_path)
     job = None

@@ -19,7 +19,8 @@ import retrograd as rg
 from retrograd import train
 from retrograd.generation import generate_text
 
-SMALL = ["--hidden", "32", "--embed", "16", "--seq-len", "16", "--batch", "8", "--sample-len", "40"]
+SMALL = ["--hidden", "32", "--embed", "16", "--seq-len", "16", "--batch", "8", "--sample-len", "40",
+         "--backend", "numpy"]
 STEP_LINE = re.compile(r"^step\s+(\d+)\s+loss\s+([0-9.]+)", re.M)
 
 
@@ -598,3 +599,24 @@ def test_transformer_trains_samples_past_its_window_and_resumes_as_one(tmp_path)
     again = retrograd_train("--model", "lstm", "--hidden", "16", "--seq-len", "8", "--batch", "4", "--steps", "2",
                             "--resume", str(path), "--save", str(tmp_path / "other.npz"))
     _one_line_error(again, "holds a transformer model")
+
+
+def test_backend_auto_is_the_default_and_names_what_it_chose(tmp_path):
+    """Issue 22: `--backend auto` (the default) takes the fastest installed backend and says which
+    in the header; it is the onnxruntime engine where installed, else torch, else NumPy."""
+    import importlib.util
+    small = [a for a in SMALL if a not in ("--backend", "numpy")]
+    done = retrograd_train(*small, "--steps", "2", "--no-plot", "--save", str(tmp_path / "m.npz"))
+    assert done.returncode == 0, done.stderr
+    have = [name for name, module in (("onnxruntime", "onnxruntime"), ("torch", "torch"))
+            if importlib.util.find_spec(module) is not None]
+    expected = have[0] if have else "numpy"
+    assert f"backend {expected}" in done.stdout
+
+
+def test_backend_auto_keeps_the_engine_out_of_a_recompute_budget():
+    import argparse
+    from retrograd.train import choose_backend
+    args = argparse.Namespace(backend="auto", device=None, graphs=False, recompute=200_000)
+    assert choose_backend(args) in ("torch", "numpy")
+    assert choose_backend(argparse.Namespace(backend="numpy", device=None, graphs=False, recompute=None)) == "numpy"
