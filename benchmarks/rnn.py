@@ -24,6 +24,11 @@ benchmark checks that all of them agree on those gradients.
   ``torch.nn.LSTM`` (``x torch``), measured alternating with it run by run.
 * ``jax (jit+scan)``: ``jax.jit(jax.value_and_grad(...))`` over ``lax.scan``,
   one XLA CPU thread.
+* ``retrograd (torch|numpy|onnxruntime, fused)``: ``layers.lstm(..., fused=True)``, one
+  ``LSTMSequence`` op (issue 22): oneDNN's RNN primitive on the torch CPU backend (what
+  ``torch.nn.LSTM`` runs), one general kernel on NumPy, ONNX ``LSTM`` + Loops on onnxruntime.
+  ``--vendor`` times only these, the NumPy executor, the onnxruntime engine, ``torch.nn.LSTM`` and
+  JAX, all alternating in one group (ratios to ``torch.nn.LSTM``).
 
 BLAS and PyTorch run one thread each unless ``OPENBLAS_NUM_THREADS`` is set:
 the shapes of a recurrent step are small GEMMs, and on a machine shared with
@@ -35,6 +40,7 @@ Run::
     python benchmarks/rnn.py                    # all three configurations
     python benchmarks/rnn.py --quick            # a small configuration, for a smoke run
     python benchmarks/rnn.py --write            # also rewrite the "RNN" section of RESULTS.md
+    python benchmarks/rnn.py --vendor --write   # issue 22's rows, its own section of RESULTS.md
 """
 from __future__ import annotations
 
@@ -222,14 +228,14 @@ def numpy_runner(problem: dict, lstm=numpy_lstm) -> tuple[Callable[[], tuple], C
 
 # --- retrograd ---------------------------------------------------------------------------
 
-def retrograd_runner(problem: dict, recompute=None,
-                     backend: str = "numpy") -> tuple[Callable[[], tuple], Callable[[], int]]:
+def retrograd_runner(problem: dict, recompute=None, backend: str = "numpy",
+                     fused: bool = False) -> tuple[Callable[[], tuple], Callable[[], int]]:
     main, startup = rg.Program(), rg.Program()
     t_len, n, d = problem["x"].shape
     h = problem["w_hh"].shape[0]
     with rg.program_guard(main, startup):
         x = rg.data("x", [-1, -1, d], stop_gradient=False)
-        h_all, _, _, _ = rg.layers.lstm(x, h, name="lstm", recompute=recompute)
+        h_all, _, _, _ = rg.layers.lstm(x, h, name="lstm", recompute=recompute, fused=fused)
         loss = rg.sum(h_all)
         params = [main.global_block().var(f"lstm.{k}") for k in ("w_ih", "w_hh", "b")]
         grads = rg.gradients(loss, [x] + params)
@@ -258,6 +264,27 @@ def engine_runners(problem: dict) -> dict:
         print(f"skipping {ENGINE}: {exc}", flush=True)
         return {}
     return {ENGINE: runner}
+
+
+# The rows of issue 22 ("vendor kernels"): `layers.lstm(fused=True)` builds one LSTMSequence op per
+# layer and direction; on the torch CPU backend it runs oneDNN's RNN primitive (as torch.nn.LSTM does),
+# elsewhere one general kernel (NumPy) or ONNX's LSTM forward + Loops backward (onnxruntime).
+FUSED = {"retrograd (torch, fused)": "torch", "retrograd (numpy, fused)": "numpy",
+         "retrograd (onnxruntime, fused)": "onnxruntime"}
+
+
+def fused_runners(problem: dict) -> dict:
+    """The ``fused=True`` program on each backend that is installed."""
+    runners = {}
+    for name, backend in FUSED.items():
+        try:
+            runner = retrograd_runner(problem, backend=backend, fused=True)
+            runner[0]()
+        except rg.BackendError as exc:
+            print(f"skipping {name}: {exc}", flush=True)
+            continue
+        runners[name] = runner
+    return runners
 
 
 # --- JAX ---------------------------------------------------------------------------------
@@ -371,19 +398,21 @@ def check_agreement(results: dict[str, tuple], reference: str = "numpy") -> None
                                  f"(max error {err:.2e} of the largest entry)")
 
 
-def bench_config(t_len: int, n: int, h: int, repeats: int) -> list[dict]:
+def bench_config(t_len: int, n: int, h: int, repeats: int, vendor: bool = False) -> list[dict]:
     problem = make_problem(t_len, n, h)
+    if vendor:
+        return bench_vendor(problem, repeats)
     torch_runs = torch_runners(problem)
     runners = {"retrograd": retrograd_runner(problem), "numpy": numpy_runner(problem),
                "numpy (tuned)": numpy_runner(problem, numpy_lstm_tuned), **engine_runners(problem),
-               **jax_runners(problem), **torch_runs}
+               **jax_runners(problem), **torch_runs, **fused_runners(problem)}
     check_agreement({name: run() for name, (run, _) in runners.items()})
     # Groups alternate run by run: retrograd with the NumPy versions (the x numpy ratios), the
     # onnxruntime engine and JAX with torch.nn.LSTM (the x torch ratios), and the torch cell
     # loop alone: whichever implementation ran right after it was 40-50% slower here (the
     # memory that loop frees comes back cold), which would bias a comparison.
     ours = ("retrograd", "numpy", "numpy (tuned)")
-    peers = ("torch.nn.LSTM", ENGINE, "jax (jit+scan)")
+    peers = ("torch.nn.LSTM", ENGINE, "jax (jit+scan)", *FUSED)
     groups = [list(ours), [name for name in peers if name in runners],
               [name for name in runners if name not in ours + peers]]
     times: dict[str, list[float]] = {}
@@ -398,6 +427,33 @@ def bench_config(t_len: int, n: int, h: int, repeats: int) -> list[dict]:
                      "vs_torch": _ratio(times, name, "torch.nn.LSTM", peers) if torch_runs else None,
                      "peak": peak() if peak is not None else None})
     return rows
+
+
+VENDOR_ROWS = ("torch.nn.LSTM", "retrograd (torch, fused)", "retrograd (numpy, fused)", "retrograd",
+               ENGINE, "retrograd (onnxruntime, fused)", "jax (jit+scan)")
+
+
+def bench_vendor(problem: dict, repeats: int) -> list[dict]:
+    """Issue 22's comparison: retrograd's engines (the fused LSTM on torch/NumPy/onnxruntime, the
+    general program on the NumPy executor and the onnxruntime engine) beside torch.nn.LSTM and JAX,
+    all alternating in one group; ``x torch`` is the median per-round ratio to torch.nn.LSTM. The
+    hand-written NumPy LSTM is only the reference of the agreement check (not timed)."""
+    t_len, n, _ = problem["x"].shape
+    h = problem["w_hh"].shape[0]
+    torch_runs = torch_runners(problem)
+    if not torch_runs:
+        raise SystemExit("--vendor compares with torch.nn.LSTM: install torch")
+    candidates = {"torch.nn.LSTM": torch_runs["torch.nn.LSTM"], **fused_runners(problem),
+                  "retrograd": retrograd_runner(problem), **engine_runners(problem), **jax_runners(problem)}
+    runners = {name: candidates[name] for name in VENDOR_ROWS if name in candidates}
+    check_agreement({"numpy": numpy_runner(problem)[0](),
+                     **{name: run() for name, (run, _) in runners.items()}})
+    times = interleaved_times({name: run for name, (run, _) in runners.items()}, repeats)
+    group = tuple(runners)
+    return [{"impl": name, "T": t_len, "N": n, "H": h, "seconds": statistics.median(times[name]),
+             "vs_numpy": None, "vs_torch": _ratio(times, name, "torch.nn.LSTM", group),
+             "peak": peak() if peak is not None else None}
+            for name, (_, peak) in runners.items()]
 
 
 def _ratio(times: dict[str, list[float]], name: str, reference: str, group: tuple) -> float:
@@ -445,7 +501,7 @@ def print_table(rows: list[dict]) -> None:
         table.add_column(col, justify="left" if col == "implementation" else "right")
     for row in rows:
         table.add_row(str(row["T"]), str(row["N"]), str(row["H"]), row["impl"],
-                      f"{row['seconds'] * 1e3:.1f}", f"{row['vs_numpy']:.2f}", _x(row["vs_torch"]),
+                      f"{row['seconds'] * 1e3:.1f}", _x(row["vs_numpy"]), _x(row["vs_torch"]),
                       _mb(row["peak"]))
     Console().print(table)
 
@@ -524,10 +580,45 @@ def reading_notes(rows: list[dict]) -> list[str]:
     ]
 
 
-def write_section(text: str) -> None:
-    """Replace (or append) the '## RNN' section of RESULTS.md, leaving other sections alone."""
+VENDOR_SECTION = "LSTM with vendor kernels (issue 22)"
+
+
+def vendor_markdown(rows: list[dict], command: str, info: dict, repeats: int,
+                    load: tuple[float, float]) -> str:
+    lines = [
+        f"## {VENDOR_SECTION}",
+        "",
+        "LSTM forward + backward (loss `sum(h_all)`, gradients of x and every parameter), float32, "
+        "CPU, D = H, one thread each (`torch.set_num_threads(1)`, OMP/OpenBLAS 1, onnxruntime "
+        "intra_op_num_threads=1, XLA without its Eigen thread pool). `fused` rows build "
+        "`rg.layers.lstm(..., fused=True)`: one `LSTMSequence` op and its gradient op, run by oneDNN's "
+        "RNN primitive on the torch CPU backend (`aten::mkldnn_rnn_layer` + `_backward`, what "
+        "`torch.nn.LSTM` runs), by one general kernel on NumPy, as ONNX `LSTM` + Loops on "
+        "onnxruntime; `retrograd` and `retrograd (onnxruntime)` are the general program "
+        "(`RecurrentNetwork` with `LSTMUnit` steps). All rows are checked to agree on the gradients "
+        f"(with a hand-written NumPy LSTM) and then alternate run by run; times are medians of {repeats} "
+        "rounds after a warm-up, `x torch` the median per-round ratio to `torch.nn.LSTM`; peak MB is "
+        "`exe.last_stats.peak_bytes` (PyTorch and JAX do not report it: n/a).",
+        "",
+        f"Command: `{command}`",
+        "",
+        f"Machine: {info['cpu']}, {info['cores']} cores, shared with other jobs; Python {info['python']}, "
+        f"NumPy {info['numpy']}, PyTorch {info['torch']}; load average {load[0]:.1f} before and "
+        f"{load[1]:.1f} after the run.",
+        "",
+        "| T | N | H | implementation | median ms | x torch | peak MB |",
+        "|--:|--:|--:|:--|--:|--:|--:|",
+    ]
+    for row in rows:
+        lines.append(f"| {row['T']} | {row['N']} | {row['H']} | {row['impl']} | {row['seconds'] * 1e3:.1f} "
+                     f"| {_x(row['vs_torch'])} | {_mb(row['peak'])} |")
+    return "\n".join(lines) + "\n"
+
+
+def write_section(text: str, title: str = "RNN") -> None:
+    """Replace (or append) the '## <title>' section of RESULTS.md, leaving other sections alone."""
     old = RESULTS.read_text() if RESULTS.exists() else "# Benchmark results\n\n"
-    start = old.find("## RNN\n")
+    start = old.find(f"## {title}\n")
     if start < 0:
         new = old.rstrip("\n") + "\n\n" + text
     else:
@@ -543,6 +634,10 @@ def main(argv: list[str] | None = None) -> list[dict]:
     parser.add_argument("--write", action="store_true", help="rewrite the RNN section of RESULTS.md")
     parser.add_argument("--config", action="append", metavar="T,N,H",
                         help="run only this configuration (repeatable)")
+    parser.add_argument("--vendor", action="store_true",
+                        help="issue 22's rows only (fused LSTM on every backend, the NumPy executor, "
+                             "the onnxruntime engine, torch.nn.LSTM, JAX), alternating in one group; "
+                             "with --write, the 'LSTM with vendor kernels (issue 22)' section")
     args = parser.parse_args(argv)
     configs = [(10, 4, 32)] if args.quick else CONFIGS
     if args.config:
@@ -550,7 +645,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
     load_before = os.getloadavg()[0]
     rows = []
     for t_len, n, h in configs:
-        rows.extend(bench_config(t_len, n, h, args.repeats))
+        rows.extend(bench_config(t_len, n, h, args.repeats, vendor=args.vendor))
         print(f"done T={t_len} N={n} H={h}", flush=True)
     load = (load_before, os.getloadavg()[0])
     print_table(rows)
@@ -558,8 +653,11 @@ def main(argv: list[str] | None = None) -> list[dict]:
     print(f"{info['cpu']}, {info['cores']} cores; numpy {info['numpy']}; torch {info['torch']}")
     if args.write:
         command = "python benchmarks/rnn.py " + " ".join(a for a in (argv if argv is not None else sys.argv[1:]))
-        write_section(markdown(rows, command.strip(), info, args.repeats, load))
-        print(f"wrote the RNN section of {RESULTS}")
+        if args.vendor:
+            write_section(vendor_markdown(rows, command.strip(), info, args.repeats, load), VENDOR_SECTION)
+        else:
+            write_section(markdown(rows, command.strip(), info, args.repeats, load))
+        print(f"wrote the {VENDOR_SECTION if args.vendor else 'RNN'} section of {RESULTS}")
     return rows
 
 

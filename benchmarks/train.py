@@ -11,8 +11,10 @@ executor it trains the same program on ``rg.Executor(backend="onnxruntime")``
 (target: at least PyTorch's characters per second) and the same model in JAX
 (``jit`` of one whole training step, the LSTM as ``lax.scan``, Adam and
 clipping written out as in ``torch.optim``), all on one thread. With ``--write``
-the "Training" section of ``benchmarks/RESULTS.md`` is replaced by the new
-table (other sections are left as they are).
+the "Training step" section of ``benchmarks/RESULTS.md`` is replaced by the new
+table (other sections are left as they are). The torch backend row builds the
+model as ``retrograd train --backend torch`` does: the LSTM as one fused op
+(oneDNN, issue 22).
 
     python benchmarks/train.py --write            # default sizes, 6 rounds of 10 steps each
     python benchmarks/train.py --model gru --hidden 256 --rounds 3
@@ -50,6 +52,7 @@ import numpy as np  # noqa: E402
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+sys.path.insert(0, str(ROOT / "benchmarks"))
 import retrograd as rg  # noqa: E402
 from retrograd import train  # noqa: E402
 
@@ -57,8 +60,11 @@ RESULTS = ROOT / "benchmarks" / "RESULTS.md"
 
 
 def retrograd_stepper(args, corpus, backend: str = "numpy"):
-    """A function running one training step of the `retrograd train` program, and the executor."""
-    cfg = train.ModelConfig(args.model, args.hidden, args.layers, args.embed, None)
+    """A function running one training step of the `retrograd train` program, and the executor.
+
+    The model is built as `retrograd train --backend <backend>` builds it: on torch (CPU) the LSTM
+    is one fused op per layer (``ModelConfig.for_backend``: oneDNN, as ``torch.nn.LSTM``)."""
+    cfg = train.ModelConfig(args.model, args.hidden, args.layers, args.embed, None).for_backend(backend)
     t = train.build_training(cfg, args.seq_len, "adam", args.lr, args.clip_norm, seed=0)
     exe = rg.Executor(backend=backend)
     exe.run(t.startup)
@@ -70,15 +76,15 @@ def retrograd_stepper(args, corpus, backend: str = "numpy"):
     return step, exe
 
 
-def engine_stepper(args, corpus):
-    """The same program on the onnxruntime engine; also the seconds its first run took (export +
-    session build + one step), or None when the engine is unavailable."""
+def engine_stepper(args, corpus, backend: str = "onnxruntime"):
+    """The same program on the onnxruntime engine (or another backend); also the seconds its first
+    run took (export + session build + one step), or None when the backend is unavailable."""
     try:
-        step, exe = retrograd_stepper(args, corpus, backend="onnxruntime")
+        step, exe = retrograd_stepper(args, corpus, backend=backend)
         started = time.perf_counter()
         step(0)
     except rg.BackendError as exc:
-        print(f"skipping the onnxruntime engine: {exc}", flush=True)
+        print(f"skipping the {backend} backend: {exc}", flush=True)
         return None, None
     return step, time.perf_counter() - started
 
@@ -227,10 +233,13 @@ def time_cli() -> str:
             + (f"; {summary[-1]}" if summary else "") + ".\n\n")
 
 
-def write_section(text: str) -> None:
-    """Replace (or append) the '## Training' section of RESULTS.md, leaving the others alone."""
+SECTION = "Training step"      # the earlier "## Training" section stays as that run's record
+
+
+def write_section(text: str, title: str = SECTION) -> None:
+    """Replace (or append) the '## <title>' section of RESULTS.md, leaving the others alone."""
     old = RESULTS.read_text(encoding="utf-8") if RESULTS.exists() else "# Benchmark results\n"
-    pattern = re.compile(r"^## Training\n.*?(?=^## |\Z)", re.S | re.M)
+    pattern = re.compile(rf"^## {re.escape(title)}\n.*?(?=^## |\Z)", re.S | re.M)
     if pattern.search(old):
         new = pattern.sub(lambda _: text, old, count=1)
     else:
@@ -238,9 +247,49 @@ def write_section(text: str) -> None:
     RESULTS.write_text(new, encoding="utf-8")
 
 
+def transformer_main(args, corpus) -> int:
+    """``--model transformer``: examples/gpt_chars.py's model per backend beside PyTorch eager and JAX."""
+    import train_transformer
+    steps = args.warmup + args.rounds * args.round + 1
+    steppers = train_transformer.steppers(corpus, args.batch, args.lr, int(THREADS), steps)
+    if not steppers:
+        print("skipped: this checkout has no examples/gpt_chars.py (or no rg.layers.transformer_block) yet")
+        return 0
+    results = interleaved(steppers, args)
+    seq_len = train_transformer.gpt_module().Config().seq_len
+    chars = args.round * args.batch * seq_len
+    cps = {name: chars / float(np.median(r["times"])) for name, r in results.items()}
+    eager = "PyTorch eager (`torch.nn`)"
+    jax = next((name for name in cps if name.startswith("JAX")), None)
+    table = ("| framework | chars/s | ms/step | x PyTorch eager | x JAX | loss at the end |\n"
+             "|---|---:|---:|---:|---:|---:|\n") + "".join(
+        f"| {name} | {cps[name]:,.0f} | {1000 * args.batch * seq_len / cps[name]:.1f} "
+        f"| {cps[name] / cps[eager]:.2f} | {f'{cps[name] / cps[jax]:.2f}' if jax else 'n/a'} "
+        f"| {results[name]['losses'][-1]:.3f} |\n" for name in cps)
+    command = "python benchmarks/train.py" + "".join(f" {a}" for a in sys.argv[1:])
+    section = (
+        f"## {SECTION} (transformer)\n\n"
+        "Characters per second training the transformer of `examples/gpt_chars.py` (width 64, 4 heads, "
+        f"2 pre-norm blocks, GELU MLP, 64 positions; batch {args.batch} x 64 characters, AdamW + clip 1.0, "
+        "float32, one thread), all frameworks in one process on the same batches, "
+        f"{args.warmup} warm-up steps each, then {args.rounds} alternating rounds of {args.round} steps; "
+        "the median round counts. PyTorch eager is the same layers from `torch.nn`; JAX one `jit` of the "
+        "whole step. Losses differ by initialisation and by retrograd's learning-rate warmup (the "
+        "example's cosine schedule over these steps, warmup a tenth of them).\n\n"
+        f"{table}\n"
+        f"Command: `{command}`  \nMachine: {machine()}\n\n")
+    print(section)
+    if args.write:
+        write_section(section, f"{SECTION} (transformer)")
+        print(f"wrote the {SECTION} (transformer) section of {RESULTS}")
+    return 0
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--model", choices=("lstm", "gru"), default="lstm")
+    parser.add_argument("--model", choices=("lstm", "gru", "transformer"), default="lstm",
+                        help="transformer: the model of examples/gpt_chars.py at its sizes (batch 32 x 64; "
+                             "--batch and --lr apply, the LSTM size options do not)")
     parser.add_argument("--hidden", type=int, default=128)
     parser.add_argument("--layers", type=int, default=1)
     parser.add_argument("--embed", type=int, default=64)
@@ -260,10 +309,13 @@ def main() -> int:
     args = parser.parse_args()
 
     corpus, _ = train.load_corpus()
+    if args.model == "transformer":
+        return transformer_main(args, corpus)
     rg_step, exe = retrograd_stepper(args, corpus)
     engine_step, first_run_s = engine_stepper(args, corpus)
-    steppers = {"retrograd": rg_step, "onnxruntime": engine_step, "jax": jax_stepper(args, corpus),
-                "torch": torch_stepper(args, corpus)}
+    torch_backend_step, _ = engine_stepper(args, corpus, backend="torch")
+    steppers = {"retrograd": rg_step, "torch backend": torch_backend_step, "onnxruntime": engine_step,
+                "jax": jax_stepper(args, corpus), "torch": torch_stepper(args, corpus)}
     results = interleaved({name: step for name, step in steppers.items() if step is not None}, args)
     chars = args.round * args.batch * args.seq_len
     cps = {name: chars / float(np.median(r["times"])) for name, r in results.items()}
@@ -271,24 +323,31 @@ def main() -> int:
     peak = exe.last_stats.peak_bytes
     size = (f"{args.model}, {args.layers} x {args.hidden} hidden, embed {args.embed}, "
             f"batch {args.batch} x {args.seq_len} chars, Adam + clip {args.clip_norm:g}, float32")
+    fused = " (one fused LSTM op: oneDNN)" if args.model == "lstm" else ""
     rows = [("retrograd, NumPy executor (the `retrograd train` program)", "retrograd"),
+            (f"retrograd, torch backend{fused}", "torch backend"),
             ("retrograd, onnxruntime engine (the same program)", "onnxruntime"),
             ("JAX (`jit` of the whole step, `lax.scan`, 1 thread)", "jax"),
             (f"PyTorch (`torch.nn.{args.model.upper()}`, CPU)", "torch")]
-    table = ("| framework | chars/s | ms/step | x PyTorch | loss at the end |\n"
-             "|---|---:|---:|---:|---:|\n") + "".join(
+    jax_ratio = (lambda key: f"{cps[key] / cps['jax']:.2f}") if "jax" in cps else (lambda key: "n/a")
+    table = ("| framework | chars/s | ms/step | x PyTorch | x JAX | loss at the end |\n"
+             "|---|---:|---:|---:|---:|---:|\n") + "".join(
         f"| {label} | {cps[key]:,.0f} | {1000 * args.batch * args.seq_len / cps[key]:.1f} "
-        f"| {cps[key] / cps['torch']:.2f} | {results[key]['losses'][-1]:.3f} |\n"
+        f"| {cps[key] / cps['torch']:.2f} | {jax_ratio(key)} | {results[key]['losses'][-1]:.3f} |\n"
         for label, key in rows if key in results)
     engine_line = ""
     if "onnxruntime" in results:
         engine_line = (f"**onnxruntime engine / PyTorch = {cps['onnxruntime'] / cps['torch']:.2f}** "
                        f"(target: at least 1.0); its first run (export + session build + one step) "
                        f"took {first_run_s:.2f} s (target for the session build: under 1 s).\n\n")
+    if "torch backend" in results:
+        engine_line += (f"**torch backend / PyTorch = {cps['torch backend'] / cps['torch']:.2f}**"
+                        + (f", / JAX = {cps['torch backend'] / cps['jax']:.2f}" if "jax" in cps else "")
+                        + " (issue 22's targets: at least 1.0 each).\n\n")
     steps = args.warmup + args.rounds * args.round
     command = "python benchmarks/train.py" + "".join(f" {a}" for a in sys.argv[1:])
     section = (
-        "## Training\n\n"
+        f"## {SECTION}\n\n"
         f"Characters per second training the default `retrograd train` model ({size}), "
         f"all frameworks in one process on the same batches: {args.warmup} warm-up steps each, "
         f"then {args.rounds} alternating rounds of {args.round} steps; the median round counts. "
@@ -306,7 +365,7 @@ def main() -> int:
     print(section)
     if args.write:
         write_section(section)
-        print(f"wrote the Training section of {RESULTS}")
+        print(f"wrote the {SECTION} section of {RESULTS}")
     return 0
 
 

@@ -34,7 +34,7 @@ from __future__ import annotations
 import glob
 import json
 import sysconfig
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Sequence
 
@@ -43,6 +43,7 @@ import numpy as np
 import retrograd as rg
 
 from .errors import RetrogradError
+from .transformer_lm import time_major_logits
 
 # --- the data -------------------------------------------------------------------------------
 
@@ -306,6 +307,19 @@ class ModelConfig:
     def has_cell(self) -> bool:
         return self.model != "gru"
 
+    def for_backend(self, backend: str, device: str | None = None) -> "ModelConfig":
+        """This config with the LSTM built as one fused op per layer where the backend runs it
+        with a vendor kernel (torch on the CPU: oneDNN, as ``torch.nn.LSTM``); unchanged elsewhere.
+
+        Example::
+
+            cfg = ModelConfig().for_backend("torch")       # layers.lstm(..., fused=True)
+        """
+        fused = self.model == "lstm" and backend == "torch" and device in (None, "cpu")
+        return replace(self, fused=fused) if fused != self.fused else self
+
+    fused: bool = False         # the LSTM as layers.lstm(..., fused=True); set by for_backend
+
 
 @dataclass
 class Net:
@@ -343,10 +357,18 @@ def build_net(cfg: ModelConfig, seq_len: int, with_states: bool) -> Net:
 
 
 def build_transformer_net(cfg: ModelConfig, seq_len: int, with_states: bool) -> Net:
-    """``--model transformer``: ``layers`` blocks of ``rg.layers.transformer_block`` (``heads``
-    heads, width ``hidden``). Not built yet: it waits for ``rg.layers.transformer_block``."""
-    raise TrainError("--model transformer is not available yet: it needs rg.layers.transformer_block, "
-                     "which this version of retrograd does not have; use --model lstm, gru or milstm")
+    """``--model transformer``: GPT-2's layout (``retrograd/transformer_lm.py``): ``layers`` blocks
+    of ``rg.layers.transformer_block`` (``heads`` heads, width ``hidden``) over token embeddings
+    plus learned positions, one per character of a window (``pos.w``: ``seq_len`` rows).
+
+    It carries no state from one step to the next, so it has no one-step sampling program
+    (``with_states``): text comes from ``retrograd/generation.py``'s key/value cache.
+    """
+    if with_states:
+        raise TrainError("a transformer has no one-step sampling program (`retrograd export` without "
+                         "--generate); use `retrograd export --generate` or `retrograd sample`")
+    ids = rg.data("chars", [seq_len, -1], dtype="int64")
+    return Net(ids, time_major_logits(ids, cfg, max_positions=seq_len), [], [], [], [])
 
 
 def _recurrent_layer(cfg: ModelConfig, x, h0, c0, name: str):
@@ -354,8 +376,12 @@ def _recurrent_layer(cfg: ModelConfig, x, h0, c0, name: str):
     if cfg.model == "gru":
         h_all, h_last = rg.layers.gru(x, cfg.hidden, h0=h0, name=name, recompute=cfg.recompute)
         return h_all, h_last, None
-    layer = rg.layers.lstm if cfg.model == "lstm" else rg.layers.milstm
-    h_all, h_last, _, c_last = layer(x, cfg.hidden, h0=h0, c0=c0, name=name, recompute=cfg.recompute)
+    if cfg.model == "lstm":
+        h_all, h_last, _, c_last = rg.layers.lstm(x, cfg.hidden, h0=h0, c0=c0, name=name,
+                                                  recompute=cfg.recompute, fused=cfg.fused)
+        return h_all, h_last, c_last
+    h_all, h_last, _, c_last = rg.layers.milstm(x, cfg.hidden, h0=h0, c0=c0, name=name,
+                                                recompute=cfg.recompute)
     return h_all, h_last, c_last
 
 
@@ -550,7 +576,11 @@ def config_from_params(params: dict[str, np.ndarray], where: str) -> ModelConfig
         raise TrainError(f"{where} is not a model saved by `retrograd train` (it has no "
                          f"embed.w of {len(vocab)} rows)")
     if record.get("model") == "transformer":
-        build_transformer_net(ModelConfig("transformer", vocab=vocab), 1, False)     # raises for now
+        layers = 0
+        while f"block{layers}.ln1.w" in params:
+            layers += 1
+        return ModelConfig("transformer", hidden=int(table.shape[1]), layers=layers, embed=int(table.shape[1]),
+                           vocab=vocab, heads=int(record.get("heads", 4)))
     for model in RECURRENT_MODELS:
         layers = 0
         while f"{model}{layers}.w_hh" in params:

@@ -142,6 +142,8 @@ def _run(exe: Executor, program: Program, feed: dict, fetch: list) -> list:
     """One run with the random draws of the first: dropout masks depend on the run id,
     and the numeric gradient must see the same function the analytic one differentiates."""
     exe._run.run_id = 0
+    if exe._engine is not None:           # the onnxruntime engine counts its runs itself
+        exe._engine.run_id = 0
     return exe.run(program, feed=feed, fetch_list=fetch)
 
 

@@ -46,6 +46,7 @@ from .charlm import (BUILTIN_VOCAB, LR_SCHEDULES, MIN_CORPUS_CHARS, MODELS, OPTI
                      encode, generate, held_out_batches, load_corpus, load_text, make_lr,
                      optimizer_of, read_record, split_corpus)
 from .errors import RetrogradError
+from .generation import generate_text
 from .io import ParamFileError, load_params, read_params, save_params
 from .options import non_negative, non_negative_int, parse_recompute, positive  # noqa: F401
 from . import plot
@@ -97,8 +98,10 @@ def add_train_arguments(parser: argparse.ArgumentParser) -> None:
     add("--threads", type=pos_int, default=1,
         help="BLAS threads per run (default: 1; more help only with a large --hidden or --batch, and "
              "slow everything down when other programs share the cores)")
-    add("--backend", choices=("numpy", "torch", "cupy", "onnxruntime"), default="numpy",
-        help="array library that runs the program (default: numpy; torch and cupy run on GPUs)")
+    add("--backend", choices=("auto", "numpy", "torch", "cupy", "onnxruntime"), default="auto",
+        help="what runs the program (default: auto, the fastest installed for the run: the onnxruntime "
+             "engine, else torch, else numpy; torch with --device/--graphs, not the engine under MPI or "
+             "--recompute); numpy is the embedded default; torch and cupy run on GPUs")
     add("--device", default=None,
         help="device of --backend: cpu, cuda or cuda:N (default: cpu; cuda for cupy)")
     add("--graphs", action="store_true",
@@ -127,6 +130,37 @@ def add_train_arguments(parser: argparse.ArgumentParser) -> None:
              'pip install "retrograd[plot]")')
 
 
+# --backend auto: the fastest that is installed, measured on the default models (benchmarks/train.py,
+# RESULTS.md "Training step": the onnxruntime engine 0.97x and torch 0.88x PyTorch's characters/s,
+# NumPy 0.59x, on a 2-core CPU).
+AUTO_ORDER = ("onnxruntime", "torch", "numpy")
+
+
+def choose_backend(args: argparse.Namespace) -> str:
+    """``args.backend``, with ``auto`` resolved to the first of ``AUTO_ORDER`` that is installed and
+    runs everything asked: a device or CUDA graphs need torch; data parallelism over MPI (its
+    AllReduce) and a ``--recompute`` budget (the engine runs store-all) keep the engine out.
+
+    Example::
+
+        choose_backend(argparse.Namespace(backend="auto", device=None, graphs=False, recompute=None))
+    """
+    if args.backend != "auto":
+        return args.backend
+    order = AUTO_ORDER
+    if args.device is not None or getattr(args, "graphs", False):
+        order = ("torch",)
+    elif getattr(args, "recompute", None) is not None or rg.distributed.world_size() > 1:
+        order = ("torch", "numpy")
+    for name in order:
+        try:
+            rg.Executor(backend=name, device=args.device)
+        except rg.BackendError:
+            continue
+        return name
+    return "numpy" if args.device is None else order[0]
+
+
 def run_train(args: argparse.Namespace) -> int:
     """Train as ``args`` says; print progress, save, draw the loss curve, print a sample; return 0.
 
@@ -139,6 +173,7 @@ def run_train(args: argparse.Namespace) -> int:
         _check_writable(Path(args.log), "--log")
     if args.plot_file:
         _check_plot_file(Path(args.plot_file))
+    args.backend = choose_backend(args)
     saved = read_params(args.resume) if args.resume else None   # a missing or corrupt file fails first
     checkpoint = Checkpoint(save_path)
     job = None
@@ -154,7 +189,7 @@ def run_train(args: argparse.Namespace) -> int:
         with _open_log(args, job.first) as log:
             job.train(out, log)
         checkpoint.save(job.exe, job.training, job.step_done)
-        sample = generate(job.exe, cfg, text.prompt, args.sample_len, args.temperature, args.seed) \
+        sample = generate_text(job.exe, cfg, text.prompt, args.sample_len, args.temperature, args.seed) \
             if rg.distributed.rank() == 0 else ""
         out.finish(job.losses, job.val_losses, save_path, sample)
     except KeyboardInterrupt:
@@ -335,6 +370,7 @@ class Job:
         # Under `mpiexec -n N`, every rank trains on its 1/N of each batch (the global batch is
         # unchanged); the gradients and the losses it reports are averaged over the ranks.
         ranks = rg.distributed.world_size()
+        cfg = cfg.for_backend(args.backend, args.device)    # oneDNN's fused LSTM on torch CPU
         if args.batch % ranks:
             raise TrainError(f"--batch {args.batch} does not split evenly over {ranks} MPI ranks; "
                              f"use a multiple of {ranks}")

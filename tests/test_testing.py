@@ -51,3 +51,11 @@ def test_inputs_as_a_list_are_named_after_fn_parameters():
     report = check_gradients(lambda *xs: xs[0] * xs[1], (r.standard_normal(3), r.standard_normal(3)))
     assert set(report) == {"input0", "input1"}
     assert set(check_gradients(rg.exp, r.standard_normal(4))) == {"x"}
+
+
+def test_check_gradients_replays_random_draws_on_the_onnxruntime_engine():
+    """The engine counts its runs itself: check_gradients reset only the NumPy executor's count,
+    so each finite-difference run on the engine drew new numbers (huge numeric gradients)."""
+    pytest.importorskip("onnxruntime", reason="the onnxruntime engine needs onnxruntime")
+    x = np.random.default_rng(0).standard_normal((3, 4))
+    rg.testing.check_gradients(lambda x: rg.dropout(x, 0.5) * rg.randn_like(x), {"x": x}, backend="onnxruntime")

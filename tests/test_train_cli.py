@@ -17,8 +17,10 @@ import pytest
 
 import retrograd as rg
 from retrograd import train
+from retrograd.generation import generate_text
 
-SMALL = ["--hidden", "32", "--embed", "16", "--seq-len", "16", "--batch", "8", "--sample-len", "40"]
+SMALL = ["--hidden", "32", "--embed", "16", "--seq-len", "16", "--batch", "8", "--sample-len", "40",
+         "--backend", "numpy"]
 STEP_LINE = re.compile(r"^step\s+(\d+)\s+loss\s+([0-9.]+)", re.M)
 
 
@@ -310,12 +312,12 @@ def test_sample_prints_text_from_a_saved_model(saved_small):
                           timeout=120)
     assert done.returncode == 0, done.stderr
     assert done.stdout.startswith("import ") and len(done.stdout) == len("import ") + 25 + 1
-    # the same text generate() gives in this process from the same parameters and seed
+    # the same text the generation program gives in this process from the same parameters and seed
     exe = rg.Executor()
     for name, value in rg.read_params(saved_small).items():
         exe.scope.set(name, value)
     cfg = train.ModelConfig(hidden=32, embed=16)
-    assert done.stdout == train.generate(exe, cfg, "import ", 25, 0.8, 0) + "\n"
+    assert done.stdout == generate_text(exe, cfg, "import ", 25, 0.8, 0) + "\n"
 
 
 def test_sample_of_files_that_are_not_models(tmp_path):
@@ -572,15 +574,49 @@ def test_lr_schedule_values_that_cannot_work_are_one_line(tmp_path, flags, fragm
                     fragment)
 
 
-def test_model_transformer_is_one_line_until_its_layers_exist(tmp_path):
-    done = retrograd_train(*SMALL, "--model", "transformer", "--heads", "2", "--steps", "1",
-                           "--save", str(tmp_path / "m.npz"))
-    _one_line_error(done, "--model transformer is not available yet", "rg.layers.transformer_block")
-
-
 def test_check_finite_stops_at_the_op_that_made_nan(tmp_path, saved_small):
     done = _unchanged_after(saved_small, lambda: retrograd_train(
         *SMALL, "--steps", "3", "--lr", "1e38", "--check-finite", "--resume", str(saved_small),
         "--save", str(saved_small)))
     line = _one_line_error(done, "charlm.py:", "produced", "inputs:", "is unchanged")
     assert re.search(r"op #\d+ \w+ in block \d+ produced (NaN|Inf)", line), line
+
+
+def test_transformer_trains_samples_past_its_window_and_resumes_as_one(tmp_path):
+    path = tmp_path / "t.npz"
+    done = retrograd_train("--model", "transformer", "--layers", "2", "--heads", "2", "--hidden", "16",
+                           "--seq-len", "8", "--batch", "4", "--steps", "4", "--sample-len", "30",
+                           "--save", str(path))
+    assert done.returncode == 0, done.stderr
+    sample = done.stdout.split("sample:\n", 1)[1].rstrip("\n")
+    assert sample.startswith("def ") and len(sample) == 34          # 34 characters from 8 positions
+    stored = rg.read_params(path)
+    assert stored["pos.w"].shape == (8, 16) and "block1.ln1.w" in stored
+    sampled = subprocess.run([sys.executable, "-m", "retrograd", "sample", str(path), "--length", "30"],
+                             capture_output=True, text=True, timeout=120)
+    assert sampled.returncode == 0, sampled.stderr
+    assert sampled.stdout.rstrip("\n") == sample                    # the same program, the same seed
+    again = retrograd_train("--model", "lstm", "--hidden", "16", "--seq-len", "8", "--batch", "4", "--steps", "2",
+                            "--resume", str(path), "--save", str(tmp_path / "other.npz"))
+    _one_line_error(again, "holds a transformer model")
+
+
+def test_backend_auto_is_the_default_and_names_what_it_chose(tmp_path):
+    """Issue 22: `--backend auto` (the default) takes the fastest installed backend and says which
+    in the header; it is the onnxruntime engine where installed, else torch, else NumPy."""
+    import importlib.util
+    small = [a for a in SMALL if a not in ("--backend", "numpy")]
+    done = retrograd_train(*small, "--steps", "2", "--no-plot", "--save", str(tmp_path / "m.npz"))
+    assert done.returncode == 0, done.stderr
+    have = [name for name, module in (("onnxruntime", "onnxruntime"), ("torch", "torch"))
+            if importlib.util.find_spec(module) is not None]
+    expected = have[0] if have else "numpy"
+    assert f"backend {expected}" in done.stdout
+
+
+def test_backend_auto_keeps_the_engine_out_of_a_recompute_budget():
+    import argparse
+    from retrograd.train import choose_backend
+    args = argparse.Namespace(backend="auto", device=None, graphs=False, recompute=200_000)
+    assert choose_backend(args) in ("torch", "numpy")
+    assert choose_backend(argparse.Namespace(backend="numpy", device=None, graphs=False, recompute=None)) == "numpy"

@@ -12,11 +12,12 @@ numbers for the same key.
 from __future__ import annotations
 
 import contextlib
+import math
 
 import numpy as np
 
 from ..errors import BackendError
-from . import keyed_random, norm_math, windows
+from . import keyed_random, norm_math, special, windows
 
 
 def dtype_name(dtype) -> str:
@@ -75,6 +76,15 @@ class Backend:
         if transpose_y:
             y = xp.matrix_transpose(y) if hasattr(xp, "matrix_transpose") else xp.swapaxes(y, -1, -2)
         return xp.matmul(x, y)
+
+    def fused_attention(self, q, k, v, mask, causal: bool, scale: float):
+        """``(out, lse)`` of ``ScaledDotProductAttention`` from the library's fused kernel, or None
+        where it has none for these operands (the op then computes its general formulation)."""
+        return None
+
+    def fused_attention_grad(self, q, k, v, mask, out, lse, dout, causal: bool, scale: float):
+        """``(dq, dk, dv)`` of ``ScaledDotProductAttentionGrad`` from the fused kernel, or None."""
+        return None
 
     # -- sliding windows: the general im2col + GEMM path (windows.py); torch has its own ----------
     def conv(self, x, w, strides, pads, dilations, groups: int):
@@ -173,6 +183,82 @@ class Backend:
         """``(dx, dweight or None, dbias or None)`` with the statistics the forward used."""
         return norm_math.batch_norm_backward(self.xp, dy, x, mean, var, weight, eps, training,
                                              want_weight, want_bias)
+    # -- elementwise special functions (a backend overrides them with its library's own) ---------
+    def erf(self, x):
+        """The error function, elementwise (``special.erf``: Array API operations only)."""
+        return special.erf(self.xp, x)
+
+    def gelu(self, x, approximate: str = "none"):
+        """torch.nn.functional.gelu: ``x * Phi(x)``, or its tanh approximation."""
+        if approximate == "tanh":
+            inner = math.sqrt(2.0 / math.pi) * (x + 0.044715 * (x * x * x))
+            return 0.5 * x * (1.0 + self.xp.tanh(inner))
+        return 0.5 * x * (1.0 + self.erf(x * math.sqrt(0.5)))
+
+    def gelu_grad(self, x, dy, approximate: str = "none"):
+        """``dy * d gelu / dx`` (torch's gelu_backward)."""
+        xp = self.xp
+        if approximate == "tanh":
+            c = math.sqrt(2.0 / math.pi)
+            square = x * x
+            t = xp.tanh(c * (x + 0.044715 * (square * x)))
+            slope = 0.5 * (1.0 + t) + 0.5 * x * (1.0 - t * t) * (c * (1.0 + 3.0 * 0.044715 * square))
+        else:
+            slope = 0.5 * (1.0 + self.erf(x * math.sqrt(0.5))) + x * xp.exp(-0.5 * (x * x)) / math.sqrt(2.0 * math.pi)
+        return dy * slope
+
+    def silu(self, x):
+        """``x * sigmoid(x)``, the sigmoid from ``exp(-|x|)`` (no overflow)."""
+        xp = self.xp
+        z = xp.exp(-xp.abs(x))
+        return x * xp.where(x >= 0, 1.0 / (1.0 + z), z / (1.0 + z))
+
+    def softplus(self, x, threshold: float):
+        """torch's softplus (beta 1): ``x`` above ``threshold``, else ``log1p(exp(x))``."""
+        xp = self.xp
+        return xp.where(x > threshold, x, xp.log1p(xp.exp(xp.minimum(x, xp.full_like(x, threshold)))))
+
+    def elu(self, x, alpha: float):
+        xp = self.xp
+        return xp.where(x > 0, x, alpha * xp.expm1(xp.minimum(x, xp.zeros_like(x))))
+
+    def leaky_relu(self, x, negative_slope: float):
+        return self.xp.where(x > 0, x, x * negative_slope)
+
+    def logsumexp(self, x, axes: tuple, keepdims: bool):
+        """``log(sum(exp(x)))`` over ``axes`` (a non-empty tuple), shifted by the maximum; -inf
+        over an empty axis, as torch.logsumexp."""
+        xp = self.xp
+        kept = tuple(1 if i in axes else d for i, d in enumerate(x.shape))
+        if any(x.shape[a] == 0 for a in axes):
+            out = xp.full(kept, -math.inf, dtype=x.dtype)
+        else:
+            top = xp.max(x, axis=axes, keepdims=True)
+            top = xp.where(xp.isfinite(top), top, xp.zeros_like(top))   # all -inf (or an inf): no shift
+            out = xp.log(xp.sum(xp.exp(x - top), axis=axes, keepdims=True)) + top
+        return out if keepdims else xp.reshape(out, tuple(d for i, d in enumerate(x.shape) if i not in axes))
+
+    def cumsum(self, x, axis: int):
+        return self.xp.cumulative_sum(x, axis=axis, dtype=x.dtype)
+
+    def cumprod(self, x, axis: int):
+        return self.xp.cumulative_prod(x, axis=axis, dtype=x.dtype)
+
+    def sort_descending(self, x, axis: int):
+        """int64 indices sorting ``x`` along ``axis`` largest first, equal values in index order."""
+        return self.xp.astype(self.xp.argsort(x, axis=axis, descending=True, stable=True), self.xp.int64)
+
+    def take_along_axis(self, x, indices, axis: int):
+        """``numpy.take_along_axis``: ``out[..., i, ...] = x[..., indices[..., i, ...], ...]``."""
+        return self.xp.take_along_axis(x, indices, axis=axis)
+
+    def put_along_axis(self, shape, indices, values, axis: int):
+        """Zeros of ``shape`` (``values``' dtype) with ``values`` written at ``indices`` along
+        ``axis`` (``numpy.put_along_axis``; indices distinct within each slice). This default
+        goes through the host; the libraries' modules do it on the device."""
+        out = np.zeros(tuple(shape), dtype=dtype_name(values.dtype))
+        np.put_along_axis(out, self.to_numpy(indices), self.to_numpy(values), axis)
+        return self.from_numpy(out)
 
     # -- keyed random draws (the same numbers on every backend) -------------------------
     def random_uniform(self, key, shape, low: float, high: float, dtype: str):
@@ -184,6 +270,15 @@ class Backend:
     def random_keep_mask(self, key, shape, keep_prob: float):
         """Bernoulli(keep_prob) as a bool array; the same key gives the same mask everywhere."""
         return keyed_random.keep_mask(self.xp, key, tuple(shape), keep_prob)
+
+    def random_integers(self, key, shape, low: int, high: int):
+        """int64 values uniform in [low, high)."""
+        return keyed_random.integers(self.xp, key, tuple(shape), low, high)
+
+    def random_categorical(self, key, logits):
+        """int64 [N]: one category per row of float ``logits`` [N, C], drawn with probabilities
+        softmax(logits)."""
+        return keyed_random.categorical(self.xp, key, logits)
 
 
 class Namespace:

@@ -81,6 +81,23 @@ class CupyBackend(Backend):
     def einsum(self, equation: str, *operands):
         with self.cuda_device:
             return self.cupy.einsum(equation, *operands)
+    def erf(self, x):
+        import cupyx.scipy.special
+        return cupyx.scipy.special.erf(x)
+
+    def cumsum(self, x, axis: int):
+        return self.cupy.cumsum(x, axis=axis, dtype=x.dtype)
+
+    def cumprod(self, x, axis: int):
+        return self.cupy.cumprod(x, axis=axis, dtype=x.dtype)
+
+    def take_along_axis(self, x, indices, axis: int):
+        return self.cupy.take_along_axis(x, indices, axis)
+
+    def put_along_axis(self, shape, indices, values, axis: int):
+        out = self.cupy.zeros(tuple(shape), dtype=values.dtype)
+        self.cupy.put_along_axis(out, indices, values, axis)
+        return out
 
     def buffer_of(self, array) -> tuple[int, int]:
         memory = array.data.mem

@@ -174,3 +174,24 @@ def _cos_2pi(xp, u):
     for n in range(22, -1, -2):
         series = series * (-x2) + 1.0 / math.factorial(n)
     return xp.where(flip, -series, series)
+
+
+def integers(xp, key, shape, low: int, high: int, *, device=None):
+    """int64 values uniform in [low, high) (``high - low <= 2**31``): ``low + (h * n) >> 32``,
+    exact integer arithmetic (the product stays below 2**63)."""
+    h = hash_bits(xp, key, shape, device=device)
+    return low + ((h * (high - low)) >> 32)
+
+
+def categorical(xp, key, logits, *, device=None):
+    """int64 [N]: row i's category drawn with probabilities softmax(logits[i]) by inverting the
+    cumulative sum of ``exp(logits - max)`` (float64) at ``u = h * 2**-32``: the number of
+    categories whose cumulative weight is at most ``u`` times the row's total."""
+    rows, count = logits.shape
+    u = xp.astype(hash_bits(xp, key, (rows,), device=device), xp.float64) * 2.0 ** -32
+    weights = xp.astype(logits, xp.float64)
+    weights = xp.exp(weights - xp.max(weights, axis=1, keepdims=True))
+    cumulative_sum = getattr(xp, "cumulative_sum", None) or xp.cumsum    # NumPy 1.26's namespace
+    cdf = cumulative_sum(weights, axis=1)
+    below = cdf <= xp.reshape(u, (rows, 1)) * cdf[:, count - 1:]
+    return xp.minimum(xp.sum(xp.astype(below, xp.int64), axis=1), count - 1)

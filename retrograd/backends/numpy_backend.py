@@ -134,6 +134,34 @@ class NumpyBackend(Backend):
 
     def einsum(self, equation: str, *operands):
         return numpy_einsum.einsum(equation, *operands)     # pairwise, each one batched matmul
+    def erf(self, x):
+        try:
+            from scipy.special import erf
+        except ImportError:        # SciPy is optional: the Array API form (within 2e-15)
+            return super().erf(x)
+        return erf(x)
+
+    # NumPy's own spellings: array_api_compat's namespace for NumPy 1.26 may lack the newer
+    # Array API functions (cumulative_prod, take_along_axis).
+    def cumsum(self, x, axis: int):
+        return np.cumsum(x, axis=axis, dtype=x.dtype)
+
+    def cumprod(self, x, axis: int):
+        return np.cumprod(x, axis=axis, dtype=x.dtype)
+
+    def take_along_axis(self, x, indices, axis: int):
+        return np.take_along_axis(x, indices, axis)
+
+    def sort_descending(self, x, axis: int):
+        # NumPy's argsort has no descending order: a stable ascending sort of the reversed
+        # axis, read backwards, orders equal values by index (any dtype; no negation).
+        ascending = np.argsort(np.flip(x, axis), axis=axis, kind="stable")
+        return (x.shape[axis] - 1 - np.flip(ascending, axis)).astype(np.int64)
+
+    def put_along_axis(self, shape, indices, values, axis: int):
+        out = np.zeros(tuple(shape), dtype=values.dtype)
+        np.put_along_axis(out, indices, values, axis)
+        return out
 
     def buffer_of(self, array) -> tuple[int, int]:
         if not isinstance(array, np.ndarray):      # a NumPy scalar (np.sum of an array)

@@ -21,6 +21,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..errors import BackendError
+from . import torch_attention
 from . import torch_fused_rnn
 from .base import Backend, Namespace, dtype_name
 from .windows import crop, pad_spatial, padded_shape
@@ -80,6 +81,7 @@ class TorchBackend(Backend):
         self.torch_device = dev
         xp = Namespace(compat, None if dev.type == "cpu" else dev, matmul=torch.matmul)
         super().__init__(xp, str(dev))
+        self.flash_attention = torch_attention.flash_ops(torch)   # None: this torch lacks them
         self.onednn_lstm = torch_fused_rnn.OneDNNLSTM(torch) if _has_onednn_lstm(torch) else None
 
     # -- fused kernels (LSTMSequence): None where this backend has none for the arrays given ----
@@ -123,8 +125,49 @@ class TorchBackend(Backend):
         rows = rows.reshape((ids.shape[0],) + tuple(shape[1:]))
         return out.index_add_(0, ids, rows)
 
+    def fused_attention(self, q, k, v, mask, causal: bool, scale: float):
+        return torch_attention.attention(self.torch, self.flash_attention, q, k, v, mask, causal, scale)
+
+    def fused_attention_grad(self, q, k, v, mask, out, lse, dout, causal: bool, scale: float):
+        return torch_attention.attention_grad(self.torch, self.flash_attention, q, k, v, mask, out, lse,
+                                              dout, causal, scale)
+
     def einsum(self, equation: str, *operands):
         return self.torch.einsum(equation, *operands)
+
+    def erf(self, x):
+        return self.torch.special.erf(x)
+
+    def gelu(self, x, approximate: str = "none"):
+        return self.torch.nn.functional.gelu(x, approximate=approximate)
+
+    def gelu_grad(self, x, dy, approximate: str = "none"):
+        return self.torch.ops.aten.gelu_backward(dy, x, approximate=approximate)
+
+    def silu(self, x):
+        return self.torch.nn.functional.silu(x)
+
+    def softplus(self, x, threshold: float):
+        return self.torch.nn.functional.softplus(x, beta=1.0, threshold=threshold)
+
+    def elu(self, x, alpha: float):
+        return self.torch.nn.functional.elu(x, alpha=alpha)
+
+    def leaky_relu(self, x, negative_slope: float):
+        return self.torch.nn.functional.leaky_relu(x, negative_slope=negative_slope)
+
+    def logsumexp(self, x, axes: tuple, keepdims: bool):
+        return self.torch.logsumexp(x, dim=axes, keepdim=keepdims)
+
+    def sort_descending(self, x, axis: int):
+        return self.torch.sort(x, dim=axis, descending=True, stable=True).indices
+
+    def take_along_axis(self, x, indices, axis: int):
+        return self.torch.take_along_dim(x, indices, dim=axis)
+
+    def put_along_axis(self, shape, indices, values, axis: int):
+        out = self.torch.zeros(tuple(shape), dtype=values.dtype, device=values.device)
+        return out.scatter_(axis, indices, values)
 
     def buffer_of(self, array) -> tuple[int, int]:
         storage = array.untyped_storage()

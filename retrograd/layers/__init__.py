@@ -7,9 +7,12 @@ Example::
 """
 from .common import embedding, fc
 from .rnn import gru, lstm, milstm  # noqa: F401
+from .attention import multi_head_attention  # noqa: F401
+from .transformer import transformer_block  # noqa: F401
 from .norm import batch_norm, layer_norm, rms_norm  # noqa: F401
 from .conv import conv1d, conv2d  # noqa: F401
 
-__all__ = ["embedding", "fc", "gru", "lstm", "milstm", "batch_norm", "layer_norm", "rms_norm", "conv1d", "conv2d"]
+__all__ = ["embedding", "fc", "gru", "lstm", "milstm", "batch_norm", "layer_norm", "rms_norm", "conv1d", "conv2d",
+           "multi_head_attention", "transformer_block"]
 # The modules stay importable (retrograd.layers.rnn) but are not attributes: rg.layers lists layers.
-del common, rnn, norm, conv  # noqa: F821
+del common, rnn, norm, conv, attention, transformer  # noqa: F821

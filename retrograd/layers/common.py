@@ -15,7 +15,10 @@ from ..ops.tensor import gather
 # write the Var named after the layer.
 ACTIVATIONS: dict[str | None, tuple[str, dict] | None] = {
     None: None, "tanh": ("Tanh", {}), "sigmoid": ("Sigmoid", {}), "relu": ("Relu", {}),
-    "softmax": ("Softmax", {"axis": -1}), "identity": None, "linear": None}
+    "softmax": ("Softmax", {"axis": -1}), "identity": None, "linear": None,
+    "gelu": ("Gelu", {"approximate": "none"}), "silu": ("Silu", {}),
+    "leaky_relu": ("LeakyRelu", {"negative_slope": 0.01}), "elu": ("Elu", {"alpha": 1.0}),
+    "softplus": ("Softplus", {})}
 
 
 def _layer_name(name: str | None, kind: str) -> str:
@@ -26,9 +29,10 @@ def fc(x: Var, size: int, act: str | None = None, name: str | None = None) -> Va
     """``act(x @ w + b)`` over the last axis of a 2-D ``[N, D]`` or 3-D ``[T, N, D]`` input.
 
     Creates ``<name>.w [D, size]`` (Xavier-uniform) and ``<name>.b [size]``
-    (zeros) in ``x``'s dtype; ``act`` is None, "tanh", "sigmoid", "relu" or
-    "softmax" (over the last axis). Calling again with the same name shares
-    the parameters. A ``name`` given (and not yet used) also names the output
+    (zeros) in ``x``'s dtype; ``act`` is None, "tanh", "sigmoid", "relu",
+    "softmax" (over the last axis), "gelu", "silu", "leaky_relu" (slope 0.01),
+    "elu" (alpha 1) or "softplus", each with ``rg.<act>``'s defaults. Calling
+    again with the same name shares the parameters. A ``name`` given (and not yet used) also names the output
     Var, so it can be fetched by that name (``fetch_list=["fc1"]``, or the
     output of an exported ONNX model).
 

@@ -27,6 +27,7 @@ from ..errors import ExecutionError, ProgramError
 from ..ir.builder import capture_ops, emit
 from ..ir.program import Op, Var
 from ..ops import streams
+from ..ops.loop_stacks import RaggedStacks
 from ..ops.lowering import lowers
 from ..ops.registry import GradCtx, defop
 from .recompute import seen_from
@@ -238,10 +239,12 @@ def _while_budget_grad_onnx(g):
     binds = {**dict(zip(loop_names[n:], loop_in[n:])), **dict(zip(a["fwd_carry_binds"], state))}
     new = fwd.lower(a["fwd_body"], binds, list(a["fwd_body_outs"]) + list(a["x_binds"]))
     carried = g.in_vars[1 + c + m:1 + c + m + n]
-    outputs = ([(cond, "bool", [])] + list(zip(new[:n], carried))
-               + [(v, a["fwd_body"].var(x)) for v, x in zip(new[n:], a["x_binds"])])
-    stacks = g.nodes("Loop", [count, "", *loop_in[:n]], len(outputs) - 1,
-                     body=fwd.finish(f"{g.op.outputs[0]}.forward", outputs))[n:]
+    kept = RaggedStacks(g, a["fwd_body"], a["x_binds"])      # as While's lowering stacks them
+    outputs = ([(cond, "bool", [])] + list(zip(new[:n], carried)) + kept.carry(fwd, new[n:])
+               + kept.scanned([(v, a["fwd_body"].var(x)) for v, x in zip(new[n:], a["x_binds"])]))
+    outs = g.nodes("Loop", [count, "", *loop_in[:n], *kept.starts], len(outputs) - 1,
+                   body=fwd.finish(f"{g.op.outputs[0]}.forward", outputs))
+    stacks = kept.stacks(g, outs[n:n + kept.width], outs[n + kept.width:])
     back = g.child()
     i = back.input("iter", "int64", [])
     cond = back.input("cond", "bool", [])

@@ -160,7 +160,7 @@ class OnnxRuntimeEngine:
             return {}
         binding = session.io_binding()
         for name, array in inputs.items():
-            array = np.ascontiguousarray(array)
+            array = _contiguous(array)
             inputs[name] = array            # kept alive until the run is over
             binding.bind_cpu_input(name, array)
         for name in compiled.outputs:
@@ -287,6 +287,13 @@ def _failed_op(compiled: CompiledSession, exc: Exception) -> ExecutionError:
     if op is None:
         return ExecutionError(f"onnxruntime failed running the program: {message}")
     return ExecutionError(f"{op.where()} failed in onnxruntime: {message.rsplit('Status Message: ', 1)[-1]}")
+
+
+def _contiguous(array) -> np.ndarray:
+    """``array`` as a C-contiguous NumPy array of its own shape: ``np.ascontiguousarray`` makes a
+    0-d array 1-d, which onnxruntime then computes with as shape (1,)."""
+    array = np.asarray(array)
+    return array if array.flags.c_contiguous else np.ascontiguousarray(array).reshape(array.shape)
 
 
 def _unaliased(array: np.ndarray, starts: np.ndarray, ends: np.ndarray) -> np.ndarray:

@@ -38,6 +38,15 @@ def onnx_dtype(dtype: str) -> int:
 
 
 RUN_ID = "retrograd.run_id"
+SEQUENCE = "sequence:"      # a dtype "sequence:<dtype>": an ONNX sequence of tensors of <dtype>
+
+
+def value_info(name: str, dtype: str, shape: Sequence | None = None) -> onnx.ValueInfoProto:
+    """The value info of a tensor of ``dtype`` (``shape``: sizes, None for unknown ones), or of a
+    sequence of such tensors for a dtype ``"sequence:<dtype>"``."""
+    if dtype.startswith(SEQUENCE):
+        return helper.make_tensor_sequence_value_info(name, onnx_dtype(dtype[len(SEQUENCE):]), shape)
+    return helper.make_tensor_value_info(name, onnx_dtype(dtype), shape)
 
 
 class Names:
@@ -151,7 +160,7 @@ class Graph:
     def input(self, hint: str, dtype: str, shape: Sequence | None = None) -> str:
         """A formal input of this graph (a model input, or a Loop body's iteration/carry input)."""
         name = self.names.fresh(hint)
-        self.inputs.append(helper.make_tensor_value_info(name, onnx_dtype(dtype), shape))
+        self.inputs.append(value_info(name, dtype, shape))
         return name
 
     def proto(self, name: str, outputs: Sequence[tuple[str, str]], out_names: Sequence[str] | None = None,
@@ -172,7 +181,7 @@ class Graph:
                 self.nodes.append(helper.make_node("Identity", [value], [out]))
             taken.add(value)
             shape = shapes[i] if shapes is not None else None
-            infos.append(helper.make_tensor_value_info(out, onnx_dtype(dtype), shape))
+            infos.append(value_info(out, dtype, shape))
         return helper.make_graph(self.nodes, name, self.inputs, infos, initializer=self.initializers)
 
     # -- lowering blocks -------------------------------------------------------------------
@@ -312,14 +321,18 @@ class OpContext:
         if "rng_id" in self.attrs:
             self.graph.rng_path = self.graph.rng_path + [int(self.attrs["rng_id"]), index]
 
-    def random_bits(self, seed: int, shape: str, salt: int = 0, per_run: bool = True) -> str:
+    def random_bits(self, seed: int, shape: str, salt: int = 0, per_run: bool = True,
+                    run: str | None = None) -> str:
         """The keyed generator's 32-bit hashes (int64) for an op with ``seed``, shaped by the int64
         1-D value ``shape``: key (seed, run id, loop keys and iterations), as the kernels draw.
         The run id is the model input ``retrograd.run_id`` (int64 scalar; the executor's count
         of runs, so feed a new one per run); ``per_run=False`` leaves it out of the key
-        (initialisers draw the same values in every run)."""
+        (initialisers draw the same values in every run); ``run`` (an int64 scalar >= 0 of the
+        graph: a seed the program reads at run time) takes the run id's place."""
         from .keyed_random import hash_bits
         names = self.graph.names
+        if run is not None:
+            return hash_bits(self, [int(seed), run, *self.graph.rng_path], shape, salt)
         if names.run_id is None and per_run:
             names.run_id = names.main.input(RUN_ID, "int64", [])
         run = [names.run_id] if per_run else []

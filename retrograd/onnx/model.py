@@ -139,15 +139,22 @@ def build_model(program: Program, fetch: Sequence[str], scope=None, param_inputs
     for op in ops:
         graph.lower_op(op, env)
     outputs, infos = [], []
+    renamed: dict[str, str] = {}
+    computed = {name for node in graph.nodes for name in node.output} - {
+        name for check in names.checks for name in check.payload}
     for fname, oname in list(out_names.items()) + list(written_out.items()):
         if oname in outputs:
             continue
         var = block.find_var(fname)
         value = Graph.value_of(env, fname, block)
-        if oname != value:
+        value = renamed.get(value, value)
+        if value in computed and value not in renamed:
+            renamed[value] = oname      # the node computing it writes the output itself
+        elif oname != value:
             graph.nodes.append(helper.make_node("Identity", [value], [oname]))
         outputs.append(oname)
         infos.append(helper.make_tensor_value_info(oname, onnx_dtype(var.dtype), [None] * var.ndim))
+    _rename_values(graph.nodes, {v: o for v, o in renamed.items() if v != o})
     if names.run_id is not None:    # a random op reads the run id: an input like the feeds
         feeds.append(names.run_id)
     nodes = _live_nodes(graph.nodes, outputs)   # a check's payload is computed only if it fails (checks_model)
@@ -191,6 +198,28 @@ def _reads(node) -> set[str]:
         for sub in list(attr.g.node if attr.HasField("g") else []) + [n for g in attr.graphs for n in g.node]:
             names.update(_reads(sub))
     return names
+
+
+def _rename_values(nodes: list, renames: dict[str, str]) -> None:
+    """Rename values in ``nodes`` and the subgraphs they hold (ONNX names are unique across a model).
+
+    An output is the value itself, renamed, not an ``Identity`` of it: onnxruntime's basic
+    optimisations (``IdentityElimination`` with a fusion such as ``MatMulAddFusion``) can leave a
+    fused node reading the eliminated Identity's input, and the session then fails to build
+    ("Node input '...' is not a graph input, initializer, or output of a previous node"), e.g.
+    for ``x @ w^T + c`` with ``c`` fetched too."""
+    if not renames:
+        return
+    for node in nodes:
+        for i, name in enumerate(node.input):
+            if name in renames:
+                node.input[i] = renames[name]
+        for i, name in enumerate(node.output):
+            if name in renames:
+                node.output[i] = renames[name]
+        for attr in node.attribute:
+            for sub in ([attr.g] if attr.HasField("g") else []) + list(attr.graphs):
+                _rename_values(list(sub.node), renames)      # bodies read outer values by name
 
 
 def _persistable_writes(block) -> list[str]:

@@ -17,6 +17,8 @@ from .sequence import reverse_sequence  # noqa: F401
 from .cond import cond, switch_case  # noqa: F401
 from .do import do  # noqa: F401
 from .while_loop import while_loop  # noqa: F401
+from .attention import scaled_dot_product_attention  # noqa: F401
+from . import heads  # noqa: F401  (SplitHeads, MergeHeads: multi-head attention's layout ops)
 from .linear_cross_entropy import linear_cross_entropy  # noqa: F401
 from .norm import layer_norm, rms_norm  # noqa: F401
 from .batch_norm import batch_norm  # noqa: F401
@@ -30,3 +32,10 @@ from .pool import avg_pool2d, max_pool2d  # noqa: F401
 from .tensor_array import TensorArray  # noqa: F401
 from .scan import fori_loop, map, scan  # noqa: F401
 from .custom_gradient import custom_gradient  # noqa: F401
+from .special import erf, expm1, log1p, rsqrt  # noqa: F401
+from .logic import logical_or, not_equal  # noqa: F401
+from .activation import elu, gelu, leaky_relu, silu, softplus  # noqa: F401
+from .extrema import argmax, argmin, max, min, topk  # noqa: F401
+from .reduce import logsumexp, prod  # noqa: F401
+from .cumulative import cumprod, cumsum  # noqa: F401
+from .random_ops import categorical, rand, rand_like, randint, randn, randn_like  # noqa: F401

@@ -14,6 +14,7 @@ from ..ir.program import Block, Op, Var, as_int, as_ints, as_list
 from .registry import append_op, defop
 from .lowering import lowers
 from .shapes import same_as_first
+from .streams import random_key
 
 
 def _attr_shape(ins, attrs):
@@ -236,44 +237,60 @@ def assign(x: Var, output: Var | None = None) -> Var:
 
 # --- Random initialisers (startup program) ---------------------------------------
 
+def random_key_of(k, seed: int) -> list:
+    """The key a random creation op draws from: (seed, loop iterations) for initialisers, the
+    same values in every run; with ``per_run`` (``rg.rand``, ``rg.randn``) the run's id too."""
+    if k.attrs.get("per_run"):
+        return random_key(k, seed)
+    return [seed, *k.run.rng_path]
+
+
 @defop("UniformRandom", inputs=(), infer=_attr_shape, random=True)
 def _uniform(k):
     """Uniform(low, high) values from the op's seed: the same program gives the same values
-    (inside a loop, new ones per iteration: the seed is extended by ``k.run.rng_path``)."""
+    (inside a loop, new ones per iteration: the seed is extended by ``k.run.rng_path``; with
+    ``per_run``, new ones per run)."""
     a = k.attrs
-    return k.backend.random_uniform([a["seed"], *k.run.rng_path], a["shape"], a["low"], a["high"],
-                                    a["dtype"])
+    return k.backend.random_uniform(random_key_of(k, a["seed"]), a["shape"], a["low"], a["high"], a["dtype"])
+
+
+def uniform_onnx(g, shape: str, per_run: bool) -> str:
+    """The keyed generator's uniform draw of op attrs ``low``, ``high``, ``seed``, ``dtype``, shaped
+    by the int64 1-D value ``shape``, in float64 as the kernels, rounded once."""
+    a = g.attrs
+    bits = g.random_bits(a["seed"], shape, per_run=per_run)
+    u = g.node("Mul", [g.cast(bits, "float64"), g.const(2.0 ** -32, "float64")])
+    value = g.node("Add", [g.const(a["low"], "float64"),
+                           g.node("Mul", [g.const(a["high"] - a["low"], "float64"), u])])
+    return g.cast(value, a["dtype"])
 
 
 @lowers("UniformRandom")
 def _uniform_onnx(g):
-    """The keyed generator's uniform draw, in float64 as the kernels, rounded once."""
-    a = g.attrs
-    bits = g.random_bits(a["seed"], g.const(list(a["shape"]), "int64"), per_run=False)
-    u = g.node("Mul", [g.cast(bits, "float64"), g.const(2.0 ** -32, "float64")])
-    value = g.node("Add", [g.const(a["low"], "float64"),
-                           g.node("Mul", [g.const(a["high"] - a["low"], "float64"), u])])
-    return [g.cast(value, a["dtype"])]
+    return [uniform_onnx(g, g.const(list(g.attrs["shape"]), "int64"), bool(g.attrs.get("per_run")))]
 
 
 @defop("GaussianRandom", inputs=(), infer=_attr_shape, random=True)
 def _gaussian(k):
-    """Normal(mean, std) values from the op's seed (and ``k.run.rng_path`` inside loops)."""
+    """Normal(mean, std) values from the op's seed (and ``k.run.rng_path`` inside loops; the
+    run's id with ``per_run``)."""
     a = k.attrs
-    return k.backend.random_normal([a["seed"], *k.run.rng_path], a["shape"], a["mean"], a["std"],
-                                   a["dtype"])
+    return k.backend.random_normal(random_key_of(k, a["seed"]), a["shape"], a["mean"], a["std"], a["dtype"])
+
+
+def normal_onnx(g, shape: str, per_run: bool) -> str:
+    """The keyed generator's Box-Muller draw in the graph (``+ - * /`` only, operation for
+    operation as the kernels, so the numbers are the same bit for bit; inside loops too)."""
+    a = g.attrs
+    z = g.normal_from_bits(g.random_bits(a["seed"], shape, per_run=per_run),
+                           g.random_bits(a["seed"], shape, salt=0x5BD1E995, per_run=per_run))
+    value = g.node("Add", [g.const(a["mean"], "float64"), g.node("Mul", [g.const(a["std"], "float64"), z])])
+    return g.cast(value, a["dtype"])
 
 
 @lowers("GaussianRandom")
 def _gaussian_onnx(g):
-    """The keyed generator's Box-Muller draw in the graph (``+ - * /`` only, operation for
-    operation as the kernels, so the numbers are the same bit for bit; inside loops too)."""
-    a = g.attrs
-    shape = g.const(list(a["shape"]), "int64")
-    z = g.normal_from_bits(g.random_bits(a["seed"], shape, per_run=False),
-                           g.random_bits(a["seed"], shape, salt=0x5BD1E995, per_run=False))
-    value = g.node("Add", [g.const(a["mean"], "float64"), g.node("Mul", [g.const(a["std"], "float64"), z])])
-    return [g.cast(value, a["dtype"])]
+    return [normal_onnx(g, g.const(list(g.attrs["shape"]), "int64"), bool(g.attrs.get("per_run")))]
 
 
 def _init_op(init, shape: list[int], dtype: str, seed: int) -> tuple[str, dict]:

@@ -819,6 +819,12 @@ def _add_n(k, *xs):
 
 @lowers("AddN")
 def _add_n_onnx(g):
+    """Sum, or Add for two terms: onnxruntime's GemmSumFusion folds a two-input Sum into a Gemm
+    feeding it and fails at session build (``gemm_input_edge.src_arg_index < 2``) when that
+    Gemm reads the third or later output of a node (a weight gradient ``x^T dy`` of a Split's
+    part); it leaves Add alone, and Add is what the kernel computes."""
+    if len(g.ins) == 2:
+        return [g.node("Add", g.ins)]
     return [g.node("Sum" if len(g.ins) > 1 else "Identity", g.ins)]
 
 

@@ -34,7 +34,11 @@ def _softmax_rule(ins, attrs):
 
 
 def _shifted(xp, x, axis: int):
-    """``x`` minus its maximum along ``axis``: every exp of it is <= 1."""
+    """``x`` minus its maximum along ``axis``: every exp of it is <= 1. An empty ``axis`` has no
+    maximum (NumPy and torch raise): nothing to shift, and the softmax of nothing is empty, as
+    onnxruntime's."""
+    if x.shape[axis] == 0:
+        return x
     return x - xp.max(x, axis=axis, keepdims=True)
 
 

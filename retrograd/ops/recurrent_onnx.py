@@ -16,6 +16,7 @@ from __future__ import annotations
 from typing import Sequence
 
 from ..ir.analysis import free_reads
+from .loop_stacks import RaggedStacks, ragged_positions
 from .recurrent_steps import RnnLayout, flip_onnx, step_mask_onnx, timestep_onnx, with_first_onnx
 
 _END = 1 << 62
@@ -31,6 +32,8 @@ def forward_loop_onnx(g, attrs: dict, lay: RnnLayout, saved: Sequence[str],
     states = [step.var(n) for n in attrs["states"]]
     types = ([(v.dtype, v.ndim + 1) for v in states] + [(v.dtype, v.ndim) for v in states]
              + [(step.var(n).dtype, step.var(n).ndim + 1) for n in saved])
+    if ragged_positions(step, saved):     # a Scan's outputs keep one shape: the Loop form alone
+        return _forward_loop(g, attrs, lay, saved, first)
     outs = _if_steps(g, lay.split(g.ins)[0][0], first, types,
                      lambda b: _flat(_forward_scan(b, attrs, lay, saved)),
                      lambda b: _flat(_forward_loop(b, attrs, lay, saved, first)))
@@ -72,10 +75,13 @@ def _forward_loop(g, attrs: dict, lay: RnnLayout, saved: Sequence[str],
         new = [body.node("Where", [step_mask_onnx(body, lengths, t, step.var(name).ndim), v, p])
                for v, p, name in zip(new, prev, attrs["states"])]
     state_vars = [step.var(n) for n in attrs["states"]]
-    outputs = ([(cond, "bool", [])] + list(zip(new, state_vars)) + list(zip(new, state_vars))
-               + [(v, step.var(n)) for v, n in zip(values[k:], saved)])
-    outs = g.nodes("Loop", [g.scalar_dim(seqs[0], 0), first or "", *inits], len(outputs) - 1,
+    kept = RaggedStacks(g, step, saved)
+    outputs = ([(cond, "bool", [])] + list(zip(new, state_vars)) + kept.carry(body, values[k:])
+               + list(zip(new, state_vars)) + kept.scanned([(v, step.var(n)) for v, n in zip(values[k:], saved)]))
+    outs = g.nodes("Loop", [g.scalar_dim(seqs[0], 0), first or "", *inits, *kept.starts], len(outputs) - 1,
                    body=body.finish(f"{g.op.outputs[0]}.step", outputs))
+    end = k + kept.width
+    outs = outs[:k] + outs[end:end + k] + kept.stacks(g, outs[k:end], outs[end + k:])
     # all = states[1:], rebuilt from slot 0 so that zero steps give [0, N, ...] as the kernel does
     alls = [g.node("Slice", [with_first_onnx(g, init, stack), g.const([1], "int64"), g.const([_END], "int64"),
                              g.const([0], "int64")]) for init, stack in zip(inits, outs[k:2 * k])]

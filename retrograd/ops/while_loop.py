@@ -29,7 +29,7 @@ from ..ir.builder import block_guard, current_block
 from ..ir.program import Block, Op, Var
 from . import streams
 from .loop_grad import LoopView, loop_grad
-from .loop_stacks import Kept
+from .loop_stacks import Kept, RaggedStacks
 from .recurrent_steps import budget_variant, is_budget
 from .registry import GradCtx, append_op, defop
 from .lowering import lowers
@@ -143,7 +143,6 @@ def _while_onnx(g):
     values are computed (store-all)."""
     a = g.attrs
     n = len(a["carry_binds"])
-    shape_only = _ragged_shape_only(g)
     carry_vars = g.out_vars[:n]
     first, = g.lower(a["cond"], dict(zip(a["cond_binds"], g.ins[:n])), [a["cond_out"]])
     if streams.contains_random(a["cond"]):
@@ -154,21 +153,26 @@ def _while_onnx(g):
     body.input("cond", "bool", [])
     carries = [body.input(name, var.dtype, None) for name, var in zip(a["carry_binds"], carry_vars)]
     count = body.input("iters", "int64", [])
+    # A loop whose loop vars change shape (shape_invariants) keeps values that may change with them.
+    stacks = RaggedStacks(g, a["body"], a["ys"], a["carry_binds"] if a.get("ragged") else ())
     values = body.lower(a["body"], dict(zip(a["carry_binds"], carries)), list(a["body_outs"]) + list(a["ys"]))
     new, kept = values[:n], values[n:]
+    ragged_outputs = stacks.carry(body, kept)
     flag, = body.lower(a["cond"], dict(zip(a["cond_binds"], new)), [a["cond_out"]])
     first, flag = _scalar_onnx(g, first), _scalar_onnx(body, flag)
     if a.get("max_iters") == 0:     # only then can the first condition exceed it
         first = _max_iters_onnx(g, first, g.const(0, "int64"))
     if a.get("max_iters") is not None:
         flag = _max_iters_onnx(body, flag, body.node("Add", [iteration, body.const(1, "int64")]))
-    sizes, stacked = _largest_shapes(body, a, shape_only, kept)
     outputs = ([(flag, "bool", [])] + list(zip(new, carry_vars))
-               + [(body.node("Add", [count, body.const(1, "int64")]), "int64", [])] + sizes + stacked)
+               + [(body.node("Add", [count, body.const(1, "int64")]), "int64", [])] + ragged_outputs
+               + stacks.scanned([(value, a["body"].var(name)) for value, name in zip(kept, a["ys"])]))
     graph = body.finish(f"{g.op.outputs[0]}.body", outputs)
-    outs = g.nodes("Loop", ["", first, *_carry_inits(g, range(n)), g.const(0, "int64"), *_no_shapes(g, shape_only)],
-                   len(outputs) - 1, body=graph)
-    outs = outs[:n + 1] + _shape_stand_ins(g, shape_only, outs[n], outs[n + 1:])
+    outs = g.nodes("Loop", ["", first, *_carry_inits(g, range(n)), g.const(0, "int64"), *stacks.starts],
+                   len(outputs) - 1,
+                   body=graph)
+    end = n + 1 + stacks.width
+    outs = outs[:n + 1] + stacks.stacks(g, outs[n + 1:end], outs[end:])
     if a.get("budget_outputs"):   # recompute=<bytes>: its ONNX backward re-runs every iteration
         extra = g.out_vars[len(outs):]  # (store-all) and reads no checkpoints: empty ones
         outs += [g.fill(g.const([0] * var.ndim, "int64"), 0, var.dtype) for var in extra[:-1]]
@@ -176,21 +180,6 @@ def _while_onnx(g):
     return outs
 
 
-def _ragged_shape_only(g) -> list[int]:
-    """Of a loop whose loop vars change shape, the kept values read only for their shapes: an
-    ONNX Loop cannot stack values of changing shape, so those become zeros as large as the
-    largest iteration's (the backward cuts each row to its iteration's saved shape). A kept value
-    read in full must have a fixed shape (every size known), or the export is refused."""
-    a = g.attrs
-    if not a.get("ragged") or not a["ys"]:
-        return []
-    full = [f or like is not None for f, like in zip(full_flags(a, a["ys"]), a.get("ys_like") or [None] * len(a["ys"]))]
-    for name, whole in zip(a["ys"], full):
-        var = a["body"].var(name)
-        if whole and any(d < 0 for d in var.shape):
-            g.fail(f"a loop whose loop vars change shape keeps '{name}' {var.type_str()} for its backward, "
-                   "whose shape may change too, which an ONNX Loop cannot stack")
-    return [j for j, whole in enumerate(full) if not whole]
 
 
 def _carry_inits(g, positions) -> list[str]:
@@ -201,35 +190,10 @@ def _carry_inits(g, positions) -> list[str]:
             for p in positions]
 
 
-def _largest_shapes(body, a: dict, shape_only: list[int], kept: list[str]) -> tuple[list, list]:
-    """A Loop body's outputs for the kept values ``kept``: for those in ``shape_only`` a carried
-    elementwise maximum of their shapes (an int64 ``[rank]`` loop input per value, made by
-    ``body.input`` here), for the others the value itself (a scan output)."""
-    sizes = []
-    for j in shape_only:
-        rank = a["body"].var(a["ys"][j]).ndim
-        size = body.input(f"{a['ys'][j]}.max_shape", "int64", [rank])
-        sizes.append((body.node("Max", [size, body.shape(kept[j])]), "int64", [rank]))
-    stacked = [(value, a["body"].var(name)) for j, (value, name) in enumerate(zip(kept, a["ys"]))
-               if j not in shape_only]
-    return sizes, stacked
 
 
-def _no_shapes(g, shape_only: list[int]) -> list[str]:
-    """The initial (all-zero) largest shapes of ``_largest_shapes``."""
-    return [g.const([0] * g.attrs["body"].var(g.attrs["ys"][j]).ndim, "int64") for j in shape_only]
 
 
-def _shape_stand_ins(g, shape_only: list[int], iters: str, rest: list[str]) -> list[str]:
-    """The stacks of every kept value from the Loop's outputs after its loop vars (``rest``: the
-    largest shapes, then the scan outputs): zeros ``[iters, *largest]`` for those read only for
-    their shapes (the backward cuts each row to its iteration's saved shape)."""
-    a = g.attrs
-    maxima, stacked = rest[:len(shape_only)], iter(rest[len(shape_only):])
-    iters = g.node("Reshape", [iters, g.const([1], "int64")])
-    zeros = {j: g.fill(g.node("Concat", [iters, size], axis=0), 0, a["body"].var(a["ys"][j]).dtype)
-             for j, size in zip(shape_only, maxima)}
-    return [zeros[j] if j in zeros else next(stacked) for j in range(len(a["ys"]))]
 
 
 def _scalar_onnx(g, value: str) -> str:
@@ -322,13 +286,13 @@ def _scan_onnx(g):
             slices[j] = body.node("Slice", [slices[j], body.node("Mul", [sizes, body.const(0, "int64")]), sizes])
     binds = {**dict(zip(a["carry_binds"], carries)), **dict(zip(a["x_binds"], slices))}
     values = body.lower(a["body"], binds, list(a["body_outs"]) + list(a["ys"]))
-    shape_only = _ragged_shape_only(g)
-    sizes, stacked = _largest_shapes(body, a, shape_only, values[c:])
-    outputs = [(cond, "bool", [])] + list(zip(values[:c], g.out_vars[:c])) + sizes + stacked
-    outs = g.nodes("Loop", [count, "", *_carry_inits(g, range(1, 1 + c)), *_no_shapes(g, shape_only)],
-                   len(outputs) - 1,
+    rows = [bind for bind, position in zip(a["x_binds"], a.get("x_shapes") or []) if position is not None]
+    kept = RaggedStacks(g, a["body"], a["ys"], rows + (list(a["carry_binds"]) if a.get("ragged") else []))
+    outputs = ([(cond, "bool", [])] + list(zip(values[:c], g.out_vars[:c])) + kept.carry(body, values[c:])
+               + kept.scanned([(value, a["body"].var(name)) for value, name in zip(values[c:], a["ys"])]))
+    outs = g.nodes("Loop", [count, "", *_carry_inits(g, range(1, 1 + c)), *kept.starts], len(outputs) - 1,
                    body=body.finish(f"{g.op.outputs[0] if g.op.outputs else 'scan'}.body", outputs))
-    stacks = _shape_stand_ins(g, shape_only, count, outs[c:]) if shape_only else outs[c:]
+    stacks = kept.stacks(g, outs[c:c + kept.width], outs[c + kept.width:])
     if a["reverse"]:
         stacks = [g.node("Slice", [v, g.const([-1], "int64"), g.const([-(1 << 62)], "int64"),
                                    g.const([0], "int64"), g.const([-1], "int64")]) for v in stacks]

@@ -34,6 +34,8 @@ class MemoryMeter:
     def hold(self, array) -> None:
         if type(array) is np.ndarray and array.base is None:   # the common case, kept fast
             key, nbytes = id(array), array.nbytes
+        elif array is None:         # an output nothing reads, which the kernel did not compute
+            return
         else:
             known = self.seen.get(id(array))
             if known is None:

@@ -51,6 +51,13 @@ UNARY = {
     "softmax": (lambda x: rg.softmax(x, axis=-1), lambda x: torch.softmax(x, -1)),
     "rowmean": (lambda x: x - rg.mean(x, axis=1, keepdims=True), lambda x: x - x.mean(1, keepdim=True)),
 }
+# Drawn only with ``edges`` (the differential fuzz): 0-d intermediates and reductions over the batch
+# (NaN means on an empty batch).
+EDGE_UNARY = {
+    "plusmean": (lambda x: x + rg.mean(x) * 0.5, lambda x: x + x.mean() * 0.5),
+    "colmean": (lambda x: x - rg.mean(x, axis=0, keepdims=True), lambda x: x - x.mean(0, keepdim=True)),
+    "scalarloop": (lambda x: x * _scalar_loop(rg.sum(x), 0), lambda x: x * _scalar_loop(x.sum(), 1)),
+}
 BINARY = {
     "add": (rg.add, torch.add),
     "sub": (rg.sub, torch.sub),
@@ -64,22 +71,34 @@ STRUCTURES = ("none", "cond", "while", "recurrent", "array")
 Choices = Callable[[str, list], Any]   # choose(label, options) -> one of options
 
 
-def draw_expression(choose: Choices, inputs: int, length: int, nested: bool = False) -> list:
+def draw_expression(choose: Choices, inputs: int, length: int, nested: bool = False, edges: bool = False) -> list:
     """Ops over ``inputs`` nodes: ("u", name, i), ("b", name, i, j), ("mm", i) (node @ W) and,
     when ``nested``, ("if", i, j, k) (a cond on the sign of node i's sum) and ("loop", i, trips)
-    (a while_loop with a constant trip count), so that control flow nests inside loop bodies."""
+    (a while_loop with a constant trip count), so that control flow nests inside loop bodies.
+    With ``edges`` (the differential fuzz): ("k", i) (node * the 0-d leaf k), conds on a mean
+    (``("if", i, j, k, "mean")``: NaN on an empty batch) and, nested, ("dloop", i, j): a
+    while_loop from node i whose trip count depends on the values (so it changes between the
+    iterations of an enclosing loop)."""
     ops = []
-    kinds = ["u", "b", "b", "mm"] + (["if", "loop"] if nested else [])
+    kinds = ["u", "b", "b", "mm"] + (["if", "loop"] if nested else []) + (["k"] if edges else []) \
+        + (["dloop"] if nested and edges else [])
     for k in range(length):
         nodes = inputs + k
         kind = choose("kind", kinds)
         args = list(range(nodes))
         if kind == "if":
-            ops.append(("if", choose("arg", args), choose("arg", args), choose("arg", args)))
+            pred = choose("pred", ["sum", "mean"]) if edges else "sum"
+            ops.append(("if", choose("arg", args), choose("arg", args), choose("arg", args))
+                       + ((pred,) if pred != "sum" else ()))
         elif kind == "loop":
             ops.append(("loop", choose("arg", args), choose("trips", [0, 1, 3])))
+        elif kind == "dloop":
+            ops.append(("dloop", choose("arg", args), choose("arg", args)))
+        elif kind == "k":
+            ops.append(("k", choose("arg", args)))
         elif kind == "u":
-            ops.append(("u", choose("unary", sorted(UNARY)), choose("arg", list(range(nodes)))))
+            unary = sorted(UNARY) + (sorted(EDGE_UNARY) if edges else [])
+            ops.append(("u", choose("unary", unary), choose("arg", list(range(nodes)))))
         elif kind == "b":
             ops.append(("b", choose("binary", sorted(BINARY)), choose("arg", list(range(nodes))),
                         choose("arg", list(range(nodes)))))
@@ -88,15 +107,28 @@ def draw_expression(choose: Choices, inputs: int, length: int, nested: bool = Fa
     return ops
 
 
-def draw_program(choose: Choices) -> dict:
-    """A description: sizes, the ``pre`` DAG, one structure and its options."""
+def draw_program(choose: Choices, edges: bool = False) -> dict:
+    """A description: sizes, the ``pre`` DAG, one structure and its options. ``edges`` (the
+    differential fuzz) adds empty and single-row batches (m = 0, 1), float32, the 0-d leaf
+    ``k``, conds on means, value-dependent inner loops, ``max_iters`` below the fed trip
+    count, inputs declared with -1 sizes and W as a parameter."""
     structure = choose("structure", list(STRUCTURES))
-    desc = {"m": choose("m", [1, 2, 3]), "n": choose("n", [1, 2, 3]), "T": choose("T", [0, 1, 3, 7]),
-            "structure": structure, "pre": draw_expression(choose, 2, choose("len", [1, 2, 3])),
-            "a": draw_expression(choose, 2, choose("len", [1, 2, 3]), nested=choose("nested", [False, True])),
-            "b": draw_expression(choose, 2, choose("len", [1, 2])),
+    desc = {"m": choose("m", [0, 1, 1, 2, 3] if edges else [1, 2, 3]), "n": choose("n", [1, 2, 3]),
+            "T": choose("T", [0, 1, 3, 7]),
+            "structure": structure, "pre": draw_expression(choose, 2, choose("len", [1, 2, 3]), edges=edges),
+            "a": draw_expression(choose, 2, choose("len", [1, 2, 3]), nested=choose("nested", [False, True]),
+                                 edges=edges),
+            "b": draw_expression(choose, 2, choose("len", [1, 2]), edges=edges),
             "pick": choose("pick", [0, 1, 2]), "trips": choose("trips", [0, 1, 2, 5]),
             "recompute": None, "second": choose("second", [False, True])}
+    if edges:
+        desc["dtype"] = choose("dtype", ["float64", "float64", "float32"])
+        desc["dynamic"] = choose("dynamic", [False, True])     # x, y, s declared with -1 sizes
+        desc["param_w"] = choose("param_w", [False, True])     # W a parameter (an initializer)
+        if structure == "cond":
+            desc["pred"] = choose("pred", ["sum", "mean"])
+        if structure == "while":
+            desc["max_iters"] = choose("max_iters", [None, None, 3])
     if structure == "recurrent":
         desc["recompute"] = choose("recompute", [None, "steps", 1 << 8, 1 << 10, 1 << 12, 1 << 16])
         desc["two_states"] = choose("two_states", [False, True])
@@ -106,21 +138,29 @@ def draw_program(choose: Choices) -> dict:
         desc["recompute"] = choose("recompute", [None, None, 1 << 8, 1 << 10, 1 << 12, 1 << 16])
     elif structure == "array":
         desc["inner"] = choose("inner", [False, True])
+    if edges and desc["second"] and isinstance(desc.get("recompute"), int):
+        desc["recompute"] = None         # a budgeted loop's gradient has no gradient (refused at build)
     return desc
 
 
 # --- building --------------------------------------------------------------------------------
 
-def _apply(ops: list, env: list, w, fw: int) -> Any:
-    """Evaluate ``ops`` over ``env`` (retrograd Vars for fw=0, torch tensors for fw=1); the last node."""
+def _apply(ops: list, env: list, w, fw: int, k=None) -> Any:
+    """Evaluate ``ops`` over ``env`` (retrograd Vars for fw=0, torch tensors for fw=1); the last
+    node. ``k``: the 0-d leaf the ("k", i) ops scale by."""
     nodes = list(env)
     for op in ops:
         if op[0] == "if":
-            nodes.append(_nested_cond(nodes[op[1]], nodes[op[2]], nodes[op[3]], fw))
+            pred = op[4] if len(op) > 4 else "sum"
+            nodes.append(_nested_cond(nodes[op[1]], nodes[op[2]], nodes[op[3]], fw, pred))
         elif op[0] == "loop":
             nodes.append(_nested_loop(nodes[op[1]], op[2], fw))
+        elif op[0] == "dloop":
+            nodes.append(_value_loop(nodes[op[1]], nodes[op[2]], fw))
+        elif op[0] == "k":
+            nodes.append(nodes[op[1]] * k)
         elif op[0] == "u":
-            nodes.append(UNARY[op[1]][fw](nodes[op[2]]))
+            nodes.append({**UNARY, **EDGE_UNARY}[op[1]][fw](nodes[op[2]]))
         elif op[0] == "b":
             nodes.append(BINARY[op[1]][fw](nodes[op[2]], nodes[op[3]]))
         else:
@@ -128,10 +168,43 @@ def _apply(ops: list, env: list, w, fw: int) -> Any:
     return nodes[-1]
 
 
-def _nested_cond(p, a, b, fw: int):
+def _holds(p, fw: int, pred: str = "sum"):
+    """sum(p) > -0.3 (or mean(p) > -0.3: false on an empty batch, whose mean is NaN)."""
     if fw == 0:
-        return rg.cond(rg.sum(p) > -0.3, lambda: rg.tanh(a), lambda: b * 0.5)
-    return torch.tanh(a) if float(p.detach().sum()) > -0.3 else b * 0.5
+        return (rg.mean(p) if pred == "mean" else rg.sum(p)) > -0.3
+    return float(p.detach().mean() if pred == "mean" else p.detach().sum()) > -0.3
+
+
+def _nested_cond(p, a, b, fw: int, pred: str = "sum"):
+    if fw == 0:
+        return rg.cond(_holds(p, 0, pred), lambda: rg.tanh(a), lambda: b * 0.5)
+    return torch.tanh(a) if _holds(p, 1, pred) else b * 0.5
+
+
+def _scalar_loop(total, fw: int):
+    """A 0-d loop var: c <- tanh(c * 0.5 + 0.1 * total) twice, from 0.5."""
+    if fw == 0:
+        _, c = rg.while_loop(lambda j, c: j < 2, lambda j, c: [j + 1, rg.tanh(c * 0.5 + total * 0.1)],
+                             [rg.constant(0, dtype="int64"), total * 0.0 + 0.5])
+        return c
+    c = total * 0.0 + 0.5
+    for _ in range(2):
+        c = torch.tanh(c * 0.5 + total * 0.1)
+    return c
+
+
+def _value_loop(v0, x, fw: int):
+    """v <- tanh(0.9 v + x) from v0 while sum(v) > -0.3, at most 3 times: a trip count that depends
+    on the values (it changes between the iterations of an enclosing loop; -0.3, not 0, as for the
+    conds: a centred node sums to 0 up to rounding, which NumPy and torch may round apart)."""
+    if fw == 0:
+        _, v = rg.while_loop(lambda j, v: rg.logical_and(j < 3, rg.sum(v) > -0.3),
+                             lambda j, v: [j + 1, rg.tanh(v * 0.9 + x)], [rg.constant(0, dtype="int64"), v0])
+        return v
+    v, j = v0, 0
+    while j < 3 and float(v.detach().sum()) > -0.3:
+        v, j = torch.tanh(v * 0.9 + x), j + 1
+    return v
 
 
 def _nested_loop(v0, trips: int, fw: int):
@@ -146,29 +219,31 @@ def _nested_loop(v0, trips: int, fw: int):
     return v
 
 
-def _structure(desc: dict, pre: Any, x, w, s, trips, fw: int, lengths=None):
+def _structure(desc: dict, pre: Any, x, w, s, trips, fw: int, lengths=None, k=None):
     """The structure's result over the node ``pre`` (and leaf ``x``), in one framework."""
     kind, a, b = desc["structure"], desc["a"], desc["b"]
     if kind == "none":
-        return _apply(a, [pre, x], w, fw)
+        return _apply(a, [pre, x], w, fw, k)
     if kind == "cond":
+        pred = desc.get("pred", "sum")
         if fw == 0:
-            return rg.cond(rg.sum(pre) > -0.3, lambda: _apply(a, [pre, x], w, 0), lambda: _apply(b, [pre, x], w, 0))
-        return _apply(a, [pre, x], w, 1) if float(pre.detach().sum()) > -0.3 else _apply(b, [pre, x], w, 1)
+            return rg.cond(_holds(pre, 0, pred), lambda: _apply(a, [pre, x], w, 0, k),
+                           lambda: _apply(b, [pre, x], w, 0, k))
+        return _apply(a, [pre, x], w, 1, k) if _holds(pre, 1, pred) else _apply(b, [pre, x], w, 1, k)
     if kind == "while":
         # tanh keeps the loop var bounded however many times the body runs
         if fw == 0:
             zero = rg.constant(0, dtype="int64")
-            _, v = rg.while_loop(lambda i, v: i < trips, lambda i, v: [i + 1, rg.tanh(_apply(a, [v, x], w, 0))],
-                                 [zero, pre], recompute=desc["recompute"])
+            _, v = rg.while_loop(lambda i, v: i < trips, lambda i, v: [i + 1, rg.tanh(_apply(a, [v, x], w, 0, k))],
+                                 [zero, pre], recompute=desc["recompute"], max_iters=desc.get("max_iters"))
             return v
         v = pre
         for _ in range(desc["trips"]):
-            v = torch.tanh(_apply(a, [v, x], w, 1))
+            v = torch.tanh(_apply(a, [v, x], w, 1, k))
         return v
     if kind == "array":
         return _array(desc, pre, x, w, trips, fw)
-    return _recurrent(desc, pre, w, s, lengths, fw)
+    return _recurrent(desc, pre, w, s, lengths, fw, k)
 
 
 def _array(desc: dict, pre, x, w, trips, fw: int):
@@ -200,13 +275,13 @@ def _array(desc: dict, pre, x, w, trips, fw: int):
     return v + total * 0.3 + (rows[pick] if len(rows) > pick else torch.zeros_like(v)) * 0.2
 
 
-def _recurrent(desc: dict, pre, w, s, lengths, fw: int):
+def _recurrent(desc: dict, pre, w, s, lengths, fw: int, k=None):
     """h' = tanh(a(x_t, h)) over s [T, m, n] (and c' = 0.5 c + h' with ``two_states``); rows past
     their length (``lengths``) keep their state."""
     a, two = desc["a"], desc.get("two_states", False)
     if fw == 0:
         def step(xs, hs):
-            h = rg.tanh(_apply(a, [xs[0], hs[0]], w, 0))
+            h = rg.tanh(_apply(a, [xs[0], hs[0]], w, 0, k))
             return [h, hs[1] * 0.5 + h] if two else [h]
         alls, lasts = rg.recurrent(step, [s], [pre, pre * 0.25] if two else [pre], seq_lengths=lengths,
                                    recompute=desc["recompute"])
@@ -215,10 +290,10 @@ def _recurrent(desc: dict, pre, w, s, lengths, fw: int):
     h, c = pre, pre * 0.25
     total_h, total_c = torch.zeros_like(pre), torch.zeros_like(pre)
     for t in range(s.shape[0]):
-        new_h = torch.tanh(_apply(a, [s[t], h], w, 1))
+        new_h = torch.tanh(_apply(a, [s[t], h], w, 1, k))
         new_c = c * 0.5 + new_h
         if desc.get("lengths") is not None:
-            running = torch.tensor([t < n for n in desc["lengths"]]).reshape(-1, 1)
+            running = torch.tensor([t < n for n in desc["lengths"]], dtype=torch.bool).reshape(-1, 1)
             new_h, new_c = torch.where(running, new_h, h), torch.where(running, new_c, c)
         h, c = new_h, new_c
         total_h, total_c = total_h + h, total_c + c
@@ -232,11 +307,16 @@ def _values(desc: dict, seed: int) -> dict:
     return {"x": r.uniform(-1.5, 1.5, (m, n)), "y": r.uniform(-1.5, 1.5, (m, n)),
             "W": r.uniform(-1.0, 1.0, (n, n)), "s": r.uniform(-1.5, 1.5, (steps, m, n)),
             "p1": r.standard_normal((m, n)), "p2": r.standard_normal((m, n)),
-            "q1": r.standard_normal((m, n)), "q2": r.standard_normal((n, n))}
+            "q1": r.standard_normal((m, n)), "q2": r.standard_normal((n, n)),
+            "k": np.array(r.uniform(0.5, 1.2))}
+
+
+def _uses_k(desc: dict) -> bool:
+    return any(op[0] == "k" for part in ("pre", "a", "b") for op in desc[part])
 
 
 def _leaf_names(desc: dict) -> list[str]:
-    return ["x", "y", "W"] + (["s"] if desc["structure"] == "recurrent" else [])
+    return ["x", "y", "W"] + (["s"] if desc["structure"] == "recurrent" else []) + (["k"] if _uses_k(desc) else [])
 
 
 def torch_reference(desc: dict, seed: int) -> dict:
@@ -246,9 +326,11 @@ def torch_reference(desc: dict, seed: int) -> dict:
     leaves = {k: torch.tensor(vals[k], requires_grad=True) for k in names}
     x, w = leaves["x"], leaves["W"]
     nodes = [x, leaves["y"]]
-    pre = _apply(desc["pre"], nodes, w, 1)
-    out = _structure(desc, pre, x, w, leaves.get("s"), desc["trips"], 1)
+    pre = _apply(desc["pre"], nodes, w, 1, leaves.get("k"))
+    out = _structure(desc, pre, x, w, leaves.get("s"), desc["trips"], 1, k=leaves.get("k"))
     loss = (out * torch.tensor(vals["p1"])).sum() + (pre * torch.tensor(vals["p2"])).sum()
+    if "k" in leaves:          # a 0-d value computed from the 0-d leaf alone
+        loss = loss + leaves["k"] * leaves["k"] * 0.1
     second = desc["second"]
     grads = torch.autograd.grad(loss, [leaves[k] for k in names], allow_unused=True, create_graph=second)
     result = {"loss": loss.detach().numpy(), "grads": _as_numpy(names, grads, vals)}
@@ -268,41 +350,73 @@ def _as_numpy(names, grads, vals) -> dict:
     return {k: np.zeros_like(vals[k]) if g is None else g.detach().numpy() for k, g in zip(names, grads)}
 
 
-def retrograd_result(desc: dict, seed: int) -> dict:
-    """The same as ``torch_reference``, computed by a retrograd program."""
+def build_program(desc: dict, seed: int):
+    """The retrograd program of ``desc``: (main, startup, feed, fetch, labels), ``labels`` naming
+    each fetch as ``torch_reference`` does ("loss", "grads.x", "loss2", "grads2.W", ...); leaves
+    and constants in ``desc["dtype"]`` (float64 unless drawn with ``edges``)."""
     vals = _values(desc, seed)
     names = _leaf_names(desc)
+    dtype = desc.get("dtype", "float64")
     main, startup = rg.Program(), rg.Program()
     with rg.program_guard(main, startup):
-        leaves = {k: rg.data(k, list(vals[k].shape), dtype="float64") for k in names}
+        leaves = {k: _leaf(desc, k, vals[k], dtype) for k in names}
         trips = rg.data("trips", [], dtype="int64")
         lengths = rg.data("lengths", [-1], dtype="int64") if desc.get("lengths") is not None else None
         x, w = leaves["x"], leaves["W"]
-        pre = _apply(desc["pre"], [x, leaves["y"]], w, 0)
-        out = _structure(desc, pre, x, w, leaves.get("s"), trips, 0, lengths)
-        loss = rg.sum(out * rg.constant(vals["p1"], dtype="float64")) + \
-            rg.sum(pre * rg.constant(vals["p2"], dtype="float64"))
+        pre = _apply(desc["pre"], [x, leaves["y"]], w, 0, leaves.get("k"))
+        out = _structure(desc, pre, x, w, leaves.get("s"), trips, 0, lengths, leaves.get("k"))
+        loss = rg.sum(out * rg.constant(vals["p1"], dtype=dtype)) + rg.sum(pre * rg.constant(vals["p2"], dtype=dtype))
+        if "k" in leaves:      # a 0-d value computed from the 0-d leaf alone
+            loss = loss + leaves["k"] * leaves["k"] * 0.1
         grads = rg.gradients(loss, [leaves[k] for k in names])
         fetch = [loss] + [g for g in grads if g is not None]
-        loss2, grads2 = None, []
+        labels = ["loss"] + [f"grads.{k}" for k, g in zip(names, grads) if g is not None]
         if desc["second"]:
-            terms = [rg.sum(g * rg.constant(vals[q], dtype="float64"))
+            terms = [rg.sum(g * rg.constant(vals[q], dtype=dtype))
                      for g, q in ((grads[0], "q1"), (grads[2], "q2")) if g is not None]
             if terms:
                 loss2 = rg.add_n(terms) if len(terms) > 1 else terms[0]
                 grads2 = rg.gradients(loss2, [leaves[k] for k in names])
                 fetch += [loss2] + [g for g in grads2 if g is not None]
-    feed = {k: vals[k] for k in names}
-    feed["trips"] = np.array(desc["trips"])
+                labels += ["loss2"] + [f"grads2.{k}" for k, g in zip(names, grads2) if g is not None]
+    feed = {k: np.asarray(vals[k], dtype=dtype) for k in names if not (k == "W" and desc.get("param_w"))}
+    feed["trips"] = np.array(desc["trips"], dtype=np.int64)
     if desc.get("lengths") is not None:
         feed["lengths"] = np.array(desc["lengths"], dtype=np.int64)
-    got = iter(rg.Executor().run(main, feed=feed, fetch_list=fetch))
-    result = {"loss": next(got), "grads": {k: next(got) if g is not None else np.zeros_like(vals[k])
-                                           for k, g in zip(names, grads)}}
+    return main, startup, feed, fetch, labels
+
+
+def _leaf(desc: dict, name: str, value: np.ndarray, dtype: str):
+    """Leaf ``name``: fed data (with -1 sizes but the last where ``desc["dynamic"]``), or for W
+    with ``desc["param_w"]`` a parameter initialised to ``value``."""
+    if name == "W" and desc.get("param_w"):
+        return rg.create_parameter("W", list(value.shape), dtype=dtype, init=value.astype(dtype))
+    shape = list(value.shape)
+    if desc.get("dynamic") and name in ("x", "y", "s"):
+        shape = [-1] * (len(shape) - 1) + shape[-1:]
+    return rg.data(name, shape, dtype=dtype)
+
+
+def reference_values(desc: dict, seed: int, labels) -> list:
+    """``torch_reference``'s values for ``labels`` (``build_program``'s), float64."""
+    ref = torch_reference(desc, seed)
+    values = []
+    for label in labels:
+        key, _, leaf = label.partition(".")
+        values.append(np.asarray(ref[key][leaf] if leaf else ref[key], dtype=np.float64))
+    return values
+
+
+def retrograd_result(desc: dict, seed: int) -> dict:
+    """The same as ``torch_reference``, computed by a retrograd program."""
+    vals = _values(desc, seed)
+    names = _leaf_names(desc)
+    main, _, feed, fetch, labels = build_program(desc, seed)
+    got = dict(zip(labels, rg.Executor().run(main, feed=feed, fetch_list=fetch)))
+    result = {"loss": got["loss"], "grads": {k: got.get(f"grads.{k}", np.zeros_like(vals[k])) for k in names}}
     if desc["second"]:
-        result["loss2"] = float(next(got)) if loss2 is not None else 0.0
-        result["grads2"] = {k: next(got) if g is not None else np.zeros_like(vals[k])
-                            for k, g in zip(names, grads2 or [None] * len(names))}
+        result["loss2"] = float(got.get("loss2", 0.0))
+        result["grads2"] = {k: got.get(f"grads2.{k}", np.zeros_like(vals[k])) for k in names}
     return result
 
 
@@ -329,3 +443,25 @@ def _flat(result: dict):
     yield np.asarray(result["loss"])
     for key in ("grads", "grads2"):
         yield from result.get(key, {}).values()
+
+
+# --- across backends (the differential fuzz) -------------------------------------------------------
+
+def differential_verdict(desc: dict, seed: int, runners=None):
+    """The program of ``desc`` run on every backend and through export + a plain onnxruntime session
+    (``differential.py``): its ``Verdict``. Where NumPy computes float64 numbers, they must also be
+    the torch twin's (else a "mismatch" naming the twin). A program retrograd refuses to build (a
+    second derivative through a budgeted loop's gradient) is "refused" too."""
+    import differential
+    try:
+        main, startup, feed, fetch, labels = build_program(desc, seed)
+    except rg.RetrogradError as exc:
+        return differential.Verdict("refused", f"build: {type(exc).__name__}: {exc}")
+    outcomes = differential.run_everywhere(main, startup, feed, fetch, runners or differential.RUNNERS)
+    verdict = differential.classify(outcomes, fetch)
+    ref = outcomes["numpy"]
+    if verdict.kind in ("agree", "refused") and ref.error is None and desc.get("dtype", "float64") == "float64":
+        why = differential.differences(ref.values, reference_values(desc, seed, labels), labels)
+        if why is not None:
+            return differential.Verdict("mismatch", f"torch twin: {why}", outcomes)
+    return verdict

@@ -344,3 +344,14 @@ def test_an_id_check_inside_a_loop_body_names_the_op():
     feed["ids"] = np.array([0, 3])
     got, = rg.Executor(backend="onnxruntime").run(main, feed=feed, fetch_list=[total])
     assert float(got) == 8.0
+
+
+def test_a_scalar_feed_keeps_its_shape():
+    """np.ascontiguousarray made 0-d feeds 1-d: rg.sum of a scalar came back shaped [1]."""
+    main = rg.Program()
+    with rg.program_guard(main, rg.Program()):
+        s = rg.data("s", [], "float64")
+        outs = [rg.sum(s), s * 2.0, rg.max(s)]
+    got = rg.Executor(backend="onnxruntime").run(main, feed={"s": np.array(2.5)}, fetch_list=outs)
+    assert [g.shape for g in got] == [(), (), ()]
+    assert [float(g) for g in got] == [2.5, 5.0, 2.5]

@@ -94,7 +94,7 @@ def test_readme_onnx_section_runs(tmp_path, monkeypatch, capsys):
     from retrograd.charlm import ModelConfig, build_training
     from retrograd.cli import main as cli_main
     monkeypatch.chdir(tmp_path)
-    export_example, sampling_example = _onnx_section_code()
+    export_example, sampling_example, generator_example = _onnx_section_code()
     exec(compile(export_example, "README.md", "exec"), {})
     losses = [float(line) for line in capsys.readouterr().out.split()]
     assert len(losses) == 3 and losses[2] < losses[0]
@@ -108,3 +108,10 @@ def test_readme_onnx_section_runs(tmp_path, monkeypatch, capsys):
     exec(compile(sampling_example, "README.md", "exec"), {})
     text = capsys.readouterr().out
     assert text.startswith("def ") and len(text.rstrip("\n")) >= 304
+    # the whole generation loop as one model: the text `retrograd sample` prints
+    assert cli_main(["export", "--generate", "retrograd-lstm.npz", "-o", "g.onnx"]) == 0
+    capsys.readouterr()
+    exec(compile(generator_example, "README.md", "exec"), {})
+    generated = capsys.readouterr().out
+    assert cli_main(["sample", "retrograd-lstm.npz", "--length", "200", "--seed", "0"]) == 0
+    assert generated == capsys.readouterr().out and len(generated) == 205

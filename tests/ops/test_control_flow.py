@@ -408,7 +408,6 @@ def test_while_inside_cond():
             close(dxv, grads_of(tl, [x])[0])
 
 
-@pytest.mark.engine_gap("loop values whose shape changes between iterations (Loop scan outputs must keep one shape)")
 def test_while_inside_while_with_a_varying_inner_trip_count():
     """Inner loop runs i times in outer iteration i: the kept inner stacks differ in length."""
     def fn():

@@ -56,6 +56,9 @@ def test_every_namespace_is_installed(name):
 FAMILIES = {"math", "reduce", "creation", "tensor", "nn"}
 # Random ops cannot equal a NumPy formula; they have property tests at the end of this file.
 RANDOM_OPS = {"UniformRandom", "GaussianRandom", "Dropout"}
+# issue 19's families (ops-math) and their random ops (tests/ops/test_random_ops.py)
+FAMILIES |= {"activation", "special", "logic", "extrema", "cumulative"}
+RANDOM_OPS |= {"UniformRandomLike", "GaussianRandomLike", "RandomIntegers", "Categorical"}
 FLOATS = ("float32", "float64")
 SETTINGS = settings(max_examples=25, deadline=None,
                     suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
@@ -641,6 +644,189 @@ def _xent(g: Gen, type_: str) -> Case:
         return -np.take_along_axis(logp, lab[..., None].astype(np.int64), -1)[..., 0].astype(logits.dtype)
     return Case([(g.declare(s), g.floats(s, dtype, -100.0, 100.0)), (g.declare(s[:-1]), labels)],
                 rg.softmax_cross_entropy, ref, rtol=1e-5)
+
+
+# --- Activations, special functions, extrema, cumulative ops (issue 19) -------------------------------
+
+def _np_erf(x):
+    return np.vectorize(math.erf, otypes=[np.float64])(x.astype(np.float64)).astype(x.dtype)
+
+
+def _np_gelu(approximate):
+    def gelu(x):
+        v = x.astype(np.float64)
+        if approximate == "tanh":
+            out = 0.5 * v * (1.0 + np.tanh(math.sqrt(2.0 / math.pi) * (v + 0.044715 * v ** 3)))
+        else:
+            out = 0.5 * v * (1.0 + _np_erf(v / math.sqrt(2.0)))
+        return out.astype(x.dtype)
+    return gelu
+
+
+def _np_float64(fn):
+    return lambda x: fn(x.astype(np.float64)).astype(x.dtype)
+
+
+ACTIVATION = {
+    "Silu": (rg.silu, _np_float64(lambda v: v / (1.0 + np.exp(-v)))),
+    "LeakyRelu": (lambda x: rg.leaky_relu(x, 0.2), lambda x: np.where(x > 0, x, x * np.asarray(0.2, x.dtype))),
+    "Elu": (lambda x: rg.elu(x, 1.5), _np_float64(lambda v: np.where(v > 0, v, 1.5 * np.expm1(v)))),
+    "Softplus": (rg.softplus, _np_float64(lambda v: np.where(v > 20, v, np.log1p(np.exp(np.minimum(v, 20)))))),
+    "Erf": (rg.erf, _np_erf),
+    "Log1p": (rg.log1p, np.log1p),
+    "Expm1": (rg.expm1, np.expm1),
+    "Rsqrt": (rg.rsqrt, lambda x: (1.0 / np.sqrt(x.astype(np.float64))).astype(x.dtype)),
+}
+
+
+@case(*ACTIVATION)
+def _activation(g: Gen, type_: str) -> Case:
+    builder, fn = ACTIVATION[type_]
+    s, dtype = g.shape(), g.pick(FLOATS)
+    x = g.floats(s, dtype, 0.1, 5.0) if type_ in ("Log1p", "Rsqrt") else g.floats(s, dtype, -25.0, 25.0)
+    return Case([(g.declare(s), x)], builder, fn, rtol=1e-5)
+
+
+@case("Gelu")
+def _gelu(g: Gen, type_: str) -> Case:
+    s, dtype, approximate = g.shape(), g.pick(FLOATS), g.pick(["none", "tanh"])
+    return Case([(g.declare(s), g.floats(s, dtype, -6.0, 6.0))], lambda x: rg.gelu(x, approximate),
+                _np_gelu(approximate), rtol=1e-5)
+
+
+@case("GeluGrad")
+def _gelu_grad(g: Gen, type_: str) -> Case:
+    from retrograd.ops.activation import gelu_grad
+    s, dtype, approximate = g.shape(), g.pick(FLOATS), g.pick(["none", "tanh"])
+
+    def ref(x, dy):
+        v = x.astype(np.float64)
+        if approximate == "tanh":
+            c = math.sqrt(2.0 / math.pi)
+            t = np.tanh(c * (v + 0.044715 * v ** 3))
+            slope = 0.5 * (1 + t) + 0.5 * v * (1 - t * t) * c * (1 + 3 * 0.044715 * v * v)
+        else:
+            slope = 0.5 * (1 + _np_erf(v / math.sqrt(2.0))) + v * np.exp(-0.5 * v * v) / math.sqrt(2 * math.pi)
+        return (dy * slope).astype(x.dtype)
+    return Case([(g.declare(s), g.floats(s, dtype, -6.0, 6.0)), (g.declare(s), g.floats(s, dtype))],
+                lambda x, dy: gelu_grad(x, dy, approximate), ref, rtol=1e-5)
+
+
+@case("LogicalOr")
+def _logical_or(g: Gen, type_: str) -> Case:
+    sa, sb = g.broadcastable(2)
+    return Case([(g.declare(sa), g.bools(sa)), (g.declare(sb), g.bools(sb))], rg.logical_or, np.logical_or)
+
+
+@case("NotEqual")
+def _not_equal(g: Gen, type_: str) -> Case:
+    sa, sb = g.broadcastable(2)
+    dtype = g.pick(FLOATS + ("int64",))
+    a, b = g.ints(sa, 0, 3).astype(dtype), g.ints(sb, 0, 3).astype(dtype)
+    return Case([(g.declare(sa), a), (g.declare(sb), b)], rg.not_equal, np.not_equal)
+
+
+def _axis_choice(g: Gen, ndim: int):
+    return g.pick([None] + ([g.int(-ndim, ndim - 1),
+                             sorted({g.int(0, ndim - 1) for _ in range(g.int(1, ndim))})] if ndim else []))
+
+
+@case("Max", "Min", "LogSumExp", "Prod")
+def _reduce_more(g: Gen, type_: str) -> Case:
+    s, dtype = g.shape(), g.pick(FLOATS)
+    axis, keepdims = _axis_choice(g, len(s)), g.draw(st.booleans())
+    np_axis = tuple(axis) if isinstance(axis, list) else axis
+    x = g.ints(s, -2, 3).astype(dtype) if type_ in ("Max", "Min") else g.floats(s, dtype, -2.0, 2.0)
+
+    def lse(v, axis, keepdims):
+        v64 = v.astype(np.float64)
+        top = np.max(v64, axis=axis, keepdims=True) if v.size else 0.0
+        return np.log(np.sum(np.exp(v64 - top), axis=axis, keepdims=True)) + top
+    builder, fn = {"Max": (rg.max, np.max), "Min": (rg.min, np.min), "Prod": (rg.prod, np.prod),
+                   "LogSumExp": (rg.logsumexp, None)}[type_]
+
+    def ref(v):
+        if type_ == "LogSumExp":
+            out = lse(v, np_axis, True)
+            if not keepdims:
+                out = np.squeeze(out, axis=np_axis if np_axis is not None else tuple(range(v.ndim)))
+            return np.asarray(out, dtype=v.dtype)
+        return np.asarray(fn(v, axis=np_axis, keepdims=keepdims), dtype=v.dtype)
+    return Case([(g.declare(s), x)], lambda v: builder(v, axis, keepdims), ref, rtol=1e-5)
+
+
+@case("ArgMax", "ArgMin")
+def _arg(g: Gen, type_: str) -> Case:
+    s = g.shape(min_dims=1)
+    axis = g.pick([None, g.int(-len(s), len(s) - 1)])
+    keepdims = g.draw(st.booleans())
+    x = g.ints(s, -2, 3).astype(g.pick(FLOATS + ("int64",)))          # ties: the first index
+    builder, fn = (rg.argmax, np.argmax) if type_ == "ArgMax" else (rg.argmin, np.argmin)
+    return Case([(g.declare(s), x)], lambda v: builder(v, axis, keepdims),
+                lambda v: np.asarray(fn(v, axis=axis, keepdims=keepdims), dtype=np.int64))
+
+
+@case("FirstExtremeMask")
+def _first_extreme_mask(g: Gen, type_: str) -> Case:
+    from retrograd.ops.extrema import first_extreme_mask
+    s, dtype, mode = g.shape(min_dims=1), g.pick(FLOATS), g.pick(["Max", "Min"])
+    axes = sorted({g.int(0, len(s) - 1) for _ in range(g.int(1, len(s)))})
+
+    def ref(v):
+        moved = np.moveaxis(v, axes, list(range(v.ndim - len(axes), v.ndim)))
+        rows = moved.reshape(moved.shape[:v.ndim - len(axes)] + (-1,))
+        pick = (np.argmax if mode == "Max" else np.argmin)(rows, axis=-1)[..., None]
+        mask = (np.arange(rows.shape[-1]) == pick).astype(v.dtype).reshape(moved.shape)
+        return np.moveaxis(mask, list(range(v.ndim - len(axes), v.ndim)), axes)
+    return Case([(g.declare(s), g.ints(s, -1, 2).astype(dtype))], lambda v: first_extreme_mask(v, axes, mode), ref)
+
+
+@case("TopK")
+def _topk(g: Gen, type_: str) -> Case:
+    s = g.shape(min_dims=1)
+    axis = g.int(-len(s), len(s) - 1)
+    k = g.int(0, s[axis])
+    x = g.ints(s, -2, 3).astype(g.pick(FLOATS + ("int64",)))          # ties: in index order
+
+    def ref(v):
+        order = np.argsort(-v.astype(np.float64), axis=axis, kind="stable")
+        idx = np.take(order, np.arange(k), axis=axis)
+        return [np.take_along_axis(v, idx, axis), idx.astype(np.int64)]
+    return Case([(g.declare(s), x)], lambda v: list(rg.topk(v, k, axis)), ref)
+
+
+@case("TakeAlongAxis", "PutAlongAxis")
+def _along_axis(g: Gen, type_: str) -> Case:
+    from retrograd.ops.extrema import put_along_axis, take_along_axis
+    s, dtype = g.shape(min_dims=1), g.pick(FLOATS)
+    axis = g.int(-len(s), len(s) - 1)
+    k = g.int(0, s[axis])
+    idx = np.take(np.argsort(g.rng.random(s), axis=axis), np.arange(k), axis=axis).astype(np.int64)
+    if type_ == "TakeAlongAxis":
+        return Case([(g.declare(s), g.floats(s, dtype)), (g.declare(idx.shape), idx)],
+                    lambda x, i: take_along_axis(x, i, axis), lambda x, i: np.take_along_axis(x, i, axis))
+
+    def ref(v, i, like):
+        out = np.zeros(like.shape, v.dtype)
+        np.put_along_axis(out, i, v, axis)
+        return out
+    return Case([(g.declare(idx.shape), g.floats(idx.shape, dtype)), (g.declare(idx.shape), idx),
+                 (g.declare(s), g.floats(s))], lambda v, i, like: put_along_axis(v, i, like, axis), ref)
+
+
+@case("CumSum", "CumProd")
+def _cumulative(g: Gen, type_: str) -> Case:
+    s = g.shape(min_dims=1, min_side=0)
+    axis, reverse = g.int(-len(s), len(s) - 1), g.draw(st.booleans())
+    dtype = g.pick(FLOATS + ("int64",))
+    x = g.ints(s, -2, 3).astype(dtype) if dtype == "int64" else g.floats(s, dtype, -1.5, 1.5)
+    builder, fn = (rg.cumsum, np.cumsum) if type_ == "CumSum" else (rg.cumprod, np.cumprod)
+
+    def ref(v):
+        v = np.flip(v, axis) if reverse else v
+        out = fn(v, axis=axis, dtype=v.dtype)
+        return np.flip(out, axis) if reverse else out
+    return Case([(g.declare(s), x)], lambda v: builder(v, axis, reverse=reverse), ref, rtol=1e-5)
 
 
 # --- The table test ---------------------------------------------------------------------------------

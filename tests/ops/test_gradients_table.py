@@ -566,6 +566,124 @@ def _custom_gradient(r):
                                    lambda xs, ys, dys: [(dys[0] * (1.0 - ys[0] * ys[0])) @ rg.transpose(xs[1], [1, 0]),
                                                         rg.transpose(xs[0], [1, 0]) @ (dys[0] * (1.0 - ys[0] * ys[0]))])
     return [(lambda x, w: true_grad(x, w), {"x": normal(r, 2, 3), "w": normal(r, 3, 4)})]
+# --- activations, special functions, extrema, reductions, cumulative ops (issue 19) ----------------
+
+def distinct(r, *shape, gap=0.1):
+    """Values at least ``gap`` apart from each other (no ties for max/min/topk)."""
+    count = int(np.prod(shape)) if shape else 1
+    return (r.permutation(count) * gap + r.uniform(0, 0.3 * gap, count) - count * gap / 2).reshape(shape)
+
+
+def _extreme(fn):
+    def cases(r):
+        return [
+            (lambda x: fn(x), {"x": distinct(r, 3, 4)}),
+            (lambda x: fn(x, axis=1), {"x": distinct(r, 3, 4)}),
+            (lambda x: fn(x, axis=[0, 2], keepdims=True), {"x": distinct(r, 2, 3, 2)}),
+            (lambda x: fn(x, axis=-1) * fn(x, axis=0, keepdims=True), {"x": distinct(r, 3, 3)}),
+        ]
+    return cases
+
+
+def _topk(r):
+    return [
+        (lambda x: rg.topk(x, 2)[0], {"x": distinct(r, 3, 4)}),
+        (lambda x: rg.topk(x, 3, axis=0)[0], {"x": distinct(r, 4, 2)}),
+        (lambda x: rg.topk(x, rg.constant(2, "int64"), axis=1)[0], {"x": distinct(r, 2, 3, 2)}),
+    ]
+
+
+def _along(r):
+    from retrograd.ops.extrema import put_along_axis, take_along_axis
+    idx = np.argsort(r.random((3, 4)), axis=1)[:, :2]
+    return {
+        "TakeAlongAxis": [(lambda x, i: take_along_axis(x, i, 1), {"x": normal(r, 3, 4), "i": idx})],
+        "PutAlongAxis": [(lambda v, i, like: put_along_axis(v * v, i, like, 1) * like,
+                          {"v": normal(r, 3, 2), "i": idx, "like": normal(r, 3, 4)})],
+    }
+
+
+def _with_zeros(r, *shape):
+    x = normal(r, *shape)
+    x.reshape(-1)[r.choice(x.size, 2, replace=False)] = 0.0
+    return x
+
+
+def _prod(r):
+    return [
+        (lambda x: rg.prod(x, axis=1), {"x": normal(r, 3, 4)}),
+        (lambda x: rg.prod(x), {"x": normal(r, 2, 3)}),
+        (lambda x: rg.prod(x, axis=[0, 2], keepdims=True), {"x": normal(r, 2, 2, 3)}),
+        (lambda x: rg.prod(x, axis=1), {"x": np.array([[0.0, 2.0, 3.0], [1.5, 0.0, 2.0], [0.5, -2.0, 1.2]])}),
+    ]
+
+
+def _cumulative(fn):
+    def cases(r):
+        return [
+            (lambda x: fn(x, 1), {"x": normal(r, 3, 4)}),
+            (lambda x: fn(x, 0, reverse=True), {"x": normal(r, 3, 2)}),
+            (lambda x: fn(x, -1), {"x": _with_zeros(r, 2, 5)}),
+            (lambda x: fn(x, 1, reverse=True), {"x": _with_zeros(r, 2, 5)}),
+        ]
+    return cases
+
+
+def _logsumexp(r):
+    return [
+        (lambda x: rg.logsumexp(x, axis=1), {"x": normal(r, 3, 4)}),
+        (lambda x: rg.logsumexp(x * 30.0), {"x": normal(r, 2, 3)}),
+        (lambda x: rg.logsumexp(x, axis=[0, 2], keepdims=True), {"x": normal(r, 2, 2, 3)}),
+    ]
+
+
+def _gelu(r):
+    return [(rg.gelu, {"x": normal(r, 3, 4) * 2.0}),
+            (lambda x: rg.gelu(x, approximate="tanh"), {"x": normal(r, 3, 4) * 2.0})]
+
+
+def _gelu_grad(r):
+    from retrograd.ops.activation import gelu_grad
+    return [(lambda x, dy: gelu_grad(x, dy), {"x": normal(r, 3, 4) * 2.0, "dy": normal(r, 3, 4)}),
+            (lambda x, dy: gelu_grad(x, dy, "tanh"), {"x": normal(r, 3, 4) * 2.0, "dy": normal(r, 3, 4)})]
+
+
+def _softplus(r):
+    return [(rg.softplus, {"x": normal(r, 3, 4) * 3.0}),
+            (rg.softplus, {"x": np.array([-30.0, 19.5, 20.5, 25.0])})]
+
+
+def _attention(r):
+    """Attention with no mask, causal (L > S), a bool mask with a fully masked row, a float mask
+    (differentiated), a custom scale and batch axes that broadcast."""
+    q, k, v = normal(r, 2, 2, 3, 2), normal(r, 2, 2, 4, 2), normal(r, 2, 2, 4, 3)
+    keep = r.random((3, 4)) > 0.3
+    keep[:, 0], keep[2] = True, False
+    sdpa = rg.scaled_dot_product_attention
+    return [
+        (sdpa, {"q": q, "k": k, "v": v}),
+        (lambda q, k, v: sdpa(q, k, v, causal=True), {"q": normal(r, 2, 4, 2), "k": normal(r, 2, 3, 2),
+                                                      "v": normal(r, 2, 3, 2)}),
+        (lambda q, k, v, m: sdpa(q, k, v, m), {"q": q, "k": k, "v": v, "m": keep}),
+        (lambda q, k, v, m: sdpa(q, k, v, m, scale=0.7), {"q": q, "k": k, "v": v, "m": normal(r, 2, 1, 3, 4)}),
+        (lambda q, k, v: sdpa(q, k, v, causal=True), {"q": q, "k": normal(r, 2, 1, 4, 2), "v": normal(r, 4, 3)}),
+    ]
+
+
+def _attention_grad(r):
+    """The gradient op (reached through rg.gradients with a fed output gradient), differentiated."""
+    def first(q, k, v, m, dout):
+        out = rg.scaled_dot_product_attention(q, k, v, m, causal=True)
+        return rg.gradients(out, [q, k, v, m], target_gradients=[dout])
+    return [(first, {"q": normal(r, 2, 3, 2), "k": normal(r, 2, 4, 2), "v": normal(r, 2, 4, 3),
+                     "m": normal(r, 3, 4), "dout": normal(r, 2, 3, 3)})]
+
+
+def _heads(r):
+    from retrograd.ops.heads import merge_heads, split_heads
+    return {"SplitHeads": [(lambda x: split_heads(x, 2), {"x": normal(r, 2, 3, 4)}),
+                           (lambda x: split_heads(x, 3), {"x": normal(r, 4, 3)})],
+            "MergeHeads": [(merge_heads, {"x": normal(r, 2, 3, 4, 2)}), (merge_heads, {"x": normal(r, 2, 3, 4)})]}
 
 
 CASES = {
@@ -646,12 +764,38 @@ CASES = {
     "AvgPool": _avg_pool,
     **{op_type: (lambda r, t=op_type: _pool_grad_ops(r)[t])
        for op_type in ("MaxPoolGrad", "MaxPoolGather", "AvgPoolGrad")},
+    # attention
+    "ScaledDotProductAttention": _attention,
+    "ScaledDotProductAttentionGrad": _attention_grad,
+    "SplitHeads": lambda r: _heads(r)["SplitHeads"],
+    "MergeHeads": lambda r: _heads(r)["MergeHeads"],
     # TensorArray
     "TensorArrayWrite": _tensor_array_write,
     "TensorArrayRead": _tensor_array_read,
     "TensorArrayReadGrad": lambda r: _tensor_array_grads(r)["TensorArrayReadGrad"],
     "TensorArrayWriteGrad": lambda r: _tensor_array_grads(r)["TensorArrayWriteGrad"],
     "CustomGradient": _custom_gradient,
+    # activations and special functions (issue 19)
+    "Gelu": _gelu,
+    "GeluGrad": _gelu_grad,
+    "Silu": _unary(rg.silu),
+    "LeakyRelu": _unary(lambda x: rg.leaky_relu(x, 0.1), away_from_zero),
+    "Elu": _unary(lambda x: rg.elu(x, 1.5), away_from_zero),
+    "Softplus": _softplus,
+    "Erf": _unary(rg.erf),
+    "Log1p": _unary(rg.log1p, positive),
+    "Expm1": _unary(rg.expm1),
+    "Rsqrt": _unary(rg.rsqrt, positive),
+    # extrema, reductions, cumulative ops (issue 19)
+    "Max": _extreme(rg.max),
+    "Min": _extreme(rg.min),
+    "TopK": _topk,
+    "TakeAlongAxis": lambda r: _along(r)["TakeAlongAxis"],
+    "PutAlongAxis": lambda r: _along(r)["PutAlongAxis"],
+    "LogSumExp": _logsumexp,
+    "Prod": _prod,
+    "CumSum": _cumulative(rg.cumsum),
+    "CumProd": _cumulative(rg.cumprod),
 }
 
 CASES.update({     # normalization and losses (ops/norm.py, ops/losses.py)
@@ -748,6 +892,8 @@ DOUBLE_BACKWARD += ["Conv", "ConvInputGrad", "ConvWeightGrad", "MaxPool", "AvgPo
 OPTIONAL_LIBRARIES = {"onnx", "onnxruntime", "torch", "cupy", "mpi4py", "jax", "matplotlib"}
 DOUBLE_BACKWARD += ["TensorArrayWrite", "TensorArrayRead", "TensorArrayReadGrad", "TensorArrayWriteGrad",
                     "CustomGradient"]
+DOUBLE_BACKWARD += ["Gelu", "GeluGrad", "Silu", "LeakyRelu", "Elu", "Softplus", "Erf", "Log1p", "Expm1", "Rsqrt",
+                    "Max", "Min", "TopK", "LogSumExp", "Prod", "CumSum"]   # CumProd: tests/ops/test_cumulative.py
 
 
 def _import_every_module() -> None:

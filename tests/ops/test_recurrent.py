@@ -542,7 +542,6 @@ def test_finite_differences_with_lengths_and_two_inputs():
                                     "h0": r.standard_normal((2, 3)), "w": r.standard_normal((2, 3))})
 
 
-@pytest.mark.engine_gap("loop values whose shape changes between iterations (Loop scan outputs must keep one shape)")
 def test_cond_in_the_step_and_a_second_layer_sharing_a_weight():
     r = _rng(12)
     t, n, d, h = 4, 3, 2, 3

@@ -205,3 +205,25 @@ def test_a_layer_with_a_gradient_run_for_inference_costs_what_its_forward_costs(
     (ours,), our_peak = results[1]
     assert ours == ref
     assert our_peak == ref_peak
+
+
+def test_an_output_nobody_reads_may_be_left_none_by_its_kernel():
+    """Regression: LSTMSequence's oneDNN kernel leaves c_all (not live) as None; the torch
+    executor's memory meter asked None for its storage and every fused LSTM program failed."""
+    main, startup = rg.Program(), rg.Program()
+    with rg.program_guard(main, startup):
+        x = rg.data("x", [-1, -1, 8], stop_gradient=False)
+        h_all, _, _, _ = rg.layers.lstm(x, 8, name="lstm", fused=True)
+        loss = rg.sum(h_all)
+        dx, = rg.gradients(loss, [x])
+    feed = {"x": RNG.standard_normal((5, 3, 8)).astype(np.float32)}
+    results = {}
+    for backend in ("numpy", "torch"):
+        exe = rg.Executor(backend=backend)
+        exe.run(startup)
+        for name in ("w_ih", "w_hh", "b"):
+            exe.scope.set(f"lstm.{name}", np.full(exe.scope.get(f"lstm.{name}").shape, 0.1, np.float32))
+        results[backend] = exe.run(main, feed=feed, fetch_list=[loss, dx])
+        assert exe.last_stats.peak_bytes > 0
+    for got, want in zip(results["torch"], results["numpy"]):
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)

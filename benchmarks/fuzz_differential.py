@@ -1,0 +1,96 @@
+"""Random programs on every backend for a given time: NumPy, torch-CPU, the onnxruntime engine and
+``rg.onnx.export`` + a plain ``onnxruntime.InferenceSession`` (default options), compared.
+
+Programs come from ``tests/autodiff/random_programs.py`` drawn with ``edges=True`` (the generator
+of ``fuzz_random_programs.py`` and the hypothesis tests, with its torch twin): cond / while_loop /
+recurrent (budgets, "steps", sequence lengths, two states), control flow nested in loop bodies
+(conds on sums and on means, inner loops with constant and value-dependent trip counts),
+second derivatives, float32 and float64, batches of 0 and 1 rows and of 2-3, sequences of 0 to 7
+steps, a 0-d leaf, fed trip counts 0 to 5 with ``max_iters`` 3 sometimes below them, inputs
+declared with -1 sizes or static ones, the weight fed or a parameter (an initializer of the exported
+model, a parameter input of the engine's). Each runs on
+every backend (``tests/autodiff/differential.py``) and is classified:
+
+* ``agree``: every runner gave the NumPy executor's values (float64 NumPy also matches the
+  torch twin);
+* ``same error``: every runner raised NumPy's RetrogradError (e.g. ``max_iters`` exceeded);
+* ``refused``: ``rg.onnx.export`` (or the engine) refused the program with a BackendError naming
+  the op, or retrograd refused to build it (a second derivative with no gradient maker);
+* ``mismatch``: values, shapes or dtypes differ, or one runner raised where another did not;
+* ``foreign``: an exception that is not a RetrogradError, or a failure inside onnxruntime
+  (session build or run) where NumPy ran.
+
+Failures are printed with the description and seed that reproduce them::
+
+    python benchmarks/fuzz_differential.py --seconds 600
+    python -c "import sys; sys.path.insert(0, 'tests/autodiff'); import random_programs as rp; \\
+               print(rp.differential_verdict(<description>, <seed>))"
+"""
+from __future__ import annotations
+
+import argparse
+import collections
+import random
+import sys
+import time
+import warnings
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests" / "autodiff"))
+import random_programs as rp  # noqa: E402
+
+FAILURES = ("mismatch", "foreign")
+
+
+def _key(desc: dict) -> str:
+    budget = desc["recompute"]
+    budget = "budget" if isinstance(budget, int) else str(budget)
+    nested = sorted({op[0] for op in desc["a"] if op[0] in ("if", "loop", "dloop")})
+    sizes = "N=0" if desc["m"] == 0 else "N=1" if desc["m"] == 1 else "N>1"
+    if desc["structure"] == "recurrent" and desc["T"] == 0:
+        sizes += ",T=0"
+    extras = "".join(f"+{kind}" for kind in nested) + (" 0-d" if rp._uses_k(desc) else "")
+    return (f"{desc['structure']}{extras} {sizes} {desc.get('dtype', 'float64')} recompute={budget} "
+            f"second={desc['second']}")
+
+
+def run(seconds: float, seed: int, show: int) -> int:
+    warnings.simplefilter("ignore")
+    import onnxruntime as ort
+    ort.set_default_logger_severity(4)       # failures are counted and printed here, not logged
+    rng = random.Random(seed)
+    counts: collections.Counter = collections.Counter()
+    by_kind: collections.Counter = collections.Counter()
+    failures = 0
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        desc = rp.draw_program(lambda label, options: rng.choice(options), edges=True)
+        program_seed = rng.randrange(2**31)
+        verdict = rp.differential_verdict(desc, program_seed)
+        counts[verdict.kind] += 1
+        by_kind[(verdict.kind, _key(desc))] += 1
+        if verdict.kind in FAILURES:
+            failures += 1
+            if failures <= show:
+                print(f"--- {verdict.kind}: rp.differential_verdict({desc!r}, {program_seed})\n"
+                      f"{verdict.detail[-1500:]}", file=sys.stderr, flush=True)
+    total = sum(counts.values())
+    print(f"seconds: {seconds:.0f}  seed: {seed}  programs: {total}  "
+          + "  ".join(f"{k}: {counts.get(k, 0)}" for k in ("agree", "same error", "refused", "mismatch", "foreign")))
+    for (outcome, kind), count in sorted(by_kind.items()):
+        if outcome != "agree":
+            print(f"  {outcome:<11} {kind}: {count}")
+    return failures
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--seconds", type=float, default=60.0)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--show", type=int, default=10, help="failures printed in full")
+    args = parser.parse_args(argv)
+    return 1 if run(args.seconds, args.seed, args.show) else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
