@@ -225,13 +225,14 @@ def _empty(xp, like):
 
 def batched_rows(batched: list, block: Block, saved) -> list:
     """[shape, dtype] per step of each value the backward keeps per step of a segment for the
-    gradients batched over time (``TimeBatches``: once per name): they count in the budget like
-    the tape."""
+    gradients batched over time (``TimeBatches``): they count in the budget like the tape, once
+    per use (an LSTM's d(gates) serves w_ih and w_hh: counting it once let a budget be exceeded
+    at a longer run-time length, see 54cfaed)."""
     names = []
     for _, kind, ref, d in batched:
         names += [d] + ([ref] if kind == "value" and ref not in saved else [])
     rows = []
-    for name in dict.fromkeys(names):
+    for name in names:
         var = block.find_var(name)
         if var is not None:
             rows.append([list(var.shape), var.dtype])
