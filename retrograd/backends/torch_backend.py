@@ -133,7 +133,10 @@ class TorchBackend(Backend):
                                               dout, causal, scale)
 
     def einsum(self, equation: str, *operands):
-        return self.torch.einsum(equation, *operands)
+        x = operands[0]
+        if x.is_floating_point() or x.is_complex() or x.device.type == "cpu":
+            return self.torch.einsum(equation, *operands)
+        return _broadcast_einsum(self.torch, equation, operands)     # CUDA has no integer matmul
 
     def erf(self, x):
         return self.torch.special.erf(x)
@@ -219,10 +222,13 @@ class TorchBackend(Backend):
                             want_weight: bool, want_bias: bool):
         mask = [True, want_weight, want_bias]
         if training:     # torch reads the batch statistics as (mean, 1 / sqrt(var + eps))
-            return self.torch.ops.aten.native_batch_norm_backward(
+            grads = self.torch.ops.aten.native_batch_norm_backward(
                 dy, x, weight, None, None, mean, (var + eps).rsqrt(), True, eps, mask)
-        return self.torch.ops.aten.native_batch_norm_backward(dy, x, weight, mean, var, None, None, False,
-                                                              eps, mask)
+        else:
+            grads = self.torch.ops.aten.native_batch_norm_backward(dy, x, weight, mean, var, None, None, False,
+                                                                   eps, mask)
+        # CUDA's kernel returns parameter gradients the mask did not ask for (CPU's returns None)
+        return tuple(grad if wanted else None for grad, wanted in zip(grads, mask))
     # -- sliding windows: torch's routines, ATen's explicit backward ops ----------------------------
     def conv(self, x, w, strides, pads, dilations, groups: int):
         x, padding = self._symmetric(x, pads)
@@ -287,6 +293,26 @@ class TorchBackend(Backend):
         if not _asymmetric(pads):
             return x, list(pads[:len(pads) // 2])
         return pad_spatial(self.xp, x, pads), [0] * (len(pads) // 2)
+
+
+def _broadcast_einsum(torch, equation: str, operands):
+    """``einsum`` as one broadcast product and a sum (exact for integers, which CUDA's GEMMs refuse).
+
+    Each operand is first brought to its letters in the order output-then-summed by a one-operand
+    einsum (diagonals, transposes, its own sums: no matmul), then given size-1 axes for the
+    letters it lacks.
+    """
+    inputs, output = equation.split("->")
+    subscripts = inputs.split(",")
+    summed = sorted(set("".join(subscripts)) - set(output))
+    order = output + "".join(summed)
+    product = None
+    for subs, x in zip(subscripts, operands):
+        own = "".join(letter for letter in order if letter in subs)
+        aligned = torch.einsum(f"{subs}->{own}", x)
+        aligned = aligned.reshape([aligned.shape[own.index(c)] if c in own else 1 for c in order])
+        product = aligned if product is None else product * aligned
+    return product.sum(dim=list(range(len(output), len(order)))) if summed else product
 
 
 def _asymmetric(pads) -> bool:

@@ -16,7 +16,7 @@ RNG = np.random.default_rng(11)
 
 
 def _numpy(value):
-    return value.detach().cpu().numpy() if hasattr(value, "detach") else np.asarray(value)
+    return rg.backends.to_numpy(value)         # torch (CPU/CUDA) and CuPy arrays alike
 
 
 def _build(layer, shape):

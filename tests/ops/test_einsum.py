@@ -100,3 +100,17 @@ def test_integer_einsum_has_no_gradient_but_runs(backend):
     a, b = np.arange(6).reshape(2, 3), np.array([1, -1, 2])
     got, = backend.executor().run(main, feed={"a": a, "b": b}, fetch_list=[y])
     np.testing.assert_array_equal(got, a @ b)
+
+
+@pytest.mark.parametrize("equation, shapes", [
+    ("ij,j->i", [(2, 3), (3,)]), ("bij,bjk->bki", [(2, 3, 4), (2, 4, 5)]), ("ii->i", [(3, 3)]),
+    ("iij,j->", [(3, 3, 2), (2,)]), ("ij,ij,j->j", [(2, 3), (2, 3), (3,)]), ("ij,kl->ijkl", [(2, 2), (3, 1)])])
+def test_integer_einsum_failed_on_cuda_baddbmm_so_torch_uses_a_broadcast_product(equation, shapes):
+    """CUDA has no integer GEMM ("baddbmm_cuda" not implemented for 'Long'): the torch backend
+    contracts integers there as one broadcast product and sum, checked here on the CPU."""
+    torch = pytest.importorskip("torch")
+    from retrograd.backends import torch_backend
+    r = np.random.default_rng(5)
+    arrays = [r.integers(-50, 50, s) for s in shapes]
+    got = torch_backend._broadcast_einsum(torch, equation, [torch.tensor(a) for a in arrays])
+    np.testing.assert_array_equal(got.numpy(), np.einsum(equation, *arrays))

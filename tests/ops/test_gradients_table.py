@@ -509,10 +509,23 @@ def _max_pool(r):
             (lambda x: rg.max_pool2d(x, (3, 2), stride=1, padding=(1, 0)), {"x": _distinct(r, 1, 2, 5, 4)})]
 
 
+def _window_indices(r, x_shape, out_shape, attrs):
+    """Random flat indices a MaxPool could return: each inside its own window (cuDNN/CUDA's max-pool
+    backward gathers per input position, so an index outside its window is dropped there)."""
+    axes = []
+    for size, out, k, s, p in zip(x_shape[2:], out_shape[2:], attrs["kernel"], attrs["strides"], attrs["pads"]):
+        start = np.arange(out) * s - p
+        low, high = np.maximum(start, 0), np.minimum(start + k, size)
+        axes.append(r.integers(low, high, (*out_shape[:2], out)))
+    rows, cols = axes
+    return rows[..., :, None] * x_shape[3] + cols[..., None, :]
+
+
 def _pool_grad_ops(r):
     from retrograd.ops.pool import avg_pool_grad, max_pool_gather, max_pool_grad
     attrs = {"kernel": [3, 3], "strides": [2, 1], "pads": [1, 1, 1, 1]}
-    x, dy, ids = normal(r, 2, 2, 5, 4), normal(r, 2, 2, 3, 4), r.integers(0, 20, (2, 2, 3, 4))
+    x, dy = normal(r, 2, 2, 5, 4), normal(r, 2, 2, 3, 4)
+    ids = _window_indices(r, x.shape, dy.shape, attrs)
     return {"MaxPoolGrad": [(lambda dy, i, x: max_pool_grad(dy, i, x, attrs), {"dy": dy, "i": ids, "x": x})],
             "MaxPoolGather": [(lambda v, i: max_pool_gather(v, i, attrs), {"v": x, "i": ids})],
             "AvgPoolGrad": [(lambda dy, x: avg_pool_grad(dy, x, attrs), {"dy": dy, "x": x})]}

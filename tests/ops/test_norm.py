@@ -155,7 +155,7 @@ def test_batch_norm_gradients_and_running_statistics_match_torch(backend, traini
 
 
 def _numpy(value):
-    return value.detach().cpu().numpy() if hasattr(value, "detach") else np.asarray(value)
+    return rg.backends.to_numpy(value)         # torch (CPU/CUDA) and CuPy arrays alike
 
 
 def test_batch_norm_of_2d_input_updates_running_statistics_over_several_runs(backend):

@@ -41,7 +41,7 @@ def _persistables(exe, program) -> dict:
 
 
 def _numpy(value):
-    return value.detach().cpu().numpy().copy() if hasattr(value, "detach") else np.array(value)
+    return rg.backends.to_numpy(value).copy()   # torch (CPU/CUDA) and CuPy arrays alike
 
 
 def test_the_test_program_has_no_gradient_or_update_ops():
