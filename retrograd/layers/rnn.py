@@ -23,6 +23,7 @@ from ..ir.builder import default_main_program
 from ..ir.program import Var
 from ..ops.creation import create_parameter, fill, fill_like
 from ..ops.nn import dropout as dropout_op
+from ..ops.gru_sequence import gru_sequence
 from ..ops.lstm_sequence import lstm_sequence
 from ..ops.math import matmul
 from ..ops.recurrent import recurrent
@@ -163,7 +164,7 @@ def lstm(x: Var, hidden: int, h0=None, c0=None, seq_lengths: Var | None = None, 
 
 def gru(x: Var, hidden: int, h0=None, seq_lengths: Var | None = None, name: str | None = None,
         recompute=None, reverse: bool = False, bidirectional: bool = False, num_layers: int = 1,
-        bias: bool = True, dropout: float = 0.0) -> tuple[Var, Var]:
+        bias: bool = True, dropout: float = 0.0, fused: bool = False) -> tuple[Var, Var]:
     """A GRU over ``x [T, N, D]`` (as ``torch.nn.GRU``); returns ``(h_all [T,N,H], h_last [N,H])``.
 
     Parameters ``w_ih [D, 3H]``, ``w_hh [H, 3H]``, ``b_ih [3H]``, ``b_hh [3H]``;
@@ -172,7 +173,10 @@ def gru(x: Var, hidden: int, h0=None, seq_lengths: Var | None = None, name: str 
     ``h_all [T,N,2H]``, ``h_last [N,2H]``, ``h0`` a pair, parameters
     ``<name>.w_ih_reverse`` etc.), ``num_layers`` (parameters ``<name>.l<k>.w_ih``
     ..., ``h0`` a list per layer, the top layer's results), ``dropout`` between
-    layers and ``bias=False`` work as for ``lstm``.
+    layers and ``bias=False`` work as for ``lstm``. ``fused=True`` builds each
+    layer and direction as one ``GRUSequence`` op (``rg.gru_sequence``: cuDNN on
+    the torch CUDA backend, one general kernel elsewhere) where there is no
+    ``recompute`` and no ``seq_lengths``.
 
     Example::
 
@@ -191,6 +195,9 @@ def gru(x: Var, hidden: int, h0=None, seq_lengths: Var | None = None, name: str 
             p = _params(prefix, hidden, inp.dtype, shapes)
             x_proj = seq_linear(inp, p[f"w_ih{suffix}"], p.get(f"b_ih{suffix}"))
             h0 = _state(h0, inp, hidden, "h0", "gru")
+            if fused and recompute is None and seq_lengths is None:          # one op
+                return gru_sequence(inp, p[f"w_ih{suffix}"], p[f"w_hh{suffix}"], p.get(f"b_ih{suffix}"),
+                                    p.get(f"b_hh{suffix}"), h0, backwards)
 
             def step(x_t, states):
                 h, = states

@@ -368,8 +368,8 @@ def _gru_unit_grad_maker(g):
     return gru_unit_grad(xproj, hproj, h_prev, g.dy)
 
 
-def _gru_activations(xp, xproj, hproj, hidden: int):
-    """(r, z, n) of a GRU step."""
+def gru_activations(xp, xproj, hproj, hidden: int):
+    """(r, z, n) of a GRU step as arrays (GRUUnit's kernel; GRUSequence's general kernels)."""
     pre = xproj[:, :2 * hidden] + hproj[:, :2 * hidden]
     pre *= 0.5
     rz = xp.tanh(pre)
@@ -385,7 +385,7 @@ def _gru_activations(xp, xproj, hproj, hidden: int):
        grad=_gru_unit_grad_maker)
 def _gru_unit(k, xproj, hproj, h_prev):
     """One GRU step from the input and hidden projections [N, 3H] (order r, z, n) and h [N, H]."""
-    _, z, n = _gru_activations(k.xp, xproj, hproj, h_prev.shape[1])
+    _, z, n = gru_activations(k.xp, xproj, hproj, h_prev.shape[1])
     h = h_prev - n
     h *= z
     h += n
@@ -460,9 +460,14 @@ def _gru_unit_grad_grad(g):
        outputs=("dxproj", "dhproj", "dh_prev"), infer=_like_inputs(0, 1, 2), grad=_gru_unit_grad_grad)
 def _gru_unit_grad(k, xproj, hproj, h_prev, dh):
     """All three input gradients of GRUUnit in one kernel (r, z, n recomputed)."""
-    xp = k.xp
+    return gru_unit_grad_math(k.xp, xproj, hproj, h_prev, dh)
+
+
+def gru_unit_grad_math(xp, xproj, hproj, h_prev, dh):
+    """``(dxproj, dhproj, dh_prev)`` of one GRU step as arrays (``dh_prev`` the direct path
+    ``dh * z`` only); GRUUnitGrad's kernel, and GRUSequence's general backward per step."""
     hidden = h_prev.shape[1]
-    r, z, n = _gru_activations(xp, xproj, hproj, hidden)
+    r, z, n = gru_activations(xp, xproj, hproj, hidden)
     dx = xp.empty(xproj.shape, dtype=xproj.dtype)
     dn = dx[:, 2 * hidden:]
     dn[...] = 1.0 - n * n

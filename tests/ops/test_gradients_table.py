@@ -548,6 +548,19 @@ def _lstm_sequence(r):
         (lambda x, w_ih, w_hh, h0, c0: list(rg.lstm_sequence(x, w_ih, w_hh, None, h0, c0, reverse=True,
                                                              keep="cells")), base),
     ]
+def _gru_sequence(r):
+    """A whole GRU layer as one op, both directions, with and without the biases."""
+    n, d, h = 2, 3, 2
+    base = {"x": normal(r, 3, n, d), "w_ih": normal(r, d, 3 * h) * 0.5, "w_hh": normal(r, h, 3 * h) * 0.5,
+            "h0": normal(r, n, h)}
+    return [
+        (lambda x, w_ih, w_hh, b_ih, b_hh, h0: list(rg.gru_sequence(x, w_ih, w_hh, b_ih, b_hh, h0)),
+         {"x": base["x"], "w_ih": base["w_ih"], "w_hh": base["w_hh"], "b_ih": normal(r, 3 * h),
+          "b_hh": normal(r, 3 * h), "h0": base["h0"]}),
+        (lambda x, w_ih, w_hh, h0: list(rg.gru_sequence(x, w_ih, w_hh, None, None, h0, reverse=True)), base),
+    ]
+
+
 def _tensor_array_write(r):
     def writes(a, x):
         arr = rg.TensorArray(dtype="float64", element_shape=[3]).write(0, a).write(1, x * a)
@@ -754,6 +767,7 @@ CASES = {
     "SoftmaxCrossEntropy": _xent,
     "LinearCrossEntropy": _linear_xent,
     "LSTMSequence": _lstm_sequence,
+    "GRUSequence": _gru_sequence,
     "OneHot": _one_hot,
     "OneHotLike": _one_hot_like,
     "Dropout": _dropout,
