@@ -95,27 +95,50 @@ def _lstm(x, w_ih, w_hh, b_ih, b_hh, h, c):
 class FakeCuDNN:
     """``_cudnn_rnn_flatten_weight``, ``_cudnn_rnn`` and ``_cudnn_rnn_backward`` for CPU tensors.
 
-    The weights are read from the flat buffer only (as cuDNN does); the reserve is y's bytes plus
-    ``ODD`` bytes (a size no float divides); the backward checks that it gets that reserve intact at
-    its exact size and then overwrites it (cuDNN's data pass writes into it)."""
+    The flat buffer has its own layout (b_hh, w_ih, a gap, w_hh, b_ih, a gap), and the flatten rebinds
+    the listed tensors as views into it (``rebind``) as torch's does; the weights are read from the
+    buffer only (as cuDNN does). The reserve is y's bytes plus ``ODD`` bytes (a size no float
+    divides); the backward checks that it gets that reserve intact at its exact size and then
+    overwrites it (cuDNN's data pass writes into it)."""
 
     ODD = 3
+    ORDER, GAPS = (3, 0, 1, 2), (0, 0, 5, 0, 2)     # buffer order of [w_ih, w_hh, b_ih, b_hh]; gap before each
 
-    def __init__(self):
-        self.calls, self.precisions = [], []
+    def __init__(self, rebind=True):
+        self.rebind = rebind
+        self.calls, self.precisions, self.flattens = [], [], 0
+
+    @classmethod
+    def _offsets(cls, d, hidden):
+        """(buffer size, offset of each of w_ih, w_hh, b_ih, b_hh)."""
+        sizes = [4 * hidden * d, 4 * hidden * hidden, 4 * hidden, 4 * hidden]
+        offsets, at = [0] * 4, 0
+        for gap, i in zip(cls.GAPS, cls.ORDER):
+            at += gap
+            offsets[i] = at
+            at += sizes[i]
+        return at + cls.GAPS[-1], offsets
 
     def _cudnn_rnn_flatten_weight(self, listed, stride, d, mode, hidden, proj, layers, batch_first, bidirectional):
         assert (stride, mode, proj, layers, batch_first, bidirectional) == (4, 2, 0, 1, False, False)
         assert [tuple(w.shape) for w in listed] == [(4 * hidden, d), (4 * hidden, hidden), (4 * hidden,),
                                                     (4 * hidden,)]
         assert all(w.is_contiguous() for w in listed)
-        return torch.cat([w.reshape(-1) for w in listed])
+        self.flattens += 1
+        size, offsets = self._offsets(d, hidden)
+        flat = listed[0].new_zeros(size)
+        for w, at in zip(listed, offsets):
+            view = flat[at:at + w.numel()].view(w.shape)
+            view.copy_(w)
+            if self.rebind:
+                w.set_(view)
+        return flat
 
-    @staticmethod
-    def _unflatten(flat, d, hidden):
-        sizes = [4 * hidden * d, 4 * hidden * hidden, 4 * hidden, 4 * hidden]
-        w_ih, w_hh, b_ih, b_hh = torch.split(flat, sizes)
-        return w_ih.reshape(4 * hidden, d), w_hh.reshape(4 * hidden, hidden), b_ih, b_hh
+    def _unflatten(self, flat, d, hidden):
+        size, offsets = self._offsets(d, hidden)
+        assert flat.numel() == size
+        shapes = [(4 * hidden, d), (4 * hidden, hidden), (4 * hidden,), (4 * hidden,)]
+        return [flat[at:at + int(np.prod(shape))].view(shape) for at, shape in zip(offsets, shapes)]
 
     def _check(self, x, listed, stride, flat, hx, cx, mode, hidden, proj, layers, batch_first, dropout, train,
                bidirectional, batch_sizes, dropout_state):
@@ -125,8 +148,9 @@ class FakeCuDNN:
             False, 0.0, True, False, [], None)
         for state in (hx, cx):
             assert tuple(state.shape) == (1, batch, hidden) and state.is_contiguous()
-        torch.testing.assert_close(flat, self._cudnn_rnn_flatten_weight(listed, 4, d, 2, hidden, 0, 1, False,
-                                                                        False), rtol=0, atol=0)
+        if self.rebind:                   # torch's flatten leaves the list as views into the buffer
+            for w, view in zip(listed, self._unflatten(flat, d, hidden)):
+                assert w.data_ptr() == view.data_ptr() and w.shape == view.shape
         self.precisions.append(torch._C._get_fp32_precision_getter("cuda", "rnn"))
 
     def _cudnn_rnn(self, x, listed, stride, flat, hx, cx, mode, hidden, *rest):
@@ -167,9 +191,9 @@ class TorchWith:
         return getattr(torch, name)
 
 
-def _fake_executor():
+def _fake_executor(rebind=True):
     """A CPU torch executor whose LSTMSequence runs CuDNNLSTM over the stand-ins."""
-    fake = FakeCuDNN()
+    fake = FakeCuDNN(rebind)
     exe = rg.Executor(backend="torch")
     fused = torch_cudnn_rnn.CuDNNLSTM(TorchWith(fake))
     fused.applies = lambda x: True
@@ -186,6 +210,22 @@ def test_cudnn_plumbing_gives_the_general_numbers(dtype, reverse, bias, forget_b
     ours = _run(vals, dtype, True, exe, forget_bias=forget_bias, reverse=reverse)
     assert fake.calls == ["forward", "backward"]
     _assert_equal(ours, _general(vals, dtype, forget_bias=forget_bias, reverse=reverse), dtype)
+
+
+@pytest.mark.parametrize("rebind", [True, False])
+def test_the_weight_layout_is_learned_once_per_shape(rebind):
+    """The first flatten's views give the buffer layout: later calls fill a buffer without it (when the
+    flatten does not rebind the list, every call flattens)."""
+    vals = _values(np.random.default_rng(2), 4, 2, "float64")
+    exe, fake = _fake_executor(rebind)
+    want = _general(vals, "float64")
+    main, startup, fetches = _program(vals, "float64", True)
+    exe.run(startup)
+    for _ in range(2):
+        _assert_equal([to_numpy(a) for a in exe.run(main, feed=vals, fetch_list=fetches)], want, "float64")
+    assert fake.calls == ["forward", "backward"] * 2
+    assert fake.flattens == (1 if rebind else 4)
+    assert len(exe.backend.cudnn_lstm.layouts) == (1 if rebind else 0)
 
 
 def test_two_gradient_ops_on_one_workspace_get_the_same_numbers():
@@ -212,7 +252,7 @@ def test_the_workspace_keeps_the_reserve_in_the_input_dtype():
     fused = torch_cudnn_rnn.CuDNNLSTM(torch)
     reserve = torch.arange(11, dtype=torch.uint8)
     for dtype, length in ((torch.float32, 3), (torch.float64, 2), (torch.float16, 6)):
-        workspace = fused._as_workspace(reserve, dtype)
+        workspace = fused.as_workspace(reserve, torch.zeros(1, dtype=dtype))
         assert workspace.dtype == dtype and workspace.numel() == length
         assert torch.equal(fused.reserve_of(workspace, ("k",)), torch.cat([reserve, reserve.new_zeros(
             length * workspace.element_size() - 11)]))         # size unknown: the whole (padded) buffer
