@@ -51,7 +51,6 @@ sys.path.insert(0, str(HERE))
 import backends as bk  # noqa: E402  (puts the repository on sys.path; one thread for BLAS)
 import numpy as np  # noqa: E402
 
-import retrograd as rg  # noqa: E402
 from retrograd import charlm  # noqa: E402
 from retrograd.backends import torch_cudnn_rnn, torch_fused_rnn  # noqa: E402
 
