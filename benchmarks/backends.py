@@ -86,12 +86,14 @@ def lstm_problem(t_len: int, n: int, h: int) -> dict:
 
 
 def retrograd_lstm(problem: dict, backend: str, device: str | None,
-                   graphs: bool = False) -> tuple[Callable, Callable]:
+                   graphs: bool = False, fused: bool = False) -> tuple[Callable, Callable]:
+    """(run, results) of ``layers.lstm`` forward + backward (``fused``: one ``LSTMSequence`` op:
+    oneDNN / cuDNN on the torch backend); ``run.executor`` is the executor."""
     main, startup = rg.Program(), rg.Program()
     h = problem["w_hh"].shape[0]
     with rg.program_guard(main, startup):
         x = rg.data("x", [-1, -1, h], stop_gradient=False)
-        h_all, _, _, _ = rg.layers.lstm(x, h, name="lstm")
+        h_all, _, _, _ = rg.layers.lstm(x, h, name="lstm", fused=fused)
         loss = rg.sum(h_all)
         params = [main.global_block().var(f"lstm.{k}") for k in ("w_ih", "w_hh", "b")]
         grads = rg.gradients(loss, [x] + params)
@@ -108,6 +110,7 @@ def retrograd_lstm(problem: dict, backend: str, device: str | None,
 
     def results():
         return tuple(exe.backend.to_numpy(v) for v in run())
+    run.executor = exe
     return run, results
 
 
@@ -173,8 +176,13 @@ def bench_lstm(config: tuple[int, int, int], backends, repeats: int) -> list[dic
 
 # --- the default training step ----------------------------------------------------------------
 
-def retrograd_step(corpus, backend: str, device: str | None, graphs: bool = False) -> Callable[[int], float]:
+def retrograd_step(corpus, backend: str, device: str | None, graphs: bool = False,
+                   fused: bool = False) -> Callable[[int], float]:
+    """step(i) -> loss of the default training program (``fused``: built as `retrograd train` builds it
+    for the backend, ``ModelConfig.for_backend``); ``step.executor`` is the executor."""
     cfg = charlm.ModelConfig("lstm", TRAIN["hidden"], 1, TRAIN["embed"], None)
+    if fused:
+        cfg = cfg.for_backend(backend, device)
     t = charlm.build_training(cfg, TRAIN["seq_len"], "adam", TRAIN["lr"], TRAIN["clip_norm"], seed=0)
     exe = rg.Executor(backend=backend, device=device, graphs=graphs)
     exe.run(t.startup)
@@ -183,10 +191,13 @@ def retrograd_step(corpus, backend: str, device: str | None, graphs: bool = Fals
         xs, ys = charlm.batch_at(corpus, i, TRAIN["seq_len"], TRAIN["batch"], 0)
         loss, = exe.run(t.main, feed={"chars": xs, "next_chars": ys}, fetch_list=[t.loss])
         return float(loss)
+    step.executor = exe
     return step
 
 
-def torch_step(corpus, device: str) -> Callable[[int], float]:
+def torch_step(corpus, device: str, compile: bool = False) -> Callable[[int], float]:
+    """step(i) -> loss of the same model in PyTorch (``compile``: its forward through
+    ``torch.compile``; dynamo leaves ``nn.LSTM`` to eager, a graph break)."""
     import torch
     torch.manual_seed(0)
     vocab, hidden = len(charlm.VOCAB), TRAIN["hidden"]
@@ -196,10 +207,14 @@ def torch_step(corpus, device: str) -> Callable[[int], float]:
     params = [*embed.parameters(), *lstm.parameters(), *head.parameters()]
     opt = torch.optim.Adam(params, lr=TRAIN["lr"])
 
+    def forward(ids):
+        out, _ = lstm(embed(ids))
+        return head(out.reshape(-1, hidden))
+    forward = torch.compile(forward) if compile else forward
+
     def step(i: int) -> float:
         xs, ys = charlm.batch_at(corpus, i, TRAIN["seq_len"], TRAIN["batch"], 0)
-        out, _ = lstm(embed(torch.from_numpy(xs).to(device)))
-        logits = head(out.reshape(-1, hidden))
+        logits = forward(torch.from_numpy(xs).to(device))
         loss = torch.nn.functional.cross_entropy(logits, torch.from_numpy(ys).to(device).reshape(-1))
         opt.zero_grad()
         loss.backward()

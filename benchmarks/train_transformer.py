@@ -42,19 +42,25 @@ def _feed(g, corpus, i: int, batch: int, seq_len: int) -> dict:
     return g.batch_major(*charlm.batch_at(corpus, i, seq_len, batch, 0))
 
 
-def retrograd_stepper(g, corpus, backend: str, batch: int, lr: float, steps: int):
+def retrograd_stepper(g, corpus, backend: str, batch: int, lr: float, steps: int, device: str | None = None,
+                      graphs: bool = False):
+    """step(i) -> loss on ``backend`` (and ``device``; ``graphs``: replayed as a CUDA graph);
+    ``step.executor`` is the executor."""
     cfg = g.Config()
     model = g.build(cfg, lr, steps=steps)      # its warmup: a tenth of the steps run here
-    exe = rg.Executor(backend=backend)
+    exe = rg.Executor(backend=backend, device=device, graphs=graphs)
     exe.run(model.startup)
 
     def step(i: int) -> float:
         loss, = exe.run(model.main, feed=_feed(g, corpus, i, batch, cfg.seq_len), fetch_list=[model.loss])
         return float(loss)
+    step.executor = exe
     return step
 
 
-def torch_stepper(g, corpus, batch: int, lr: float, threads: int):
+def torch_stepper(g, corpus, batch: int, lr: float, threads: int, device: str = "cpu", compile: bool = False):
+    """step(i) -> loss of the same model in PyTorch on ``device`` (``compile``: the model through
+    ``torch.compile``)."""
     import torch
     torch.set_num_threads(threads)
     torch.manual_seed(0)
@@ -82,17 +88,18 @@ def torch_stepper(g, corpus, batch: int, lr: float, threads: int):
 
         def forward(self, ids, positions):
             x = self.tok(ids) + self.pos(positions)
-            mask = nn.Transformer.generate_square_subsequent_mask(ids.shape[1])
+            mask = nn.Transformer.generate_square_subsequent_mask(ids.shape[1], device=ids.device)
             for block in self.blocks:
                 x = block(x, mask)
             return self.head(self.ln(x))
 
-    model = GPT()
+    model = GPT().to(device)
     opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=WEIGHT_DECAY)
+    forward = torch.compile(model) if compile else model
 
     def step(i: int) -> float:
-        feed = {k: torch.from_numpy(v) for k, v in _feed(g, corpus, i, batch, cfg.seq_len).items()}
-        logits = model(feed["ids"], feed["positions"])
+        feed = {k: torch.from_numpy(v).to(device) for k, v in _feed(g, corpus, i, batch, cfg.seq_len).items()}
+        logits = forward(feed["ids"], feed["positions"])
         loss = nn.functional.cross_entropy(logits.reshape(-1, vocab), feed["targets"].reshape(-1))
         opt.zero_grad()
         loss.backward()

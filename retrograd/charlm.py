@@ -309,13 +309,15 @@ class ModelConfig:
 
     def for_backend(self, backend: str, device: str | None = None) -> "ModelConfig":
         """This config with the LSTM built as one fused op per layer where the backend runs it
-        with a vendor kernel (torch on the CPU: oneDNN, as ``torch.nn.LSTM``); unchanged elsewhere.
+        with a vendor kernel (torch: oneDNN on the CPU, cuDNN on CUDA, as ``torch.nn.LSTM``);
+        unchanged elsewhere.
 
         Example::
 
             cfg = ModelConfig().for_backend("torch")       # layers.lstm(..., fused=True)
         """
-        fused = self.model == "lstm" and backend == "torch" and device in (None, "cpu")
+        vendor_device = device in (None, "cpu") or str(device).startswith("cuda")
+        fused = self.model == "lstm" and backend == "torch" and vendor_device
         return replace(self, fused=fused) if fused != self.fused else self
 
     fused: bool = False         # the LSTM as layers.lstm(..., fused=True); set by for_backend

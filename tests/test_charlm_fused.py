@@ -18,9 +18,10 @@ def _op_types(program) -> set[str]:
 
 
 @pytest.mark.parametrize("backend, device, fused", [
-    ("torch", None, True), ("torch", "cpu", True), ("torch", "cuda", False),
-    ("numpy", None, False), ("onnxruntime", None, False), ("cupy", None, False)])
-def test_for_backend_fuses_the_lstm_only_on_torch_cpu(backend, device, fused):
+    ("torch", None, True), ("torch", "cpu", True), ("torch", "cuda", True), ("torch", "cuda:0", True),
+    ("numpy", None, False), ("onnxruntime", None, False), ("cupy", None, False), ("cupy", "cuda", False)])
+def test_for_backend_fuses_the_lstm_only_on_torch(backend, device, fused):
+    """torch: oneDNN on the CPU, cuDNN on CUDA; other backends keep the general recurrence."""
     assert charlm.ModelConfig(**SMALL).for_backend(backend, device).fused is fused
 
 

@@ -22,6 +22,7 @@ import numpy as np
 
 from ..errors import BackendError
 from . import torch_attention
+from . import torch_cudnn_rnn
 from . import torch_fused_rnn
 from .base import Backend, Namespace, dtype_name
 from .windows import crop, pad_spatial, padded_shape
@@ -36,6 +37,7 @@ def array_to_numpy(array) -> np.ndarray:
 
 
 _ONEDNN_LSTM: dict[str, bool] = {}
+_CUDNN_LSTM: dict[str, bool] = {}
 
 
 def _has_onednn_lstm(torch) -> bool:
@@ -43,6 +45,14 @@ def _has_onednn_lstm(torch) -> bool:
     if "ok" not in _ONEDNN_LSTM:
         _ONEDNN_LSTM["ok"] = torch_fused_rnn.available(torch)
     return _ONEDNN_LSTM["ok"]
+
+
+def _has_cudnn_lstm(torch) -> bool:
+    """Whether this torch runs cuDNN's LSTM through explicit ops (checked and logged once, on the
+    first torch backend with a CUDA device)."""
+    if "ok" not in _CUDNN_LSTM:
+        _CUDNN_LSTM["ok"] = torch_cudnn_rnn.available(torch)
+    return _CUDNN_LSTM["ok"]
 
 
 def _import_torch():
@@ -83,19 +93,24 @@ class TorchBackend(Backend):
         super().__init__(xp, str(dev))
         self.flash_attention = torch_attention.flash_ops(torch)   # None: this torch lacks them
         self.onednn_lstm = torch_fused_rnn.OneDNNLSTM(torch) if _has_onednn_lstm(torch) else None
+        on_cuda = dev.type == "cuda"
+        self.cudnn_lstm = torch_cudnn_rnn.CuDNNLSTM(torch) if on_cuda and _has_cudnn_lstm(torch) else None
 
     # -- fused kernels (LSTMSequence): None where this backend has none for the arrays given ----
+    def vendor_lstm(self, x):
+        """The vendor LSTM for ``x``: oneDNN (CPU float32), cuDNN (CUDA), or None (general kernels)."""
+        for fused in (self.cudnn_lstm, self.onednn_lstm):
+            if fused is not None and fused.applies(x):
+                return fused
+        return None
+
     def fused_lstm_forward(self, x, w_ih, w_hh, b, h0, c0, forget_bias: float, reverse: bool):
-        fused = self.onednn_lstm
-        if fused is None or not fused.applies(x):
-            return None
-        return fused.forward(x, w_ih, w_hh, b, h0, c0, forget_bias, reverse)
+        fused = self.vendor_lstm(x)
+        return None if fused is None else fused.forward(x, w_ih, w_hh, b, h0, c0, forget_bias, reverse)
 
     def fused_lstm_backward(self, x, *rest):
-        fused = self.onednn_lstm
-        if fused is None or not fused.applies(x):
-            return None
-        return fused.backward(x, *rest)
+        fused = self.vendor_lstm(x)
+        return None if fused is None else fused.backward(x, *rest)
 
     @property
     def has_graphs(self) -> bool:
