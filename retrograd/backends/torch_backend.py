@@ -95,6 +95,7 @@ class TorchBackend(Backend):
         self.onednn_lstm = torch_fused_rnn.OneDNNLSTM(torch) if _has_onednn_lstm(torch) else None
         on_cuda = dev.type == "cuda"
         self.cudnn_lstm = torch_cudnn_rnn.CuDNNLSTM(torch) if on_cuda and _has_cudnn_lstm(torch) else None
+        self.cudnn_gru = torch_cudnn_rnn.CuDNNGRU(torch) if on_cuda and _has_cudnn_lstm(torch) else None
 
     # -- fused kernels (LSTMSequence): None where this backend has none for the arrays given ----
     def vendor_lstm(self, x):
@@ -111,6 +112,15 @@ class TorchBackend(Backend):
     def fused_lstm_backward(self, x, *rest):
         fused = self.vendor_lstm(x)
         return None if fused is None else fused.backward(x, *rest)
+
+    # GRUSequence: cuDNN on CUDA (no oneDNN GRU is reachable on CPU)
+    def fused_gru_forward(self, x, *rest):
+        fused = self.cudnn_gru
+        return fused.forward(x, *rest) if fused is not None and fused.applies(x) else None
+
+    def fused_gru_backward(self, x, *rest):
+        fused = self.cudnn_gru
+        return fused.backward(x, *rest) if fused is not None and fused.applies(x) else None
 
     @property
     def has_graphs(self) -> bool:

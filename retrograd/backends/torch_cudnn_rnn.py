@@ -1,4 +1,5 @@
-"""cuDNN's fused LSTM through PyTorch's explicit ATen ops, for the ``LSTMSequence`` op on CUDA tensors.
+"""cuDNN's fused LSTM and GRU through PyTorch's explicit ATen ops, for ``LSTMSequence`` and
+``GRUSequence`` on CUDA tensors.
 
 ``aten::_cudnn_rnn`` runs one LSTM layer and direction (what ``torch.nn.LSTM``
 runs on a GPU) with ``train=True``, which returns cuDNN's reserve (uint8);
@@ -46,6 +47,7 @@ log = logging.getLogger("retrograd")
 
 OPS = ("_cudnn_rnn", "_cudnn_rnn_backward", "_cudnn_rnn_flatten_weight")
 LSTM_MODE = 2                 # cuDNN's CUDNN_LSTM (torch.backends.cudnn.rnn.get_cudnn_mode("LSTM"))
+GRU_MODE = 3                  # CUDNN_GRU
 WEIGHT_STRIDE = 4             # w_ih, w_hh, b_ih, b_hh per layer and direction
 DTYPES = ("float32", "float64", "float16")    # what cuDNN's RNN takes (LSTMSequence: float32/64)
 
@@ -59,12 +61,15 @@ def available(torch) -> bool:
         why = "cuDNN is not available"
     else:
         return True
-    log.info("retrograd: torch %s has %s; LSTM layers on CUDA use the general kernels", torch.__version__, why)
+    log.info("retrograd: torch %s has %s; LSTM/GRU layers on CUDA use the general kernels", torch.__version__, why)
     return False
 
 
-class CuDNNLSTM:
-    """The fused forward and backward of one LSTM layer and direction on a CUDA tensor (cuDNN)."""
+class _CuDNNLayer:
+    """One recurrent layer and direction through cuDNN (``mode``, ``gates`` blocks per weight):
+    the weight buffer, the reserve as a workspace, the precision; LSTM and GRU below."""
+    mode: int
+    gates: int
 
     def __init__(self, torch):
         self.torch = torch
@@ -78,70 +83,63 @@ class CuDNNLSTM:
         return (x.device.type == "cuda" and x.dtype in self.dtypes and x.shape[0] > 0 and x.shape[1] > 0
                 and self.torch.backends.cudnn.enabled)
 
-    def weights(self, w_ih, w_hh, b, forget_bias: float):
+    def buffer(self, w_ih, w_hh, b_ih, b_hh):
         """(weight list, flat cuDNN weight buffer) for one layer and direction; the list's tensors
-        are views into the buffer."""
+        are views into the buffer. ``b_ih``/``b_hh`` are tensors (zeros where the layer has none)."""
         d, hidden = w_ih.shape[0], w_hh.shape[0]
         key = (d, hidden, w_ih.dtype, w_ih.device)
         layout = self.layouts.get(key)
         if layout is None:
-            return self._flatten(key, w_ih, w_hh, b, forget_bias)
+            return self._flatten(key, w_ih, w_hh, b_ih, b_hh)
         size, offsets = layout
         flat = w_ih.new_zeros(size)
-        listed = [flat[at:at + _numel(shape)].view(shape) for at, shape in zip(offsets, _shapes(d, hidden))]
-        listed[0].copy_(w_ih.t())
-        listed[1].copy_(w_hh.t())
-        if b is not None:
-            listed[2].copy_(b)
-        if forget_bias:
-            listed[2][hidden:2 * hidden] += forget_bias
+        listed = [flat[at:at + _numel(shape)].view(shape)
+                  for at, shape in zip(offsets, _shapes(d, hidden, self.gates))]
+        for view, value in zip(listed, (w_ih.t(), w_hh.t(), b_ih, b_hh)):
+            view.copy_(value)
         return listed, flat
 
-    def _flatten(self, key, w_ih, w_hh, b, forget_bias: float):
+    def _flatten(self, key, w_ih, w_hh, b_ih, b_hh):
         """The buffer by ``_cudnn_rnn_flatten_weight``; its layout kept when the views show it."""
         torch, (d, hidden) = self.torch, key[:2]
-        b_ih = b.clone() if b is not None else w_hh.new_zeros(4 * hidden)
-        if forget_bias:
-            b_ih[hidden:2 * hidden] += forget_bias
         listed = [w_ih.t().clone(memory_format=torch.contiguous_format),
-                  w_hh.t().clone(memory_format=torch.contiguous_format), b_ih, w_hh.new_zeros(4 * hidden)]
-        flat = torch.ops.aten._cudnn_rnn_flatten_weight(listed, WEIGHT_STRIDE, d, LSTM_MODE, hidden, 0, 1, False,
+                  w_hh.t().clone(memory_format=torch.contiguous_format),
+                  b_ih.clone(memory_format=torch.contiguous_format), b_hh.clone(memory_format=torch.contiguous_format)]
+        flat = torch.ops.aten._cudnn_rnn_flatten_weight(listed, WEIGHT_STRIDE, d, self.mode, hidden, 0, 1, False,
                                                         False)
-        layout = _layout_of(listed, flat, _shapes(d, hidden))
+        layout = _layout_of(listed, flat, _shapes(d, hidden, self.gates))
         if layout is not None:
             self.layouts[key] = layout
         return listed, flat
 
-    def forward(self, x, w_ih, w_hh, b, h0, c0, forget_bias: float, reverse: bool):
-        torch, hidden = self.torch, w_hh.shape[0]
+    def run_forward(self, x, listed, flat, h0, c0, reverse: bool):
+        """(y, hy, cy or None, workspace) of ``_cudnn_rnn`` (time flipped around it for ``reverse``)."""
+        torch, hidden = self.torch, listed[1].shape[1]
         x_run = torch.flip(x, (0,)) if reverse else x.contiguous()
-        with self.precision.like_matmul(x.dtype):
-            listed, flat = self.weights(w_ih, w_hh, b, forget_bias)
-            y, hy, cy, reserve, _ = torch.ops.aten._cudnn_rnn(
-                x_run, listed, WEIGHT_STRIDE, flat, _state(h0), _state(c0), LSTM_MODE, hidden, 0, 1, False, 0.0,
-                True, False, [], None)
+        y, hy, cy, reserve, _ = torch.ops.aten._cudnn_rnn(
+            x_run, listed, WEIGHT_STRIDE, flat, _state(h0), None if c0 is None else _state(c0), self.mode, hidden,
+            0, 1, False, 0.0, True, False, [], None)
         self.reserve_bytes[_key(x, hidden)] = reserve.numel()
         if reverse:
             y = torch.flip(y, (0,))
-        return y, hy[0], cy[0], self.as_workspace(reserve, x)
+        return y, hy[0], (cy[0] if c0 is not None else None), self.as_workspace(reserve, x)
 
-    def backward(self, x, w_ih, w_hh, b, h0, c0, h_all, h_last, c_last, workspace, dh_all, dh_last, dc_last,
-                 forget_bias: float, reverse: bool):
-        torch, hidden = self.torch, w_hh.shape[0]
+    def run_backward(self, x, listed, flat, h0, c0, h_all, workspace, dh_all, dh_last, dc_last, reverse: bool):
+        """(dx, dh0, dc0 or None, [dw_ih, dw_hh, db_ih, db_hh]) of ``_cudnn_rnn_backward`` on a copy
+        of the reserve."""
+        torch, hidden = self.torch, listed[1].shape[1]
         if reverse:
             x_run, y, dy = (torch.flip(a, (0,)) for a in (x, h_all, dh_all))
         else:
             x_run, y, dy = x.contiguous(), h_all.contiguous(), dh_all
         reserve = self.reserve_of(workspace, _key(x, hidden))
-        with self.precision.like_matmul(x.dtype):
-            listed, flat = self.weights(w_ih, w_hh, b, forget_bias)
-            dx, dh0, dc0, dw = torch.ops.aten._cudnn_rnn_backward(
-                x_run, listed, WEIGHT_STRIDE, flat, _state(h0), _state(c0), y, dy, dh_last[None], dc_last[None],
-                LSTM_MODE, hidden, 0, 1, False, 0.0, True, False, [], None, reserve, [True, True, True, True])
+        dx, dh0, dc0, dw = torch.ops.aten._cudnn_rnn_backward(
+            x_run, listed, WEIGHT_STRIDE, flat, _state(h0), None if c0 is None else _state(c0), y, dy,
+            dh_last[None], None if dc_last is None else dc_last[None], self.mode, hidden, 0, 1, False, 0.0, True,
+            False, [], None, reserve, [True, True, c0 is not None, True])
         if reverse:
             dx = torch.flip(dx, (0,))
-        dw_ih, dw_hh, db, _ = dw
-        return dx, dw_ih.t(), dw_hh.t(), (db if b is not None else None), dh0[0], dc0[0]
+        return dx, dh0[0], (dc0[0] if c0 is not None else None), list(dw)
 
     def as_workspace(self, reserve, like):
         """The uint8 reserve as a vector of ``like``'s dtype (zero-padded to whole elements)."""
@@ -157,8 +155,62 @@ class CuDNNLSTM:
         return raw[:size].clone()
 
 
-def _shapes(d: int, hidden: int) -> tuple:
-    return (4 * hidden, d), (4 * hidden, hidden), (4 * hidden,), (4 * hidden,)
+class CuDNNLSTM(_CuDNNLayer):
+    """The fused forward and backward of one LSTM layer and direction on a CUDA tensor (cuDNN)."""
+    mode, gates = LSTM_MODE, 4
+
+    def weights(self, w_ih, w_hh, b, forget_bias: float):
+        """(weight list, flat buffer): ``forget_bias`` folded into b_ih's f block, b_hh zeros."""
+        hidden = w_hh.shape[0]
+        b_ih = b.clone() if b is not None else w_hh.new_zeros(4 * hidden)
+        if forget_bias:
+            b_ih[hidden:2 * hidden] += forget_bias
+        return self.buffer(w_ih, w_hh, b_ih, w_hh.new_zeros(4 * hidden))
+
+    def forward(self, x, w_ih, w_hh, b, h0, c0, forget_bias: float, reverse: bool):
+        with self.precision.like_matmul(x.dtype):
+            listed, flat = self.weights(w_ih, w_hh, b, forget_bias)
+            return self.run_forward(x, listed, flat, h0, c0, reverse)
+
+    def backward(self, x, w_ih, w_hh, b, h0, c0, h_all, h_last, c_last, workspace, dh_all, dh_last, dc_last,
+                 forget_bias: float, reverse: bool):
+        with self.precision.like_matmul(x.dtype):
+            listed, flat = self.weights(w_ih, w_hh, b, forget_bias)
+            dx, dh0, dc0, dw = self.run_backward(x, listed, flat, h0, c0, h_all, workspace, dh_all, dh_last,
+                                                 dc_last, reverse)
+        dw_ih, dw_hh, db, _ = dw
+        return dx, dw_ih.t(), dw_hh.t(), (db if b is not None else None), dh0, dc0
+
+
+class CuDNNGRU(_CuDNNLayer):
+    """The fused forward and backward of one GRU layer and direction on a CUDA tensor (cuDNN's GRU
+    is torch.nn.GRU's: gate order r, z, n with ``b_hn`` inside ``r * (h U_n + b_hn)``)."""
+    mode, gates = GRU_MODE, 3
+
+    def weights(self, w_ih, w_hh, b_ih, b_hh):
+        if b_ih is None:                    # cuDNN's GRU always adds its biases: zeros stand in
+            b_ih = b_hh = w_hh.new_zeros(3 * w_hh.shape[0])
+        return self.buffer(w_ih, w_hh, b_ih, b_hh)
+
+    def forward(self, x, w_ih, w_hh, b_ih, b_hh, h0, reverse: bool):
+        with self.precision.like_matmul(x.dtype):
+            listed, flat = self.weights(w_ih, w_hh, b_ih, b_hh)
+            y, hy, _, workspace = self.run_forward(x, listed, flat, h0, None, reverse)
+        return y, hy, workspace
+
+    def backward(self, x, w_ih, w_hh, b_ih, b_hh, h0, h_all, h_last, workspace, dh_all, dh_last, reverse: bool):
+        with self.precision.like_matmul(x.dtype):
+            listed, flat = self.weights(w_ih, w_hh, b_ih, b_hh)
+            dx, dh0, _, dw = self.run_backward(x, listed, flat, h0, None, h_all, workspace, dh_all, dh_last, None,
+                                               reverse)
+        dw_ih, dw_hh, db_ih, db_hh = dw
+        if b_ih is None:
+            db_ih = db_hh = None
+        return dx, dw_ih.t(), dw_hh.t(), db_ih, db_hh, dh0
+
+
+def _shapes(d: int, hidden: int, gates: int) -> tuple:
+    return (gates * hidden, d), (gates * hidden, hidden), (gates * hidden,), (gates * hidden,)
 
 
 def _numel(shape) -> int:

@@ -167,3 +167,92 @@ def test_float32_exports_as_an_onnx_gru(tmp_path):
     want = exe.run(main, feed=vals, fetch_list=[h_all, h_last])
     for a, b in zip(got, want):
         np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
+
+
+# --- cuDNN's GRU on the torch backend (retrograd/backends/torch_cudnn_rnn.py) -----------------------
+
+def _torch_gru(x, w_ih, w_hh, b_ih, b_hh, h):
+    """PyTorch-layout GRU (gate order r, z, n; weights [3H, D]): (y [T,N,H], h_T)."""
+    hidden, ys = w_hh.shape[1], []
+    for x_t in x:
+        xr, xz, xn = (x_t @ w_ih.T + b_ih).split(hidden, dim=-1)
+        hr, hz, hn = (h @ w_hh.T + b_hh).split(hidden, dim=-1)
+        r, z = torch.sigmoid(xr + hr), torch.sigmoid(xz + hz)
+        n = torch.tanh(xn + r * hn)
+        h = (1 - z) * n + z * h
+        ys.append(h)
+    return torch.stack(ys), h
+
+
+class FakeCuDNNGRU:
+    """``_cudnn_rnn_flatten_weight`` / ``_cudnn_rnn`` / ``_cudnn_rnn_backward`` for CPU tensors in GRU
+    mode: checks what cuDNN needs (mode 3, four weights per layer, no cell state, contiguous [1,N,H]
+    states) and computes with plain torch; the backward zeroes the reserve as cuDNN's writes into it."""
+
+    def __init__(self):
+        self.calls = []
+
+    def _cudnn_rnn_flatten_weight(self, listed, stride, d, mode, hidden, *rest):
+        assert (stride, mode) == (4, 3) and [tuple(w.shape) for w in listed] == [
+            (3 * hidden, d), (3 * hidden, hidden), (3 * hidden,), (3 * hidden,)]
+        return torch.cat([w.reshape(-1) for w in listed])      # no rebinding: flattened every call
+
+    def _cudnn_rnn(self, x, listed, stride, flat, hx, cx, mode, hidden, *rest):
+        assert mode == 3 and cx is None and hx.shape == (1, x.shape[1], hidden) and x.is_contiguous()
+        self.calls.append("forward")
+        y, hy = _torch_gru(x, *listed, hx[0])
+        return y, hy[None], torch.empty(0), torch.full((5,), 9, dtype=torch.uint8), flat
+
+    def _cudnn_rnn_backward(self, x, listed, stride, flat, hx, cx, y, dy, dhy, dcy, mode, *rest):
+        reserve, mask = rest[-2], rest[-1]
+        assert mode == 3 and cx is None and dcy is None and list(mask) == [True, True, False, True]
+        assert torch.equal(reserve, torch.full((5,), 9, dtype=torch.uint8))
+        self.calls.append("backward")
+        with torch.inference_mode(False), torch.enable_grad():
+            ins = [a.clone().requires_grad_(True) for a in (x, *listed, hx[0])]
+            y2, hy = _torch_gru(*ins)
+            grads = torch.autograd.grad([y2, hy], ins, [dy, dhy[0]])
+        reserve.zero_()
+        dx, dw_ih, dw_hh, db_ih, db_hh, dhx = (g.detach() for g in grads)
+        return dx, dhx[None], None, [dw_ih, dw_hh, db_ih, db_hh]
+
+
+@pytest.mark.parametrize("reverse,bias", [(False, True), (True, False)])
+def test_cudnn_gru_plumbing_gives_the_general_numbers(reverse, bias):
+    """CuDNNGRU through the executor with stand-ins for the ATen ops (weights transposed into the
+    buffer, zeros for a layer without biases, time flipped for ``reverse``, the reserve copied)."""
+    from types import SimpleNamespace
+    from retrograd.backends import torch_cudnn_rnn
+    fake = FakeCuDNNGRU()
+
+    class TorchWith:
+        ops = SimpleNamespace(aten=fake)
+
+        def __getattr__(self, name):
+            return getattr(torch, name)
+    exe = rg.Executor(backend="torch")
+    exe.backend.cudnn_gru = torch_cudnn_rnn.CuDNNGRU(TorchWith())
+    exe.backend.cudnn_gru.applies = lambda x: True
+    vals = _values(np.random.default_rng(12), 5, 2, "float64", bias)
+    ours = _run(vals, "float64", True, lambda: exe, reverse=reverse)
+    assert fake.calls == ["forward", "backward"]
+    for a, b in zip(ours, _run(vals, "float64", False, rg.Executor, reverse=reverse)):
+        np.testing.assert_allclose(to_numpy(a), b, rtol=1e-10, atol=1e-12)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (torch.cuda.is_available() is False)")
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+@pytest.mark.parametrize("reverse,bias", [(False, True), (True, False)])
+def test_cuda_runs_cudnn_gru_and_gives_the_general_numbers(monkeypatch, dtype, reverse, bias):
+    from retrograd.backends import torch_cudnn_rnn
+    calls = []
+    for name in ("forward", "backward"):
+        original = getattr(torch_cudnn_rnn.CuDNNGRU, name)
+        monkeypatch.setattr(torch_cudnn_rnn.CuDNNGRU, name,
+                            lambda self, *a, _o=original, _n=name: calls.append(_n) or _o(self, *a))
+    vals = _values(np.random.default_rng(13), 6, 3, dtype, bias)
+    ours = _run(vals, dtype, True, lambda: rg.Executor(backend="torch", device="cuda"), reverse=reverse)
+    assert calls == ["forward", "backward"]
+    tol = dict(rtol=5e-5, atol=5e-5) if dtype == "float32" else dict(rtol=1e-10, atol=1e-12)
+    for a, b in zip(ours, _run(vals, dtype, False, rg.Executor, reverse=reverse)):
+        np.testing.assert_allclose(to_numpy(a), b, **tol)
