@@ -4,7 +4,8 @@ One run, one process, medians over rounds in which the implementations
 alternate (the order reversed every other round); ratios are medians of
 per-round ratios. Measured:
 
-a. **LSTM forward + backward** at (T, N, H) = (50, 32, 128), (50, 64, 512),
+a. **LSTM forward + backward** (and **GRU**, ``layers.gru(..., fused=True)`` against
+   ``torch.nn.GRU``, at the first two sizes) at (T, N, H) = (50, 32, 128), (50, 64, 512),
    (1000, 16, 256) (``benchmarks/rnn.py``'s sizes, D = H, float32, loss
    ``sum(h_all)``, gradients of x and every parameter): retrograd
    ``layers.lstm(..., fused=True)`` (one ``LSTMSequence`` op: cuDNN) on
@@ -191,7 +192,7 @@ def check_close(label: str, got: tuple, want: tuple, run: Run) -> None:
     except SystemExit as exc:
         run.note(f"CHECK FAILED: {exc}")
     else:
-        run.note(f"{label}: results equal torch.nn.LSTM's (max error under 2e-3 of the largest entry)")
+        run.note(f"{label}: results equal the torch.nn module's (max error under 2e-3 of the largest entry)")
 
 
 # --- which kernel ran, whether a graph replayed ---------------------------------------------------
@@ -312,6 +313,100 @@ def lstm_section(run: Run) -> None:
              "D = H, float32, loss `sum(h_all)`, gradients of x and all parameters.", "",
              "| workload | implementation | ms | x torch.nn.LSTM | x retrograd eager |", "|---|---|---:|---:|---:|"]
     lines += [f"| {r['what']} | {r['impl']} | {r['ms']:.3f} | {_x(r['x_nn'])} | {_x(r['x_eager'])} |" for r in rows]
+    run.sections.append("\n".join(lines) + "\n")
+
+
+# --- a2. GRU forward + backward (GRUSequence: cuDNN's GRU) -----------------------------------------
+
+def _gru_problem(t_len: int, n: int, h: int) -> dict:
+    rng = np.random.default_rng(1)
+    bound = 1.0 / np.sqrt(h)
+    shapes = {"x": (t_len, n, h), "w_ih": (h, 3 * h), "w_hh": (h, 3 * h), "b_ih": (3 * h,), "b_hh": (3 * h,)}
+    return {k: (rng.standard_normal(s) if k == "x" else rng.uniform(-bound, bound, s)).astype("float32")
+            for k, s in shapes.items()}
+
+
+def retrograd_gru(problem: dict, device: str, graphs: bool):
+    """(run, results) of ``layers.gru(..., fused=True)`` forward + backward."""
+    import retrograd as rg
+    h = problem["w_hh"].shape[0]
+    main, startup = rg.Program(), rg.Program()
+    names = ("w_ih", "w_hh", "b_ih", "b_hh")
+    with rg.program_guard(main, startup):
+        x = rg.data("x", [-1, -1, h], stop_gradient=False)
+        h_all, _ = rg.layers.gru(x, h, name="gru", fused=True)
+        loss = rg.sum(h_all)
+        grads = rg.gradients(loss, [x] + [main.global_block().var(f"gru.{k}") for k in names])
+    exe = rg.Executor(backend="torch", device=device, graphs=graphs)
+    exe.run(startup)
+    for k in names:
+        exe.scope.set(f"gru.{k}", problem[k])
+    feed = {"x": exe.backend.from_numpy(problem["x"])}
+
+    def run():
+        values = exe.run(main, feed=feed, fetch_list=[loss] + grads, return_numpy=False)
+        bk._sync(device)
+        return values
+    run.executor = exe
+    return run, lambda: tuple(exe.backend.to_numpy(v) for v in run())
+
+
+def torch_gru(problem: dict, device: str):
+    import torch
+    h = problem["w_hh"].shape[0]
+    module = torch.nn.GRU(h, h).to(device)
+    with torch.no_grad():
+        for ours, theirs in (("w_ih", "weight_ih_l0"), ("w_hh", "weight_hh_l0")):
+            getattr(module, theirs).copy_(torch.from_numpy(problem[ours].T))
+        module.bias_ih_l0.copy_(torch.from_numpy(problem["b_ih"]))
+        module.bias_hh_l0.copy_(torch.from_numpy(problem["b_hh"]))
+    x = torch.from_numpy(problem["x"]).to(device).requires_grad_(True)
+    params = [x, module.weight_ih_l0, module.weight_hh_l0, module.bias_ih_l0, module.bias_hh_l0]
+
+    def run():
+        loss = module(x)[0].sum()
+        grads = torch.autograd.grad(loss, params)
+        bk._sync(device)
+        return loss, grads
+
+    def results():
+        loss, (gx, gw_ih, gw_hh, gb_ih, gb_hh) = run()
+        return tuple(t.detach().cpu().numpy() for t in (loss, gx, gw_ih.T, gw_hh.T, gb_ih, gb_hh))
+    return run, results
+
+
+def gru_section(run: Run) -> None:
+    rows = []
+    for config in run.args.configs or (QUICK_CONFIGS if run.args.quick else CONFIGS[:2]):
+        label = "GRU (T={}, N={}, H={})".format(*config)
+        try:
+            problem, device = _gru_problem(*config), run.args.device
+            eager, eager_results = retrograd_gru(problem, device, graphs=False)
+            nn_run, nn_results = torch_gru(problem, device)
+            want = nn_results()
+            check_close(f"{label}, retrograd eager", eager_results(), want, run)
+            runs = {EAGER: eager, "torch.nn.GRU (autograd)": nn_run}
+            if run.gpu():
+                graphs, graph_results = retrograd_gru(problem, device, graphs=True)
+                for _ in range(4):
+                    got = graph_results()
+                check_close(f"{label}, retrograd graphs", got, want, run)
+                run.note(f"{label}: retrograd graphs {graph_state(graphs.executor)}")
+                runs[GRAPHS] = graphs
+            for fn in runs.values():
+                fn()
+            times = alternate(runs, *((5, 3) if run.args.quick else (10, 5)), run)
+            rows += [{"what": label, "impl": name, "ms": 1e3 * statistics.median(ts),
+                      "x_nn": ratio(times, name, "torch.nn.GRU (autograd)")} for name, ts in times.items()]
+        except Exception as exc:  # noqa: BLE001
+            run.note(f"{label}: FAILED: {type(exc).__name__}: {_one_line(exc)}")
+            traceback.print_exc()
+        say(f"{label} done at {run.elapsed():.0f} s")
+    lines = ["### GRU forward + backward", "",
+             "`layers.gru(..., fused=True)` (one `GRUSequence` op, cuDNN on CUDA) vs `torch.nn.GRU` + autograd; "
+             "D = H, float32, loss `sum(h_all)`, gradients of x and all parameters.", "",
+             "| workload | implementation | ms | x torch.nn.GRU |", "|---|---|---:|---:|"]
+    lines += [f"| {r['what']} | {r['impl']} | {r['ms']:.3f} | {_x(r['x_nn'])} |" for r in rows]
     run.sections.append("\n".join(lines) + "\n")
 
 
@@ -456,8 +551,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", default=None, help="write the markdown section here (also printed)")
     parser.add_argument("--quick", action="store_true", help="one LSTM size, short rounds, no torch.compile")
     parser.add_argument("--device", default="cuda", help='"cuda" (default) or "cpu" (a smoke run of the script)')
-    parser.add_argument("--sections", default="lstm,train,transformer",
-                        help="comma-separated subset of lstm,train,transformer")
+    parser.add_argument("--sections", default="lstm,gru,train,transformer",
+                        help="comma-separated subset of lstm,gru,train,transformer")
     parser.add_argument("--configs", type=_configs, default=None, metavar="TxNxH[,...]",
                         help="LSTM sizes instead of the three standard ones, e.g. 50x32x128,100x8x64")
     parser.add_argument("--budget", type=float, default=None,
@@ -479,6 +574,9 @@ def main(argv: list[str] | None = None) -> int:
     say(f"start: {machine(args.device)}")
     if "lstm" in which:
         lstm_section(run)
+        run.flush()
+    if "gru" in which:
+        gru_section(run)
         run.flush()
     if "train" in which or "transformer" in which:
         training_section(run, which)
