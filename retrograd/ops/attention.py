@@ -136,7 +136,7 @@ def _scores(k, q, key, mask):
         s = s + mask
     keep = _keep(xp, mask, causal, q.shape[-2], key.shape[-2])
     if keep is not None:
-        s = xp.where(keep, s, xp.asarray(-math.inf, dtype=s.dtype))
+        s = xp.where(keep, s, xp.full((), -math.inf, dtype=s.dtype))     # a fill: no host copy (CUDA graphs)
     return s
 
 
@@ -313,7 +313,7 @@ def _attention_keep(k, q, key, mask=None):
     xp = k.xp
     keep = None
     if mask is not None:
-        keep = mask if mask.dtype == xp.bool else mask > xp.asarray(-math.inf, dtype=mask.dtype)
+        keep = mask if mask.dtype == xp.bool else mask > xp.full((), -math.inf, dtype=mask.dtype)
     if k.attrs["causal"]:
         tri = causal_keep(xp, q.shape[-2], key.shape[-2])
         keep = tri if keep is None else keep & tri

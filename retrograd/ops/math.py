@@ -670,10 +670,11 @@ def _clip_grad(g):
 @defop("Clip", infer=same_as_first, grad=_clip_grad)
 def _clip(k, x):
     lo, hi = k.attrs["lo"], k.attrs["hi"]
+    # 0-d bounds made by a fill, not copied from the host (a copy cannot be captured in a CUDA graph)
     if lo is not None:
-        x = k.xp.maximum(x, k.xp.asarray(lo, dtype=x.dtype))
+        x = k.xp.maximum(x, k.xp.full((), lo, dtype=x.dtype))
     if hi is not None:
-        x = k.xp.minimum(x, k.xp.asarray(hi, dtype=x.dtype))
+        x = k.xp.minimum(x, k.xp.full((), hi, dtype=x.dtype))
     return x
 
 

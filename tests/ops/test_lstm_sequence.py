@@ -57,7 +57,9 @@ def test_fused_op_equals_the_general_recurrence(dtype, reverse, bias, keep, step
     vals = _values(np.random.default_rng(steps + batch), steps, batch, dtype, bias)
     ours = _run(vals, dtype, True, backend.executor, reverse=reverse, keep=keep)
     general = _run(vals, dtype, False, rg.Executor, reverse=reverse)
-    tol = dict(rtol=2e-5, atol=2e-5) if dtype == "float32" else dict(rtol=1e-10, atol=1e-12)
+    # float32: cuDNN's kernels sum in another order than the host's (4.4e-5 seen on an H200)
+    f32 = 1e-4 if backend.device == "cuda" else 2e-5
+    tol = dict(rtol=f32, atol=f32) if dtype == "float32" else dict(rtol=1e-10, atol=1e-12)
     for a, b in zip(ours, general):
         np.testing.assert_allclose(to_numpy(a), b, **tol)
 
@@ -69,7 +71,9 @@ def test_a_gradient_through_every_cell_state(dtype, reverse, backend):
     vals = _values(np.random.default_rng(11), 4, 2, dtype)
     ours = _run(vals, dtype, True, backend.executor, reverse=reverse, with_c_all=True)
     general = _run(vals, dtype, False, rg.Executor, reverse=reverse, with_c_all=True)
-    tol = dict(rtol=2e-5, atol=2e-5) if dtype == "float32" else dict(rtol=1e-10, atol=1e-12)
+    # float32: cuDNN's kernels sum in another order than the host's (4.4e-5 seen on an H200)
+    f32 = 1e-4 if backend.device == "cuda" else 2e-5
+    tol = dict(rtol=f32, atol=f32) if dtype == "float32" else dict(rtol=1e-10, atol=1e-12)
     for a, b in zip(ours, general):
         np.testing.assert_allclose(to_numpy(a), b, **tol)
 

@@ -132,3 +132,24 @@ def test_an_id_out_of_range_in_a_replay_is_the_eager_error(backend):
     reference.run(startup)
     with pytest.raises(rg.ExecutionError, match=r"Gather .*id 11 is out of range \[0, 11\)"):
         reference.run(main, feed=bad, fetch_list=[loss])     # the NumPy executor says the same
+
+
+def test_causal_attention_with_a_clip_replays_as_a_graph_regression_host_scalar_copy(backend):
+    """The general attention kernel made its ``-inf`` fill (and Clip its bounds) with ``asarray`` of a
+    Python number: a host-to-device copy, which a CUDA graph capture refuses; now a device fill."""
+    _cuda_only(backend)
+    main, startup = rg.Program(), rg.Program()
+    with rg.program_guard(main, startup):
+        x = rg.data("x", [2, 2, 5, 4], dtype="float64", stop_gradient=False)
+        out = rg.scaled_dot_product_attention(x, rg.clip(x, -0.5, 0.5), x, causal=True)
+        loss = rg.sum(out * out)
+        grad, = rg.gradients(loss, [x])
+    feed = {"x": np.random.default_rng(3).standard_normal((2, 2, 5, 4))}
+    want = rg.Executor().run(main, feed=feed, fetch_list=[loss, grad])
+    exe = rg.Executor(graphs=True, **backend.kwargs)
+    exe.run(startup)
+    for _ in range(4):            # two warm-up runs, the capture, a replay
+        got = exe.run(main, feed=feed, fetch_list=[loss, grad])
+        for a, b in zip(got, want):
+            np.testing.assert_allclose(to_numpy(a), b, rtol=1e-10, atol=1e-12)
+    assert exe.graphs.last_replayed
