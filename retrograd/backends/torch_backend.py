@@ -85,6 +85,11 @@ class TorchBackend(Backend):
         self.onednn_lstm = torch_fused_rnn.OneDNNLSTM(torch) if _has_onednn_lstm(torch) else None
 
     # -- fused kernels (LSTMSequence): None where this backend has none for the arrays given ----
+    @property
+    def fused_lstm_dtypes(self) -> tuple[str, ...]:
+        """float32 on the CPU (oneDNN, when this torch has its explicit ops) and on CUDA (cuDNN)."""
+        return ("float32",) if self.torch_device.type == "cuda" or self.onednn_lstm is not None else ()
+
     def fused_lstm_forward(self, x, w_ih, w_hh, b, h0, c0, forget_bias: float, reverse: bool):
         fused = self.onednn_lstm
         if fused is None or not fused.applies(x):
