@@ -48,7 +48,11 @@ class _Match:
     h: int                     # which state of the recurrence is h (0 or 1); the other is c
     w_hh: str
     forget_bias: float
-    removed: list[Op] = field(default_factory=list)     # the gradient ops of SeqLinear (and their reshapes)
+    reverse: bool = False
+    outs: list = field(default_factory=list)        # names the fused op writes: h_all, h_last, c_all, c_last
+    removed: list[Op] = field(default_factory=list)  # ops besides rnn, proj and grad that go
+    d_proj: str | None = None  # the gradient of x_proj (in time order)
+    dh_all: str | None = None  # the gradient of h_all (in time order), when given
     dx: str | None = None
     dw_ih: str | None = None
     db: str | None = None
@@ -162,11 +166,11 @@ def _match(program: Program, block: Block, rnn: Op, readers, keep, dtypes) -> _M
     if cell is None:
         return None
     h, w_hh, forget_bias = cell
-    x_proj = rnn.inputs[0]
+    seq = rnn.inputs[0]
+    flip = _reversal(block, seq)          # layers.lstm(reverse=True): ReverseSequence(x_proj) is the input
+    x_proj = flip.inputs[0] if flip is not None else seq
     proj = _projection(block, x_proj, w_hh, dtypes)
-    if proj is None or block.var(x_proj).persistable or x_proj in keep:
-        return None
-    if _writes_between(block, proj, rnn, proj.inputs):
+    if proj is None or _writes_between(block, proj, rnn, proj.inputs):
         return None
     step = rnn.attrs["step"]
     grads = [op for b in program.blocks for op in b.ops
@@ -174,17 +178,61 @@ def _match(program: Program, block: Block, rnn: Op, readers, keep, dtypes) -> _M
     if len(grads) > 1 or any(op is not rnn and step in op.sub_blocks() for b in program.blocks for op in b.ops):
         return None
     grad = grads[0] if grads else None
-    saved = rnn.outputs[4:]
-    if any(name in keep for name in saved):
+    m = _Match(rnn, proj, grad, h, w_hh, forget_bias, reverse=flip is not None)
+    internal = {id(rnn)} | ({id(grad)} if grad is not None else set())
+    if flip is not None:
+        if not _only_read_by(readers, x_proj, {id(flip)}):
+            return None
+        m.removed.append(flip)
+    if not _only_read_by(readers, seq, internal) or any(
+            not _only_read_by(readers, name, {id(grad)}) for name in rnn.outputs[4:]):
         return None
-    allowed = {id(rnn)} | ({id(grad)} if grad is not None else set())
-    if any(id(op) not in allowed for op in readers.get(x_proj, [])) or any(
-            id(op) != id(grad) for name in saved for op in readers.get(name, [])):
+    m.outs = list(rnn.outputs[:4])
+    if m.reverse and not _reversed_outputs(block, m, readers, internal):
         return None
-    match = _Match(rnn, proj, grad, h, w_hh, forget_bias)
-    if grad is not None and not _match_grad(block, match, readers, keep):
+    if grad is not None and not _match_grad(block, m, readers, keep):
         return None
-    return match
+    m.removed += _orphan_reshapes(block, m.removed, [m.proj, m.rnn, m.grad] + m.removed, readers)
+    gone = _dropped_names(m)
+    if any(name in keep or block.var(name).persistable for name in gone if block.find_var(name) is not None):
+        return None
+    return m
+
+
+def _reversal(block: Block, name: str) -> Op | None:
+    """The ``ReverseSequence`` (over whole sequences: no lengths) of ``block`` writing ``name``."""
+    writers = [op for op in block.ops if name in op.outputs]
+    if len(writers) == 1 and writers[0].type == "ReverseSequence" and len(writers[0].inputs) == 1:
+        return writers[0]
+    return None
+
+
+def _only_read_by(readers, name: str, allowed: set[int]) -> bool:
+    return all(id(op) in allowed for op in readers.get(name, []))
+
+
+def _reversed_outputs(block: Block, m: _Match, readers, internal: set[int]) -> bool:
+    """For a reversed recurrence, the all-steps outputs back in time order (``ReverseSequence`` of
+    each, which the fused op writes instead); a state's all-steps output nothing reads gets a new name."""
+    for state in (m.h, m.c):
+        name = m.rnn.outputs[2 * state]
+        outside = [op for op in readers.get(name, []) if id(op) not in internal]
+        if len(outside) > 1 or (outside and (outside[0].type != "ReverseSequence" or len(outside[0].inputs) != 1
+                                             or outside[0].block is not block)):
+            return False
+        m.outs[2 * state] = outside[0].outputs[0] if outside else None
+        m.removed += outside
+    return True
+
+
+def _dropped_names(m: _Match) -> list[str]:
+    """Names that the replaced ops wrote and the fused ops do not."""
+    written = {n for n in m.outs if n is not None} | {m.dx, m.dw_ih, m.db}
+    gone = [m.proj, m.rnn] + m.removed
+    if m.grad is not None:
+        written |= {n for position, n in zip(m.grad.attrs["grad_of"], m.grad.outputs) if position != 0}
+        gone.append(m.grad)
+    return list(dict.fromkeys(n for op in gone for n in op.outputs if n not in written))
 
 
 def _writes_between(block: Block, first: Op, last: Op, names) -> bool:
@@ -206,18 +254,32 @@ def _grad_inputs(grad: Op) -> tuple[list[str | None], list[str | None]]:
 
 
 def _match_grad(block: Block, m: _Match, readers, keep) -> bool:
-    """Check the gradient side of ``m`` and note the SeqLinear gradient ops it replaces."""
+    """Check the gradient side of ``m`` and note the ops it replaces (SeqLinear's gradient, the
+    reversals of a reversed recurrence)."""
     grad, rnn = m.grad, m.rnn
     if grad.block is not block or grad.inputs[:4] != rnn.inputs or block.ops.index(grad) < block.ops.index(rnn):
         return False
-    if grad.inputs[4:6] != [rnn.outputs[0], rnn.outputs[2]] or _grad_inputs(grad)[0][m.c] is not None:
+    d_all, _ = _grad_inputs(grad)
+    if grad.inputs[4:6] != [rnn.outputs[0], rnn.outputs[2]] or d_all[m.c] is not None:
         return False            # a gradient through every step's cell: the vendor kernels take none
+    m.dh_all = d_all[m.h]
+    if m.reverse and m.dh_all is not None:
+        flip = _reversal(block, m.dh_all)
+        if flip is None or not _only_read_by(readers, m.dh_all, {id(grad)}):
+            return False
+        m.removed.append(flip)
+        m.dh_all = flip.inputs[0]
     grad_of = list(grad.attrs["grad_of"])
     if 0 not in grad_of:
         return True
     d_proj = grad.outputs[grad_of.index(0)]
-    if d_proj in keep:
-        return False
+    if m.reverse:
+        flips = readers.get(d_proj, [])
+        if len(flips) != 1 or flips[0].type != "ReverseSequence" or len(flips[0].inputs) != 1:
+            return False
+        m.removed.append(flips[0])
+        d_proj = flips[0].outputs[0]
+    m.d_proj = d_proj
     x, w_ih = m.proj.inputs[0], m.proj.inputs[1]
     width = block.find_var(w_ih).shape[1]
     for op in readers.get(d_proj, []):
@@ -225,10 +287,8 @@ def _match_grad(block: Block, m: _Match, readers, keep) -> bool:
             return False
         if op.type == "SeqLinear" and op.inputs == [d_proj, w_ih] and op.attrs.get("transpose_w") and m.dx is None:
             m.dx = op.outputs[0]
-        elif (op.type == "Reshape" and op.inputs == [d_proj] and list(op.attrs.get("shape", ())) == [-1, width]
-              and op.outputs[0] not in keep and _weight_grads(block, m, op.outputs[0], x, readers)):
-            pass
-        else:
+        elif not (op.type == "Reshape" and op.inputs == [d_proj] and list(op.attrs.get("shape", ())) == [-1, width]
+                  and _weight_grads(block, m, op.outputs[0], x, readers)):
             return False
         m.removed.append(op)
     return True
@@ -267,43 +327,40 @@ def _rewrite(program: Program, block: Block, m: _Match) -> None:
     x, w_ih = m.proj.inputs[0], m.proj.inputs[1]
     b = m.proj.inputs[2] if len(m.proj.inputs) == 3 else None
     h0, c0 = rnn.inputs[1 + h], rnn.inputs[1 + c]
+    dead = _dropped_names(m)
+    outs = [m.outs[2 * h], m.outs[2 * h + 1], m.outs[2 * c], m.outs[2 * c + 1]]
+    for i, name in enumerate(outs):
+        if name is None:         # a reversed state's all-steps output nothing reads
+            like = block.var(rnn.outputs[0])
+            outs[i] = block.create_var(fresh_name(program, f"{rnn.outputs[0]}.fused"), like.shape, like.dtype).name
     dtype = block.var(x).dtype
-    workspace = block.create_var(fresh_name(program, f"{rnn.outputs[2 * h]}.workspace"), (-1,), dtype)
-    outs = [rnn.outputs[2 * h], rnn.outputs[2 * h + 1], rnn.outputs[2 * c], rnn.outputs[2 * c + 1]]
-    attrs = {"forget_bias": m.forget_bias, "reverse": False, "keep": "all"}
+    workspace = block.create_var(fresh_name(program, f"{outs[0]}.workspace"), (-1,), dtype)
+    attrs = {"forget_bias": m.forget_bias, "reverse": m.reverse, "keep": "all"}
     ins = [x, w_ih, m.w_hh] + ([b] if b is not None else []) + [h0, c0]
     forward = Op(FUSED_LSTM, ins, outs + [workspace.name], dict(attrs), location=rnn.location)
     gone = [m.proj] + ([m.grad] if m.grad is not None else []) + m.removed
-    dead = [m.proj.outputs[0]] + rnn.outputs[4:] + [name for op in gone[1:] if op is not m.grad for name in op.outputs]
-    orphans = _orphan_reshapes(block, m.removed, gone)
-    gone += orphans
-    dead += [name for op in orphans for name in op.outputs]
-    backward = _backward_ops(program, block, m, ins, outs, workspace.name, attrs) if m.grad is not None else []
     if m.grad is not None:
-        d_proj = m.grad.outputs[list(m.grad.attrs["grad_of"]).index(0)] if 0 in m.grad.attrs["grad_of"] else None
-        dead += [d_proj] if d_proj is not None else []
         at = block.ops.index(m.grad)
-        for offset, op in enumerate(backward):
+        for offset, op in enumerate(_backward_ops(program, block, m, ins, outs, workspace.name, attrs)):
             block.insert_op(at + offset, op)
     block.ops[block.ops.index(rnn)] = forward
     forward.block = block
     for op in gone:
         block.remove_op(block.ops.index(op))
-    kept = {name for op in block.ops for name in op.outputs}
+    written = {name for op in block.ops for name in op.outputs}
     for name in dead:
-        if name not in kept:
+        if name not in written:
             block.vars.pop(name, None)
 
 
-def _orphan_reshapes(block: Block, removed: list[Op], gone: list[Op]) -> list[Op]:
+def _orphan_reshapes(block: Block, removed: list[Op], gone: list[Op], readers) -> list[Op]:
     """The ``Reshape(x)`` ops that only the removed weight-gradient MatMuls read."""
     found = []
     for op in removed:
-        if op.type != "MatMul":
-            continue
-        writer = next(w for w in block.ops if op.inputs[0] in w.outputs)
-        if all(any(r is g for g in gone) for b in block.program.blocks for r in b.ops if op.inputs[0] in r.inputs):
-            found.append(writer)
+        if op.type == "MatMul":
+            rows = op.inputs[0]
+            if all(any(r is g for g in gone) for r in readers.get(rows, [])):
+                found += [w for w in block.ops if rows in w.outputs]
     return found
 
 
@@ -312,10 +369,10 @@ def _backward_ops(program: Program, block: Block, m: _Match, ins: list[str], out
     """``LSTMSequenceGrad`` (and zeros for the output gradients not given), writing the names the
     replaced gradient ops wrote (fresh names for gradients nothing read)."""
     grad, h, c = m.grad, m.h, m.c
-    d_all, d_last = _grad_inputs(grad)
+    _, d_last = _grad_inputs(grad)
     h_all, h_last, _, c_last = outs
     ops, given = [], []
-    for name, like in ((d_all[h], h_all), (d_last[h], h_last), (d_last[c], c_last)):
+    for name, like in ((m.dh_all, h_all), (d_last[h], h_last), (d_last[c], c_last)):
         if name is None:
             zeros = block.create_var(fresh_name(program, f"{like}.grad_zeros"), block.var(like).shape,
                                      block.var(like).dtype)
