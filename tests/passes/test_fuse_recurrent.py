@@ -332,3 +332,30 @@ def _plain_program():
         block = main.global_block()
         grads = rg.gradients(loss, [x, block.var("enc.w_ih"), block.var("enc.w_hh"), block.var("enc.b"), h0, c0])
     return main, startup, [loss, h_all, h_last, c_last] + grads
+
+
+@pytest.mark.parametrize("graphs", [False, True])
+def test_torch_cuda_runs_the_fused_op(graphs, monkeypatch):
+    """CUDA declares the fused LSTM too (cuDNN where the backend has it, else LSTMSequence's general
+    kernels on the GPU); results are the recurrence's, eagerly and replayed as a CUDA graph."""
+    if not torch.cuda.is_available():
+        pytest.skip("no CUDA GPU (torch.cuda.is_available() is False)")
+    main, startup, fetch = _layer_program("float32", bidirectional=True, zero_states=True)
+    feed = _feed("float32")
+    want, exe = _run(main, startup, fetch, feed)
+    calls = []
+    forward = rg.backends.torch_backend.TorchBackend.fused_lstm_forward
+
+    def counted(self, *args):
+        calls.append(args[0].shape)
+        return forward(self, *args)
+    monkeypatch.setattr(rg.backends.torch_backend.TorchBackend, "fused_lstm_forward", counted)
+    cuda = rg.Executor(backend="torch", device="cuda", graphs=graphs)
+    assert cuda.backend.fused_lstm_dtypes == ("float32",)
+    cuda.run(startup)
+    for name, value in _params_of(exe, main).items():
+        cuda.scope.set(name, cuda.backend.from_numpy(value))
+    for _ in range(3):          # graphs: captured, then replayed
+        got = cuda.run(main, feed=feed, fetch_list=fetch)
+        _assert_all_close(got, want, rtol=2e-4, atol=2e-5)
+    assert len(calls) >= 2      # both directions ran LSTMSequence
