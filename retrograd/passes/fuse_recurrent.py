@@ -194,7 +194,7 @@ def _match(program: Program, block: Block, rnn: Op, readers, keep, dtypes) -> _M
         return None
     m.removed += _orphan_reshapes(block, m.removed, [m.proj, m.rnn, m.grad] + m.removed, readers)
     gone = _dropped_names(m)
-    if any(name in keep or block.var(name).persistable for name in gone if block.find_var(name) is not None):
+    if any(name in keep or getattr(block.find_var(name), "persistable", False) for name in gone):
         return None
     return m
 
@@ -333,8 +333,7 @@ def _rewrite(program: Program, block: Block, m: _Match) -> None:
         if name is None:         # a reversed state's all-steps output nothing reads
             like = block.var(rnn.outputs[0])
             outs[i] = block.create_var(fresh_name(program, f"{rnn.outputs[0]}.fused"), like.shape, like.dtype).name
-    dtype = block.var(x).dtype
-    workspace = block.create_var(fresh_name(program, f"{outs[0]}.workspace"), (-1,), dtype)
+    workspace = block.create_var(fresh_name(program, f"{outs[0]}.workspace"), (-1,), block.find_var(x).dtype)
     attrs = {"forget_bias": m.forget_bias, "reverse": m.reverse, "keep": "all"}
     ins = [x, w_ih, m.w_hh] + ([b] if b is not None else []) + [h0, c0]
     forward = Op(FUSED_LSTM, ins, outs + [workspace.name], dict(attrs), location=rnn.location)
