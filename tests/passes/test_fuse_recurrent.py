@@ -11,9 +11,15 @@ import pytest
 import retrograd as rg
 from retrograd.backends import torch_fused_rnn
 
-torch = pytest.importorskip("torch")
+pytestmark = pytest.mark.engine        # the backend fixture includes the onnxruntime engine
 
 D, H = 5, 4
+
+
+@pytest.fixture
+def torch():
+    """PyTorch, for the tests of the torch backend and the torch.nn.LSTM reference (skipped without it)."""
+    return pytest.importorskip("torch")
 
 
 def _op_types(program) -> list[str]:
@@ -64,7 +70,7 @@ def _assert_all_close(got, want, **tol):
 
 
 @pytest.fixture
-def onednn_calls(monkeypatch):
+def onednn_calls(monkeypatch, torch):
     """How many times oneDNN's fused forward and backward ran."""
     calls = {"forward": 0, "backward": 0}
     for what in calls:
@@ -216,6 +222,20 @@ def test_only_the_given_dtypes_are_fused():
 
 # --- the executor: torch CPU fuses its own copy; NumPy and onnxruntime run the recurrence -------
 
+@pytest.mark.parametrize("kwargs", [{}, {"bidirectional": True, "zero_states": True}])
+def test_the_default_layer_agrees_with_numpys_recurrence_on_every_backend(kwargs, backend):
+    """The default layers.lstm: the recurrence on NumPy; on each backend what that backend runs
+    (oneDNN on torch CPU, the recurrence elsewhere), to float32 rounding."""
+    main, startup, fetch = _layer_program("float32", **kwargs)
+    feed = _feed("float32")
+    want, exe = _run(main, startup, fetch, feed)
+    other = backend.executor()
+    other.run(startup)
+    for name, value in _params_of(exe, main).items():
+        other.scope.set(name, other.backend.from_numpy(value))
+    _assert_all_close(other.run(main, feed=feed, fetch_list=fetch), want, rtol=2e-4, atol=2e-5)
+
+
 def _general_and_torch(monkeypatch=None, dtype="float32", **kwargs):
     main, startup, fetch = _layer_program(dtype, **kwargs)
     feed = _feed(dtype)
@@ -297,7 +317,7 @@ def test_torch_cpu_training_steps_match_numpy_and_fetching_internals_keeps_the_r
     assert onednn_calls == {"forward": 3, "backward": 3}
 
 
-def test_fused_layer_matches_torch_nn_lstm_in_float64():
+def test_fused_layer_matches_torch_nn_lstm_in_float64(torch):
     """The rewritten program (float64: LSTMSequence's general kernels) against torch.nn.LSTM."""
     main, startup, fetch = _plain_program()
     feed = _feed("float64")
@@ -335,7 +355,7 @@ def _plain_program():
 
 
 @pytest.mark.parametrize("graphs", [False, True])
-def test_torch_cuda_runs_the_fused_op(graphs, monkeypatch):
+def test_torch_cuda_runs_the_fused_op(graphs, monkeypatch, torch):
     """CUDA declares the fused LSTM too (cuDNN where the backend has it, else LSTMSequence's general
     kernels on the GPU); results are the recurrence's, eagerly and replayed as a CUDA graph."""
     if not torch.cuda.is_available():
