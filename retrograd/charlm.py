@@ -34,7 +34,7 @@ from __future__ import annotations
 import glob
 import json
 import sysconfig
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Sequence
 

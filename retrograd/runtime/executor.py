@@ -155,6 +155,8 @@ class Executor:
             return block
         key = (program.serial, program.version, keep)
         if key not in self._rewritten:
+            for old in [k for k in self._rewritten if k[0] == program.serial and k[1] != program.version]:
+                del self._rewritten[old]            # copies of versions no run will ask for again
             copy = program.clone()
             self._rewritten[key] = copy if fuse_recurrent_cells(copy, keep, dtypes) else program
             if self._rewritten[key] is copy:

@@ -298,15 +298,13 @@ def test_torch_cpu_training_steps_match_numpy_and_fetching_internals_keeps_the_r
         rg.optim.Adam(0.05).minimize(loss)
     x_proj = next(op.outputs[0] for op in main.global_block().ops if op.type == "SeqLinear")
     feed = {"x": _feed("float32")["x"]}
-    results = {}
+    results, start = {}, {}
     for backend_name in ("numpy", "torch"):
         exe = rg.Executor(backend=backend_name)
         exe.run(startup)
-        if backend_name == "torch":
-            for name, value in start.items():
-                exe.scope.set(name, exe.backend.from_numpy(value))
-        else:
-            start = _params_of(exe, main)
+        for name, value in start.items():                    # torch starts from NumPy's parameters
+            exe.scope.set(name, exe.backend.from_numpy(value))
+        start = start or _params_of(exe, main)
         losses = [float(exe.run(main, feed=feed, fetch_list=[loss])[0]) for _ in range(3)]
         results[backend_name] = losses, _params_of(exe, main)
     np.testing.assert_allclose(results["torch"][0], results["numpy"][0], rtol=1e-5)
