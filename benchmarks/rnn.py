@@ -229,7 +229,7 @@ def numpy_runner(problem: dict, lstm=numpy_lstm) -> tuple[Callable[[], tuple], C
 # --- retrograd ---------------------------------------------------------------------------
 
 def retrograd_runner(problem: dict, recompute=None, backend: str = "numpy",
-                     fused: bool = False) -> tuple[Callable[[], tuple], Callable[[], int]]:
+                     fused: bool | None = None) -> tuple[Callable[[], tuple], Callable[[], int]]:
     main, startup = rg.Program(), rg.Program()
     t_len, n, d = problem["x"].shape
     h = problem["w_hh"].shape[0]

@@ -12,9 +12,9 @@ executor it trains the same program on ``rg.Executor(backend="onnxruntime")``
 (``jit`` of one whole training step, the LSTM as ``lax.scan``, Adam and
 clipping written out as in ``torch.optim``), all on one thread. With ``--write``
 the "Training step" section of ``benchmarks/RESULTS.md`` is replaced by the new
-table (other sections are left as they are). The torch backend row builds the
-model as ``retrograd train --backend torch`` does: the LSTM as one fused op
-(oneDNN, issue 22).
+table (other sections are left as they are). The torch backend row runs the
+model as ``retrograd train --backend torch`` does: each LSTM layer as one fused
+op (oneDNN, issue 22), which the executor picks for that backend.
 
     python benchmarks/train.py --write            # default sizes, 6 rounds of 10 steps each
     python benchmarks/train.py --model gru --hidden 256 --rounds 3
@@ -62,9 +62,9 @@ RESULTS = ROOT / "benchmarks" / "RESULTS.md"
 def retrograd_stepper(args, corpus, backend: str = "numpy"):
     """A function running one training step of the `retrograd train` program, and the executor.
 
-    The model is built as `retrograd train --backend <backend>` builds it: on torch (CPU) the LSTM
-    is one fused op per layer (``ModelConfig.for_backend``: oneDNN, as ``torch.nn.LSTM``)."""
-    cfg = train.ModelConfig(args.model, args.hidden, args.layers, args.embed, None).for_backend(backend)
+    The model is built as `retrograd train --backend <backend>` builds it: on torch (CPU) the executor
+    runs each LSTM layer as one fused op (``passes.fuse_recurrent_cells``: oneDNN, as ``torch.nn.LSTM``)."""
+    cfg = train.ModelConfig(args.model, args.hidden, args.layers, args.embed, None)
     t = train.build_training(cfg, args.seq_len, "adam", args.lr, args.clip_norm, seed=0)
     exe = rg.Executor(backend=backend)
     exe.run(t.startup)

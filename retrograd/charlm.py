@@ -34,7 +34,7 @@ from __future__ import annotations
 import glob
 import json
 import sysconfig
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Sequence
 
@@ -308,19 +308,18 @@ class ModelConfig:
         return self.model != "gru"
 
     def for_backend(self, backend: str, device: str | None = None) -> "ModelConfig":
-        """This config with the LSTM built as one fused op per layer where the backend runs it
-        with a vendor kernel (torch: oneDNN on the CPU, cuDNN on CUDA, as ``torch.nn.LSTM``);
-        unchanged elsewhere.
+        """This config, unchanged: the executor picks the backend's vendor LSTM kernel itself now
+        (``passes.fuse_recurrent_cells``: oneDNN on the torch CPU backend, as ``torch.nn.LSTM``);
+        kept for callers that still ask.
 
         Example::
 
-            cfg = ModelConfig().for_backend("torch")       # layers.lstm(..., fused=True)
+            cfg = ModelConfig().for_backend("torch")       # == ModelConfig()
         """
-        vendor_device = device in (None, "cpu") or str(device).startswith("cuda")
-        fused = self.model == "lstm" and backend == "torch" and vendor_device
-        return replace(self, fused=fused) if fused != self.fused else self
+        del backend, device
+        return self
 
-    fused: bool = False         # the LSTM as layers.lstm(..., fused=True); set by for_backend
+    fused: bool | None = None   # layers.lstm(..., fused=): None lets the executor choose
 
 
 @dataclass

@@ -370,7 +370,6 @@ class Job:
         # Under `mpiexec -n N`, every rank trains on its 1/N of each batch (the global batch is
         # unchanged); the gradients and the losses it reports are averaged over the ranks.
         ranks = rg.distributed.world_size()
-        cfg = cfg.for_backend(args.backend, args.device)    # torch: oneDNN / cuDNN fused LSTM
         if args.batch % ranks:
             raise TrainError(f"--batch {args.batch} does not split evenly over {ranks} MPI ranks; "
                              f"use a multiple of {ranks}")

@@ -36,6 +36,9 @@ class Backend:
     name = "?"
     engine = None         # a factory ``engine(executor)`` for backends that run whole programs
     has_graphs = False    # whether ``capture_graph`` works (CUDA devices)
+    # dtypes whose LSTM layers this backend runs as one vendor kernel (``LSTMSequence``): the
+    # executor then fuses step-by-step LSTM recurrences (``passes.fuse_recurrent_cells``)
+    fused_lstm_dtypes: tuple[str, ...] = ()
 
     def __init__(self, xp, device: str):
         self.xp = xp

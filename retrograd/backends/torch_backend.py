@@ -105,6 +105,14 @@ class TorchBackend(Backend):
                 return fused
         return None
 
+    @property
+    def fused_lstm_dtypes(self) -> tuple[str, ...]:
+        """float32 on the CPU (oneDNN, when this torch has its explicit ops); float32 and float64 on
+        CUDA (cuDNN; its general kernels where this torch lacks cuDNN's ops)."""
+        if self.torch_device.type == "cuda":
+            return ("float32", "float64") if self.cudnn_lstm is not None else ("float32",)
+        return ("float32",) if self.onednn_lstm is not None else ()
+
     def fused_lstm_forward(self, x, w_ih, w_hh, b, h0, c0, forget_bias: float, reverse: bool):
         fused = self.vendor_lstm(x)
         return None if fused is None else fused.forward(x, w_ih, w_hh, b, h0, c0, forget_bias, reverse)

@@ -89,7 +89,7 @@ def _check_hidden(hidden: int, layer: str) -> int:
 def lstm(x: Var, hidden: int, h0=None, c0=None, seq_lengths: Var | None = None, forget_bias: float = 0.0,
          name: str | None = None, recompute=None, reverse: bool = False, bidirectional: bool = False,
          num_layers: int = 1, bias: bool = True, dropout: float = 0.0,
-         fused: bool = False) -> tuple[Var, Var, Var, Var]:
+         fused: bool | None = None) -> tuple[Var, Var, Var, Var]:
     """An LSTM over ``x [T, N, D]``; returns ``(h_all [T,N,H], h_last [N,H], c_all, c_last)``.
 
     Parameters ``<name>.w_ih [D, 4H]``, ``<name>.w_hh [H, 4H]``, ``<name>.b [4H]``;
@@ -114,13 +114,19 @@ def lstm(x: Var, hidden: int, h0=None, c0=None, seq_lengths: Var | None = None, 
     one state (or pair) per layer, and the results are the top layer's.
     ``bias=False`` creates no bias.
 
-    ``fused=True`` builds each layer and direction as one ``LSTMSequence`` op
-    (``rg.lstm_sequence``): the backend's fused kernel where it has one (oneDNN on
-    the torch CPU backend, float32: what ``torch.nn.LSTM`` runs), else one general
-    kernel for the whole sequence; it needs ``recompute`` None or ``"steps"`` and
-    no ``seq_lengths`` (otherwise the layer builds the step-by-step recurrence,
-    as with ``fused=False``). A whole-program ``memory_budget`` turns it back into
-    that recurrence. Results agree to rounding.
+    By default (``fused=None``) the layer is the step-by-step recurrence, and an
+    executor whose backend has a vendor LSTM kernel (torch: oneDNN on the CPU,
+    as ``torch.nn.LSTM``; cuDNN on CUDA; float32) runs each layer and direction
+    as one ``LSTMSequence`` op and its gradient as one ``LSTMSequenceGrad``
+    (``rg.passes.fuse_recurrent_cells`` on the executor's copy of the program);
+    NumPy, CuPy and onnxruntime run the recurrence. Per-op ``recompute`` and
+    ``seq_lengths`` keep the recurrence everywhere. ``fused=False`` keeps it
+    on every backend. ``fused=True`` builds the ``LSTMSequence`` ops in the
+    program itself (``rg.lstm_sequence``; general kernels where the backend has
+    no vendor kernel; with ``recompute="steps"`` it keeps only the cells); it
+    needs ``recompute`` None or ``"steps"`` and no ``seq_lengths`` (otherwise
+    the layer builds the recurrence). A whole-program ``memory_budget`` turns
+    it back into that recurrence. Results agree to rounding.
 
     Example::
 
@@ -152,6 +158,8 @@ def lstm(x: Var, hidden: int, h0=None, c0=None, seq_lengths: Var | None = None, 
 
             all_states, last_states = recurrent(step, [x_proj], [h0, c0], seq_lengths=seq_lengths,
                                                 recompute=recompute, reverse=backwards)
+            if fused is False:
+                _keep_general(last_states[0])
             return all_states[0], last_states[0], all_states[1], last_states[1]
 
         if not bidirectional:
@@ -221,6 +229,15 @@ def gru(x: Var, hidden: int, h0=None, seq_lengths: Var | None = None, name: str 
 def _fused_lstm(x, w_ih, w_hh, b, h0, c0, forget_bias: float, backwards: bool, keep: str):
     """One direction of one layer as one ``LSTMSequence`` op: (h_all, h_last, c_all, c_last)."""
     return lstm_sequence(x, w_ih, w_hh, b, h0, c0, forget_bias, backwards, keep)
+
+
+def _keep_general(last_state: Var) -> None:
+    """Mark the ``RecurrentNetwork`` writing ``last_state`` as one no executor fuses
+    (``passes.fuse_recurrent_cells`` skips ops with ``attrs["fuse"] = False``)."""
+    block = last_state.block
+    writer = next(op for op in reversed(block.ops) if last_state.name in op.outputs)
+    writer.attrs["fuse"] = False
+    block.program.bump()
 
 
 def _stacked(one_layer, x: Var, initial: list, name: str, num_layers: int, dropout: float, layer: str):

@@ -10,6 +10,10 @@ exports, so the user's program is never changed.
   hyper-parameters become one ``FusedAdamUpdate`` (one flat buffer in ONNX).
 * ``expand_fused_ops``: whole-layer ops (``LSTMSequence``) back into the
   general ops they stand for (run by passes that schedule recurrences).
+* ``fuse_recurrent_cells``: a step-by-step LSTM recurrence (``layers.lstm``,
+  ``rg.recurrent`` with an LSTM cell) and its gradient as ``LSTMSequence`` /
+  ``LSTMSequenceGrad`` (the executor runs it on its copy of a program when
+  its backend has a vendor LSTM kernel: torch CPU / CUDA).
 * ``fuse_linear_cross_entropy``: an output layer feeding
   ``softmax_cross_entropy`` as one ``LinearCrossEntropy`` op (the memory
   budget runs it when storing everything does not fit).
@@ -28,6 +32,7 @@ from ..ir.verify import verify_program
 from .expand_fused import expand_fused_ops  # noqa: F401  (the memory budget's first step)
 from .fuse_updates import fuse_optimizer_updates
 from .fuse_linear_loss import fuse_linear_cross_entropy  # noqa: F401  (the memory budget's output layers)
+from .fuse_recurrent import fuse_recurrent_cells  # noqa: F401  (the executor's, on vendor-kernel backends)
 from .for_test import make_test_program  # noqa: F401  (registers clone(for_test=True)'s pass)
 
 PASSES: list[Callable[[Program], int]] = [fuse_optimizer_updates]
@@ -50,4 +55,4 @@ def optimize_for_engine(program: Program, fetch=()) -> Program:
     return rewritten
 
 
-__all__ = ["PASSES", "optimize_for_engine", "fuse_optimizer_updates"]
+__all__ = ["PASSES", "optimize_for_engine", "fuse_optimizer_updates", "fuse_recurrent_cells"]

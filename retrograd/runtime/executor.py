@@ -12,6 +12,7 @@ from ..backends import Backend, backend_for_namespace, dtype_name, get_backend
 from ..errors import (BackendError, ExecutionError, FeedDeviceError, FeedError, ProgramError, RetrogradError,
                       kernel_failure)
 from ..ir.program import Block, Program, Var
+from ..passes.fuse_recurrent import fuse_recurrent_cells, has_recurrences
 from .finite import first_non_finite, non_finite_error
 from .graphs import GraphRunner
 from .malloc import keep_freed_memory
@@ -124,6 +125,7 @@ class Executor:
         self._run = RunContext(self)
         self._plans: dict[tuple, Plan] = {}
         self._verified: dict[int, int] = {}
+        self._rewritten: dict[tuple, Program] = {}
 
     @property
     def run_context(self) -> RunContext:
@@ -138,9 +140,28 @@ class Executor:
         plan = self._plans.get(key)
         if plan is None:
             self._verify(program)
-            plan = compile_block(block, keep, self.backend, self._run)
+            plan = compile_block(self._for_backend(block, keep), keep, self.backend, self._run)
             self._plans[key] = plan
         return plan
+
+    def _for_backend(self, block: Block, keep: frozenset[str]) -> Block:
+        """The block to compile: ``block`` itself, or, for a top-level run on a backend with a vendor
+        LSTM kernel (``Backend.fused_lstm_dtypes``), that block of a private copy of the program
+        whose LSTM recurrences ``passes.fuse_recurrent_cells`` rewrote (the user's program is
+        never changed; its names, feeds and fetches mean the same in the copy)."""
+        dtypes = self.backend.fused_lstm_dtypes
+        program = block.program
+        if block.idx != 0 or not dtypes or not has_recurrences(program):
+            return block
+        key = (program.serial, program.version, keep)
+        if key not in self._rewritten:
+            for old in [k for k in self._rewritten if k[0] == program.serial and k[1] != program.version]:
+                del self._rewritten[old]            # copies of versions no run will ask for again
+            copy = program.clone()
+            self._rewritten[key] = copy if fuse_recurrent_cells(copy, keep, dtypes) else program
+            if self._rewritten[key] is copy:
+                self._verify(copy)
+        return self._rewritten[key].global_block()
 
     def _verify(self, program: Program) -> None:
         if self._verified.get(program.serial) != program.version:
