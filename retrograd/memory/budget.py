@@ -157,7 +157,9 @@ def _accumulate_micro_batches(loss: Var, feed_shapes, build, budget: int) -> tup
     shapes = resolve_shapes(loss.block, feed_shapes)
     region = separable_region(loss.block, shapes)
     params = getattr(build, "param_names", None)
-    if region is None or not region.attends or params is None or loss_over_rows(loss.block, region, loss.name) is None:
+    if region is None or not region.attends or params is None:
+        return None
+    if loss_over_rows(loss.block, region, loss.name) is None:
         return None
     least = None
     for chunks in micro_batch_counts(region.rows):

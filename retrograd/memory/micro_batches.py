@@ -212,7 +212,8 @@ def accumulate_micro_batches(program: Program, block: Block, region: Region, chu
         parts.append(_micro_batch(program, block, ops, region.feeds, chunks, c, built)[region.joined])
         piece = block.var(parts[-1])
         reduced = block.create_var(program.unique_name(f"{loss}.mb{c}"), (), piece.dtype)
-        built.append(Op(reducer.type, [piece.name], [reduced.name], dict(reducer.attrs), location=reducer.location))
+        built.append(Op(reducer.type, [piece.name], [reduced.name], dict(reducer.attrs),
+                        location=reducer.location))
         for op in built:
             block.append_op(op)
         with block_guard(block):
