@@ -186,7 +186,9 @@ def accumulate_micro_batches(program: Program, block: Block, region: Region, chu
     ``append_backward``'s).
 
     Micro-batch ``c``'s backward is that of ``Mean(rows_c) / C`` (a mean of equal pieces), or
-    of ``Sum(rows_c)``; the loss is still computed from all the rows, joined.
+    of ``Sum(rows_c)``, seeded as ``append_backward`` seeds (``rg.memory.report`` finds the first
+    micro-batch's seed: its backward part starts there); the loss is still computed from all the
+    rows, joined.
 
     Example::
 
@@ -194,8 +196,8 @@ def accumulate_micro_batches(program: Program, block: Block, region: Region, chu
         pairs = accumulate_micro_batches(main, block, region, 8, loss.name, ["w", "b"], set())
     """
     from ..autodiff.backward import build_backward       # autodiff imports memory's rewrites
-    from ..ir.builder import block_guard
-    from ..ops.creation import fill
+    from ..ir.builder import block_guard, capture_ops
+    from ..ops.creation import fill_like
 
     reducer = next(op for op in block.ops if region.joined in op_reads(op))
     ops = [block.ops[i] for i in region.ops]
@@ -214,11 +216,14 @@ def accumulate_micro_batches(program: Program, block: Block, region: Region, chu
         reduced = block.create_var(program.unique_name(f"{loss}.mb{c}"), (), piece.dtype)
         built.append(Op(reducer.type, [piece.name], [reduced.name], dict(reducer.attrs),
                         location=reducer.location))
-        for op in built:
+        with block_guard(block), capture_ops() as scaling:     # a mean of equal pieces
+            part_loss = reduced * (1.0 / chunks) if LOSS_TYPES[reducer.type] else reduced
+        built += scaling
+        with block_guard(block), capture_ops() as seeding:     # seeded as append_backward seeds
+            seed = fill_like(part_loss, 1.0)
+        for op in built + seeding:
             block.append_op(op)
-        with block_guard(block):
-            seed = fill([], 1.0 / chunks if LOSS_TYPES[reducer.type] else 1.0, piece.dtype)
-        result = build_backward(built, block, block, {reduced.name: seed}, params, no_grad, callbacks)
+        result = build_backward(built, block, block, {part_loss.name: seed}, params, no_grad, callbacks)
         with block_guard(block):
             for name in params:
                 grad = result.grads.get(name)

@@ -80,6 +80,9 @@ def test_a_transformer_stack_runs_in_micro_batches_within_40_percent_with_store_
     assert peak <= budget
     assert peak <= plan.planned_peak <= 1.1 * peak            # the plan bounds the run, within 10%
     assert built[3] == _stack()[3]
+    report = rg.memory.report(built[0], SHAPES, fetch_list=built[2])
+    assert report.planned_peak == plan.planned_peak
+    assert f"the batch in {plan.micro_batches} micro-batches" in str(report)
     for got, want in zip(out, ref):
         np.testing.assert_allclose(got, want, rtol=1e-10, atol=1e-14)
     loss, grads = _torch_loss_and_grads(params, _feed(), built[3])
