@@ -7,8 +7,11 @@ gradients). The policy, in order:
 1. store everything when that fits (tried on a copy of the program);
 2. else an output layer feeding ``softmax_cross_entropy`` becomes one
    ``LinearCrossEntropy`` op (``passes/fuse_linear_loss.py``: its logits are
-   made a chunk at a time, in the forward and again in the backward); when
-   no schedule of the program fits then, the row-wise ops over a recurrence's
+   made a chunk at a time, in the forward and again in the backward); a
+   transformer stack (a batch-separable forward with attention and a mean
+   loss) then runs in the fewest micro-batches that fit, each one's backward
+   right after its forward (``micro_batches.py``); else, when
+   no schedule of the program fits, the row-wise ops over a recurrence's
    states tensor (that output layer, the loss) move into its step
    (``time_steps.py``: recomputed with its segments of time steps); every
    loop op (``RecurrentNetwork``, ``While``) without a recompute setting of
@@ -20,7 +23,8 @@ gradients). The policy, in order:
    (``binomial.py``). The largest ``A`` whose planned peak fits wins: the
    least recomputation;
 3. when none fits, ``ProgramError`` names the least budget that fits (the
-   planned peak at the smallest ``A``), and that budget then works.
+   planned peak at the smallest ``A``, or of the most micro-batches when that is
+   less), and that budget then works.
 
 The mechanisms (copies of forward ops, budgeted loop kernels) are the other
 modules' business; this one only decides.
