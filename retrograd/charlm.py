@@ -465,7 +465,7 @@ class Training:
 
 def build_training(cfg: ModelConfig, seq_len: int, optimizer: str, lr,
                    clip_norm: float | None, seed: int, data_parallel: bool = False, *,
-                   weight_decay: float | None = None, prompt: str = "def ") -> Training:
+                   weight_decay: float | None = None, prompt: str = "def ", batch: int | None = None) -> Training:
     """The training program: mean cross-entropy of next characters, its backward pass and the updates.
 
     ``optimizer`` is a name of ``OPTIMIZERS``; ``lr`` a number or a schedule
@@ -474,7 +474,8 @@ def build_training(cfg: ModelConfig, seq_len: int, optimizer: str, lr,
     updates (``rg.distributed.DataParallel``) and ``loss`` is the whole
     batch's: the mean of the ranks' losses. The startup program also writes
     ``RECORD`` (model kind, optimizer, vocabulary, ``prompt``), saved with the
-    parameters.
+    parameters. A transformer's byte ``cfg.recompute`` bounds the whole step at ``batch``
+    windows (``whole_step_budget``).
 
     Example::
 
@@ -488,13 +489,32 @@ def build_training(cfg: ModelConfig, seq_len: int, optimizer: str, lr,
         targets = rg.data("next_chars", [seq_len, -1], dtype="int64")
         loss = rg.mean(rg.softmax_cross_entropy(net.logits, rg.reshape(targets, [-1])))
         opt = make_optimizer(optimizer, lr, clip_norm, weight_decay)
-        (rg.distributed.DataParallel(opt) if data_parallel else opt).minimize(loss)
+        (rg.distributed.DataParallel(opt) if data_parallel else opt).minimize(
+            loss, **whole_step_budget(cfg, seq_len, batch))
         if data_parallel:
             loss, = rg.distributed.all_reduce([loss], "mean")
         step = rg.optim.create_state("train.step", [1], "int64")
         rg.optim.increment(step)
     _save_record(run_record(cfg, optimizer, prompt), main, startup)
     return Training(main, startup, net, loss, step)
+
+
+def whole_step_budget(cfg: ModelConfig, seq_len: int, batch: int | None) -> dict:
+    """``minimize``'s memory options for ``cfg``: a transformer's byte ``recompute`` is the whole
+    training step's ``memory_budget`` at ``[seq_len, batch]`` windows (a recurrent model's is
+    each layer's own, given to the layer); ``{}`` otherwise.
+
+    Example::
+
+        whole_step_budget(ModelConfig("transformer", recompute=4 << 20), 64, 32)
+        # {'memory_budget': 4194304, 'feed_shapes': {'chars': (64, 32), 'next_chars': (64, 32)}}
+    """
+    budget = cfg.recompute
+    if cfg.model != "transformer" or isinstance(budget, bool) or not isinstance(budget, int):
+        return {}
+    if batch is None:
+        raise TrainError("a transformer's memory budget needs the batch size its windows run at")
+    return {"memory_budget": budget, "feed_shapes": {"chars": (seq_len, batch), "next_chars": (seq_len, batch)}}
 
 
 # --- what the parameter file says about the run ---------------------------------------------

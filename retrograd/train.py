@@ -183,8 +183,7 @@ def run_train(args: argparse.Namespace) -> int:
                           vocab=text.corpus.vocab, heads=args.heads)
         if saved is not None:
             check_resumable(saved, args.resume, cfg, args.optimizer)
-        job = Job(args, cfg, checkpoint, text)
-        job, cfg = _fit_recompute_budget(job, args, cfg, checkpoint, text)
+        job, cfg = _fit_recompute_budget(args, cfg, checkpoint, text)
         out = _Reporter(args, job.first, text)
         with _open_log(args, job.first) as log:
             job.train(out, log)
@@ -250,26 +249,29 @@ def _vocab_words(vocab: Vocab) -> str:
     return f"{len(vocab) - 1} characters + unknown"
 
 
-def _fit_recompute_budget(job: "Job", args, cfg: ModelConfig, checkpoint, text: TrainingText):
-    """With ``--recompute BYTES`` below what one step of the recurrent layers holds, say so and
-    train with the least budget that fits (the library raises; the command offers the fix)."""
+def _fit_recompute_budget(args, cfg: ModelConfig, checkpoint, text: TrainingText):
+    """The run's ``Job``. With ``--recompute BYTES`` below what can fit (one step of the recurrent
+    layers; a transformer's whole training step), say so and train with the least budget that
+    fits (the library raises, naming it; the command offers the fix)."""
     if not isinstance(args.recompute, int):
-        return job, cfg
+        return Job(args, cfg, checkpoint, text), cfg
     for _ in range(args.layers + 1):
         try:
-            job.plan_first_step()
+            job = Job(args, cfg, checkpoint, text)      # a transformer's budget is planned here
+            job.plan_first_step()                       # a recurrent layer's, when it runs
             return job, cfg
         except RetrogradError as exc:
             least = getattr(exc, "least_budget", None)
             if least is None:
                 raise
         if rg.distributed.rank() == 0:
-            print(f"retrograd train: --recompute {args.recompute:,} bytes cannot hold one step of the "
-                  f"{cfg.model} layers at these sizes; using the least budget that fits, {least:,} bytes")
+            what = ("one training step of the transformer" if cfg.model == "transformer"
+                    else f"one step of the {cfg.model} layers")
+            print(f"retrograd train: --recompute {args.recompute:,} bytes cannot hold {what} at these "
+                  f"sizes; using the least budget that fits, {least:,} bytes")
         args.recompute = least
         cfg = replace(cfg, recompute=least)
-        job = Job(args, cfg, checkpoint, text)
-    return job, cfg
+    return Job(args, cfg, checkpoint, text), cfg
 
 
 def _check_plot_file(path: Path) -> None:
@@ -376,7 +378,8 @@ class Job:
         lr = make_lr(args.lr_schedule, args.lr, args.warmup, total_steps=text.first_step + args.steps)
         self.training = build_training(cfg, args.seq_len, args.optimizer, lr, args.clip_norm or None,
                                        args.seed, data_parallel=ranks > 1,
-                                       weight_decay=args.weight_decay, prompt=text.prompt)
+                                       weight_decay=args.weight_decay, prompt=text.prompt,
+                                       batch=args.batch // ranks)
         self.val_program, self.val_loss = build_loss(cfg, args.seq_len, data_parallel=ranks > 1)
         self.exe = rg.Executor(threads=args.threads, backend=args.backend, device=args.device,
                                graphs=args.graphs, check_finite=args.check_finite)

@@ -71,7 +71,8 @@ def time_major_logits(ids, cfg, max_positions: int, dropout: float = 0.0):
         ids = rg.data("chars", [64, -1], dtype="int64")
         logits = time_major_logits(ids, cfg, max_positions=64)      # what charlm.Net.logits holds
     """
-    positions = rg.arange(0, dim(ids, 0))
+    # A known length gives positions of a known size (a memory budget plans their sizes).
+    positions = rg.arange(0, ids.shape[0]) if ids.shape[0] >= 0 else rg.arange(0, dim(ids, 0))
     logits = transformer_logits(rg.transpose(ids, [1, 0]), positions, cfg, max_positions, dropout)
     return rg.reshape(rg.transpose(logits, [1, 0, 2]), [-1, len(cfg.vocab)])
 

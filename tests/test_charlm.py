@@ -75,3 +75,14 @@ def test_a_constant_rate_without_warmup_is_the_number_itself():
     assert make_lr("constant", 3e-3) == 3e-3
     with pytest.raises(TrainError, match="--warmup works with --lr-schedule constant or cosine"):
         make_lr("step", 3e-3, warmup=10, total_steps=100)
+
+
+def test_whole_step_budget_is_a_transformers_byte_recompute_at_the_run_windows():
+    cfg = ModelConfig("transformer", recompute=400_000)
+    assert charlm.whole_step_budget(cfg, 32, 4) == {"memory_budget": 400_000,
+                                             "feed_shapes": {"chars": (32, 4), "next_chars": (32, 4)}}
+    for other in (ModelConfig("lstm", recompute=400_000), ModelConfig("transformer", recompute="steps"),
+                  ModelConfig("transformer")):
+        assert charlm.whole_step_budget(other, 32, 4) == {}       # a layer's own budget, or none
+    with pytest.raises(TrainError, match="batch size"):
+        charlm.whole_step_budget(cfg, 32, None)

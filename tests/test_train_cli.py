@@ -620,3 +620,38 @@ def test_backend_auto_keeps_the_engine_out_of_a_recompute_budget():
     args = argparse.Namespace(backend="auto", device=None, graphs=False, recompute=200_000)
     assert choose_backend(args) in ("torch", "numpy")
     assert choose_backend(argparse.Namespace(backend="numpy", device=None, graphs=False, recompute=None)) == "numpy"
+
+
+TRANSFORMER = ["--model", "transformer", "--layers", "2", "--heads", "2", "--hidden", "16", "--seq-len", "32",
+               "--batch", "4", "--steps", "3", "--sample-len", "4", "--backend", "numpy", "--no-plot",
+               "--log-every", "1"]
+
+
+def _log_records(path: Path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+def test_transformer_recompute_bytes_is_the_whole_step_budget(tmp_path):
+    """Issue 24: `--recompute BYTES` bounds a transformer's whole training step (the
+    memory_budget of minimize, at the run's [seq_len, batch] windows): the measured peak of
+    every step is within it and the losses are store-all's; a budget below what fits is named
+    in one line and the least budget that fits is used, within which the run then stays."""
+    runs = {}
+    for name, budget in (("store", "none"), ("budget", "450000"), ("least", "100K")):
+        log = tmp_path / f"{name}.jsonl"
+        done = retrograd_train(*TRANSFORMER, "--recompute", budget, "--log", str(log),
+                               "--save", str(tmp_path / f"{name}.npz"))
+        assert done.returncode == 0, done.stderr
+        runs[name] = (done.stdout, _log_records(log))
+    store_peak = runs["store"][1][0]["peak_bytes"]
+    assert store_peak > 450_000                      # the budget is below storing everything
+    assert all(r["peak_bytes"] <= 450_000 for r in runs["budget"][1])
+    named = re.search(r"--recompute 102,400 bytes cannot hold one training step of the transformer at "
+                      r"these sizes; using the least budget that fits, ([\d,]+) bytes", runs["least"][0])
+    assert named is not None, runs["least"][0]
+    least = int(named.group(1).replace(",", ""))
+    assert 102_400 < least < store_peak
+    assert all(r["peak_bytes"] <= least for r in runs["least"][1])
+    for name in ("budget", "least"):
+        np.testing.assert_allclose([r["loss"] for r in runs[name][1]], [r["loss"] for r in runs["store"][1]],
+                                   rtol=1e-5)

@@ -515,6 +515,8 @@ def append_backward(loss: Var, parameter_list=None, no_grad_set=None, callbacks=
             found = target.block.program.global_block()
             return _build_append(target, [found.var(n) for n in param_names], set(no_grad_names),
                                  callbacks if real else None)
+        # What the build uses, for a budget that builds the gradients of parts itself (micro_batches.py).
+        build.param_names, build.no_grad, build.callbacks = param_names, set(no_grad_names), callbacks
         pairs = backward_rewrite("memory_budget")(loss, memory_budget, feed_shapes, build, memory_reserve)
     else:
         pairs, n_forward = _build_append(loss, params, no_grad, callbacks)

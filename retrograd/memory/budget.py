@@ -7,8 +7,11 @@ gradients). The policy, in order:
 1. store everything when that fits (tried on a copy of the program);
 2. else an output layer feeding ``softmax_cross_entropy`` becomes one
    ``LinearCrossEntropy`` op (``passes/fuse_linear_loss.py``: its logits are
-   made a chunk at a time, in the forward and again in the backward); when
-   no schedule of the program fits then, the row-wise ops over a recurrence's
+   made a chunk at a time, in the forward and again in the backward); a
+   transformer stack (a batch-separable forward with attention and a mean
+   loss) then runs in the fewest micro-batches that fit, each one's backward
+   right after its forward (``micro_batches.py``); else, when
+   no schedule of the program fits, the row-wise ops over a recurrence's
    states tensor (that output layer, the loss) move into its step
    (``time_steps.py``: recomputed with its segments of time steps); every
    loop op (``RecurrentNetwork``, ``While``) without a recompute setting of
@@ -20,7 +23,8 @@ gradients). The policy, in order:
    (``binomial.py``). The largest ``A`` whose planned peak fits wins: the
    least recomputation;
 3. when none fits, ``ProgramError`` names the least budget that fits (the
-   planned peak at the smallest ``A``), and that budget then works.
+   planned peak at the smallest ``A``, or of the most micro-batches when that is
+   less), and that budget then works.
 
 The mechanisms (copies of forward ops, budgeted loop kernels) are the other
 modules' business; this one only decides.
@@ -43,6 +47,7 @@ from ..ops.recurrent_steps import is_budget
 from .auto import build_model
 from .binomial import Units, apply_binomial
 from .lifetimes import ForwardValues
+from .micro_batches import accumulate_micro_batches, loss_over_rows, micro_batch_counts, separable_region
 from .peak import Sizer, planned_peak
 from .recompute import recompute_backward
 from .schedules import budget_plan
@@ -69,6 +74,7 @@ class BudgetPlan:
     store_all_peak: int | None          # None: a loop's trip count decides it
     activation_budget: int | None       # None: everything stored
     units: int = 0                      # feed-forward units under a binomial schedule (0: none)
+    micro_batches: int = 1              # the batch split into micro-batches (micro_batches.py)
 
 
 @register_backward_rewrite("memory_budget")
@@ -92,6 +98,15 @@ def fit_memory_budget(loss: Var, memory_budget: int, feed_shapes: Mapping | None
     # more GEMM, but the room it frees lets the loops keep more (on the LSTM LM at 25% of
     # store-all's peak, fusing only when nothing fits without it took 2x the time).
     fuse_linear_cross_entropy(program, loss.block, chunk_bytes=min(CHUNK_BYTES, max(budget // 16, 1)))
+    # A transformer stack runs in micro-batches, each one's backward right after its forward
+    # (micro_batches.py): nothing is recomputed, where recomputing whole sub-layers over the batch
+    # re-ran the attention and still held one sub-layer's activations over the whole batch.
+    accumulated = _accumulate_micro_batches(loss, feed_shapes, build, budget)
+    if accumulated is not None and accumulated[0] is not None:
+        pairs, chunks, peak = accumulated
+        _record(program, BudgetPlan(total, peak + reserve, None if store_all is None else store_all + reserve,
+                                    None, 0, chunks))
+        return pairs
     # Ops over every time step of a recurrence's states run inside its steps (time_steps.py) when
     # the budget needs it: step by step they cost more time than one GEMM over all steps.
     if not _fits(loss, feed_shapes, build, budget):
@@ -102,12 +117,15 @@ def fit_memory_budget(loss: Var, memory_budget: int, feed_shapes: Mapping | None
     search = _Search(program, loss, n_forward, keep, feed_shapes)
     best = search.best(budget)
     if best is None:
-        least = search.least() + reserve
+        least = search.least() if accumulated is None else min(search.least(), accumulated[2])
+        least += reserve
         stored = ("a trip count decides what storing everything takes" if store_all is None
                   else f"storing everything peaks at {store_all + reserve} bytes")
-        raise ProgramError(f"a memory_budget of {total} bytes is below what the training step of "
-                           f"'{loss.name}' can run in for feed_shapes={dict(feed_shapes or {})}: the least "
-                           f"budget that fits is {least} bytes ({stored})")
+        error = ProgramError(f"a memory_budget of {total} bytes is below what the training step of "
+                             f"'{loss.name}' can run in for feed_shapes={dict(feed_shapes or {})}: the least "
+                             f"budget that fits is {least} bytes ({stored})")
+        error.least_budget = least        # for callers that offer the least budget instead
+        raise error
     activation, peak = best
     units = search.apply(program, activation)
     _record(program, BudgetPlan(total, peak + reserve, None if store_all is None else store_all + reserve,
@@ -131,6 +149,37 @@ def _fits(loss: Var, feed_shapes, build, budget: int) -> bool:
     pairs, n_forward = build(block.var(loss.name), real=False)
     keep = [loss.name] + [g.name for _, g in pairs]
     return _Search(scratch, block.var(loss.name), n_forward, keep, feed_shapes).best(budget) is not None
+
+
+def _accumulate_micro_batches(loss: Var, feed_shapes, build, budget: int) -> tuple[list, int, int] | None:
+    """Micro-batches of a transformer stack (a batch-separable forward with attention and a mean
+    loss, ``micro_batches.py``): the fewest whose accumulated gradients fit ``budget`` (tried on
+    copies), built into the program: ``(pairs, micro-batches, planned peak)``; when none fits,
+    ``(None, 0, the least planned peak)`` (more micro-batches are tried while the peak falls);
+    None when the program is not one. Other batch-separable chains (an MLP) keep the binomial
+    schedule over their layers, which reaches low budgets with bit-identical gradients."""
+    shapes = resolve_shapes(loss.block, feed_shapes)
+    region = separable_region(loss.block, shapes)
+    params = getattr(build, "param_names", None)
+    if region is None or not region.attends or params is None:
+        return None
+    if loss_over_rows(loss.block, region, loss.name) is None:
+        return None
+    least = None
+    for chunks in micro_batch_counts(region.rows):
+        scratch = loss.block.program.clone()
+        block = scratch.global_block()
+        pairs = accumulate_micro_batches(scratch, block, separable_region(block, shapes), chunks, loss.name,
+                                         params, build.no_grad)
+        peak = planned_peak(block, [loss.name] + [g.name for _, g in pairs], feed_shapes)
+        if peak <= budget:
+            pairs = accumulate_micro_batches(loss.block.program, loss.block, region, chunks, loss.name,
+                                             params, build.no_grad, build.callbacks)
+            return pairs, chunks, peak
+        if least is not None and peak >= least:      # what every micro-batch holds dominates
+            break
+        least = peak
+    return None if least is None else (None, 0, least)
 
 
 def _check_budget(memory_budget) -> int:

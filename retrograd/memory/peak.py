@@ -41,6 +41,7 @@ class Sizer:
         self.stand_ins = stand_in_names(block)
         self.unknown: list[str] = []
         self.live: dict[str, int] = {}       # bytes of the values live at the op being planned
+        self.dying: frozenset = frozenset()  # the values dying after the op being planned
 
     def of(self, name: str, block: Block | None = None) -> int:
         var = (block or self.block).find_var(name)
@@ -230,7 +231,19 @@ def _sub_block_holds(sizer: Sizer, op, live) -> tuple[int, list[int]]:
     return sum(sizer.block_bytes(b, rows) for b in op.sub_blocks()), [sizer.of(n) for n in op.outputs]
 
 
+def _split_holds(sizer: Sizer, op, live) -> tuple[int, list[int]]:
+    """``Split``'s pieces are views of its input, whose buffer lives while one of them does: when
+    the input dies at this op, its first live piece holds the input's bytes (the micro-batches of
+    a fed batch, ``micro_batches.py``: each one's piece lives to its backward)."""
+    outs = [sizer.of(n) for n in op.outputs]
+    kept = [i for i in range(len(outs)) if i in live]
+    if kept and op.inputs[0] in sizer.dying:
+        outs[kept[0]] += max(0, sizer.live.get(op.inputs[0], 0) - sum(outs[i] for i in kept))
+    return 0, outs
+
+
 HOLDS: dict[str, Callable] = {
+    "Split": _split_holds,
     "RecurrentNetwork": _rnn_holds, "RecurrentNetworkGrad": _rnn_grad_holds,
     "RecurrentNetworkBudgetGrad": _rnn_grad_holds, "While": _while_holds, "WhileBudgetGrad": _while_grad_holds,
 }
@@ -265,6 +278,7 @@ def planned_peak(block: Block, keep, feed_shapes: Mapping | None = None, shapes:
     sizer.live = live
     total = peak = sum(live.values())
     for step in plan.steps:
+        sizer.dying = frozenset(step.dead)
         held, outs = _holds(sizer, step.op, step.k.live_outputs)
         peak = max(peak, total + held + sum(outs))
         for name, size in zip(step.outputs, outs):

@@ -94,6 +94,9 @@ def _plan_note(plan) -> str:
     if plan is None:
         return ""
     stored = "?" if plan.store_all_peak is None else _fmt(plan.store_all_peak)
+    micro = getattr(plan, "micro_batches", 1)
+    if plan.activation_budget is None and micro > 1:
+        return f" (store-all {stored} B; the batch in {micro} micro-batches, each one's backward after its forward)"
     if plan.activation_budget is None:
         return f" (everything stored: {stored} B)"
     ff = f", feed-forward reversed over {plan.units} units" if plan.units else ""

@@ -1,0 +1,240 @@
+"""A batch-separable forward in micro-batches, each one's backward right after its forward: a
+transformer stack under a memory budget.
+
+Every op of a transformer language model computes each sequence of the batch
+from that sequence alone (embedding, layer norms, projections, attention over
+the sequence's own positions, the MLP, the output layer and its loss): its ops
+are *batch-separable* over axis 0 of the fed ``[N, ...]`` values. When the
+loss is the mean (or sum) of their per-row result, the gradient of one
+micro-batch of ``N / C`` rows needs nothing of the others, so the forward and
+the backward of each micro-batch run one after the other and their
+parameter gradients are summed (gradient accumulation inside one step)::
+
+    Before:   x = Gather(emb, ids); ...blocks...; xent = SoftmaxCrossEntropy(head, labels); loss = Mean(xent)
+              <the backward of loss>
+    After:    ids.mb0.* = Split(ids, C); x.mb0 = Gather(emb, ids.mb0.0); ...; xent.mb0 = ...
+              m0 = Mean(xent.mb0);  <the backward of m0 / C>                       -> w.grad
+              ids.mb1.* = Split(ids, C); ...; m1 = Mean(xent.mb1);  <its backward> -> w.grad_1
+              w.grad + w.grad_1 ...
+              xent = Concat(xent.mb0, .., xent.mb{C-1});  loss = Mean(xent)
+
+One micro-batch's activations live at a time and nothing is recomputed: the
+peak falls by about ``(C - 1) / C`` of the activations for a few more, smaller
+GEMMs. The whole-program budget (``budget.py``) takes the fewest micro-batches
+that fit for a transformer stack (``Region.attends``), whose sub-layers over
+the whole batch were the units a recompute schedule re-ran (the attention
+among them) and held whole.
+Gradients are store-all's to rounding (sums over rows run in another order).
+
+A program is split only when the ops reading the batch read it along axis 0,
+are all in ``SEPARABLE`` (no random op: its draws would differ) up to one
+value they give the rest of the program, no larger than the fed batch, which
+one ``Mean`` or ``Sum`` over all axes turns into the loss. ``N`` must divide by
+``C`` at run time (``Split``'s rule).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..ir.analysis import op_reads
+from ..ir.program import Block, Op, Program, Var
+from ..ops.registry import get_op_def
+from .sizes import Shapes
+
+ELEMENTWISE = "elementwise"
+# Batch-separable op types -> the input positions that may hold batch rows (-1: the last input),
+# or ELEMENTWISE (any input of the output's rank; lower ranks and a leading 1 broadcast).
+SEPARABLE: dict[str, tuple[int, ...] | str] = {
+    "Gather": (1,), "LayerNorm": (0,), "SeqLinear": (0,), "SplitHeads": (0,), "MergeHeads": (0,),
+    "ScaledDotProductAttention": (0, 1, 2, 3), "SoftmaxCrossEntropy": (0, 1), "LinearCrossEntropy": (0, -1),
+    "MatMul": (0,),
+    **{t: ELEMENTWISE for t in ("Add", "Sub", "Mul", "Div", "Gelu", "Tanh", "Sigmoid", "Relu", "Exp", "Log",
+                                "Square", "Neg")},
+}
+ATTENTION = "ScaledDotProductAttention"
+JOIN = "Concat"                # the micro-batches' rows joined for the rest of the program
+MOST_MICRO_BATCHES = 16      # more would multiply the ops (and the planning) for little less memory
+
+
+def micro_batch_counts(rows: int) -> list[int]:
+    """The micro-batch counts tried for a batch of ``rows``, fewest first: those dividing it, up to
+    ``MOST_MICRO_BATCHES``."""
+    return [c for c in range(2, min(rows, MOST_MICRO_BATCHES) + 1) if rows % c == 0]
+
+
+@dataclass
+class Region:
+    """The separable ops of a forward (indices), the fed values they split, the one value joined."""
+    ops: list[int]
+    feeds: list[str]
+    joined: str
+    rows: int                                     # N at the feed shapes
+    attends: bool = False                         # attention among the ops (a transformer stack)
+
+
+def separable_region(block: Block, shapes: Shapes) -> Region | None:
+    """The batch-separable ops of ``block`` (all its ops: call before building the backward), or
+    None when the program cannot be split (see the module's rules)."""
+    feeds = [name for name, var in block.vars.items()
+             if var.is_data and var.ndim >= 1 and var.shape[0] < 0 and shapes.get(name, (-1,))[0] > 0]
+    sizes = {shapes[name][0] for name in feeds}
+    if len(sizes) != 1 or min(sizes) < 2:
+        return None
+    rows = sizes.pop()
+    batch = set(feeds)                     # values with the batch rows on axis 0
+    region, after, read_after = [], [], []
+    for i, op in enumerate(block.ops):
+        reads = [n for n in op_reads(op) if n in batch]
+        if not reads:
+            if region and any(n in batch for n in op.outputs):
+                return None
+            continue
+        if _separable(block, op, batch, shapes, rows) and not after:
+            region.append(i)
+            batch.update(op.outputs)
+        else:
+            after.append(i)
+            read_after += [n for n in reads if n not in feeds]
+    joined = list(dict.fromkeys(read_after))
+    used = {n for i in region for n in op_reads(block.ops[i]) if n in feeds}
+    if not region or len(joined) != 1 or not used:
+        return None
+    fed = sum(_bytes(block, n, shapes) for n in used)
+    if _bytes(block, joined[0], shapes) > fed:
+        return None
+    attends = any(block.ops[i].type == ATTENTION for i in region)
+    return Region(region, sorted(used), joined[0], rows, attends)
+
+
+def _bytes(block: Block, name: str, shapes: Shapes) -> int:
+    var = block.var(name)
+    return int(np.prod([max(d, 1) for d in shapes.get(name, var.shape)])) * np.dtype(var.dtype).itemsize
+
+
+def _separable(block: Block, op: Op, batch: set, shapes: Shapes, rows: int) -> bool:
+    """True when ``op`` computes each row of its outputs from the same rows of its inputs holding
+    the batch (``batch``), the others read whole."""
+    rule = SEPARABLE.get(op.type)
+    if rule is None or op.sub_blocks() or get_op_def(op.type).random:
+        return False
+    if any(block.var(n).persistable for n in op.outputs):
+        return False
+    rank = len(shapes.get(op.outputs[0], block.var(op.outputs[0]).shape))
+    positions = range(len(op.inputs)) if rule == ELEMENTWISE else {p % len(op.inputs) for p in rule}
+    broadcasts = rule == ELEMENTWISE or op.type == ATTENTION
+    for p, name in enumerate(op.inputs):
+        shape = shapes.get(name, block.var(name).shape)
+        if name in batch:
+            if p not in positions or shape[0] != rows or (rule == ELEMENTWISE and len(shape) != rank):
+                return False
+        elif p in positions and not (broadcasts and (len(shape) < rank or shape[0] == 1)):
+            return False             # a whole value where rows are read, not broadcast over them
+    return True
+
+
+def _micro_batch(program: Program, block: Block, ops: list[Op], feeds: list[str], chunks: int, c: int,
+                 built: list[Op]) -> dict[str, str]:
+    """Copies of ``ops`` over micro-batch ``c`` appended to ``built``; forward name -> copy name."""
+    mapping: dict[str, str] = {}
+    for op in ops:
+        for name in op.inputs:
+            if name in feeds and name not in mapping:
+                pieces = [_fresh(program, block, name, f"mb{c}.{j}") for j in range(chunks)]
+                built.append(Op("Split", [name], pieces, {"axis": 0, "num": chunks, "sections": None},
+                                location=op.location))
+                mapping[name] = pieces[c]
+        outputs = [_fresh(program, block, name, f"mb{c}") for name in op.outputs]
+        mapping.update(zip(op.outputs, outputs))
+        built.append(Op(op.type, [mapping.get(n, n) for n in op.inputs], outputs, dict(op.attrs),
+                        location=op.location))
+    return mapping
+
+
+def _fresh(program: Program, block: Block, name: str, tag: str) -> str:
+    var = block.var(name)
+    new = program.unique_name(f"{name}.{tag}")
+    block.create_var(new, var.shape, var.dtype, stop_gradient=var.stop_gradient)
+    return new
+
+
+# --- gradient accumulation: each micro-batch's backward right after its forward ----------------------
+
+LOSS_TYPES = {"Mean": True, "Sum": False}       # the loss over the joined rows -> averaged (True) or summed
+
+
+def loss_over_rows(block: Block, region: Region, loss: str) -> str | None:
+    """The op type of the one op after ``region`` reading its joined rows when that op reduces them
+    (all axes) to ``loss`` (``Mean`` or ``Sum``): then each micro-batch's gradient needs nothing of
+    the others, and micro-batches are accumulated; else None."""
+    readers = [op for op in block.ops if region.joined in op_reads(op)]
+    if len(readers) != 1 or readers[0].outputs != [loss] or readers[0].type not in LOSS_TYPES:
+        return None
+    op = readers[0]
+    if op.attrs.get("axis") is not None or op.attrs.get("keepdims"):
+        return None
+    return op.type
+
+
+def accumulate_micro_batches(program: Program, block: Block, region: Region, chunks: int, loss: str,
+                             params: list[str], no_grad: set, callbacks=None) -> list[tuple]:
+    """Rewrite ``block`` (its forward only; ``loss_over_rows`` holds) so each of ``chunks``
+    micro-batches runs its forward and then its backward, the parameters' gradients summed as they
+    come: nothing is recomputed, one micro-batch's activations live at a time. Return
+    ``[(param, grad)]`` for ``params`` that get one (``no_grad``, ``callbacks``: as
+    ``append_backward``'s).
+
+    Micro-batch ``c``'s backward is that of ``Mean(rows_c) / C`` (a mean of equal pieces), or
+    of ``Sum(rows_c)``, seeded as ``append_backward`` seeds (``rg.memory.report`` finds the first
+    micro-batch's seed: its backward part starts there); the loss is still computed from all the
+    rows, joined.
+
+    Example::
+
+        region = separable_region(block, resolve_shapes(block, feed_shapes))
+        pairs = accumulate_micro_batches(main, block, region, 8, loss.name, ["w", "b"], set())
+    """
+    from ..autodiff.backward import build_backward       # autodiff imports memory's rewrites
+    from ..ir.builder import block_guard, capture_ops
+    from ..ops.creation import fill_like
+
+    reducer = next(op for op in block.ops if region.joined in op_reads(op))
+    ops = [block.ops[i] for i in region.ops]
+    last = region.ops[-1]
+    before = [op for i, op in enumerate(block.ops[:last]) if i not in set(region.ops)]
+    rest = block.ops[last + 1:]
+    block.ops[:] = []
+    for op in before:
+        block.append_op(op)
+    grads: dict[str, Var] = {}
+    parts = []
+    for c in range(chunks):
+        built: list[Op] = []
+        parts.append(_micro_batch(program, block, ops, region.feeds, chunks, c, built)[region.joined])
+        piece = block.var(parts[-1])
+        reduced = block.create_var(program.unique_name(f"{loss}.mb{c}"), (), piece.dtype)
+        built.append(Op(reducer.type, [piece.name], [reduced.name], dict(reducer.attrs),
+                        location=reducer.location))
+        with block_guard(block), capture_ops() as scaling:     # a mean of equal pieces
+            part_loss = reduced * (1.0 / chunks) if LOSS_TYPES[reducer.type] else reduced
+        built += scaling
+        with block_guard(block), capture_ops() as seeding:     # seeded as append_backward seeds
+            seed = fill_like(part_loss, 1.0)
+        for op in built + seeding:
+            block.append_op(op)
+        result = build_backward(built, block, block, {part_loss.name: seed}, params, no_grad, callbacks)
+        with block_guard(block):
+            for name in params:
+                grad = result.grads.get(name)
+                if grad is not None:
+                    grads[name] = grad if name not in grads else grads[name] + grad
+    block.append_op(Op(JOIN, parts, [region.joined], {"axis": 0}, location=ops[-1].location))
+    for op in ops:
+        for name in op.outputs:
+            if name != region.joined:
+                block.vars.pop(name, None)
+    for op in rest:
+        block.append_op(op)
+    program.bump()
+    return [(block.var(name), grads[name]) for name in params if name in grads]
