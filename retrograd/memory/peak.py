@@ -26,7 +26,9 @@ from ..ir.program import Block, Var
 from ..ops.recurrent_steps import is_budget
 from ..runtime.plan import compile_block
 from .rnn_budget import SCHEDULE_LEN, batched_bytes, batched_rows, checkpoint_plan
+from ..ops.recurrent_grad import TimeBatches
 from .shape_reads import stand_in_names
+from .step_rows import input_row_ops, output_row_ops, row_bytes, rows_chunk
 from .sizes import Shapes, resolve_shapes
 
 
@@ -116,6 +118,9 @@ def _rnn_holds(sizer: Sizer, op, live) -> tuple[int, list[int]]:
         outs[2 * i] = (steps + 1) * size if 2 * i in live or from_alls else 0
         outs[2 * i + 1] = size
     held = transient + 2 * sum(states)
+    if budget is not None:
+        held += _input_rows_bytes(op, op.inputs[n_seq + n_state + int(bool(attrs["has_lengths"])):], steps, rows,
+                                  budget)
     if budget is None:
         for j, (name, full) in enumerate(zip(attrs.get("saved", ()), attrs.get("saved_full", ()))):
             if 2 * n_state + j in live and full:
@@ -155,6 +160,9 @@ def _rnn_grad_holds(sizer: Sizer, op, live) -> tuple[int, list[int]]:
         taken = 0 if from_alls else len(plan.sweep_stores) * sum(states)    # inputs: live already
         # A step re-runs (advance, tape) and backward steps (reverse) take turns: one body at a time.
         held = max(held, sizer.block_bytes(attrs["step"], rows)) + plan.peak_bytes(sum(states), tape) - taken
+        outer = op.inputs[n_seq + n_state + int(bool(attrs["has_lengths"])):][:int(attrs["n_outer"])]
+        held += _input_rows_bytes(op, outer, steps, rows, int(attrs["budget"]))
+        held += min(plan.segment, steps) * _output_rows_bytes(op, outer, rows)
     else:                             # store-all: the time-batched buffers span all steps
         held += _time_batches(sizer, op, rows, steps)
     outs = [sizer.of(op.inputs[i]) for i in attrs["grad_of"]]
@@ -162,6 +170,21 @@ def _rnn_grad_holds(sizer: Sizer, op, live) -> tuple[int, list[int]]:
     # the time-batched products are made after, when the loop's buffers are gone.
     looping = sum(size for position, size in zip(attrs["grad_of"], outs) if _grown_in_loop(op, position))
     return max(0, held + looping - sum(outs)), outs
+
+
+def _input_rows_bytes(op, outer: list[str], steps: int, rows: int, budget: int) -> int:
+    """A budgeted recurrent op's chunk of input projections (``step_rows.InputRows``)."""
+    step = op.attrs["step"]
+    per_step = row_bytes(step, input_row_ops(step, op.attrs["inputs_t"], outer), rows)
+    return rows_chunk(steps, budget, per_step) * per_step
+
+
+def _output_rows_bytes(op, outer: list[str], rows: int) -> int:
+    """One step of the gradients a budgeted backward makes per segment (``step_rows.OutputRows``)."""
+    attrs, backward = op.attrs, op.attrs["backward"]
+    collected = TimeBatches(np, None, 0, attrs["batched"], attrs["fetch_seq"], attrs["tape"]).names
+    ops = output_row_ops(backward, collected, outer, attrs["fetch_seq"], attrs["fetch_outer"])
+    return row_bytes(backward, [o for o in ops if o.type == "SeqLinear"], rows)
 
 
 def _grown_in_loop(op, position: int) -> bool:

@@ -52,6 +52,7 @@ from ..ops.recurrent_onnx import backward_loop_onnx, forward_loop_onnx
 from ..ops.registry import GradCtx, append_op, defop
 from .recompute import seen_from
 from .schedules import Plan, StepRunner, budget_plan, make_plan, minimum_budget, run_backward
+from .step_rows import InputRows, OutputRows, input_row_ops, output_row_ops, row_bytes, rows_chunk
 
 SCHEDULE_LEN = 4          # [T, segment, slots, from_alls]
 
@@ -68,7 +69,7 @@ def output_specs(inits: list[Var], attrs: dict) -> list:
 class _Steps:
     """Runs the forward step block of one op: bindings per step, state updates, meter holds."""
 
-    def __init__(self, k, lay: RnnLayout, seqs, lengths, outers, step: Block, attrs: dict):
+    def __init__(self, k, lay: RnnLayout, seqs, lengths, outers, step: Block, attrs: dict, budget: int):
         self.k, self.xp, self.run, self.op = k, k.xp, k.run, k.op
         self.seqs, self.lengths = seqs, lengths
         self.step = step
@@ -76,13 +77,23 @@ class _Steps:
         self.state_outs, self.timestep = attrs["state_outs"], attrs.get("timestep")
         self.bindings = dict(zip(k.op.inputs[lay.outer_start:lay.n_inputs], outers))
         self.runners: dict[tuple, BlockRunner] = {}
+        # The input projections run over chunks of steps (step_rows.py); ``limit`` ends a chunk
+        # where the steps being run end.
+        ops = input_row_ops(step, self.inputs_t, self.bindings)
+        batch = int(seqs[0].shape[1]) if seqs and len(seqs[0].shape) > 1 else 1
+        chunk = rows_chunk(time_steps(k.op, seqs) if seqs else 1, budget, row_bytes(step, ops, batch))
+        self.rows = InputRows(k, step, ops, dict(zip(self.inputs_t, seqs)), self.bindings, chunk)
+        self.limit = len(seqs[0]) if seqs else 0
 
     def runner(self, block: Block, bound, fetch) -> BlockRunner:
-        """A compiled runner of ``block`` binding ``bound`` and fetching ``fetch`` (made once)."""
+        """A compiled runner of ``block`` binding ``bound`` and fetching ``fetch`` (made once); the
+        forward step skips the ops ``self.rows`` runs over chunks of steps."""
         key = (block.idx, tuple(fetch))
         runner = self.runners.get(key)
         if runner is None:
-            runner = self.runners[key] = BlockRunner(self.op, self.run, block, bound, fetch)
+            skip = {id(op) for op in self.rows.ops} if block is self.step else set()
+            runner = self.runners[key] = BlockRunner(self.op, self.run, block, list(bound) + self.rows.names,
+                                                     fetch, select=lambda op: id(op) not in skip)
         return runner
 
     def bind(self, t: int, state: list) -> dict:
@@ -93,6 +104,7 @@ class _Steps:
             b[name] = value
         if self.timestep:
             b[self.timestep] = timestep_value(self.xp, self.step, self.timestep, t)
+        self.rows.bind(b, t, self.limit)
         return b
 
     def run_step(self, t: int, state: list, extra: list[str] = ()) -> tuple[list, list]:
@@ -157,7 +169,7 @@ def forward_kernel(k, *arrays):
     lay = RnnLayout.of(attrs, len(arrays))
     seqs, inits, lengths, outers = lay.split(arrays)
     steps = time_steps(op, seqs)
-    runner = _Steps(k, lay, seqs, lengths, outers, attrs["step"], attrs)
+    runner = _Steps(k, lay, seqs, lengths, outers, attrs["step"], attrs, int(attrs["recompute"]))
     k_state = lay.n_state
     # Checkpoints only when this plan runs the backward (it reads them and the schedule); the
     # backward reads the states tensors instead when every _all is read elsewhere anyway.
@@ -207,6 +219,7 @@ def forward_kernel(k, *arrays):
             outputs += [_empty(xp, init), last if steps > 0 else xp.asarray(init, copy=True)]
     if steps > 0:
         runner.release(state)
+    runner.rows.release()
     if attrs.get("budget_outputs"):
         if not ckpts:    # no checkpoints taken (none planned, or not live in this plan)
             ckpts = [_empty(xp, v) for v in inits]
@@ -424,7 +437,7 @@ class _Backward(StepRunner):
         attrs, xp = k.attrs, k.xp
         self.k, self.xp, self.attrs, self.lay = k, xp, attrs, lay
         self.block: Block = attrs["backward"]
-        self.steps = _Steps(k, lay.fwd, seqs, lengths, outers, attrs["step"], attrs)
+        self.steps = _Steps(k, lay.fwd, seqs, lengths, outers, attrs["step"], attrs, int(attrs["budget"]))
         self.seqs, self.inits, self.lengths = seqs, inits, lengths
         self.d_all, self.d_last = d_all, d_last
         self.held = Held(k.run.meter)
@@ -438,7 +451,16 @@ class _Backward(StepRunner):
         self.tape = list(attrs["tape"])
         self.shape_only = list(attrs["shape_only"])
         collected = TimeBatches(xp, Held(k.run.meter), 0, attrs["batched"], self.fetch_seq, self.tape).names
-        self.fetch = [n for n in self.fetch_seq + attrs["fetch_state"] + attrs["fetch_outer"] if n] + collected
+        # Input and bias gradients of the projections: once per segment over the kept d rows.
+        self.rows = OutputRows(k, self.block, output_row_ops(self.block, collected, self.steps.bindings,
+                                                             self.fetch_seq, attrs["fetch_outer"]),
+                               self.steps.bindings)
+        by_rows = set(self.rows.names)
+        self.fetch_seq = [None if n in by_rows else n for n in self.fetch_seq]
+        self.seq_rows = {n: i for i, n in enumerate(attrs["fetch_seq"]) if n in by_rows and self.dseq[i] is not None}
+        self.outer_rows = {n: j for j, n in enumerate(attrs["fetch_outer"]) if n in by_rows}
+        self.fetch_outer = [None if n in by_rows else n for n in attrs["fetch_outer"]]
+        self.fetch = [n for n in self.fetch_seq + attrs["fetch_state"] + self.fetch_outer if n] + collected
         self.index = {name: i for i, name in enumerate(self.fetch)}
         self.acc: list = [None] * lay.fwd.n_outer
         self.dcur: list = list(d_last)   # gradient arriving at state t+1 from later steps; None = zero
@@ -451,6 +473,7 @@ class _Backward(StepRunner):
 
     # -- StepRunner --------------------------------------------------------------------------
     def advance(self, state, start: int, stop: int):
+        self.steps.limit = stop
         for t in range(start, stop):
             new, _ = self.steps.run_step(t, state)
             self.steps.hold(new)
@@ -479,6 +502,11 @@ class _Backward(StepRunner):
         alls = [a[start:stop] for a in self.alls] if self.alls is not None else [s[:n] for s in self.seg_states]
         saved = [s[:n] for s in self.seg_tape]
         seqs = [s[start:stop] for s in self.seqs]
+        for name, value in self.rows.run(lambda n: collect.stacked(n, dseq)).items():
+            if name in self.seq_rows:
+                self.dseq[self.seq_rows[name]][start:stop, ...] = value
+            elif name in self.outer_rows:
+                self._accumulate(self.outer_rows[name], value)
         for j, product in collect.products(seqs, list(state), alls, saved, dseq):
             self.acc[j] = product if self.acc[j] is None else self.acc[j] + product
         collect.held.release()
@@ -488,6 +516,7 @@ class _Backward(StepRunner):
         """Re-run steps start..stop-1 keeping their states and the values the backward block reads."""
         xp, steps = self.xp, self.steps
         current = state
+        steps.limit = stop
         for t in range(start, stop):
             new, values = steps.run_step(t, current, self.tape + self.shape_only)
             for i, value in enumerate(new if self.alls is None else ()):
@@ -564,17 +593,21 @@ class _Backward(StepRunner):
                 self.dseq[i][t, ...] = values[self.index[name]]
         for i, name in enumerate(attrs["fetch_state"]):
             self.dcur[i] = add_optional(values[self.index[name]] if name else None, carry[i])
-        for j, name in enumerate(attrs["fetch_outer"]):
+        for j, name in enumerate(self.fetch_outer):
             if name:
-                value = values[self.index[name]]
-                if self.acc[j] is None:
-                    self.acc[j] = self.held.add(xp.asarray(value, copy=True))
-                else:
-                    self.acc[j] += value
+                self._accumulate(j, values[self.index[name]])
         return values
+
+    def _accumulate(self, j: int, value) -> None:
+        """Add ``value`` to outer value j's gradient (held from its first part on)."""
+        if self.acc[j] is None:
+            self.acc[j] = self.held.add(self.xp.asarray(value, copy=True))
+        else:
+            self.acc[j] += value
 
     def results(self):
         xp, lay = self.xp, self.lay.fwd
+        self.steps.rows.release()
         self.held.release()
         out = []
         for position in self.attrs["grad_of"]:
