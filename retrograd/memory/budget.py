@@ -69,6 +69,7 @@ class BudgetPlan:
     store_all_peak: int | None          # None: a loop's trip count decides it
     activation_budget: int | None       # None: everything stored
     units: int = 0                      # feed-forward units under a binomial schedule (0: none)
+    reserved_peak: int | None = None    # what the schedules reserve (the fit): planned_peak <= it <= budget
 
 
 @register_backward_rewrite("memory_budget")
@@ -110,8 +111,10 @@ def fit_memory_budget(loss: Var, memory_budget: int, feed_shapes: Mapping | None
                            f"budget that fits is {least} bytes ({stored})")
     activation, peak = best
     units = search.apply(program, activation)
-    _record(program, BudgetPlan(total, peak + reserve, None if store_all is None else store_all + reserve,
-                                activation, units))
+    # The fit counts what the loops' schedules reserve; the plan reports what is live at once.
+    live = planned_peak(program.global_block(), keep, feed_shapes, live=True)
+    _record(program, BudgetPlan(total, live + reserve, None if store_all is None else store_all + reserve,
+                                activation, units, peak + reserve))
     return pairs
 
 

@@ -36,10 +36,12 @@ _NO_BACKEND = SimpleNamespace(xp=np, name="planning")
 
 
 class Sizer:
-    """Bytes of values at resolved shapes; -1 dims inside loop bodies take the batch ``rows``."""
+    """Bytes of values at resolved shapes; -1 dims inside loop bodies take the batch ``rows``.
+    ``live``: a budgeted loop's segment counts what is live at once rather than what its
+    schedule reserves (``planned_peak(..., live=True)``)."""
 
-    def __init__(self, block: Block, shapes: Shapes):
-        self.block, self.shapes = block, shapes
+    def __init__(self, block: Block, shapes: Shapes, live: bool = False):
+        self.block, self.shapes, self.live_only = block, shapes, live
         self.stand_ins = stand_in_names(block)
         self.unknown: list[str] = []
         self.live: dict[str, int] = {}       # bytes of the values live at the op being planned
@@ -158,6 +160,10 @@ def _rnn_grad_holds(sizer: Sizer, op, live) -> tuple[int, list[int]]:
                            from_alls)
         plan = checkpoint_plan(steps, int(attrs["budget"]), sum(states), tape, from_alls)
         taken = 0 if from_alls else len(plan.sweep_stores) * sum(states)    # inputs: live already
+        if sizer.live_only:     # the schedule reserves a shared batched row per use; it is one buffer
+            tape = _tape_bytes(sizer, attrs["step"], attrs["tape"],
+                               batched_rows(attrs["batched"], backward, attrs["tape"], once=True), states, rows,
+                               from_alls)
         # A step re-runs (advance, tape) and backward steps (reverse) take turns: one body at a time.
         held = max(held, sizer.block_bytes(attrs["step"], rows)) + plan.peak_bytes(sum(states), tape) - taken
         outer = op.inputs[n_seq + n_state + int(bool(attrs["has_lengths"])):][:int(attrs["n_outer"])]
@@ -271,30 +277,34 @@ def _holds(sizer: Sizer, op, live) -> tuple[int, list[int]]:
 # --- the walk ------------------------------------------------------------------------------------------
 
 def planned_peak(block: Block, keep, feed_shapes: Mapping | None = None, shapes: Shapes | None = None,
-                 exact: bool = True) -> int:
+                 exact: bool = True, live: bool = False) -> int:
     """The peak bytes a run of ``block`` fetching ``keep`` would reach, for the shapes given.
 
     Raises ProgramError naming the values whose sizes depend on run-time
-    shapes ``feed_shapes`` did not give (with ``exact``).
+    shapes ``feed_shapes`` did not give (with ``exact``). By default a
+    budgeted recurrence's segment counts what its schedule reserves (a
+    time-batched row once per gradient it serves: what a budget must hold);
+    with ``live`` what is live at once (each buffer once: what a run
+    measures, the number ``rg.memory.report`` shows).
 
     Example::
 
         peak = rg.memory.planned_peak(main.global_block(), ["loss"], {"x": (64, 8)})
     """
     shapes = shapes if shapes is not None else resolve_shapes(block, feed_shapes)
-    sizer = Sizer(block, shapes)
+    sizer = Sizer(block, shapes, live)
     plan = compile_block(block, frozenset(keep), _NO_BACKEND, None)   # liveness only: no kernel runs
-    live: dict[str, int] = {name: sizer.of(name) for name in plan.free_reads}
-    sizer.live = live
-    total = peak = sum(live.values())
+    held_now: dict[str, int] = {name: sizer.of(name) for name in plan.free_reads}
+    sizer.live = held_now
+    total = peak = sum(held_now.values())
     for step in plan.steps:
         held, outs = _holds(sizer, step.op, step.k.live_outputs)
         peak = max(peak, total + held + sum(outs))
         for name, size in zip(step.outputs, outs):
-            total += size - live.get(name, 0)
-            live[name] = size
+            total += size - held_now.get(name, 0)
+            held_now[name] = size
         for name in step.dead:
-            total -= live.pop(name, 0)
+            total -= held_now.pop(name, 0)
     if exact and sizer.unknown:
         names = list(dict.fromkeys(sizer.unknown))
         raise ProgramError(f"the sizes of {', '.join(names[:5])}{' ...' if len(names) > 5 else ''} depend on "

@@ -236,14 +236,17 @@ def _empty(xp, like):
 
 # --- the gradient maker -----------------------------------------------------------------------------
 
-def batched_rows(batched: list, block: Block, saved) -> list:
+def batched_rows(batched: list, block: Block, saved, once: bool = False) -> list:
     """[shape, dtype] per step of each value the backward keeps per step of a segment for the
     gradients batched over time (``TimeBatches``): they count in the budget like the tape, once
     per use (an LSTM's d(gates) serves w_ih and w_hh: counting it once let a budget be exceeded
-    at a longer run-time length, see 54cfaed)."""
+    at a longer run-time length, see 54cfaed). With ``once``, once per buffer: what is live (the
+    planner's report, ``peak.py``), not what the schedule reserves."""
     names = []
     for _, kind, ref, d in batched:
         names += [d] + ([ref] if kind == "value" and ref not in saved else [])
+    if once:
+        names = list(dict.fromkeys(names))
     rows = []
     for name in names:
         var = block.find_var(name)
