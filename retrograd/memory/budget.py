@@ -53,6 +53,7 @@ LOOP_TYPES = ("RecurrentNetwork", "While")
 LOOP_GRAD_TYPES = ("RecurrentNetworkBudgetGrad", "WhileBudgetGrad")
 _PLACEHOLDER = 1 << 60      # a loop's budget until the search sets it
 _TRIALS = 24
+KEPT_SEGMENT = 32       # the fewest steps per segment for which keeping every state pays
 
 
 @register_backward_rewrite("recompute")
@@ -93,9 +94,14 @@ def fit_memory_budget(loss: Var, memory_budget: int, feed_shapes: Mapping | None
     # more GEMM, but the room it frees lets the loops keep more (on the LSTM LM at 25% of
     # store-all's peak, fusing only when nothing fits without it took 2x the time).
     fuse_linear_cross_entropy(program, loss.block, chunk_bytes=min(CHUNK_BYTES, max(budget // 16, 1)))
-    # Ops over every time step of a recurrence's states run inside its steps (time_steps.py) when
-    # the budget needs it: step by step they cost more time than one GEMM over all steps.
-    if not _fits(loss, feed_shapes, build, budget):
+    # A recurrence keeping every states tensor re-runs each segment of its backward from them, at
+    # once where its step is row-wise (rnn_budget.py): no checkpoint advances, no step-by-step
+    # re-run. Taken when it fits. Else ops over every time step of a recurrence's states run
+    # inside its steps (time_steps.py) when the budget needs it: step by step they cost more time
+    # than one GEMM over all steps.
+    if _has_loops(loss.block, ("RecurrentNetwork",)) and _fits(loss, feed_shapes, build, budget, keep_states=True):
+        _keep_states(loss.block)
+    elif not _fits(loss, feed_shapes, build, budget):
         sink_time_step_ops(program, loss.block, resolve_shapes(loss.block, feed_shapes))
     _budget_loops(loss.block)
     pairs, n_forward = build()
@@ -126,14 +132,40 @@ def _budget_loops(block: Block) -> None:
     block.program.bump()
 
 
-def _fits(loss: Var, feed_shapes, build, budget: int) -> bool:
-    """True when some schedule of the program as it is fits ``budget`` (searched on a copy)."""
+def _has_loops(block: Block, types) -> bool:
+    return any(op.type in types and op.attrs.get("recompute") is None for op in block.ops)
+
+
+def _keep_states(block: Block) -> None:
+    """Recurrent ops the budget sets keep every states tensor for their backward."""
+    for op in block.ops:
+        if op.type == "RecurrentNetwork" and op.attrs.get("recompute") is None:
+            op.attrs["budget_keep_states"] = True
+    block.program.bump()
+
+
+def _fits(loss: Var, feed_shapes, build, budget: int, keep_states: bool = False) -> bool:
+    """True when some schedule of the program as it is fits ``budget`` (searched on a copy), with
+    ``keep_states`` when its recurrent ops keep every states tensor."""
     scratch = loss.block.program.clone()
     block = scratch.global_block()
+    if keep_states:
+        _keep_states(block)
     _budget_loops(block)
     pairs, n_forward = build(block.var(loss.name), real=False)
     keep = [loss.name] + [g.name for _, g in pairs]
-    return _Search(scratch, block.var(loss.name), n_forward, keep, feed_shapes).best(budget) is not None
+    search = _Search(scratch, block.var(loss.name), n_forward, keep, feed_shapes)
+    best = search.best(budget)
+    if best is None or not keep_states:
+        return best is not None
+    # Kept states pay only with segments of KEPT_SEGMENT steps or more (each segment's backward
+    # has its own batched products) and no feed-forward recompute of the recurrence itself.
+    activation = best[0]
+    sizer = Sizer(block, search.shapes)
+    tapes = [_one_step_tape(sizer, op) for op in block.ops[:n_forward] if op.type == "RecurrentNetwork"
+             and is_budget(op.attrs.get("recompute"))]
+    return (search.units.count < 2 or activation >= search.model.store_all) and all(
+        activation >= KEPT_SEGMENT * tape for tape in tapes)
 
 
 def _check_budget(memory_budget) -> int:

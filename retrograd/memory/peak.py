@@ -28,7 +28,7 @@ from ..runtime.plan import compile_block
 from .rnn_budget import SCHEDULE_LEN, batched_bytes, batched_rows, checkpoint_plan
 from ..ops.recurrent_grad import TimeBatches
 from .shape_reads import stand_in_names
-from .step_rows import input_row_ops, output_row_ops, row_bytes, rows_chunk
+from .step_rows import input_row_ops, output_row_ops, row_bytes, rows_batchable, rows_chunk
 from .sizes import Shapes, resolve_shapes
 
 
@@ -165,9 +165,15 @@ def _rnn_grad_holds(sizer: Sizer, op, live) -> tuple[int, list[int]]:
                                batched_rows(attrs["batched"], backward, attrs["tape"], once=True), states, rows,
                                from_alls)
         # A step re-runs (advance, tape) and backward steps (reverse) take turns: one body at a time.
-        held = max(held, sizer.block_bytes(attrs["step"], rows)) + plan.peak_bytes(sum(states), tape) - taken
+        # From the kept states tensors, the plan's checkpoints are views of them: only the tape.
+        kept = min(plan.segment, steps) * tape if from_alls else plan.peak_bytes(sum(states), tape) - taken
+        held = max(held, sizer.block_bytes(attrs["step"], rows)) + kept
         outer = op.inputs[n_seq + n_state + int(bool(attrs["has_lengths"])):][:int(attrs["n_outer"])]
         held += _input_rows_bytes(op, outer, steps, rows, int(attrs["budget"]))
+        step = attrs["step"]
+        if from_alls and not attrs["shape_only"] and rows_batchable(step, attrs, outer):   # steps at once
+            per_step = row_bytes(step, step.ops, rows)
+            held += rows_chunk(steps, int(attrs["budget"]), per_step) * per_step
         held += min(plan.segment, steps) * _output_rows_bytes(op, outer, rows)
     else:                             # store-all: the time-batched buffers span all steps
         held += _time_batches(sizer, op, rows, steps)

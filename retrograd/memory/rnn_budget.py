@@ -52,7 +52,8 @@ from ..ops.recurrent_onnx import backward_loop_onnx, forward_loop_onnx
 from ..ops.registry import GradCtx, append_op, defop
 from .recompute import seen_from
 from .schedules import Plan, StepRunner, budget_plan, make_plan, minimum_budget, run_backward
-from .step_rows import InputRows, OutputRows, input_row_ops, output_row_ops, row_bytes, rows_chunk
+from .step_rows import (BatchedSteps, InputRows, OutputRows, input_row_ops, output_row_ops, row_bytes,
+                        rows_batchable, rows_chunk)
 
 SCHEDULE_LEN = 4          # [T, segment, slots, from_alls]
 
@@ -305,7 +306,10 @@ def grad_maker(g: GradCtx) -> list[Var | None]:
     _check_static_budget(op, bstep)
     block = op.block
     if not attrs.get("budget_outputs"):
-        attrs["budget_all"] = [_read_elsewhere(op, op.outputs[2 * i]) for i in range(k)]
+        # Every states tensor kept when the whole-program budget chose to (budget.py: a segment's
+        # steps then re-run at once), else those the program reads anyway.
+        keep = bool(attrs.get("budget_keep_states"))
+        attrs["budget_all"] = [keep or _read_elsewhere(op, op.outputs[2 * i]) for i in range(k)]
         attrs["budget_tape"] = list(bstep.saved)
         attrs["budget_batched"] = batched_rows(bstep.batched, bstep.block, bstep.saved)
         attrs["budget_outputs"] = True
@@ -473,6 +477,7 @@ class _Backward(StepRunner):
         self.seg_states: list = [None] * n_state
         self.seg_tape: list = [None] * len(self.tape)
         self.stand_ins: dict = {}
+        self.at_once = self._batched_steps(k, seqs, int(attrs["budget"]))
 
     # -- StepRunner --------------------------------------------------------------------------
     def advance(self, state, start: int, stop: int):
@@ -515,8 +520,35 @@ class _Backward(StepRunner):
         collect.held.release()
 
     # -- one segment ---------------------------------------------------------------------------
+    def _batched_steps(self, k, seqs, budget: int) -> BatchedSteps | None:
+        """With every state kept by the forward and a row-wise step (``step_rows.rows_batchable``),
+        a segment's steps re-run as one block run over their rows (in chunks): no recurrence."""
+        step, attrs = self.attrs["step"], self.attrs
+        if self.alls is None or self.shape_only or not seqs or not rows_batchable(step, attrs, self.steps.bindings):
+            return None
+        chunk = rows_chunk(len(seqs[0]), budget, row_bytes(step, step.ops, int(seqs[0].shape[1])))
+        return BatchedSteps(k, step, attrs, self.steps.bindings, self.tape, chunk)
+
+    def _tape_at_once(self, start: int, stop: int) -> None:
+        xp = self.xp
+
+        def prev_states(a: int, b: int) -> list:
+            if a > 0:
+                return [s[a - 1:b - 1] for s in self.alls]
+            return [xp.concatenate([xp.reshape(init, (1,) + tuple(init.shape)), s[:b - 1]], axis=0)
+                    for init, s in zip(self.inits, self.alls)]
+
+        def store(j: int, a: int, b: int, rows) -> None:
+            if self.seg_tape[j] is None:
+                self.seg_tape[j] = self.held.add(xp.empty((self.segment,) + tuple(rows.shape[1:]), dtype=rows.dtype))
+            self.seg_tape[j][a - start:b - start, ...] = rows
+
+        self.at_once.run(self.seqs, prev_states, start, stop, store)
+
     def _tape(self, state, start: int, stop: int) -> None:
         """Re-run steps start..stop-1 keeping their states and the values the backward block reads."""
+        if self.at_once is not None:
+            return self._tape_at_once(start, stop)
         xp, steps = self.xp, self.steps
         current = state
         steps.limit = stop

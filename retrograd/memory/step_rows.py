@@ -26,6 +26,7 @@ import math
 import numpy as np
 
 from ..ir.program import Block, Op
+from ..ops.registry import get_op_def
 from ..ops.recurrent_steps import Held
 from ..ops.recurrent_steps import StepRunner as BlockRunner
 
@@ -164,3 +165,81 @@ class OutputRows:
             lead = shapes[op.inputs[0]]
             out[op.outputs[0]] = xp.reshape(value, lead + tuple(value.shape[1:])) if op.type == "SeqLinear" else value
         return out
+
+
+# --- re-running a segment's steps at once from kept states -------------------------------------
+
+ROW_OPS = {"LSTMUnit", "GRUUnit", "Tanh", "Sigmoid", "Relu", "Exp", "Log", "Square", "Neg", "Add", "Sub",
+           "Mul", "Div"}
+
+
+def rows_batchable(step: Block, attrs: dict, outer) -> bool:
+    """True when every op of the step block computes each row (batch entry) of its outputs from
+    that row of its step inputs and states alone (SeqLinear / MatMul by an outer weight, the LSTM
+    and GRU units, elementwise ops with outer values of lower rank): then steps whose states are
+    all kept can run as one block run over their stacked rows. No timestep, lengths or random ops.
+
+    Example::
+
+        rows_batchable(rnn.attrs["step"], rnn.attrs, outer_names)
+    """
+    if attrs.get("has_lengths") or (attrs.get("timestep") and any(
+            attrs["timestep"] in op.inputs for op in step.ops)):
+        return False
+    rows = set(attrs["inputs_t"]) | set(attrs["states"])
+    outer = set(outer)
+    for op in step.ops:
+        if op.sub_blocks() or get_op_def(op.type).random or not op.inputs:
+            return False
+        if op.type in ("SeqLinear", "MatMul"):
+            ok = (op.inputs[0] in rows and all(n in outer for n in op.inputs[1:])
+                  and not op.attrs.get("transpose_x") and step.var(op.inputs[0]).ndim == 2)
+        elif op.type in ROW_OPS:
+            rank = step.var(op.outputs[0]).ndim
+            ok = all(n in rows or (n in outer and _rank(step, n) < rank) for n in op.inputs)
+        else:
+            ok = False
+        if not ok:
+            return False
+        rows.update(op.outputs)
+    return True
+
+
+def _rank(block: Block, name: str) -> int:
+    var = block.find_var(name)
+    return 99 if var is None else var.ndim
+
+
+class BatchedSteps:
+    """Runs the step block over steps ``start..stop-1`` at once from the states they start from
+    (kept by the forward), fetching the step values the backward reads, in chunks of ``chunk``
+    steps (the block's values over a chunk are a transient of ``chunk`` steps)."""
+
+    def __init__(self, k, step: Block, attrs: dict, bindings: dict, fetch: list[str], chunk: int):
+        self.xp, self.attrs = k.xp, attrs
+        self.bindings = dict(bindings)
+        self.fetch = fetch
+        bound = list(bindings) + list(attrs["inputs_t"]) + list(attrs["states"])
+        self.runner = BlockRunner(k.op, k.run, step, bound, fetch)
+        self.chunk = max(int(chunk), 1)
+
+    def run(self, seqs: list, prev_states, start: int, stop: int, store) -> None:
+        """``prev_states(a, b)`` -> per state the states after steps a-1..b-2 ([b - a, N, ..]);
+        ``store(j, a, b, values)`` takes fetched value j over steps a..b-1 ([b - a, N, ..])."""
+        xp = self.xp
+        for a in range(start, stop, self.chunk):
+            b = min(stop, a + self.chunk)
+            steps = b - a
+            bind = self.bindings
+            for name, seq in zip(self.attrs["inputs_t"], seqs):
+                bind[name] = _flat(xp, seq[a:b])
+            for name, prev in zip(self.attrs["states"], prev_states(a, b)):
+                bind[name] = _flat(xp, prev)
+            values = self.runner(bind)
+            for j, value in enumerate(values):
+                store(j, a, b, xp.reshape(value, (steps, value.shape[0] // steps) + tuple(value.shape[1:])))
+
+
+def _flat(xp, stacked):
+    """[L, N, ...] as [L * N, ...]."""
+    return xp.reshape(stacked, (stacked.shape[0] * stacked.shape[1],) + tuple(stacked.shape[2:]))
