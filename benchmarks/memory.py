@@ -418,8 +418,10 @@ def _run_rows(args) -> list[str]:
         feed = {"ids": rng.randint(0, TFM_V, (TFM_B, TFM_L)), "labels": rng.randint(0, TFM_V, (TFM_B, TFM_L))}
         lines += run_model("TFM-4", f"B={TFM_B},L={TFM_L}", transformer_program, feed, args.rounds)
     if "lce" in models:
-        lce_head = [f"\nlinear_cross_entropy: V={LCE_V}, {args.lce_rows} rows, H={LCE_H}, float32, loss + grads of h, w, b",
-                    "| backend | loss | peak MB | peak ratio | NumPy traced MB | traced ratio | CPU s | time ratio | grad err |",
+        lce_head = [f"\nlinear_cross_entropy: V={LCE_V}, {args.lce_rows} rows, H={LCE_H}, float32, "
+                    "loss + grads of h, w, b",
+                    "| backend | loss | peak MB | peak ratio | NumPy traced MB | traced ratio | CPU s | time ratio "
+                    "| grad err |",
                     "|---|---|---|---|---|---|---|---|---|"]
         print("\n".join(lce_head), flush=True)
         lines += lce_head + run_lce(args.lce_rows, args.rounds)
