@@ -18,6 +18,12 @@ budget, at most ``ROWS_MAX`` steps, one step at the least budget), the
 backward's ``dx`` and ``db`` over each segment's stacked ``d`` rows
 (``OutputRows``). The step blocks are not changed (the runners skip or
 pick those ops), so gradients equal the per-step ones to rounding.
+
+Where the forward keeps every states tensor (``budget.py`` chooses it when
+it fits), the step before each re-run step is known, so a segment's re-run
+with tape needs no recurrence: a row-wise step block (``rows_batchable``:
+the LSTM, GRU and plain cells) runs once over the stacked rows of a chunk of
+steps (``BatchedSteps``) instead of once per step.
 """
 from __future__ import annotations
 
@@ -47,7 +53,12 @@ def input_row_ops(step: Block, inputs_t, outer) -> list[Op]:
 
 
 def row_bytes(block: Block, ops: list[Op], batch: int) -> int:
-    """Bytes of one step of the ops' outputs, -1 taken as ``batch``."""
+    """Bytes of one step of the ops' outputs, -1 taken as ``batch``.
+
+    Example::
+
+        row_bytes(step, input_row_ops(step, inputs_t, outer), batch=16)   # 32768 for [16, 512] float32
+    """
     total = 0
     for op in ops:
         for name in op.outputs:
@@ -57,7 +68,12 @@ def row_bytes(block: Block, ops: list[Op], batch: int) -> int:
 
 
 def rows_chunk(steps: int, budget: int, step_bytes: int) -> int:
-    """Steps of one chunk of input rows: ``1/ROWS_SHARE`` of the op's budget, 1 to ``ROWS_MAX``."""
+    """Steps of one chunk of input rows: ``1/ROWS_SHARE`` of the op's budget, 1 to ``ROWS_MAX``.
+
+    Example::
+
+        rows_chunk(400, 16 * 10 * 32768, 32768)     # 10 steps
+    """
     if step_bytes <= 0:
         return 1
     return int(max(1, min(steps, ROWS_MAX, budget // (ROWS_SHARE * step_bytes))))
@@ -117,7 +133,13 @@ def _sums_rows(op: Op, block: Block) -> bool:
 
 def output_row_ops(block: Block, collected, outer, fetch_seq, fetch_outer) -> list[Op]:
     """The backward step's ops that turn a kept ``d`` row into a sequence's gradient (``SeqLinear``)
-    or an outer value's (a ``Sum`` over rows), read by no other op of the block."""
+    or an outer value's (a ``Sum`` over rows), read by no other op of the block.
+
+    Example::
+
+        ops = output_row_ops(grad.attrs["backward"], collected, outer, grad.attrs["fetch_seq"],
+                             grad.attrs["fetch_outer"])
+    """
     collected, outer = set(collected), set(outer)
     seq_grads, outer_grads = {n for n in fetch_seq if n}, {n for n in fetch_outer if n}
     read = {}
