@@ -7,8 +7,12 @@ gradients). The policy, in order:
 1. store everything when that fits (tried on a copy of the program);
 2. else an output layer feeding ``softmax_cross_entropy`` becomes one
    ``LinearCrossEntropy`` op (``passes/fuse_linear_loss.py``: its logits are
-   made a chunk at a time, in the forward and again in the backward); when
-   no schedule of the program fits then, the row-wise ops over a recurrence's
+   made a chunk at a time, in the forward and again in the backward); a
+   recurrence whose states tensors the program partly reads anyway keeps
+   them all when that fits with segments of ``KEPT_SEGMENT`` steps or more
+   (its backward then re-runs each segment from them, at once where its
+   step is row-wise: ``step_rows.py``); else, when
+   no schedule of the program fits, the row-wise ops over a recurrence's
    states tensor (that output layer, the loss) move into its step
    (``time_steps.py``: recomputed with its segments of time steps); every
    loop op (``RecurrentNetwork``, ``While``) without a recompute setting of
@@ -45,6 +49,7 @@ from .binomial import Units, apply_binomial
 from .lifetimes import ForwardValues
 from .peak import Sizer, planned_peak
 from .recompute import recompute_backward
+from .rnn_budget import states_read_elsewhere
 from .schedules import budget_plan
 from .sizes import estimated_bytes, resolve_shapes
 from .time_steps import sink_time_step_ops
@@ -99,7 +104,7 @@ def fit_memory_budget(loss: Var, memory_budget: int, feed_shapes: Mapping | None
     # re-run. Taken when it fits. Else ops over every time step of a recurrence's states run
     # inside its steps (time_steps.py) when the budget needs it: step by step they cost more time
     # than one GEMM over all steps.
-    if _has_loops(loss.block, ("RecurrentNetwork",)) and _fits(loss, feed_shapes, build, budget, keep_states=True):
+    if _keeps_states(loss.block) and _fits(loss, feed_shapes, build, budget, keep_states=True):
         _keep_states(loss.block)
     elif not _fits(loss, feed_shapes, build, budget):
         sink_time_step_ops(program, loss.block, resolve_shapes(loss.block, feed_shapes))
@@ -132,14 +137,19 @@ def _budget_loops(block: Block) -> None:
     block.program.bump()
 
 
-def _has_loops(block: Block, types) -> bool:
-    return any(op.type in types and op.attrs.get("recompute") is None for op in block.ops)
+def _keeps_states(block: Block) -> bool:
+    """True when a recurrent op would keep its states tensors (``_keep_states``)."""
+    return any(op.type == "RecurrentNetwork" and op.attrs.get("recompute") is None
+               and any(states_read_elsewhere(op)) for op in block.ops)
 
 
 def _keep_states(block: Block) -> None:
-    """Recurrent ops the budget sets keep every states tensor for their backward."""
+    """Recurrent ops the budget sets keep every states tensor for their backward, where the
+    program reads one of them anyway (then the memory the op holds outside its budget already
+    grows with a longer run-time length; an op whose states tensors nothing reads stays within
+    its budget at any length, as checkpoints keep it)."""
     for op in block.ops:
-        if op.type == "RecurrentNetwork" and op.attrs.get("recompute") is None:
+        if op.type == "RecurrentNetwork" and op.attrs.get("recompute") is None and any(states_read_elsewhere(op)):
             op.attrs["budget_keep_states"] = True
     block.program.bump()
 

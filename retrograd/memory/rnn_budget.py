@@ -267,6 +267,16 @@ def batched_bytes(rows, batch: int) -> int:
                    for shape, dtype in rows))
 
 
+def states_read_elsewhere(op: Op) -> list[bool]:
+    """Per state of a RecurrentNetwork: is its states tensor read by another op (or persistable)?
+
+    Example::
+
+        states_read_elsewhere(rnn)      # [True, False]: h_all feeds the output layer, c_all nothing
+    """
+    return [_read_elsewhere(op, op.outputs[2 * i]) for i in range(len(op.attrs["states"]))]
+
+
 def _read_elsewhere(op: Op, name: str) -> bool:
     """True when an op other than ``op`` (in any block) reads ``name`` or names it in an attribute
     (a control-flow op returning it from a sub-block), or the value persists."""

@@ -22,7 +22,7 @@ pick those ops), so gradients equal the per-step ones to rounding.
 Where the forward keeps every states tensor (``budget.py`` chooses it when
 it fits), the step before each re-run step is known, so a segment's re-run
 with tape needs no recurrence: a row-wise step block (``rows_batchable``:
-the LSTM, GRU and plain cells) runs once over the stacked rows of a chunk of
+the LSTM and GRU cells) runs once over the stacked rows of a chunk of
 steps (``BatchedSteps``) instead of once per step.
 """
 from __future__ import annotations

@@ -144,3 +144,35 @@ def test_rows_chunk_takes_a_sixteenth_of_the_budget_within_one_and_rows_max_step
     assert rows_chunk(400, 1, 1000) == 1
     assert rows_chunk(400, 1 << 40, 1000) == ROWS_MAX
     assert rows_chunk(5, 1 << 40, 1000) == 5
+
+
+def test_a_recurrence_whose_states_nothing_reads_keeps_checkpoints_at_any_budget():
+    """Keeping every states tensor would put T-long tensors outside the loop's budget that the
+    program did not hold before (at a longer run-time length they outgrow it): not done."""
+    shapes = {"x": (T, N, E)}
+
+    def build(budget):
+        main, startup = rg.Program(), rg.Program()
+        with rg.program_guard(main, startup):
+            x = rg.data("x", [-1, -1, E], dtype="float64")
+            _, h_last, _, _ = rg.layers.lstm(x, H, name="lstm")
+            loss = rg.mean(h_last * h_last)
+            pairs = rg.append_backward(loss, memory_budget=budget, feed_shapes=shapes)
+        return main, [loss] + [g for _, g in pairs]
+
+    main, fetch = build(None)
+    store = rg.memory.report(main, shapes, fetch_list=fetch).planned_peak
+    for share in (0.6, 0.3):
+        main, _ = build(int(share * store))
+        rnn = _recurrent(main)
+        assert main.memory_plan.activation_budget is not None           # the budget binds
+        assert not rnn.attrs.get("budget_keep_states") and not any(rnn.attrs["budget_all"])
+
+
+def test_gru_step_is_row_wise():
+    main, startup = rg.Program(), rg.Program()
+    with rg.program_guard(main, startup):
+        rg.layers.gru(rg.data("x", [-1, -1, E]), H, name="gru")
+    rnn = _recurrent(main)
+    outer = rnn.inputs[len(rnn.attrs["inputs_t"]) + len(rnn.attrs["states"]):]
+    assert rows_batchable(rnn.attrs["step"], rnn.attrs, outer)
