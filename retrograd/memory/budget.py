@@ -10,7 +10,11 @@ gradients). The policy, in order:
    made a chunk at a time, in the forward and again in the backward); a
    transformer stack (a batch-separable forward with attention and a mean
    loss) then runs in the fewest micro-batches that fit, each one's backward
-   right after its forward (``micro_batches.py``); else, when
+   right after its forward (``micro_batches.py``); else a
+   recurrence whose states tensors the program partly reads anyway keeps
+   them all when that fits with segments of ``KEPT_SEGMENT`` steps or more
+   (its backward then re-runs each segment from them, at once where its
+   step is row-wise: ``step_rows.py``); else, when
    no schedule of the program fits, the row-wise ops over a recurrence's
    states tensor (that output layer, the loss) move into its step
    (``time_steps.py``: recomputed with its segments of time steps); every
@@ -50,6 +54,7 @@ from .lifetimes import ForwardValues
 from .micro_batches import accumulate_micro_batches, loss_over_rows, micro_batch_counts, separable_region
 from .peak import Sizer, planned_peak
 from .recompute import recompute_backward
+from .rnn_budget import states_read_elsewhere
 from .schedules import budget_plan
 from .sizes import estimated_bytes, resolve_shapes
 from .time_steps import sink_time_step_ops
@@ -58,6 +63,7 @@ LOOP_TYPES = ("RecurrentNetwork", "While")
 LOOP_GRAD_TYPES = ("RecurrentNetworkBudgetGrad", "WhileBudgetGrad")
 _PLACEHOLDER = 1 << 60      # a loop's budget until the search sets it
 _TRIALS = 24
+KEPT_SEGMENT = 32       # the fewest steps per segment for which keeping every state pays
 
 
 @register_backward_rewrite("recompute")
@@ -75,6 +81,7 @@ class BudgetPlan:
     activation_budget: int | None       # None: everything stored
     units: int = 0                      # feed-forward units under a binomial schedule (0: none)
     micro_batches: int = 1              # the batch split into micro-batches (micro_batches.py)
+    reserved_peak: int | None = None    # what the schedules reserve (the fit): planned_peak <= it <= budget
 
 
 @register_backward_rewrite("memory_budget")
@@ -105,11 +112,16 @@ def fit_memory_budget(loss: Var, memory_budget: int, feed_shapes: Mapping | None
     if accumulated is not None and accumulated[0] is not None:
         pairs, chunks, peak = accumulated
         _record(program, BudgetPlan(total, peak + reserve, None if store_all is None else store_all + reserve,
-                                    None, 0, chunks))
+                                    None, 0, micro_batches=chunks))
         return pairs
-    # Ops over every time step of a recurrence's states run inside its steps (time_steps.py) when
-    # the budget needs it: step by step they cost more time than one GEMM over all steps.
-    if not _fits(loss, feed_shapes, build, budget):
+    # A recurrence keeping every states tensor re-runs each segment of its backward from them, at
+    # once where its step is row-wise (rnn_budget.py): no checkpoint advances, no step-by-step
+    # re-run. Taken when it fits. Else ops over every time step of a recurrence's states run
+    # inside its steps (time_steps.py) when the budget needs it: step by step they cost more time
+    # than one GEMM over all steps.
+    if _keeps_states(loss.block) and _fits(loss, feed_shapes, build, budget, keep_states=True):
+        _keep_states(loss.block)
+    elif not _fits(loss, feed_shapes, build, budget):
         sink_time_step_ops(program, loss.block, resolve_shapes(loss.block, feed_shapes))
     _budget_loops(loss.block)
     pairs, n_forward = build()
@@ -128,8 +140,10 @@ def fit_memory_budget(loss: Var, memory_budget: int, feed_shapes: Mapping | None
         raise error
     activation, peak = best
     units = search.apply(program, activation)
-    _record(program, BudgetPlan(total, peak + reserve, None if store_all is None else store_all + reserve,
-                                activation, units))
+    # The fit counts what the loops' schedules reserve; the plan reports what is live at once.
+    live = planned_peak(program.global_block(), keep, feed_shapes, live=True)
+    _record(program, BudgetPlan(total, live + reserve, None if store_all is None else store_all + reserve,
+                                activation, units, reserved_peak=peak + reserve))
     return pairs
 
 
@@ -141,14 +155,45 @@ def _budget_loops(block: Block) -> None:
     block.program.bump()
 
 
-def _fits(loss: Var, feed_shapes, build, budget: int) -> bool:
-    """True when some schedule of the program as it is fits ``budget`` (searched on a copy)."""
+def _keeps_states(block: Block) -> bool:
+    """True when a recurrent op would keep its states tensors (``_keep_states``)."""
+    return any(op.type == "RecurrentNetwork" and op.attrs.get("recompute") is None
+               and any(states_read_elsewhere(op)) for op in block.ops)
+
+
+def _keep_states(block: Block) -> None:
+    """Recurrent ops the budget sets keep every states tensor for their backward, where the
+    program reads one of them anyway (then the memory the op holds outside its budget already
+    grows with a longer run-time length; an op whose states tensors nothing reads stays within
+    its budget at any length, as checkpoints keep it)."""
+    for op in block.ops:
+        if op.type == "RecurrentNetwork" and op.attrs.get("recompute") is None and any(states_read_elsewhere(op)):
+            op.attrs["budget_keep_states"] = True
+    block.program.bump()
+
+
+def _fits(loss: Var, feed_shapes, build, budget: int, keep_states: bool = False) -> bool:
+    """True when some schedule of the program as it is fits ``budget`` (searched on a copy), with
+    ``keep_states`` when its recurrent ops keep every states tensor."""
     scratch = loss.block.program.clone()
     block = scratch.global_block()
+    if keep_states:
+        _keep_states(block)
     _budget_loops(block)
     pairs, n_forward = build(block.var(loss.name), real=False)
     keep = [loss.name] + [g.name for _, g in pairs]
-    return _Search(scratch, block.var(loss.name), n_forward, keep, feed_shapes).best(budget) is not None
+    search = _Search(scratch, block.var(loss.name), n_forward, keep, feed_shapes)
+    best = search.best(budget)
+    if best is None or not keep_states:
+        return best is not None
+    # Kept states pay only with segments of KEPT_SEGMENT steps or more (each segment's backward
+    # has its own batched products) and no feed-forward recompute of the recurrence itself.
+    activation = best[0]
+    sizer = Sizer(block, search.shapes)
+    tapes = [_one_step_tape(sizer, op) for op in block.ops[:n_forward] if op.type == "RecurrentNetwork"
+             and is_budget(op.attrs.get("recompute"))]
+    return (search.units.count < 2 or activation >= search.model.store_all) and all(
+        activation >= KEPT_SEGMENT * tape for tape in tapes)
 
 
 def _accumulate_micro_batches(loss: Var, feed_shapes, build, budget: int) -> tuple[list, int, int] | None:

@@ -23,10 +23,12 @@ import numpy as np
 from ..errors import ProgramError
 from ..ir.analysis import op_reads
 from ..ir.program import Block, Var
+from ..ops.recurrent_grad import TimeBatches
 from ..ops.recurrent_steps import is_budget
 from ..runtime.plan import compile_block
 from .rnn_budget import SCHEDULE_LEN, batched_bytes, batched_rows, checkpoint_plan
 from .shape_reads import stand_in_names
+from .step_rows import input_row_ops, output_row_ops, row_bytes, rows_batchable, rows_chunk
 from .sizes import Shapes, resolve_shapes
 
 
@@ -34,10 +36,12 @@ _NO_BACKEND = SimpleNamespace(xp=np, name="planning")
 
 
 class Sizer:
-    """Bytes of values at resolved shapes; -1 dims inside loop bodies take the batch ``rows``."""
+    """Bytes of values at resolved shapes; -1 dims inside loop bodies take the batch ``rows``.
+    ``live``: a budgeted loop's segment counts what is live at once rather than what its
+    schedule reserves (``planned_peak(..., live=True)``)."""
 
-    def __init__(self, block: Block, shapes: Shapes):
-        self.block, self.shapes = block, shapes
+    def __init__(self, block: Block, shapes: Shapes, live: bool = False):
+        self.block, self.shapes, self.live_only = block, shapes, live
         self.stand_ins = stand_in_names(block)
         self.unknown: list[str] = []
         self.live: dict[str, int] = {}       # bytes of the values live at the op being planned
@@ -117,6 +121,9 @@ def _rnn_holds(sizer: Sizer, op, live) -> tuple[int, list[int]]:
         outs[2 * i] = (steps + 1) * size if 2 * i in live or from_alls else 0
         outs[2 * i + 1] = size
     held = transient + 2 * sum(states)
+    if budget is not None:
+        held += _input_rows_bytes(op, op.inputs[n_seq + n_state + int(bool(attrs["has_lengths"])):], steps, rows,
+                                  budget)
     if budget is None:
         for j, (name, full) in enumerate(zip(attrs.get("saved", ()), attrs.get("saved_full", ()))):
             if 2 * n_state + j in live and full:
@@ -154,8 +161,21 @@ def _rnn_grad_holds(sizer: Sizer, op, live) -> tuple[int, list[int]]:
                            from_alls)
         plan = checkpoint_plan(steps, int(attrs["budget"]), sum(states), tape, from_alls)
         taken = 0 if from_alls else len(plan.sweep_stores) * sum(states)    # inputs: live already
+        if sizer.live_only:     # the schedule reserves a shared batched row per use; it is one buffer
+            tape = _tape_bytes(sizer, attrs["step"], attrs["tape"],
+                               batched_rows(attrs["batched"], backward, attrs["tape"], once=True), states, rows,
+                               from_alls)
         # A step re-runs (advance, tape) and backward steps (reverse) take turns: one body at a time.
-        held = max(held, sizer.block_bytes(attrs["step"], rows)) + plan.peak_bytes(sum(states), tape) - taken
+        # From the kept states tensors, the plan's checkpoints are views of them: only the tape.
+        kept = min(plan.segment, steps) * tape if from_alls else plan.peak_bytes(sum(states), tape) - taken
+        held = max(held, sizer.block_bytes(attrs["step"], rows)) + kept
+        outer = op.inputs[n_seq + n_state + int(bool(attrs["has_lengths"])):][:int(attrs["n_outer"])]
+        held += _input_rows_bytes(op, outer, steps, rows, int(attrs["budget"]))
+        step = attrs["step"]
+        if from_alls and not attrs["shape_only"] and rows_batchable(step, attrs, outer):   # steps at once
+            per_step = row_bytes(step, step.ops, rows)
+            held += rows_chunk(steps, int(attrs["budget"]), per_step) * per_step
+        held += min(plan.segment, steps) * _output_rows_bytes(op, outer, rows)
     else:                             # store-all: the time-batched buffers span all steps
         held += _time_batches(sizer, op, rows, steps)
     outs = [sizer.of(op.inputs[i]) for i in attrs["grad_of"]]
@@ -163,6 +183,21 @@ def _rnn_grad_holds(sizer: Sizer, op, live) -> tuple[int, list[int]]:
     # the time-batched products are made after, when the loop's buffers are gone.
     looping = sum(size for position, size in zip(attrs["grad_of"], outs) if _grown_in_loop(op, position))
     return max(0, held + looping - sum(outs)), outs
+
+
+def _input_rows_bytes(op, outer: list[str], steps: int, rows: int, budget: int) -> int:
+    """A budgeted recurrent op's chunk of input projections (``step_rows.InputRows``)."""
+    step = op.attrs["step"]
+    per_step = row_bytes(step, input_row_ops(step, op.attrs["inputs_t"], outer), rows)
+    return rows_chunk(steps, budget, per_step) * per_step
+
+
+def _output_rows_bytes(op, outer: list[str], rows: int) -> int:
+    """One step of the gradients a budgeted backward makes per segment (``step_rows.OutputRows``)."""
+    attrs, backward = op.attrs, op.attrs["backward"]
+    collected = TimeBatches(np, None, 0, attrs["batched"], attrs["fetch_seq"], attrs["tape"]).names
+    ops = output_row_ops(backward, collected, outer, attrs["fetch_seq"], attrs["fetch_outer"])
+    return row_bytes(backward, [o for o in ops if o.type == "SeqLinear"], rows)
 
 
 def _grown_in_loop(op, position: int) -> bool:
@@ -261,31 +296,35 @@ def _holds(sizer: Sizer, op, live) -> tuple[int, list[int]]:
 # --- the walk ------------------------------------------------------------------------------------------
 
 def planned_peak(block: Block, keep, feed_shapes: Mapping | None = None, shapes: Shapes | None = None,
-                 exact: bool = True) -> int:
+                 exact: bool = True, live: bool = False) -> int:
     """The peak bytes a run of ``block`` fetching ``keep`` would reach, for the shapes given.
 
     Raises ProgramError naming the values whose sizes depend on run-time
-    shapes ``feed_shapes`` did not give (with ``exact``).
+    shapes ``feed_shapes`` did not give (with ``exact``). By default a
+    budgeted recurrence's segment counts what its schedule reserves (a
+    time-batched row once per gradient it serves: what a budget must hold);
+    with ``live`` what is live at once (each buffer once: what a run
+    measures, the number ``rg.memory.report`` shows).
 
     Example::
 
         peak = rg.memory.planned_peak(main.global_block(), ["loss"], {"x": (64, 8)})
     """
     shapes = shapes if shapes is not None else resolve_shapes(block, feed_shapes)
-    sizer = Sizer(block, shapes)
+    sizer = Sizer(block, shapes, live)
     plan = compile_block(block, frozenset(keep), _NO_BACKEND, None)   # liveness only: no kernel runs
-    live: dict[str, int] = {name: sizer.of(name) for name in plan.free_reads}
-    sizer.live = live
-    total = peak = sum(live.values())
+    held_now: dict[str, int] = {name: sizer.of(name) for name in plan.free_reads}
+    sizer.live = held_now
+    total = peak = sum(held_now.values())
     for step in plan.steps:
         sizer.dying = frozenset(step.dead)
         held, outs = _holds(sizer, step.op, step.k.live_outputs)
         peak = max(peak, total + held + sum(outs))
         for name, size in zip(step.outputs, outs):
-            total += size - live.get(name, 0)
-            live[name] = size
+            total += size - held_now.get(name, 0)
+            held_now[name] = size
         for name in step.dead:
-            total -= live.pop(name, 0)
+            total -= held_now.pop(name, 0)
     if exact and sizer.unknown:
         names = list(dict.fromkeys(sizer.unknown))
         raise ProgramError(f"the sizes of {', '.join(names[:5])}{' ...' if len(names) > 5 else ''} depend on "

@@ -180,7 +180,7 @@ def report(program: Program, feed_shapes: Mapping[str, Sequence[int]] | None = N
     plan = getattr(program, "memory_plan", None)
     if fetch_list is not None:
         keep = [f.name if isinstance(f, Var) else f for f in fetch_list]
-        result.planned_peak = planned_peak(block, keep, feed_shapes, exact=False)
+        result.planned_peak = planned_peak(block, keep, feed_shapes, exact=False, live=True)
     elif plan is not None:
         result.planned_peak = plan.planned_peak
     if plan is not None:

@@ -52,6 +52,8 @@ from ..ops.recurrent_onnx import backward_loop_onnx, forward_loop_onnx
 from ..ops.registry import GradCtx, append_op, defop
 from .recompute import seen_from
 from .schedules import Plan, StepRunner, budget_plan, make_plan, minimum_budget, run_backward
+from .step_rows import (BatchedSteps, InputRows, OutputRows, input_row_ops, output_row_ops, row_bytes,
+                        rows_batchable, rows_chunk)
 
 SCHEDULE_LEN = 4          # [T, segment, slots, from_alls]
 
@@ -68,7 +70,7 @@ def output_specs(inits: list[Var], attrs: dict) -> list:
 class _Steps:
     """Runs the forward step block of one op: bindings per step, state updates, meter holds."""
 
-    def __init__(self, k, lay: RnnLayout, seqs, lengths, outers, step: Block, attrs: dict):
+    def __init__(self, k, lay: RnnLayout, seqs, lengths, outers, step: Block, attrs: dict, budget: int):
         self.k, self.xp, self.run, self.op = k, k.xp, k.run, k.op
         self.seqs, self.lengths = seqs, lengths
         self.step = step
@@ -76,13 +78,23 @@ class _Steps:
         self.state_outs, self.timestep = attrs["state_outs"], attrs.get("timestep")
         self.bindings = dict(zip(k.op.inputs[lay.outer_start:lay.n_inputs], outers))
         self.runners: dict[tuple, BlockRunner] = {}
+        # The input projections run over chunks of steps (step_rows.py); ``limit`` ends a chunk
+        # where the steps being run end.
+        ops = input_row_ops(step, self.inputs_t, self.bindings)
+        batch = int(seqs[0].shape[1]) if seqs and len(seqs[0].shape) > 1 else 1
+        chunk = rows_chunk(time_steps(k.op, seqs) if seqs else 1, budget, row_bytes(step, ops, batch))
+        self.rows = InputRows(k, step, ops, dict(zip(self.inputs_t, seqs)), self.bindings, chunk)
+        self.limit = len(seqs[0]) if seqs else 0
 
     def runner(self, block: Block, bound, fetch) -> BlockRunner:
-        """A compiled runner of ``block`` binding ``bound`` and fetching ``fetch`` (made once)."""
+        """A compiled runner of ``block`` binding ``bound`` and fetching ``fetch`` (made once); the
+        forward step skips the ops ``self.rows`` runs over chunks of steps."""
         key = (block.idx, tuple(fetch))
         runner = self.runners.get(key)
         if runner is None:
-            runner = self.runners[key] = BlockRunner(self.op, self.run, block, bound, fetch)
+            skip = {id(op) for op in self.rows.ops} if block is self.step else set()
+            runner = self.runners[key] = BlockRunner(self.op, self.run, block, list(bound) + self.rows.names,
+                                                     fetch, select=lambda op: id(op) not in skip)
         return runner
 
     def bind(self, t: int, state: list) -> dict:
@@ -93,6 +105,7 @@ class _Steps:
             b[name] = value
         if self.timestep:
             b[self.timestep] = timestep_value(self.xp, self.step, self.timestep, t)
+        self.rows.bind(b, t, self.limit)
         return b
 
     def run_step(self, t: int, state: list, extra: list[str] = ()) -> tuple[list, list]:
@@ -157,7 +170,7 @@ def forward_kernel(k, *arrays):
     lay = RnnLayout.of(attrs, len(arrays))
     seqs, inits, lengths, outers = lay.split(arrays)
     steps = time_steps(op, seqs)
-    runner = _Steps(k, lay, seqs, lengths, outers, attrs["step"], attrs)
+    runner = _Steps(k, lay, seqs, lengths, outers, attrs["step"], attrs, int(attrs["recompute"]))
     k_state = lay.n_state
     # Checkpoints only when this plan runs the backward (it reads them and the schedule); the
     # backward reads the states tensors instead when every _all is read elsewhere anyway.
@@ -207,6 +220,7 @@ def forward_kernel(k, *arrays):
             outputs += [_empty(xp, init), last if steps > 0 else xp.asarray(init, copy=True)]
     if steps > 0:
         runner.release(state)
+    runner.rows.release()
     if attrs.get("budget_outputs"):
         if not ckpts:    # no checkpoints taken (none planned, or not live in this plan)
             ckpts = [_empty(xp, v) for v in inits]
@@ -223,14 +237,17 @@ def _empty(xp, like):
 
 # --- the gradient maker -----------------------------------------------------------------------------
 
-def batched_rows(batched: list, block: Block, saved) -> list:
+def batched_rows(batched: list, block: Block, saved, once: bool = False) -> list:
     """[shape, dtype] per step of each value the backward keeps per step of a segment for the
     gradients batched over time (``TimeBatches``): they count in the budget like the tape, once
     per use (an LSTM's d(gates) serves w_ih and w_hh: counting it once let a budget be exceeded
-    at a longer run-time length, see 54cfaed)."""
+    at a longer run-time length, see 54cfaed). With ``once``, once per buffer: what is live (the
+    planner's report, ``peak.py``), not what the schedule reserves."""
     names = []
     for _, kind, ref, d in batched:
         names += [d] + ([ref] if kind == "value" and ref not in saved else [])
+    if once:
+        names = list(dict.fromkeys(names))
     rows = []
     for name in names:
         var = block.find_var(name)
@@ -248,6 +265,16 @@ def batched_bytes(rows, batch: int) -> int:
     """Bytes of one step of the batched values (``budget_batched`` rows), -1 taken as ``batch``."""
     return int(sum(math.prod(batch if d < 0 else d for d in shape) * np.dtype(dtype).itemsize
                    for shape, dtype in rows))
+
+
+def states_read_elsewhere(op: Op) -> list[bool]:
+    """Per state of a RecurrentNetwork: is its states tensor read by another op (or persistable)?
+
+    Example::
+
+        states_read_elsewhere(rnn)      # [True, False]: h_all feeds the output layer, c_all nothing
+    """
+    return [_read_elsewhere(op, op.outputs[2 * i]) for i in range(len(op.attrs["states"]))]
 
 
 def _read_elsewhere(op: Op, name: str) -> bool:
@@ -289,7 +316,10 @@ def grad_maker(g: GradCtx) -> list[Var | None]:
     _check_static_budget(op, bstep)
     block = op.block
     if not attrs.get("budget_outputs"):
-        attrs["budget_all"] = [_read_elsewhere(op, op.outputs[2 * i]) for i in range(k)]
+        # Every states tensor kept when the whole-program budget chose to (budget.py: a segment's
+        # steps then re-run at once), else those the program reads anyway.
+        keep = bool(attrs.get("budget_keep_states"))
+        attrs["budget_all"] = [keep or _read_elsewhere(op, op.outputs[2 * i]) for i in range(k)]
         attrs["budget_tape"] = list(bstep.saved)
         attrs["budget_batched"] = batched_rows(bstep.batched, bstep.block, bstep.saved)
         attrs["budget_outputs"] = True
@@ -424,7 +454,7 @@ class _Backward(StepRunner):
         attrs, xp = k.attrs, k.xp
         self.k, self.xp, self.attrs, self.lay = k, xp, attrs, lay
         self.block: Block = attrs["backward"]
-        self.steps = _Steps(k, lay.fwd, seqs, lengths, outers, attrs["step"], attrs)
+        self.steps = _Steps(k, lay.fwd, seqs, lengths, outers, attrs["step"], attrs, int(attrs["budget"]))
         self.seqs, self.inits, self.lengths = seqs, inits, lengths
         self.d_all, self.d_last = d_all, d_last
         self.held = Held(k.run.meter)
@@ -438,7 +468,16 @@ class _Backward(StepRunner):
         self.tape = list(attrs["tape"])
         self.shape_only = list(attrs["shape_only"])
         collected = TimeBatches(xp, Held(k.run.meter), 0, attrs["batched"], self.fetch_seq, self.tape).names
-        self.fetch = [n for n in self.fetch_seq + attrs["fetch_state"] + attrs["fetch_outer"] if n] + collected
+        # Input and bias gradients of the projections: once per segment over the kept d rows.
+        self.rows = OutputRows(k, self.block, output_row_ops(self.block, collected, self.steps.bindings,
+                                                             self.fetch_seq, attrs["fetch_outer"]),
+                               self.steps.bindings)
+        by_rows = set(self.rows.names)
+        self.fetch_seq = [None if n in by_rows else n for n in self.fetch_seq]
+        self.seq_rows = {n: i for i, n in enumerate(attrs["fetch_seq"]) if n in by_rows and self.dseq[i] is not None}
+        self.outer_rows = {n: j for j, n in enumerate(attrs["fetch_outer"]) if n in by_rows}
+        self.fetch_outer = [None if n in by_rows else n for n in attrs["fetch_outer"]]
+        self.fetch = [n for n in self.fetch_seq + attrs["fetch_state"] + self.fetch_outer if n] + collected
         self.index = {name: i for i, name in enumerate(self.fetch)}
         self.acc: list = [None] * lay.fwd.n_outer
         self.dcur: list = list(d_last)   # gradient arriving at state t+1 from later steps; None = zero
@@ -448,9 +487,11 @@ class _Backward(StepRunner):
         self.seg_states: list = [None] * n_state
         self.seg_tape: list = [None] * len(self.tape)
         self.stand_ins: dict = {}
+        self.at_once = self._batched_steps(k, seqs, int(attrs["budget"]))
 
     # -- StepRunner --------------------------------------------------------------------------
     def advance(self, state, start: int, stop: int):
+        self.steps.limit = stop
         for t in range(start, stop):
             new, _ = self.steps.run_step(t, state)
             self.steps.hold(new)
@@ -479,15 +520,48 @@ class _Backward(StepRunner):
         alls = [a[start:stop] for a in self.alls] if self.alls is not None else [s[:n] for s in self.seg_states]
         saved = [s[:n] for s in self.seg_tape]
         seqs = [s[start:stop] for s in self.seqs]
+        for name, value in self.rows.run(lambda n: collect.stacked(n, dseq)).items():
+            if name in self.seq_rows:
+                self.dseq[self.seq_rows[name]][start:stop, ...] = value
+            elif name in self.outer_rows:
+                self._accumulate(self.outer_rows[name], value)
         for j, product in collect.products(seqs, list(state), alls, saved, dseq):
             self.acc[j] = product if self.acc[j] is None else self.acc[j] + product
         collect.held.release()
 
     # -- one segment ---------------------------------------------------------------------------
+    def _batched_steps(self, k, seqs, budget: int) -> BatchedSteps | None:
+        """With every state kept by the forward and a row-wise step (``step_rows.rows_batchable``),
+        a segment's steps re-run as one block run over their rows (in chunks): no recurrence."""
+        step, attrs = self.attrs["step"], self.attrs
+        if self.alls is None or self.shape_only or not seqs or not rows_batchable(step, attrs, self.steps.bindings):
+            return None
+        chunk = rows_chunk(len(seqs[0]), budget, row_bytes(step, step.ops, int(seqs[0].shape[1])))
+        return BatchedSteps(k, step, attrs, self.steps.bindings, self.tape, chunk)
+
+    def _tape_at_once(self, start: int, stop: int) -> None:
+        xp = self.xp
+
+        def prev_states(a: int, b: int) -> list:
+            if a > 0:
+                return [s[a - 1:b - 1] for s in self.alls]
+            return [xp.concatenate([xp.reshape(init, (1,) + tuple(init.shape)), s[:b - 1]], axis=0)
+                    for init, s in zip(self.inits, self.alls)]
+
+        def store(j: int, a: int, b: int, rows) -> None:
+            if self.seg_tape[j] is None:
+                self.seg_tape[j] = self.held.add(xp.empty((self.segment,) + tuple(rows.shape[1:]), dtype=rows.dtype))
+            self.seg_tape[j][a - start:b - start, ...] = rows
+
+        self.at_once.run(self.seqs, prev_states, start, stop, store)
+
     def _tape(self, state, start: int, stop: int) -> None:
         """Re-run steps start..stop-1 keeping their states and the values the backward block reads."""
+        if self.at_once is not None:
+            return self._tape_at_once(start, stop)
         xp, steps = self.xp, self.steps
         current = state
+        steps.limit = stop
         for t in range(start, stop):
             new, values = steps.run_step(t, current, self.tape + self.shape_only)
             for i, value in enumerate(new if self.alls is None else ()):
@@ -564,17 +638,21 @@ class _Backward(StepRunner):
                 self.dseq[i][t, ...] = values[self.index[name]]
         for i, name in enumerate(attrs["fetch_state"]):
             self.dcur[i] = add_optional(values[self.index[name]] if name else None, carry[i])
-        for j, name in enumerate(attrs["fetch_outer"]):
+        for j, name in enumerate(self.fetch_outer):
             if name:
-                value = values[self.index[name]]
-                if self.acc[j] is None:
-                    self.acc[j] = self.held.add(xp.asarray(value, copy=True))
-                else:
-                    self.acc[j] += value
+                self._accumulate(j, values[self.index[name]])
         return values
+
+    def _accumulate(self, j: int, value) -> None:
+        """Add ``value`` to outer value j's gradient (held from its first part on)."""
+        if self.acc[j] is None:
+            self.acc[j] = self.held.add(self.xp.asarray(value, copy=True))
+        else:
+            self.acc[j] += value
 
     def results(self):
         xp, lay = self.xp, self.lay.fwd
+        self.steps.rows.release()
         self.held.release()
         out = []
         for position in self.attrs["grad_of"]:

@@ -8,10 +8,11 @@ in ``BUDGET_VARIANTS`` (the ops package never imports the memory package).
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Callable, Sequence
 
 from ..errors import ExecutionError, ProgramError
+from ..ir.analysis import op_reads
 from ..ir.program import Block, Program
 
 
@@ -116,11 +117,17 @@ class StepRunner:
     released from the memory meter once the caller has them.
     """
 
-    def __init__(self, op, run, block: Block, bound: Sequence[str], fetch: Sequence[str]):
+    def __init__(self, op, run, block: Block, bound: Sequence[str], fetch: Sequence[str],
+                 select: Callable | None = None):
+        """``select(op) -> bool``, when given, keeps only the block's ops it accepts (the others'
+        results are bound instead, or not needed)."""
         self.run = run
         self.fetch = list(fetch)
         bound = set(bound)
         self.plan = run.executor.plan_for(block, frozenset(self.fetch) | frozenset(bound))
+        if select is not None:
+            steps = [s for s in self.plan.steps if select(s.op)]
+            self.plan = replace(self.plan, steps=steps, free_reads=_reads_from_outside([s.op for s in steps]))
         missing = [n for n in self.plan.free_reads if n not in bound]
         if missing:
             raise ExecutionError(f"{op.where()}: block {block.idx} reads {', '.join(missing)}, which the op "
@@ -143,6 +150,18 @@ class StepRunner:
         for name in self.release:
             meter.release(env[name])
         return values
+
+
+def _reads_from_outside(ops) -> list[str]:
+    """The names ``ops`` read before (or without) one of them writing them."""
+    written: set[str] = set()
+    reads: dict[str, None] = {}
+    for op in ops:
+        for name in op_reads(op):
+            if name not in written:
+                reads.setdefault(name)
+        written.update(op.outputs)
+    return list(reads)
 
 
 class Held:
