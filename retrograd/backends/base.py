@@ -36,6 +36,9 @@ class Backend:
     name = "?"
     engine = None         # a factory ``engine(executor)`` for backends that run whole programs
     has_graphs = False    # whether ``capture_graph`` works (CUDA devices)
+    # ``retrograd.passes`` functions (by name) the executor applies to a clone of each program it
+    # runs here, e.g. ("fuse_optimizer_updates",) where a multi-tensor update pays off
+    program_passes: tuple[str, ...] = ()
 
     def __init__(self, xp, device: str):
         self.xp = xp
@@ -84,6 +87,15 @@ class Backend:
 
     def fused_attention_grad(self, q, k, v, mask, out, lse, dout, causal: bool, scale: float):
         """``(dq, dk, dv)`` of ``ScaledDotProductAttentionGrad`` from the fused kernel, or None."""
+        return None
+
+    def multi_adam(self, params, grads, moment1s, moment2s, steps, rate, lr: float, beta1: float, beta2: float,
+                   eps: float, weight_decay: float, decoupled: bool):
+        """Adam (AdamW with ``decoupled``) for many parameters in one routine (``FusedAdamUpdate``):
+        lists ``(params, moment1s, moment2s, steps)`` after the update, new arrays (the inputs
+        unchanged); ``steps`` are int64 ``[1]`` counts before it, ``rate`` the learning-rate
+        array (a schedule's) or None (then ``lr``). None where the library has no such routine:
+        the op then runs ``AdamUpdate``'s math per parameter."""
         return None
 
     # -- sliding windows: the general im2col + GEMM path (windows.py); torch has its own ----------

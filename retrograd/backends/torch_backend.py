@@ -45,6 +45,14 @@ def _has_onednn_lstm(torch) -> bool:
     return _ONEDNN_LSTM["ok"]
 
 
+def _fused_adam_ops(torch):
+    """ATen's functional multi-tensor Adam and AdamW, or None where this torch lacks them."""
+    aten = torch.ops.aten
+    if not (hasattr(aten, "_fused_adam") and hasattr(aten, "_fused_adamw")):
+        return None
+    return aten._fused_adam.default, aten._fused_adamw.default
+
+
 def _import_torch():
     try:
         import torch
@@ -56,6 +64,7 @@ def _import_torch():
 
 class TorchBackend(Backend):
     name = "torch"
+    program_passes = ("fuse_optimizer_updates",)   # Adam for all parameters in one op (multi_adam)
 
     def __init__(self, device: str | None = None):
         torch, compat = _import_torch()
@@ -83,6 +92,7 @@ class TorchBackend(Backend):
         super().__init__(xp, str(dev))
         self.flash_attention = torch_attention.flash_ops(torch)   # None: this torch lacks them
         self.onednn_lstm = torch_fused_rnn.OneDNNLSTM(torch) if _has_onednn_lstm(torch) else None
+        self.fused_adam = _fused_adam_ops(torch) if dev.type == "cpu" else None   # (Adam, AdamW) or None
 
     # -- fused kernels (LSTMSequence): None where this backend has none for the arrays given ----
     def fused_lstm_forward(self, x, w_ih, w_hh, b, h0, c0, forget_bias: float, reverse: bool):
@@ -96,6 +106,21 @@ class TorchBackend(Backend):
         if fused is None or not fused.applies(x):
             return None
         return fused.backward(x, *rest)
+
+    def multi_adam(self, params, grads, moment1s, moment2s, steps, rate, lr: float, beta1: float, beta2: float,
+                   eps: float, weight_decay: float, decoupled: bool):
+        """ATen's multi-tensor Adam/AdamW (``_fused_adam`` / ``_fused_adamw``, the functional forms:
+        the inputs stay as they are), on the CPU; None elsewhere (CUDA's wants float step counts)."""
+        if self.fused_adam is None or any(p.dtype != params[0].dtype for p in params):
+            return None
+        steps = self.torch._foreach_add(steps, 1)
+        if rate is not None:
+            lr = float(rate.reshape(()))      # the host holds it: a CPU array
+        update = self.fused_adam[1 if decoupled else 0]
+        params, _, moment1s, moment2s, _ = update(
+            params, grads, moment1s, moment2s, [], steps, lr=lr, beta1=beta1, beta2=beta2,
+            weight_decay=weight_decay, eps=eps, amsgrad=False, maximize=False)
+        return params, moment1s, moment2s, steps
 
     @property
     def has_graphs(self) -> bool:
