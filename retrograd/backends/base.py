@@ -30,6 +30,15 @@ def dtype_name(dtype) -> str:
     return str(dtype).rsplit(".", 1)[-1]
 
 
+def _shifted(xp, x, axis: int):
+    """``x`` minus its maximum along ``axis``: every exp of it is <= 1. An empty ``axis`` has no
+    maximum (NumPy and torch raise): nothing to shift, and the softmax of nothing is empty, as
+    onnxruntime's."""
+    if x.shape[axis] == 0:
+        return x
+    return x - xp.max(x, axis=axis, keepdims=True)
+
+
 class Backend:
     """One array library on one device. Subclasses fill in the library-specific methods."""
 
@@ -249,6 +258,25 @@ class Backend:
             top = xp.where(xp.isfinite(top), top, xp.zeros_like(top))   # all -inf (or an inf): no shift
             out = xp.log(xp.sum(xp.exp(x - top), axis=axes, keepdims=True)) + top
         return out if keepdims else xp.reshape(out, tuple(d for i, d in enumerate(x.shape) if i not in axes))
+
+    def softmax(self, x, axis: int):
+        """``exp(x) / sum(exp(x))`` along ``axis``, the row maximum subtracted first (the ``Softmax``
+        kernel; torch: its fused routine)."""
+        e = self.xp.exp(_shifted(self.xp, x, axis))
+        e /= self.xp.sum(e, axis=axis, keepdims=True)
+        return e
+
+    def log_softmax(self, x, axis: int):
+        """``x - log(sum(exp(x)))`` along ``axis``, computed from ``x`` minus its row maximum."""
+        xp = self.xp
+        shifted = _shifted(xp, x, axis)
+        return shifted - xp.log(xp.sum(xp.exp(shifted), axis=axis, keepdims=True))
+
+    def add_along_axis(self, x, indices, values, axis: int):
+        """``x`` with ``values`` added at ``indices`` along ``axis`` (shaped as ``indices``; indices
+        distinct within each slice): the cross-entropy gradient's ``- dloss`` at each label.
+        ``x`` is the caller's own new array: a backend may change it in place."""
+        return x + self.put_along_axis(tuple(x.shape), indices, values, axis)
 
     def cumsum(self, x, axis: int):
         return self.xp.cumulative_sum(x, axis=axis, dtype=x.dtype)

@@ -187,6 +187,15 @@ class TorchBackend(Backend):
     def sort_descending(self, x, axis: int):
         return self.torch.sort(x, dim=axis, descending=True, stable=True).indices
 
+    def softmax(self, x, axis: int):
+        return self.torch.softmax(x, axis)
+
+    def log_softmax(self, x, axis: int):
+        return self.torch.log_softmax(x, axis)
+
+    def add_along_axis(self, x, indices, values, axis: int):
+        return x.scatter_add_(axis, indices, values)
+
     def take_along_axis(self, x, indices, axis: int):
         return self.torch.take_along_dim(x, indices, dim=axis)
 

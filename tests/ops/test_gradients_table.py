@@ -22,6 +22,7 @@ import pytest
 import retrograd as rg
 from retrograd.ops.math import expand_as, sum_to
 from retrograd.ops.nn import one_hot_like
+from retrograd.ops.nn import softmax_cross_entropy_grad
 from retrograd.ops.batch_norm import batch_norm_grad
 from retrograd.ops.norm import layer_norm_grad, rms_norm_grad
 from retrograd.ops.registry import append_op
@@ -886,6 +887,19 @@ CASES.update({
 DOUBLE_BACKWARD += ["Index", "Scatter", "UpdateSlice", "Stack", "BroadcastTo", "Tile", "Pad", "Einsum"]
 DOUBLE_BACKWARD += ["Conv", "ConvInputGrad", "ConvWeightGrad", "MaxPool", "AvgPool"]
 
+
+
+def _xent_grad(r):
+    """The cross-entropy backward as one op (issue 22): its own gradient is second order's."""
+    n, c = dims(r, 2)
+    return [(softmax_cross_entropy_grad, {"logits": normal(r, n, c), "labels": r.integers(0, c, n),
+                                          "dloss": normal(r, n)}),
+            (softmax_cross_entropy_grad, {"logits": normal(r, 2, 3, 4) * 4.0,
+                                          "labels": r.integers(0, 4, (2, 3)).astype("int32"),
+                                          "dloss": normal(r, 2, 3)})]
+
+
+CASES.update({"SoftmaxCrossEntropyGrad": _xent_grad})
 
 # Libraries some modules import at their top (retrograd.onnx.graph: onnx); without them those
 # modules register no op, since every op is registered by `import retrograd` alone.
