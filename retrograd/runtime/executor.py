@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import time
+import weakref
 from types import ModuleType
 from contextlib import contextmanager
 from typing import Iterator, Mapping, Sequence
@@ -125,6 +126,9 @@ class Executor:
         self._plans: dict[tuple, Plan] = {}
         self._verified: dict[int, int] = {}
         self._rewrites: dict[int, tuple[int, Block]] = {}   # program serial -> (version, block run)
+        # name -> (weak reference to the value, block, program version): values this executor
+        # wrote back to a scope with the dtype and shape that block declares (_trust)
+        self._trusted: dict[str, tuple] = {}
 
     @property
     def run_context(self) -> RunContext:
@@ -196,6 +200,7 @@ class Executor:
         for name in plan.persistable_writes:
             if name in env:
                 scope.set(name, env[name])
+                self._trust(block, name, env[name])
         results = []
         for name in fetch:
             if name not in env:
@@ -307,8 +312,12 @@ class Executor:
     def checked_persistable(self, block: Block, name: str, scope: Scope, reader=lambda: "the program"):
         """The scope value of persistable ``name`` (moved and cast once, stored back); ``reader()``
         says who reads it, for the error when it has no value."""
-        var = block.find_var(name)
         value = scope.find(name)
+        trusted = self._trusted.get(name)
+        if (trusted is not None and value is not None and trusted[0]() is value and trusted[1] is block
+                and trusted[2] == block.program.version):
+            return value
+        var = block.find_var(name)
         if value is None or var is None or not var.persistable:
             hint = "run the startup program first" if var is not None and var.persistable else "feed it"
             raise FeedError(f"'{name}' is read by {reader()} but has no value: {hint}")
@@ -316,6 +325,20 @@ class Executor:
         if checked is not value:
             scope.set(name, checked)   # moved and cast once, not on every run
         return checked
+
+    def _trust(self, block: Block, name: str, value) -> None:
+        """Remember that ``value``, just written back under ``name``, has the dtype and shape
+        ``block`` declares (on this backend's device: a kernel's output): the next run reading
+        the very same array from a scope needs no ``checked_persistable`` checks."""
+        var = block.vars.get(name)
+        if (var is None or not self.backend.owns(value) or tuple(value.shape) != var.shape
+                or dtype_name(value.dtype) != var.dtype):
+            self._trusted.pop(name, None)
+            return
+        try:
+            self._trusted[name] = (weakref.ref(value), block, block.program.version)
+        except TypeError:           # an array type without weak references: checked every run
+            self._trusted.pop(name, None)
 
     def check_run_values(self, block: Block, feed: dict, fetch: Sequence[str], scope: Scope) -> dict:
         """The values a run of ``fetch`` starts from (feeds, persistables read), checked as ``run``
