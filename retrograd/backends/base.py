@@ -259,6 +259,16 @@ class Backend:
             out = xp.log(xp.sum(xp.exp(x - top), axis=axes, keepdims=True)) + top
         return out if keepdims else xp.reshape(out, tuple(d for i, d in enumerate(x.shape) if i not in axes))
 
+    def global_norm(self, xs: list):
+        """``sqrt(sum_i sum(x_i ** 2))``, 0-d, in the arrays' (one) dtype (the ``GlobalNorm``
+        kernel; torch: ``_foreach_norm``)."""
+        xp = self.xp
+        total = None
+        for x in xs:
+            part = xp.sum(x * x)
+            total = part if total is None else total + part
+        return xp.asarray(xp.sqrt(total))        # 0-d array (NumPy's sums give scalars)
+
     def softmax(self, x, axis: int):
         """``exp(x) / sum(exp(x))`` along ``axis``, the row maximum subtracted first (the ``Softmax``
         kernel; torch: its fused routine)."""

@@ -187,6 +187,10 @@ class TorchBackend(Backend):
     def sort_descending(self, x, axis: int):
         return self.torch.sort(x, dim=axis, descending=True, stable=True).indices
 
+    def global_norm(self, xs: list):
+        torch = self.torch
+        return torch.linalg.vector_norm(torch.stack(torch._foreach_norm(xs)))
+
     def softmax(self, x, axis: int):
         return self.torch.softmax(x, axis)
 

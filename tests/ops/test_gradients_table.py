@@ -996,3 +996,12 @@ def _first_gradients(fn):
 def test_double_backward_matches_finite_differences(op_type, index, backend):
     fn, inputs, options = list(_cases(op_type))[index]
     check_gradients(_first_gradients(_builds(op_type, fn)), inputs, **options, **backend.kwargs)
+
+
+def _global_norm(r):
+    """The clip's norm of every gradient as one op (issue 22)."""
+    return [(lambda a, b: rg.optim.global_norm([a, b]), {"a": normal(r, 3, 4), "b": normal(r, 5)}),
+            (lambda a: rg.optim.global_norm([a * a, a]), {"a": normal(r, 2, 3)})]
+
+
+CASES.update({"GlobalNorm": _global_norm})
