@@ -113,6 +113,10 @@ class TorchBackend(Backend):
         the inputs stay as they are), on the CPU; None elsewhere (CUDA's wants float step counts)."""
         if self.fused_adam is None or any(p.dtype != params[0].dtype for p in params):
             return None
+        # The fused kernel walks each parameter, gradient and moment as one flat buffer: layouts
+        # must agree (oneDNN's LSTM gradients are transposed views), so all are made contiguous.
+        params, grads, moment1s, moment2s = ([x.contiguous() for x in group]
+                                             for group in (params, grads, moment1s, moment2s))
         steps = self.torch._foreach_add(steps, 1)
         if rate is not None:
             lr = float(rate.reshape(()))      # the host holds it: a CPU array

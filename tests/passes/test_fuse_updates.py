@@ -186,3 +186,24 @@ def test_scheduled_fused_update_exports_to_onnx():
     np.testing.assert_allclose(got_losses, want_losses, rtol=2e-5)
     for name in want:
         np.testing.assert_allclose(got[name], want[name], rtol=2e-5, atol=1e-6, err_msg=name)
+
+
+def test_torch_multi_adam_with_transposed_gradients_matches_numpy():
+    """Regression: oneDNN's LSTM gradients come as transposed views, and ATen's fused Adam walks
+    each tensor as one flat buffer: unless every operand is made contiguous first, the update
+    pairs a parameter's entries with the wrong gradient entries (training still ran, slower)."""
+    pytest.importorskip("torch")
+    from retrograd import train
+    corpus, _ = train.load_corpus()
+    losses = {}
+    for backend in ("numpy", "torch"):
+        cfg = train.ModelConfig("lstm", 16, 1, 8, None).for_backend(backend)
+        t = train.build_training(cfg, 12, "adam", 3e-2, 5.0, seed=0)
+        exe = rg.Executor(backend=backend)
+        exe.run(t.startup)
+        losses[backend] = []
+        for i in range(5):
+            xs, ys = train.batch_at(corpus, i, 12, 4, 0)
+            losses[backend].append(float(exe.run(t.main, feed={"chars": xs, "next_chars": ys},
+                                                 fetch_list=[t.loss])[0]))
+    np.testing.assert_allclose(losses["torch"], losses["numpy"], rtol=1e-4)
