@@ -259,6 +259,12 @@ class Backend:
             out = xp.log(xp.sum(xp.exp(x - top), axis=axes, keepdims=True)) + top
         return out if keepdims else xp.reshape(out, tuple(d for i, d in enumerate(x.shape) if i not in axes))
 
+    def linear(self, x, w, b):
+        """``x [M, D] @ w [D, K] + b [K]`` (the ``SeqLinear`` kernel with a bias; torch: ``addmm``)."""
+        out = self.xp.matmul(x, w)
+        out += b
+        return out
+
     def global_norm(self, xs: list):
         """``sqrt(sum_i sum(x_i ** 2))``, 0-d, in the arrays' (one) dtype (the ``GlobalNorm``
         kernel; torch: ``_foreach_norm``)."""

@@ -64,7 +64,8 @@ def _import_torch():
 
 class TorchBackend(Backend):
     name = "torch"
-    program_passes = ("fuse_optimizer_updates",)   # Adam for all parameters in one op (multi_adam)
+    # Adam for all parameters in one op (multi_adam); fc's product and bias add as one addmm
+    program_passes = ("fuse_optimizer_updates", "fuse_linear_bias")
 
     def __init__(self, device: str | None = None):
         torch, compat = _import_torch()
@@ -190,6 +191,9 @@ class TorchBackend(Backend):
 
     def sort_descending(self, x, axis: int):
         return self.torch.sort(x, dim=axis, descending=True, stable=True).indices
+
+    def linear(self, x, w, b):
+        return self.torch.addmm(b, x, w)
 
     def global_norm(self, xs: list):
         torch = self.torch

@@ -16,8 +16,10 @@ from ..optim.fused import GROUPS
 ATTRS = ("lr", "beta1", "beta2", "eps", "weight_decay", "decoupled")
 
 
-def fuse_optimizer_updates(program: Program) -> int:
+def fuse_optimizer_updates(program: Program, keep=frozenset()) -> int:
     """Fuse the global block's ``AdamUpdate`` ops in place; return how many ops were removed.
+    (``keep``, the names a run fetches, is the passes' common argument: this pass removes no
+    value.)
 
     Example::
 

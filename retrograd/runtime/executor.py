@@ -125,7 +125,7 @@ class Executor:
         self._run = RunContext(self)
         self._plans: dict[tuple, Plan] = {}
         self._verified: dict[int, int] = {}
-        self._rewrites: dict[int, tuple[int, Block]] = {}   # program serial -> (version, block run)
+        self._rewrites: dict[tuple, tuple[int, Block]] = {}   # (serial, keep) -> (version, block run)
         # name -> (weak reference to the value, block, program version): values this executor
         # wrote back to a scope with the dtype and shape that block declares (_trust)
         self._trusted: dict[str, tuple] = {}
@@ -143,25 +143,26 @@ class Executor:
         plan = self._plans.get(key)
         if plan is None:
             self._verify(program)
-            plan = compile_block(self._rewritten(block), keep, self.backend, self._run)
+            plan = compile_block(self._rewritten(block, keep), keep, self.backend, self._run)
             self._plans[key] = plan
         return plan
 
-    def _rewritten(self, block: Block) -> Block:
+    def _rewritten(self, block: Block, keep: frozenset[str]) -> Block:
         """The global block as this backend runs it: rewritten by the backend's
         ``program_passes`` (in a clone: the user's program stays as it is), where they change
-        something. Same values under the same names: plans, feeds and fetches do not notice."""
+        something. Same values under the same names (``keep``, the fetches, stay computed):
+        plans, feeds and fetches do not notice."""
         names = self.backend.program_passes
         program = block.program
         if not names or block.idx != 0:
             return block
-        cached = self._rewrites.get(program.serial)
+        cached = self._rewrites.get((program.serial, keep))
         if cached is None or cached[0] != program.version:
             from .. import passes      # (passes build on the op library, which imports the runtime)
             clone = program.clone()
-            changed = sum(getattr(passes, name)(clone) for name in names)
+            changed = sum(getattr(passes, name)(clone, keep=keep) for name in names)
             cached = (program.version, clone.global_block() if changed else block)
-            self._rewrites[program.serial] = cached
+            self._rewrites[(program.serial, keep)] = cached
         return cached[1]
 
     def _verify(self, program: Program) -> None:
