@@ -159,8 +159,12 @@ class Executor:
         cached = self._rewrites.get((program.serial, keep))
         if cached is None or cached[0] != program.version:
             from .. import passes      # (passes build on the op library, which imports the runtime)
-            clone = program.clone()
-            changed = sum(getattr(passes, name)(clone, keep=keep) for name in names)
+            try:
+                clone = program.clone()
+            except ProgramError:          # a program the JSON form cannot hold runs as it is
+                clone, changed = None, 0
+            else:
+                changed = sum(getattr(passes, name)(clone, keep=keep) for name in names)
             cached = (program.version, clone.global_block() if changed else block)
             self._rewrites[(program.serial, keep)] = cached
         return cached[1]
