@@ -131,8 +131,9 @@ def add_train_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 # --backend auto: the fastest that is installed, measured on the default models (benchmarks/train.py,
-# RESULTS.md "Training step": torch 1.01x, the onnxruntime engine 0.92x and NumPy 0.58x PyTorch's
-# characters/s on a 2-core CPU; the transformer: torch 1.13x, the engine 0.93x PyTorch eager's).
+# RESULTS.md "Training step": torch 0.91x-1.01x, the onnxruntime engine 0.83x-0.92x and NumPy 0.58x
+# PyTorch's characters/s on a 2-core CPU; the transformer: torch 1.13x, the engine 0.93x PyTorch
+# eager's).
 AUTO_ORDER = ("torch", "onnxruntime", "numpy")
 
 
