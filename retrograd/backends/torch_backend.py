@@ -46,11 +46,11 @@ def _has_onednn_lstm(torch) -> bool:
 
 
 def _fused_adam_ops(torch):
-    """ATen's functional multi-tensor Adam and AdamW, or None where this torch lacks them."""
+    """ATen's multi-tensor Adam and AdamW (in place), or None where this torch lacks them."""
     aten = torch.ops.aten
-    if not (hasattr(aten, "_fused_adam") and hasattr(aten, "_fused_adamw")):
+    if not (hasattr(aten, "_fused_adam_") and hasattr(aten, "_fused_adamw_")):
         return None
-    return aten._fused_adam.default, aten._fused_adamw.default
+    return aten._fused_adam_.default, aten._fused_adamw_.default
 
 
 def _import_torch():
@@ -110,21 +110,25 @@ class TorchBackend(Backend):
 
     def multi_adam(self, params, grads, moment1s, moment2s, steps, rate, lr: float, beta1: float, beta2: float,
                    eps: float, weight_decay: float, decoupled: bool):
-        """ATen's multi-tensor Adam/AdamW (``_fused_adam`` / ``_fused_adamw``, the functional forms:
-        the inputs stay as they are), on the CPU; None elsewhere (CUDA's wants float step counts)."""
+        """ATen's multi-tensor Adam/AdamW (``_fused_adam_`` / ``_fused_adamw_``) on the CPU, in place
+        on fresh contiguous copies of the parameters and moments (the inputs stay as they are:
+        a value fetched earlier may share their memory); None elsewhere (CUDA's wants float step
+        counts)."""
         if self.fused_adam is None or any(p.dtype != params[0].dtype for p in params):
             return None
         # The fused kernel walks each parameter, gradient and moment as one flat buffer: layouts
-        # must agree (oneDNN's LSTM gradients are transposed views), so all are made contiguous.
-        params, grads, moment1s, moment2s = ([x.contiguous() for x in group]
-                                             for group in (params, grads, moment1s, moment2s))
+        # must agree (oneDNN's LSTM gradients are transposed views), so all are contiguous. It
+        # reads the gradients only (maximize=False, no grad_scale).
+        dense = self.torch.contiguous_format
+        params, moment1s, moment2s = ([x.clone(memory_format=dense) for x in group]
+                                      for group in (params, moment1s, moment2s))
+        grads = [g.contiguous() for g in grads]
         steps = self.torch._foreach_add(steps, 1)
         if rate is not None:
             lr = float(rate.reshape(()))      # the host holds it: a CPU array
         update = self.fused_adam[1 if decoupled else 0]
-        params, _, moment1s, moment2s, _ = update(
-            params, grads, moment1s, moment2s, [], steps, lr=lr, beta1=beta1, beta2=beta2,
-            weight_decay=weight_decay, eps=eps, amsgrad=False, maximize=False)
+        update(params, grads, moment1s, moment2s, [], steps, lr=lr, beta1=beta1, beta2=beta2,
+               weight_decay=weight_decay, eps=eps, amsgrad=False, maximize=False)
         return params, moment1s, moment2s, steps
 
     @property

@@ -9,8 +9,8 @@ one of these. Layout (``n`` parameters, attr ``n``)::
 
 ``lr``, when present, is the learning-rate Var (a schedule's) that every fused
 update read. A backend with a multi-tensor Adam routine runs it
-(``Backend.multi_adam``; torch on the CPU: ``aten::_fused_adam`` /
-``_fused_adamw``, one call for all parameters, the numbers of the separate ops
+(``Backend.multi_adam``; torch on the CPU: ``aten::_fused_adam_`` /
+``_fused_adamw_`` on fresh copies, one call for all parameters, the numbers of the separate ops
 to rounding); elsewhere the kernel runs ``adam_math`` per parameter (bit for bit
 the separate ops' numbers; what it saves is per-op dispatch). The ONNX lowering works on
 one flat buffer instead: every parameter, gradient and moment is flattened

@@ -207,3 +207,20 @@ def test_torch_multi_adam_with_transposed_gradients_matches_numpy():
             losses[backend].append(float(exe.run(t.main, feed={"chars": xs, "next_chars": ys},
                                                  fetch_list=[t.loss])[0]))
     np.testing.assert_allclose(losses["torch"], losses["numpy"], rtol=1e-4)
+
+
+def test_torch_multi_adam_leaves_values_fetched_earlier_unchanged():
+    """The fused kernel updates in place: it must work on copies, never on the arrays a run read
+    (a parameter or moment fetched earlier, or a NumPy array sharing their memory)."""
+    pytest.importorskip("torch")
+    main, startup, loss = _scheduled_training(True)
+    exe = rg.Executor(backend="torch")
+    exe.run(startup)
+    feed = {"x": np.ones((2, 6), "float32"), "y": np.ones((2, 3), "float32")}
+    exe.run(main, feed=feed, fetch_list=[loss])
+    held = {name: exe.scope.get(name) for name in ("fc1.w", "fc1.w.moment1", "fc1.w.moment2")}
+    copies = {name: value.clone() for name, value in held.items()}
+    exe.run(main, feed=feed, fetch_list=[loss])
+    for name, value in held.items():
+        assert bool((value == copies[name]).all()), name
+        assert exe.scope.get(name) is not value
