@@ -324,8 +324,9 @@ def main() -> int:
     size = (f"{args.model}, {args.layers} x {args.hidden} hidden, embed {args.embed}, "
             f"batch {args.batch} x {args.seq_len} chars, Adam + clip {args.clip_norm:g}, float32")
     fused = " (one fused LSTM op: oneDNN)" if args.model == "lstm" else ""
-    rows = [("retrograd, NumPy executor (the `retrograd train` program)", "retrograd"),
-            (f"retrograd, torch backend{fused}", "torch backend"),
+    rows = [("retrograd, NumPy executor (`retrograd train --backend numpy`)", "retrograd"),
+            (f"retrograd, torch backend{fused} (`retrograd train`'s default where torch is installed)",
+             "torch backend"),
             ("retrograd, onnxruntime engine (the same program)", "onnxruntime"),
             ("JAX (`jit` of the whole step, `lax.scan`, 1 thread)", "jax"),
             (f"PyTorch (`torch.nn.{args.model.upper()}`, CPU)", "torch")]

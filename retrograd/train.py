@@ -99,9 +99,9 @@ def add_train_arguments(parser: argparse.ArgumentParser) -> None:
         help="BLAS threads per run (default: 1; more help only with a large --hidden or --batch, and "
              "slow everything down when other programs share the cores)")
     add("--backend", choices=("auto", "numpy", "torch", "cupy", "onnxruntime"), default="auto",
-        help="what runs the program (default: auto, the fastest installed for the run: the onnxruntime "
-             "engine, else torch, else numpy; torch with --device/--graphs, not the engine under MPI or "
-             "--recompute); numpy is the embedded default; torch and cupy run on GPUs")
+        help="what runs the program (default: auto, the fastest installed for the run: torch, else "
+             "the onnxruntime engine, else numpy; torch with --device/--graphs, not the engine under MPI "
+             "or --recompute); numpy is the embedded default; torch and cupy run on GPUs")
     add("--device", default=None,
         help="device of --backend: cpu, cuda or cuda:N (default: cpu; cuda for cupy)")
     add("--graphs", action="store_true",
@@ -131,9 +131,10 @@ def add_train_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 # --backend auto: the fastest that is installed, measured on the default models (benchmarks/train.py,
-# RESULTS.md "Training step": the onnxruntime engine 0.97x and torch 0.88x PyTorch's characters/s,
-# NumPy 0.59x, on a 2-core CPU).
-AUTO_ORDER = ("onnxruntime", "torch", "numpy")
+# RESULTS.md "Training step": torch 0.91x-1.01x, the onnxruntime engine 0.83x-0.92x and NumPy 0.58x
+# PyTorch's characters/s on a 2-core CPU; the transformer: torch 1.13x, the engine 0.93x PyTorch
+# eager's).
+AUTO_ORDER = ("torch", "onnxruntime", "numpy")
 
 
 def choose_backend(args: argparse.Namespace) -> str:

@@ -603,12 +603,13 @@ def test_transformer_trains_samples_past_its_window_and_resumes_as_one(tmp_path)
 
 def test_backend_auto_is_the_default_and_names_what_it_chose(tmp_path):
     """Issue 22: `--backend auto` (the default) takes the fastest installed backend and says which
-    in the header; it is the onnxruntime engine where installed, else torch, else NumPy."""
+    in the header; it is torch where installed, else the onnxruntime engine, else NumPy (the order
+    measured in benchmarks/RESULTS.md "Training step")."""
     import importlib.util
     small = [a for a in SMALL if a not in ("--backend", "numpy")]
     done = retrograd_train(*small, "--steps", "2", "--no-plot", "--save", str(tmp_path / "m.npz"))
     assert done.returncode == 0, done.stderr
-    have = [name for name, module in (("onnxruntime", "onnxruntime"), ("torch", "torch"))
+    have = [name for name, module in (("torch", "torch"), ("onnxruntime", "onnxruntime"))
             if importlib.util.find_spec(module) is not None]
     expected = have[0] if have else "numpy"
     assert f"backend {expected}" in done.stdout

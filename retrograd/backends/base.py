@@ -30,6 +30,15 @@ def dtype_name(dtype) -> str:
     return str(dtype).rsplit(".", 1)[-1]
 
 
+def _shifted(xp, x, axis: int):
+    """``x`` minus its maximum along ``axis``: every exp of it is <= 1. An empty ``axis`` has no
+    maximum (NumPy and torch raise): nothing to shift, and the softmax of nothing is empty, as
+    onnxruntime's."""
+    if x.shape[axis] == 0:
+        return x
+    return x - xp.max(x, axis=axis, keepdims=True)
+
+
 class Backend:
     """One array library on one device. Subclasses fill in the library-specific methods."""
 
@@ -39,6 +48,9 @@ class Backend:
     # dtypes whose LSTM layers this backend runs as one vendor kernel (``LSTMSequence``): the
     # executor then fuses step-by-step LSTM recurrences (``passes.fuse_recurrent_cells``)
     fused_lstm_dtypes: tuple[str, ...] = ()
+    # ``retrograd.passes`` functions (by name) the executor applies to a clone of each program it
+    # runs here, e.g. ("fuse_optimizer_updates",) where a multi-tensor update pays off
+    program_passes: tuple[str, ...] = ()
 
     def __init__(self, xp, device: str):
         self.xp = xp
@@ -87,6 +99,15 @@ class Backend:
 
     def fused_attention_grad(self, q, k, v, mask, out, lse, dout, causal: bool, scale: float):
         """``(dq, dk, dv)`` of ``ScaledDotProductAttentionGrad`` from the fused kernel, or None."""
+        return None
+
+    def multi_adam(self, params, grads, moment1s, moment2s, steps, rate, lr: float, beta1: float, beta2: float,
+                   eps: float, weight_decay: float, decoupled: bool):
+        """Adam (AdamW with ``decoupled``) for many parameters in one routine (``FusedAdamUpdate``):
+        lists ``(params, moment1s, moment2s, steps)`` after the update, new arrays (the inputs
+        unchanged); ``steps`` are int64 ``[1]`` counts before it, ``rate`` the learning-rate
+        array (a schedule's) or None (then ``lr``). None where the library has no such routine:
+        the op then runs ``AdamUpdate``'s math per parameter."""
         return None
 
     # -- sliding windows: the general im2col + GEMM path (windows.py); torch has its own ----------
@@ -240,6 +261,41 @@ class Backend:
             top = xp.where(xp.isfinite(top), top, xp.zeros_like(top))   # all -inf (or an inf): no shift
             out = xp.log(xp.sum(xp.exp(x - top), axis=axes, keepdims=True)) + top
         return out if keepdims else xp.reshape(out, tuple(d for i, d in enumerate(x.shape) if i not in axes))
+
+    def linear(self, x, w, b):
+        """``x [M, D] @ w [D, K] + b [K]`` (the ``SeqLinear`` kernel with a bias; torch: ``addmm``)."""
+        out = self.xp.matmul(x, w)
+        out += b
+        return out
+
+    def global_norm(self, xs: list):
+        """``sqrt(sum_i sum(x_i ** 2))``, 0-d, in the arrays' (one) dtype (the ``GlobalNorm``
+        kernel; torch: ``_foreach_norm``)."""
+        xp = self.xp
+        total = None
+        for x in xs:
+            part = xp.sum(x * x)
+            total = part if total is None else total + part
+        return xp.asarray(xp.sqrt(total))        # 0-d array (NumPy's sums give scalars)
+
+    def softmax(self, x, axis: int):
+        """``exp(x) / sum(exp(x))`` along ``axis``, the row maximum subtracted first (the ``Softmax``
+        kernel; torch: its fused routine)."""
+        e = self.xp.exp(_shifted(self.xp, x, axis))
+        e /= self.xp.sum(e, axis=axis, keepdims=True)
+        return e
+
+    def log_softmax(self, x, axis: int):
+        """``x - log(sum(exp(x)))`` along ``axis``, computed from ``x`` minus its row maximum."""
+        xp = self.xp
+        shifted = _shifted(xp, x, axis)
+        return shifted - xp.log(xp.sum(xp.exp(shifted), axis=axis, keepdims=True))
+
+    def add_along_axis(self, x, indices, values, axis: int):
+        """``x`` with ``values`` added at ``indices`` along ``axis`` (shaped as ``indices``; indices
+        distinct within each slice): the cross-entropy gradient's ``- dloss`` at each label.
+        ``x`` is the caller's own new array: a backend may change it in place."""
+        return x + self.put_along_axis(tuple(x.shape), indices, values, axis)
 
     def cumsum(self, x, axis: int):
         return self.xp.cumulative_sum(x, axis=axis, dtype=x.dtype)

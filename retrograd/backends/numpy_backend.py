@@ -163,6 +163,10 @@ class NumpyBackend(Backend):
         np.put_along_axis(out, indices, values, axis)
         return out
 
+    def add_along_axis(self, x, indices, values, axis: int):
+        np.put_along_axis(x, indices, np.take_along_axis(x, indices, axis) + values, axis)
+        return x
+
     def buffer_of(self, array) -> tuple[int, int]:
         if not isinstance(array, np.ndarray):      # a NumPy scalar (np.sum of an array)
             return id(array), int(getattr(array, "nbytes", 0))

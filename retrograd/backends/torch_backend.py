@@ -55,6 +55,14 @@ def _has_cudnn_lstm(torch) -> bool:
     return _CUDNN_LSTM["ok"]
 
 
+def _fused_adam_ops(torch):
+    """ATen's multi-tensor Adam and AdamW (in place), or None where this torch lacks them."""
+    aten = torch.ops.aten
+    if not (hasattr(aten, "_fused_adam_") and hasattr(aten, "_fused_adamw_")):
+        return None
+    return aten._fused_adam_.default, aten._fused_adamw_.default
+
+
 def _import_torch():
     try:
         import torch
@@ -66,6 +74,8 @@ def _import_torch():
 
 class TorchBackend(Backend):
     name = "torch"
+    # Adam for all parameters in one op (multi_adam); fc's product and bias add as one addmm
+    program_passes = ("fuse_optimizer_updates", "fuse_linear_bias")
 
     def __init__(self, device: str | None = None):
         torch, compat = _import_torch()
@@ -96,6 +106,7 @@ class TorchBackend(Backend):
         on_cuda = dev.type == "cuda"
         self.cudnn_lstm = torch_cudnn_rnn.CuDNNLSTM(torch) if on_cuda and _has_cudnn_lstm(torch) else None
         self.cudnn_gru = torch_cudnn_rnn.CuDNNGRU(torch) if on_cuda and _has_cudnn_lstm(torch) else None
+        self.fused_adam = _fused_adam_ops(torch) if dev.type == "cpu" else None   # (Adam, AdamW) or None
 
     # -- fused kernels (LSTMSequence): None where this backend has none for the arrays given ----
     def vendor_lstm(self, x):
@@ -129,6 +140,29 @@ class TorchBackend(Backend):
     def fused_gru_backward(self, x, *rest):
         fused = self.cudnn_gru
         return fused.backward(x, *rest) if fused is not None and fused.applies(x) else None
+
+    def multi_adam(self, params, grads, moment1s, moment2s, steps, rate, lr: float, beta1: float, beta2: float,
+                   eps: float, weight_decay: float, decoupled: bool):
+        """ATen's multi-tensor Adam/AdamW (``_fused_adam_`` / ``_fused_adamw_``) on the CPU, in place
+        on fresh contiguous copies of the parameters and moments (the inputs stay as they are:
+        a value fetched earlier may share their memory); None elsewhere (CUDA's wants float step
+        counts)."""
+        if self.fused_adam is None or any(p.dtype != params[0].dtype for p in params):
+            return None
+        # The fused kernel walks each parameter, gradient and moment as one flat buffer: layouts
+        # must agree (oneDNN's LSTM gradients are transposed views), so all are contiguous. It
+        # reads the gradients only (maximize=False, no grad_scale).
+        dense = self.torch.contiguous_format
+        params, moment1s, moment2s = ([x.clone(memory_format=dense) for x in group]
+                                      for group in (params, moment1s, moment2s))
+        grads = [g.contiguous() for g in grads]
+        steps = self.torch._foreach_add(steps, 1)
+        if rate is not None:
+            lr = float(rate.reshape(()))      # the host holds it: a CPU array
+        update = self.fused_adam[1 if decoupled else 0]
+        update(params, grads, moment1s, moment2s, [], steps, lr=lr, beta1=beta1, beta2=beta2,
+               weight_decay=weight_decay, eps=eps, amsgrad=False, maximize=False)
+        return params, moment1s, moment2s, steps
 
     @property
     def has_graphs(self) -> bool:
@@ -197,6 +231,22 @@ class TorchBackend(Backend):
 
     def sort_descending(self, x, axis: int):
         return self.torch.sort(x, dim=axis, descending=True, stable=True).indices
+
+    def linear(self, x, w, b):
+        return self.torch.addmm(b, x, w)
+
+    def global_norm(self, xs: list):
+        torch = self.torch
+        return torch.linalg.vector_norm(torch.stack(torch._foreach_norm(xs)))
+
+    def softmax(self, x, axis: int):
+        return self.torch.softmax(x, axis)
+
+    def log_softmax(self, x, axis: int):
+        return self.torch.log_softmax(x, axis)
+
+    def add_along_axis(self, x, indices, values, axis: int):
+        return x.scatter_add_(axis, indices, values)
 
     def take_along_axis(self, x, indices, axis: int):
         return self.torch.take_along_dim(x, indices, dim=axis)

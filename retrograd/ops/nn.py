@@ -33,15 +33,6 @@ def _softmax_rule(ins, attrs):
     return [(x.shape, x.dtype)]
 
 
-def _shifted(xp, x, axis: int):
-    """``x`` minus its maximum along ``axis``: every exp of it is <= 1. An empty ``axis`` has no
-    maximum (NumPy and torch raise): nothing to shift, and the softmax of nothing is empty, as
-    onnxruntime's."""
-    if x.shape[axis] == 0:
-        return x
-    return x - xp.max(x, axis=axis, keepdims=True)
-
-
 # --- Softmax / LogSoftmax ------------------------------------------------------------
 
 def _softmax_grad(g):
@@ -51,9 +42,7 @@ def _softmax_grad(g):
 
 @defop("Softmax", infer=_softmax_rule, grad=_softmax_grad)
 def _softmax(k, x):
-    xp, axis = k.xp, k.attrs["axis"]
-    e = xp.exp(_shifted(xp, x, axis))
-    return e / xp.sum(e, axis=axis, keepdims=True)
+    return k.backend.softmax(x, k.attrs["axis"])
 
 
 @lowers("Softmax")
@@ -68,9 +57,7 @@ def _log_softmax_grad(g):
 
 @defop("LogSoftmax", infer=_softmax_rule, grad=_log_softmax_grad)
 def _log_softmax(k, x):
-    xp, axis = k.xp, k.attrs["axis"]
-    shifted = _shifted(xp, x, axis)
-    return shifted - xp.log(xp.sum(xp.exp(shifted), axis=axis, keepdims=True))
+    return k.backend.log_softmax(x, k.attrs["axis"])
 
 
 @lowers("LogSoftmax")
@@ -191,22 +178,29 @@ def _xent_rule(ins, attrs):
 
 def _xent_grad(g):
     logits, labels = g.x
-    return [(softmax(logits) - one_hot_like(labels, logits)) * unsqueeze(g.dy, -1), None]
+    return [softmax_cross_entropy_grad(logits, labels, g.dy), None]
+
+
+def _labels_along(xp, labels):
+    """``labels [...]`` as int64 ``[..., 1]``: an index along the class axis."""
+    labels = labels if labels.dtype == xp.int64 else xp.astype(labels, xp.int64)
+    return xp.expand_dims(labels, axis=-1)
 
 
 @defop("SoftmaxCrossEntropy", inputs=("logits", "labels"), infer=_xent_rule, nondiff=(1,),
        grad=_xent_grad)
 def _softmax_cross_entropy(k, logits, labels):
-    """``logsumexp(logits) - logits[label]`` per example, stable for large logits."""
+    """``logsumexp(logits) - logits[label]`` per example, stable for large logits: the label's entry
+    of the log-softmax, picked (``take_along_axis``, as PyTorch's ``nll_loss``), not a one-hot."""
     xp = k.xp
     if tuple(labels.shape) != tuple(logits.shape[:-1]):
         raise ValueError(f"labels have shape {list(labels.shape)}, logits {list(logits.shape)}: "
                          "labels must have the logits' shape without the class axis")
-    hot = _one_hot(xp, labels, logits.shape[-1], xp.bool, k)
-    shifted = _shifted(xp, logits, -1)
-    log_total = xp.log(xp.sum(xp.exp(shifted), axis=-1))
-    picked = xp.sum(xp.where(hot, shifted, xp.zeros_like(shifted)), axis=-1)
-    return log_total - picked
+    labels = check_ids(xp, labels, logits.shape[-1], "label", k)
+    if logits.shape[-1] == 0:       # no classes: no labels either (check_ids), nothing to pick
+        return xp.zeros(tuple(labels.shape), dtype=logits.dtype)
+    logp = k.backend.log_softmax(logits, -1)
+    return -k.backend.take_along_axis(logp, _labels_along(xp, labels), -1)[..., 0]
 
 
 @lowers("SoftmaxCrossEntropy")
@@ -219,6 +213,67 @@ def _softmax_cross_entropy_onnx(g):
     index = g.node("Unsqueeze", [labels, last])
     picked = g.node("Squeeze", [g.node("GatherElements", [shifted, index], axis=-1), last])
     return [g.node("Sub", [log_total, picked])]
+
+
+def _xent_grad_rule(ins, attrs):
+    logits, labels, dloss = ins
+    rows = _check_labels(labels, logits)
+    if dloss.dtype != logits.dtype or len(dloss.shape) != len(rows):
+        raise ShapeError(f"dloss {dloss.type_str()} must be shaped as the labels {labels.type_str()}, "
+                         f"in the logits' dtype {logits.dtype}")
+    return [(logits.shape, logits.dtype)]
+
+
+def _xent_grad_grad(g):
+    """Of ``(softmax(logits) - onehot(labels)) * dloss[..., None]``: the softmax's Jacobian for the
+    logits, the row sums for ``dloss``."""
+    logits, labels, dloss = g.x
+    probs = softmax(logits)
+    scaled = g.dy * unsqueeze(dloss, -1)
+    dlogits = probs * (scaled - reduce_sum(scaled * probs, axis=-1, keepdims=True))
+    ddloss = reduce_sum(g.dy * (probs - one_hot_like(labels, logits)), axis=-1)
+    return [dlogits, None, ddloss]
+
+
+@defop("SoftmaxCrossEntropyGrad", inputs=("logits", "labels", "dloss"), infer=_xent_grad_rule,
+       nondiff=(1,), grad=_xent_grad_grad)
+def _softmax_cross_entropy_grad(k, logits, labels, dloss):
+    """``(softmax(logits) - onehot(labels)) * dloss[..., None]`` as PyTorch's cross-entropy backward
+    computes it: the softmax scaled by ``dloss``, then ``dloss`` taken off at each row's label
+    (``Backend.add_along_axis``: a scatter, no one-hot)."""
+    xp = k.xp
+    if k.run.deferred_checks is not None:     # capturing a graph: the forward's check is deferred
+        labels = check_ids(xp, labels, logits.shape[-1], "label", k)
+    if logits.shape[-1] == 0:
+        return xp.zeros(tuple(logits.shape), dtype=logits.dtype)
+    scale = xp.expand_dims(dloss, axis=-1)
+    grad = k.backend.softmax(logits, -1)
+    grad *= scale
+    return k.backend.add_along_axis(grad, _labels_along(xp, labels), -scale, -1)
+
+
+@lowers("SoftmaxCrossEntropyGrad")
+def _softmax_cross_entropy_grad_onnx(g):
+    logits, labels, dloss = g.ins
+    depth = g.scalar_dim(logits, -1)
+    classes = g.node("Range", [g.const(0, "int64"), depth, g.const(1, "int64")])
+    index = g.node("Unsqueeze", [g.cast(labels, "int64") if g.in_vars[1].dtype != "int64" else labels,
+                                 g.const([-1], "int64")])
+    hot = g.cast(g.node("Equal", [index, classes]), g.in_vars[0].dtype)
+    scale = g.node("Unsqueeze", [dloss, g.const([-1], "int64")])
+    return [g.node("Mul", [g.node("Sub", [g.node("Softmax", [logits], axis=-1), hot]), scale])]
+
+
+def softmax_cross_entropy_grad(logits: Var, labels: Var, dloss: Var) -> Var:
+    """The gradient of ``softmax_cross_entropy`` for the logits: ``(softmax(logits) -
+    one_hot(labels)) * dloss[..., None]`` as one op (what ``append_backward`` builds).
+
+    Example::
+
+        from retrograd.ops.nn import softmax_cross_entropy_grad
+        dlogits = softmax_cross_entropy_grad(logits, labels, dloss)     # dloss shaped as labels
+    """
+    return append_op("SoftmaxCrossEntropyGrad", [logits, labels, dloss], name="xent_grad")[0]
 
 
 def softmax_cross_entropy(logits: Var, labels: Var) -> Var:

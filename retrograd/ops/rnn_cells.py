@@ -543,14 +543,14 @@ def _flat(x: Var, width: int) -> Var:
 @defop("SeqLinear", inputs=("x", "w", "b*"), infer=_seq_linear_rule, grad=_seq_linear_grad)
 def _seq_linear(k, x, w, *bias):
     """``x [..., D] @ w [D, K] (+ b)`` as one GEMM over all leading axes (``w.T`` with
-    transpose_w); the bias is added in place, without a second [..., K] array."""
+    transpose_w); the bias is added in place, without a second [..., K] array
+    (``Backend.linear``; torch: ``addmm``)."""
     xp = k.xp
     if k.attrs["transpose_w"]:
         w = xp.matrix_transpose(w) if hasattr(xp, "matrix_transpose") else xp.swapaxes(w, -1, -2)
     lead = tuple(x.shape[:-1])
-    out = xp.matmul(xp.reshape(x, (math.prod(lead), x.shape[-1])), w)
-    for b in bias:
-        out += b
+    flat = xp.reshape(x, (math.prod(lead), x.shape[-1]))
+    out = k.backend.linear(flat, w, bias[0]) if len(bias) == 1 else xp.matmul(flat, w)
     return xp.reshape(out, lead + (w.shape[-1],))
 
 

@@ -4,11 +4,15 @@ Built only by the pass ``retrograd.passes.fuse_optimizer_updates``, which
 replaces a program's ``AdamUpdate`` ops that share their hyper-parameters by
 one of these. Layout (``n`` parameters, attr ``n``)::
 
-    inputs   param_0..n-1, grad_0..n-1, moment1_0..n-1, moment2_0..n-1, step_0..n-1
+    inputs   param_0..n-1, grad_0..n-1, moment1_0..n-1, moment2_0..n-1, step_0..n-1 [, lr]
     outputs  param_0..n-1, moment1_0..n-1, moment2_0..n-1, step_0..n-1   (the same Vars: in place)
 
-The NumPy kernel runs ``adam_math`` per parameter (bit for bit the separate
-ops' numbers; what it saves is per-op dispatch). The ONNX lowering works on
+``lr``, when present, is the learning-rate Var (a schedule's) that every fused
+update read. A backend with a multi-tensor Adam routine runs it
+(``Backend.multi_adam``; torch on the CPU: ``aten::_fused_adam_`` /
+``_fused_adamw_`` on fresh copies, one call for all parameters, the numbers of the separate ops
+to rounding); elsewhere the kernel runs ``adam_math`` per parameter (bit for bit
+the separate ops' numbers; what it saves is per-op dispatch). The ONNX lowering works on
 one flat buffer instead: every parameter, gradient and moment is flattened
 and concatenated, the update runs once over all elements, and the results
 are split back, so the graph holds about 7n + 25 nodes instead of ~20 per
@@ -25,9 +29,10 @@ from ..errors import ShapeError
 from ..ir.program import Var
 from ..ops.lowering import lowers
 from ..ops.registry import defop
-from .ops import STEP_DTYPE, adam_math, decay_factor_onnx
+from .ops import STEP_DTYPE, adam_math, check_rate, decay_factor_onnx, rate_onnx
 
 GROUPS = ("param", "grad", "moment1", "moment2", "step")
+HYPER = ("lr", "beta1", "beta2", "eps", "weight_decay", "decoupled")   # the attributes multi_adam takes
 
 
 def split_inputs(items, n: int) -> list[list]:
@@ -37,8 +42,10 @@ def split_inputs(items, n: int) -> list[list]:
 
 def _fused_adam_rule(ins: list[Var], attrs: dict):
     n = attrs["n"]
-    if len(ins) != len(GROUPS) * n:
-        raise ShapeError(f"FusedAdamUpdate with n={n} needs {len(GROUPS) * n} inputs, got {len(ins)}")
+    if len(ins) not in (len(GROUPS) * n, len(GROUPS) * n + 1):
+        raise ShapeError(f"FusedAdamUpdate with n={n} needs {len(GROUPS) * n} inputs (and optionally a "
+                         f"learning rate), got {len(ins)}")
+    check_rate(ins[len(GROUPS) * n:])
     params, grads, m1s, m2s, steps = split_inputs(ins, n)
     for param, grad, m1, m2, step in zip(params, grads, m1s, m2s, steps):
         for var in (grad, m1, m2):
@@ -53,13 +60,18 @@ def _fused_adam_rule(ins: list[Var], attrs: dict):
 @defop("FusedAdamUpdate", inputs=("params_grads_moments_steps*",), outputs=("params_moments_steps*",),
        infer=_fused_adam_rule)
 def _fused_adam_update(k, *arrays):
-    """Adam for every parameter (``AdamUpdate``'s math, one parameter after the other)."""
+    """Adam for every parameter: the backend's multi-tensor routine where it has one, else
+    ``AdamUpdate``'s math one parameter after the other."""
     n = k.attrs["n"]
-    outs: list[list] = [[], [], [], []]
-    for group in zip(*split_inputs(arrays, n)):
-        for out, value in zip(outs, adam_math(k, *group)):
-            out.append(value)
-    return tuple(outs[0] + outs[1] + outs[2] + outs[3])
+    lr = arrays[len(GROUPS) * n] if len(arrays) > len(GROUPS) * n else None
+    groups = split_inputs(arrays, n)
+    outs = k.backend.multi_adam(*groups, lr, **{a: k.attrs.get(a, 0.0) for a in HYPER})
+    if outs is None:
+        outs = [[], [], [], []]
+        for group in zip(*groups):
+            for out, value in zip(outs, adam_math(k, *group, lr)):
+                out.append(value)
+    return tuple(outs[0]) + tuple(outs[1]) + tuple(outs[2]) + tuple(outs[3])
 
 
 @lowers("FusedAdamUpdate")
@@ -74,8 +86,9 @@ def _fused_adam_onnx(g):
     groups = split_inputs(g.ins, n)
     p, grad, m, v = (_flat(g, names) for names in groups[:4])
     steps = g.node("Concat", groups[4], axis=0) if n > 1 else groups[4][0]    # [n] int64
+    lr = rate_onnx(g, len(GROUPS) * n, "float64")
     if a.get("weight_decay") and a.get("decoupled"):      # AdamW
-        p = g.node("Mul", [p, decay_factor_onnx(g, g.const(a["lr"], "float64"), a["weight_decay"], dtype)])
+        p = g.node("Mul", [p, decay_factor_onnx(g, lr, a["weight_decay"], dtype)])
     elif a.get("weight_decay"):
         grad = g.node("Add", [grad, g.node("Mul", [g.const(a["weight_decay"], dtype), p])])
     steps = g.node("Add", [steps, g.const([1], "int64")])
@@ -85,7 +98,7 @@ def _fused_adam_onnx(g):
     def one_minus_power(beta):
         return g.node("Sub", [g.const(1.0, "float64"), g.node("Pow", [g.const(beta, "float64"), t])])
 
-    step_size = _spread(g, g.cast(g.node("Div", [g.const(a["lr"], "float64"), one_minus_power(b1)]), dtype),
+    step_size = _spread(g, g.cast(g.node("Div", [lr, one_minus_power(b1)]), dtype),
                         sizes)
     root = _spread(g, g.cast(g.node("Sqrt", [one_minus_power(b2)]), dtype), sizes)
 

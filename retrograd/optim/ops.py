@@ -48,12 +48,12 @@ def _state_rule(n_outputs: int):
             if var.dtype != param.dtype or not shapes_compatible(var.shape, param.shape):
                 raise ShapeError(f"'{var.name}' is {var.type_str()}, but parameter '{param.name}' "
                                  f"is {param.type_str()}")
-        _check_rate(extra)
+        check_rate(extra)
         return [(v.shape, v.dtype) for v in [param] + state]
     return rule
 
 
-def _check_rate(extra: list[Var]) -> None:
+def check_rate(extra: list[Var]) -> None:
     if len(extra) > 1:
         raise ShapeError(f"an update takes one learning-rate input, got {len(extra)} extra inputs")
     for lr in extra:
@@ -75,7 +75,7 @@ def rate(k, rate_input, dtype):
     return xp.astype(xp.reshape(rate_input, ()), dtype)
 
 
-def _rate_onnx(g, n_inputs: int, dtype: str) -> str:
+def rate_onnx(g, n_inputs: int, dtype: str) -> str:
     """The ONNX form of ``rate``: the op's input ``n_inputs`` (if any) as a 0-d ``dtype`` value."""
     if len(g.ins) <= n_inputs:
         return g.const(g.attrs["lr"], dtype)
@@ -105,7 +105,7 @@ def _sgd_update(k, param, grad, lr=None):
 def _sgd_update_onnx(g):
     param = g.ins[0]
     grad = _decayed_onnx(g, param, g.ins[1])
-    return [g.node("Sub", [param, g.node("Mul", [_rate_onnx(g, 2, g.in_vars[0].dtype), grad])])]
+    return [g.node("Sub", [param, g.node("Mul", [rate_onnx(g, 2, g.in_vars[0].dtype), grad])])]
 
 
 def _decayed_onnx(g, param: str, grad: str) -> str:
@@ -149,7 +149,7 @@ def _momentum_update_onnx(g):
     mu = g.const(a["momentum"], dtype)
     velocity = g.node("Add", [g.node("Mul", [mu, velocity]), grad])
     step = g.node("Add", [grad, g.node("Mul", [mu, velocity])]) if a["nesterov"] else velocity
-    return [g.node("Sub", [param, g.node("Mul", [_rate_onnx(g, 3, dtype), step])]), velocity]
+    return [g.node("Sub", [param, g.node("Mul", [rate_onnx(g, 3, dtype), step])]), velocity]
 
 
 def momentum_update(param: Var, grad: Var, velocity: Var, lr, momentum: float,
@@ -173,7 +173,7 @@ def _adam_rule(ins: list[Var], attrs: dict):
     step = ins[4]
     if step.dtype != STEP_DTYPE or step.shape != (1,):
         raise ShapeError(f"Adam step count '{step.name}' must be {STEP_DTYPE}[1], got {step.type_str()}")
-    _check_rate(ins[5:])
+    check_rate(ins[5:])
     return specs + [(step.shape, step.dtype)]
 
 
@@ -216,7 +216,7 @@ def _adam_update_onnx(g):
     a, dtype = g.attrs, g.in_vars[0].dtype
     param, _, m, v, step = g.ins[:5]
     b1, b2 = a["beta1"], a["beta2"]
-    lr = _rate_onnx(g, 5, "float64")
+    lr = rate_onnx(g, 5, "float64")
     if a.get("decoupled"):
         grad = g.ins[1]
         if a.get("weight_decay"):
@@ -325,7 +325,7 @@ def _rmsprop_update_onnx(g):
         outs.append(step)
     if a["centered"]:
         outs.append(grad_avg)
-    lr = _rate_onnx(g, 3 + n, dtype)
+    lr = rate_onnx(g, 3 + n, dtype)
     return [g.node("Sub", [param, g.node("Mul", [lr, step])]), *outs]
 
 
@@ -356,7 +356,7 @@ def _adagrad_rule(ins: list[Var], attrs: dict):
     step = ins[3]
     if step.dtype != STEP_DTYPE or step.shape != (1,):
         raise ShapeError(f"Adagrad step count '{step.name}' must be {STEP_DTYPE}[1], got {step.type_str()}")
-    _check_rate(ins[4:])
+    check_rate(ins[4:])
     return specs + [(step.shape, step.dtype)]
 
 
@@ -383,7 +383,7 @@ def _adagrad_update_onnx(g):
     t = g.node("Reshape", [g.cast(step, "float64"), g.const([], "int64")])
     decay = g.node("Add", [g.const(1.0, "float64"), g.node("Mul", [g.node("Sub", [t, g.const(1.0, "float64")]),
                                                                    g.const(a["lr_decay"], "float64")])])
-    clr = g.cast(g.node("Div", [_rate_onnx(g, 4, "float64"), decay]), dtype)
+    clr = g.cast(g.node("Div", [rate_onnx(g, 4, "float64"), decay]), dtype)
     total = g.node("Add", [total, g.node("Mul", [grad, grad])])
     denom = g.node("Add", [g.node("Sqrt", [total]), g.const(a["eps"], dtype)])
     return [g.node("Sub", [param, g.node("Mul", [clr, g.node("Div", [grad, denom])])]), total, step]

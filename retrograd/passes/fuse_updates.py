@@ -1,8 +1,8 @@
 """``fuse_optimizer_updates``: a program's Adam updates as one ``FusedAdamUpdate`` op.
 
 A training program ends with one ``AdamUpdate`` per parameter. The ones that
-share their hyper-parameters (lr, betas, eps, weight decay, AdamW's decoupling) and dtype become
-one op (``retrograd/optim/fused.py``), placed where the last of them was.
+share their hyper-parameters (lr, betas, eps, weight decay, AdamW's decoupling), their
+learning-rate input (a schedule's Var, if any) and dtype become one op (``retrograd/optim/fused.py``), placed where the last of them was.
 Moving an earlier update down to that place is safe only when nothing in
 between reads or writes what it reads or writes; updates for which that does
 not hold stay as they are.
@@ -16,8 +16,10 @@ from ..optim.fused import GROUPS
 ATTRS = ("lr", "beta1", "beta2", "eps", "weight_decay", "decoupled")
 
 
-def fuse_optimizer_updates(program: Program) -> int:
+def fuse_optimizer_updates(program: Program, keep=frozenset()) -> int:
     """Fuse the global block's ``AdamUpdate`` ops in place; return how many ops were removed.
+    (``keep``, the names a run fetches, is the passes' common argument: this pass removes no
+    value.)
 
     Example::
 
@@ -40,9 +42,10 @@ def _groups(block: Block) -> list[list[Op]]:
     """AdamUpdate ops keyed by their hyper-parameters and the parameter's dtype, in program order."""
     groups: dict[tuple, list[Op]] = {}
     for op in block.ops:
-        # An update whose rate is an input (a schedule's) keeps its own op.
-        if op.type == "AdamUpdate" and len(op.inputs) == len(GROUPS):
-            key = tuple(op.attrs.get(a, 0.0) for a in ATTRS) + (block.find_var(op.inputs[0]).dtype,)
+        # Updates reading a rate Var (a schedule's) fuse with those reading the same one.
+        if op.type == "AdamUpdate" and len(op.inputs) in (len(GROUPS), len(GROUPS) + 1):
+            key = tuple(op.attrs.get(a, 0.0) for a in ATTRS) + (block.find_var(op.inputs[0]).dtype,
+                                                                 tuple(op.inputs[len(GROUPS):]))
             groups.setdefault(key, []).append(op)
     return list(groups.values())
 
@@ -63,7 +66,7 @@ def _movable(block: Block, group: list[Op]) -> list[Op]:
 
 def _replace(block: Block, ops: list[Op]) -> None:
     """Remove ``ops`` and put one FusedAdamUpdate where the last of them was."""
-    inputs = [op.inputs[i] for i in range(len(GROUPS)) for op in ops]
+    inputs = [op.inputs[i] for i in range(len(GROUPS)) for op in ops] + list(ops[0].inputs[len(GROUPS):])
     outputs = [op.outputs[i] for i in range(4) for op in ops]
     attrs = {a: ops[0].attrs[a] for a in ATTRS if a in ops[0].attrs}
     attrs["n"] = len(ops)

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import time
+import weakref
 from types import ModuleType
 from contextlib import contextmanager
 from typing import Iterator, Mapping, Sequence
@@ -125,7 +126,10 @@ class Executor:
         self._run = RunContext(self)
         self._plans: dict[tuple, Plan] = {}
         self._verified: dict[int, int] = {}
-        self._rewritten: dict[tuple, Program] = {}
+        self._rewrites: dict[tuple, tuple[int, Block]] = {}   # (serial, keep) -> (version, block run)
+        # name -> (weak reference to the value, block, program version): values this executor
+        # wrote back to a scope with the dtype and shape that block declares (_trust)
+        self._trusted: dict[str, tuple] = {}
 
     @property
     def run_context(self) -> RunContext:
@@ -140,28 +144,42 @@ class Executor:
         plan = self._plans.get(key)
         if plan is None:
             self._verify(program)
-            plan = compile_block(self._for_backend(block, keep), keep, self.backend, self._run)
+            plan = compile_block(self._rewritten(block, keep), keep, self.backend, self._run)
             self._plans[key] = plan
         return plan
 
-    def _for_backend(self, block: Block, keep: frozenset[str]) -> Block:
-        """The block to compile: ``block`` itself, or, for a top-level run on a backend with a vendor
-        LSTM kernel (``Backend.fused_lstm_dtypes``), that block of a private copy of the program
-        whose LSTM recurrences ``passes.fuse_recurrent_cells`` rewrote (the user's program is
-        never changed; its names, feeds and fetches mean the same in the copy)."""
-        dtypes = self.backend.fused_lstm_dtypes
+    def _rewritten(self, block: Block, keep: frozenset[str]) -> Block:
+        """The global block as this backend runs it, rewritten in a clone (the user's program stays
+        as it is) where that changes something: LSTM recurrences as one vendor-kernel op where the
+        backend has one (``Backend.fused_lstm_dtypes``: ``passes.fuse_recurrent_cells``), then the
+        backend's ``program_passes``. Same values under the same names (``keep``, the fetches,
+        stay computed): plans, feeds and fetches do not notice."""
+        rewrites = self._backend_rewrites(block.program)
         program = block.program
-        if block.idx != 0 or not dtypes or not has_recurrences(program):
+        if not rewrites or block.idx != 0:
             return block
-        key = (program.serial, program.version, keep)
-        if key not in self._rewritten:
-            for old in [k for k in self._rewritten if k[0] == program.serial and k[1] != program.version]:
-                del self._rewritten[old]            # copies of versions no run will ask for again
-            copy = program.clone()
-            self._rewritten[key] = copy if fuse_recurrent_cells(copy, keep, dtypes) else program
-            if self._rewritten[key] is copy:
-                self._verify(copy)
-        return self._rewritten[key].global_block()
+        cached = self._rewrites.get((program.serial, keep))
+        if cached is None or cached[0] != program.version:
+            try:
+                clone = program.clone()
+            except ProgramError:          # a program the JSON form cannot hold runs as it is
+                clone, changed = None, 0
+            else:
+                changed = sum(rewrite(clone, keep=keep) for rewrite in rewrites)
+            if changed:
+                self._verify(clone)
+            cached = (program.version, clone.global_block() if changed else block)
+            self._rewrites[(program.serial, keep)] = cached
+        return cached[1]
+
+    def _backend_rewrites(self, program: Program) -> list:
+        """The passes this backend runs on a program (callables taking ``(program, keep=)``)."""
+        from .. import passes      # (passes build on the op library, which imports the runtime)
+        rewrites = []
+        dtypes = self.backend.fused_lstm_dtypes
+        if dtypes and has_recurrences(program):
+            rewrites.append(lambda clone, keep: fuse_recurrent_cells(clone, keep, dtypes))
+        return rewrites + [getattr(passes, name) for name in self.backend.program_passes]
 
     def _verify(self, program: Program) -> None:
         if self._verified.get(program.serial) != program.version:
@@ -199,6 +217,7 @@ class Executor:
         for name in plan.persistable_writes:
             if name in env:
                 scope.set(name, env[name])
+                self._trust(block, name, env[name])
         results = []
         for name in fetch:
             if name not in env:
@@ -310,8 +329,12 @@ class Executor:
     def checked_persistable(self, block: Block, name: str, scope: Scope, reader=lambda: "the program"):
         """The scope value of persistable ``name`` (moved and cast once, stored back); ``reader()``
         says who reads it, for the error when it has no value."""
-        var = block.find_var(name)
         value = scope.find(name)
+        trusted = self._trusted.get(name)
+        if (trusted is not None and value is not None and trusted[0]() is value and trusted[1] is block
+                and trusted[2] == block.program.version):
+            return value
+        var = block.find_var(name)
         if value is None or var is None or not var.persistable:
             hint = "run the startup program first" if var is not None and var.persistable else "feed it"
             raise FeedError(f"'{name}' is read by {reader()} but has no value: {hint}")
@@ -319,6 +342,20 @@ class Executor:
         if checked is not value:
             scope.set(name, checked)   # moved and cast once, not on every run
         return checked
+
+    def _trust(self, block: Block, name: str, value) -> None:
+        """Remember that ``value``, just written back under ``name``, has the dtype and shape
+        ``block`` declares (on this backend's device: a kernel's output): the next run reading
+        the very same array from a scope needs no ``checked_persistable`` checks."""
+        var = block.vars.get(name)
+        if (var is None or not self.backend.owns(value) or tuple(value.shape) != var.shape
+                or dtype_name(value.dtype) != var.dtype):
+            self._trusted.pop(name, None)
+            return
+        try:
+            self._trusted[name] = (weakref.ref(value), block, block.program.version)
+        except TypeError:           # an array type without weak references: checked every run
+            self._trusted.pop(name, None)
 
     def check_run_values(self, block: Block, feed: dict, fetch: Sequence[str], scope: Scope) -> dict:
         """The values a run of ``fetch`` starts from (feeds, persistables read), checked as ``run``

@@ -101,7 +101,7 @@ def test_printed_program_shows_one_allreduce_between_the_backward_and_the_update
     assert "AllReduce(fc1.w.grad, fc1.b.grad, fc2.w.grad, fc2.b.grad; reduce='mean')" in line
     types = [op.type for op in main.global_block().ops]
     reduce_at = types.index("AllReduce")
-    assert reduce_at < types.index("Sqrt") < types.index("AdamUpdate")   # clipping, then updates
+    assert reduce_at < types.index("GlobalNorm") < types.index("AdamUpdate")   # clipping, then updates
     assert "MatMul" not in types[reduce_at + 1:]                       # the backward is all before it
     assert [g.name for _, g in params_grads] == ["fc1.w.grad.mean", "fc1.b.grad.mean",
                                                  "fc2.w.grad.mean", "fc2.b.grad.mean"]

@@ -646,6 +646,20 @@ def _xent(g: Gen, type_: str) -> Case:
                 rg.softmax_cross_entropy, ref, rtol=1e-5)
 
 
+
+@case("SoftmaxCrossEntropyGrad")
+def _xent_grad(g: Gen, type_: str) -> Case:
+    s, dtype = g.shape(min_dims=1), g.pick(FLOATS)
+    labels = g.ints(s[:-1], 0, s[-1], g.pick(["int64", "int32"]))
+
+    def ref(logits, lab, dloss):
+        probs = np.exp(_np_log_softmax(logits, -1).astype(np.float64))
+        hot = np.eye(s[-1])[lab] if s[-1] else np.zeros(s)
+        return ((probs - hot) * dloss.astype(np.float64)[..., None]).astype(logits.dtype)
+    return Case([(g.declare(s), g.floats(s, dtype, -100.0, 100.0)), (g.declare(s[:-1]), labels),
+                 (g.declare(s[:-1]), g.floats(s[:-1], dtype))],
+                ops_nn.softmax_cross_entropy_grad, ref, rtol=1e-5)
+
 # --- Activations, special functions, extrema, cumulative ops (issue 19) -------------------------------
 
 def _np_erf(x):

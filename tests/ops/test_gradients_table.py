@@ -22,6 +22,7 @@ import pytest
 import retrograd as rg
 from retrograd.ops.math import expand_as, sum_to
 from retrograd.ops.nn import one_hot_like
+from retrograd.ops.nn import softmax_cross_entropy_grad
 from retrograd.ops.batch_norm import batch_norm_grad
 from retrograd.ops.norm import layer_norm_grad, rms_norm_grad
 from retrograd.ops.registry import append_op
@@ -914,6 +915,19 @@ DOUBLE_BACKWARD += ["Index", "Scatter", "UpdateSlice", "Stack", "BroadcastTo", "
 DOUBLE_BACKWARD += ["Conv", "ConvInputGrad", "ConvWeightGrad", "MaxPool", "AvgPool"]
 
 
+
+def _xent_grad(r):
+    """The cross-entropy backward as one op (issue 22): its own gradient is second order's."""
+    n, c = dims(r, 2)
+    return [(softmax_cross_entropy_grad, {"logits": normal(r, n, c), "labels": r.integers(0, c, n),
+                                          "dloss": normal(r, n)}),
+            (softmax_cross_entropy_grad, {"logits": normal(r, 2, 3, 4) * 4.0,
+                                          "labels": r.integers(0, 4, (2, 3)).astype("int32"),
+                                          "dloss": normal(r, 2, 3)})]
+
+
+CASES.update({"SoftmaxCrossEntropyGrad": _xent_grad})
+
 # Libraries some modules import at their top (retrograd.onnx.graph: onnx); without them those
 # modules register no op, since every op is registered by `import retrograd` alone.
 OPTIONAL_LIBRARIES = {"onnx", "onnxruntime", "torch", "cupy", "mpi4py", "jax", "matplotlib"}
@@ -1009,3 +1023,12 @@ def _first_gradients(fn):
 def test_double_backward_matches_finite_differences(op_type, index, backend):
     fn, inputs, options = list(_cases(op_type))[index]
     check_gradients(_first_gradients(_builds(op_type, fn)), inputs, **options, **backend.kwargs)
+
+
+def _global_norm(r):
+    """The clip's norm of every gradient as one op (issue 22)."""
+    return [(lambda a, b: rg.optim.global_norm([a, b]), {"a": normal(r, 3, 4), "b": normal(r, 5)}),
+            (lambda a: rg.optim.global_norm([a * a, a]), {"a": normal(r, 2, 3)})]
+
+
+CASES.update({"GlobalNorm": _global_norm})

@@ -1,0 +1,86 @@
+"""``fuse_linear_bias``: a product followed by its bias add as one ``SeqLinear`` with the bias.
+
+The pattern, in the global block (what ``layers.fc`` builds: the product, then
+``+ b``)::
+
+    y   = MatMul(x, w)      (x [N, D], w [D, K], no transposes)   |  SeqLinear(x, w)
+    out = Add(y, b)         (b [K], y's dtype)
+
+becomes ``out = SeqLinear(x, w, b)`` at the ``Add``'s place: one product that
+adds the bias as it writes (torch: ``addmm``, ``Backend.linear``) instead of a
+second pass over ``[N, K]``. ``y`` must be read by nothing else (in any
+block), be neither persistable nor kept (fetched), and ``x``/``w`` must not be
+written between the two ops. Gradient ops read ``out``'s gradient, ``x`` and
+``w``, never ``y``, so a training program keeps its backward unchanged. The
+torch backend runs it on every program (``Backend.program_passes``).
+"""
+from __future__ import annotations
+
+from ..ir.analysis import op_reads
+from ..ir.program import Block, Op, Program
+
+
+def fuse_linear_bias(program: Program, keep=frozenset()) -> int:
+    """Fuse every match in the global block in place; return how many were fused. ``keep``
+    names values that must stay computed (fetches).
+
+    Example::
+
+        fused = rg.passes.fuse_linear_bias(main)      # fc's MatMul + Add -> one SeqLinear
+    """
+    block = program.global_block()
+    readers = _readers(program)
+    fused = 0
+    for add in [op for op in block.ops if op.type == "Add"]:
+        product = _match(block, add, readers, keep)
+        if product is None:
+            continue
+        x, w = product.inputs[0], product.inputs[1]
+        new = Op("SeqLinear", [x, w, add.inputs[1]], [add.outputs[0]], {"transpose_w": False},
+                 location=add.location)
+        block.remove_op(block.ops.index(product))
+        block.insert_op(block.ops.index(add), new)
+        block.remove_op(block.ops.index(add))
+        block.vars.pop(product.outputs[0], None)
+        fused += 1
+    return fused
+
+
+def _match(block: Block, add: Op, readers: dict[str, int], keep) -> Op | None:
+    """The MatMul / SeqLinear feeding ``add`` as its unbiased product, or None."""
+    if len(add.inputs) != 2:
+        return None
+    y, b = (block.find_var(n) for n in add.inputs)
+    if y is None or b is None or y.persistable or y.name in keep or readers.get(y.name) != 1:
+        return None
+    product = next((op for op in block.ops if y.name in op.outputs), None)
+    if product is None or len(product.outputs) != 1 or not _unbiased_product(block, product):
+        return None
+    width = block.find_var(product.inputs[1]).shape[-1]
+    if b.ndim != 1 or b.dtype != y.dtype or b.shape[0] != width or width < 0:
+        return None
+    start, end = block.ops.index(product), block.ops.index(add)
+    operands = set(product.inputs)
+    if any(operands & set(op.outputs) for op in block.ops[start + 1:end]):
+        return None
+    return product
+
+
+def _unbiased_product(block: Block, op: Op) -> bool:
+    """``x @ w`` with a 2-D ``w`` and no transposes (MatMul of a 2-D ``x``, or SeqLinear)."""
+    if op.type == "SeqLinear":
+        return len(op.inputs) == 2 and not op.attrs.get("transpose_w")
+    if op.type != "MatMul" or op.attrs.get("transpose_x") or op.attrs.get("transpose_y"):
+        return False
+    x, w = (block.find_var(n) for n in op.inputs)
+    return x is not None and w is not None and x.ndim == 2 and w.ndim == 2
+
+
+def _readers(program: Program) -> dict[str, int]:
+    """How many ops of the whole program read each name (sub-blocks' reads included)."""
+    count: dict[str, int] = {}
+    for block in program.blocks:
+        for op in block.ops:
+            for name in dict.fromkeys(op_reads(op)):
+                count[name] = count.get(name, 0) + 1
+    return count
