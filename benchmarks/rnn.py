@@ -370,14 +370,18 @@ def torch_runners(problem: dict):
 
 # --- measuring ---------------------------------------------------------------------------
 
-def interleaved_times(runs: dict[str, Callable[[], object]], repeats: int) -> dict[str, list[float]]:
+def interleaved_times(runs: dict[str, Callable[[], object]], repeats: int,
+                      alternate: bool = False) -> dict[str, list[float]]:
     """Wall times of each run over ``repeats`` rounds; the runs are interleaved (one of each per
-    round), so a change in the machine's load affects every implementation alike."""
+    round), so a change in the machine's load affects every implementation alike. With
+    ``alternate`` every other round runs them in reverse order, so no implementation always
+    runs right after the same other one (whose freed memory and cache state it inherits)."""
     for run in runs.values():
         run()                               # warm up: compile plans, fault in pages
     times: dict[str, list[float]] = {name: [] for name in runs}
-    for _ in range(repeats):
-        for name, run in runs.items():
+    for round_ in range(repeats):
+        order = list(runs.items())
+        for name, run in (order[::-1] if alternate and round_ % 2 else order):
             started = time.perf_counter()
             run()
             times[name].append(time.perf_counter() - started)
@@ -448,7 +452,7 @@ def bench_vendor(problem: dict, repeats: int) -> list[dict]:
     runners = {name: candidates[name] for name in VENDOR_ROWS if name in candidates}
     check_agreement({"numpy": numpy_runner(problem)[0](),
                      **{name: run() for name, (run, _) in runners.items()}})
-    times = interleaved_times({name: run for name, (run, _) in runners.items()}, repeats)
+    times = interleaved_times({name: run for name, (run, _) in runners.items()}, repeats, alternate=True)
     group = tuple(runners)
     return [{"impl": name, "T": t_len, "N": n, "H": h, "seconds": statistics.median(times[name]),
              "vs_numpy": None, "vs_torch": _ratio(times, name, "torch.nn.LSTM", group),
@@ -596,8 +600,9 @@ def vendor_markdown(rows: list[dict], command: str, info: dict, repeats: int,
         "`torch.nn.LSTM` runs), by one general kernel on NumPy, as ONNX `LSTM` + Loops on "
         "onnxruntime; `retrograd` and `retrograd (onnxruntime)` are the general program "
         "(`RecurrentNetwork` with `LSTMUnit` steps). All rows are checked to agree on the gradients "
-        f"(with a hand-written NumPy LSTM) and then alternate run by run; times are medians of {repeats} "
-        "rounds after a warm-up, `x torch` the median per-round ratio to `torch.nn.LSTM`; peak MB is "
+        "(with a hand-written NumPy LSTM) and then alternate run by run, in reverse order every other "
+        f"round; times are medians of {repeats} rounds after a warm-up, `x torch` the median per-round "
+        "ratio to `torch.nn.LSTM`; peak MB is "
         "`exe.last_stats.peak_bytes` (PyTorch and JAX do not report it: n/a).",
         "",
         f"Command: `{command}`",
