@@ -108,7 +108,13 @@ WEIGHTS_ATTR = "retrograd_onednn_weights"
 
 def forward_weights(workspace, w_ih, w_hh):
     """The ``[4H, D]`` weights the forward ran with, when it was handed these very weight tensors;
-    else transposed views (the kernel then copies them)."""
+    else transposed views (the kernel then copies them).
+
+    Example::
+
+        y, hy, cy, ws = lstm.forward(x, w_ih, w_hh, b, h0, c0, 0.0, False)
+        w_ih_t, w_hh_t = forward_weights(ws, w_ih, w_hh)     # the forward's contiguous copies
+    """
     kept = getattr(workspace, WEIGHTS_ATTR, None)
     if kept is not None and kept[0] is w_ih and kept[1] is w_hh:
         return kept[2], kept[3]
