@@ -29,6 +29,7 @@ Run::
     python benchmarks/ops.py --quick             # small shapes (smoke run)
     python benchmarks/ops.py --write             # also (re)write the "Ops (issue 19)" section of RESULTS.md
     python benchmarks/ops.py --profile conv2d:numpy   # cProfile of one row's runs (top 15 by own time)
+    python benchmarks/ops.py --case gelu --clock cpu  # timed by the process's CPU time, not wall time
 """
 from __future__ import annotations
 

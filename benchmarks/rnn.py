@@ -41,6 +41,7 @@ Run::
     python benchmarks/rnn.py --quick            # a small configuration, for a smoke run
     python benchmarks/rnn.py --write            # also rewrite the "RNN" section of RESULTS.md
     python benchmarks/rnn.py --vendor --write   # issue 22's rows, its own section of RESULTS.md
+    python benchmarks/rnn.py --vendor --clock cpu   # timed by the process's CPU time, not wall time
 """
 from __future__ import annotations
 
