@@ -29,6 +29,7 @@ Run::
     python benchmarks/ops.py --quick             # small shapes (smoke run)
     python benchmarks/ops.py --write             # also (re)write the "Ops (issue 19)" section of RESULTS.md
     python benchmarks/ops.py --profile conv2d:numpy   # cProfile of one row's runs (top 15 by own time)
+    python benchmarks/ops.py --case gelu --clock cpu  # timed by the process's CPU time, not wall time
 """
 from __future__ import annotations
 
@@ -51,7 +52,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import retrograd as rg  # noqa: E402
 from conv import inputs as conv_inputs  # noqa: E402  (benchmarks/conv.py's layer)
-from rnn import machine, write_section  # noqa: E402
+from rnn import CLOCK, CLOCKS, machine, write_section  # noqa: E402
 
 BACKENDS = ("numpy", "torch", "onnxruntime")
 EAGER = "torch eager"
@@ -176,11 +177,13 @@ def rows_of(case: Case, repeats: int, notes: list[str]) -> list[dict]:
         runners[backend] = run
     check(runners, case)
     times = {name: [] for name in runners}
-    for _ in range(repeats):
-        for name, run in runners.items():
-            started = time.perf_counter()
+    clock = CLOCKS[CLOCK[0]]
+    for round_ in range(repeats):
+        order = list(runners.items())
+        for name, run in (order[::-1] if round_ % 2 else order):     # no row always after the same one
+            started = clock()
             run()
-            times[name].append(time.perf_counter() - started)
+            times[name].append(clock() - started)
     base = times[EAGER]
     return [{"case": case.name, "describe": case.describe, "impl": name,
              "ms": statistics.median(ts) * 1e3,
@@ -235,7 +238,9 @@ def markdown(rows, notes, command: str, repeats: int, load: tuple[float, float])
         "(the op, the loss `sum(out * r)` and its gradient ops) run by `rg.Executor(backend=...)`; "
         "`torch eager` is `torch.nn.functional` + `torch.autograd.grad` on the same inputs. "
         f"All rows are checked against PyTorch's gradients, then alternate run by run for {repeats} "
-        "rounds; median times, `x torch eager` the median per-round ratio. One thread everywhere.", "",
+        "rounds (in reverse order every other round); median "
+        f"{'CPU times of the process' if CLOCK[0] == 'cpu' else 'wall times'}, `x torch eager` the median "
+        "per-round ratio. One thread everywhere.", "",
         f"Command: `{command}`", "",
         f"Machine: {info['cpu']}, {info['cores']} cores, shared with other jobs (load average "
         f"{load[0]:.1f} before, {load[1]:.1f} after the run); NumPy {info['numpy']}, PyTorch {info['torch']}.",
@@ -250,7 +255,10 @@ def main(argv: list[str] | None = None) -> list[dict]:
     parser.add_argument("--write", action="store_true", help=f"rewrite the '{SECTION}' section of RESULTS.md")
     parser.add_argument("--profile", metavar="CASE:BACKEND",
                         help="profile one row (backend numpy, torch, onnxruntime or 'torch eager') instead")
+    parser.add_argument("--clock", choices=tuple(CLOCKS), default="wall",
+                        help="what a run's time is: wall time (default) or the process's CPU time")
     args = parser.parse_args(argv)
+    CLOCK[0] = args.clock
     import torch
     torch.set_num_threads(1)
     if args.profile:

@@ -41,6 +41,7 @@ Run::
     python benchmarks/rnn.py --quick            # a small configuration, for a smoke run
     python benchmarks/rnn.py --write            # also rewrite the "RNN" section of RESULTS.md
     python benchmarks/rnn.py --vendor --write   # issue 22's rows, its own section of RESULTS.md
+    python benchmarks/rnn.py --vendor --clock cpu   # timed by the process's CPU time, not wall time
 """
 from __future__ import annotations
 
@@ -69,6 +70,10 @@ TARGET_RATIO = 1.25          # retrograd / numpy at the two larger configuration
 ENGINE_TARGET = 1.0          # retrograd (onnxruntime) / torch.nn.LSTM at every configuration
 ENGINE = "retrograd (onnxruntime)"
 RESULTS = Path(__file__).with_name("RESULTS.md")
+# --clock cpu: the process's CPU time (every thread: XLA's too) instead of wall time, which on a
+# machine shared with other jobs mostly measures waiting for a core.
+CLOCKS = {"wall": time.perf_counter, "cpu": time.process_time}
+CLOCK = ["wall"]
 
 
 # --- the shared problem ------------------------------------------------------------------
@@ -370,17 +375,21 @@ def torch_runners(problem: dict):
 
 # --- measuring ---------------------------------------------------------------------------
 
-def interleaved_times(runs: dict[str, Callable[[], object]], repeats: int) -> dict[str, list[float]]:
+def interleaved_times(runs: dict[str, Callable[[], object]], repeats: int,
+                      alternate: bool = False) -> dict[str, list[float]]:
     """Wall times of each run over ``repeats`` rounds; the runs are interleaved (one of each per
-    round), so a change in the machine's load affects every implementation alike."""
+    round), so a change in the machine's load affects every implementation alike. With
+    ``alternate`` every other round runs them in reverse order, so no implementation always
+    runs right after the same other one (whose freed memory and cache state it inherits)."""
     for run in runs.values():
         run()                               # warm up: compile plans, fault in pages
     times: dict[str, list[float]] = {name: [] for name in runs}
-    for _ in range(repeats):
-        for name, run in runs.items():
-            started = time.perf_counter()
+    for round_ in range(repeats):
+        order = list(runs.items())
+        for name, run in (order[::-1] if alternate and round_ % 2 else order):
+            started = CLOCKS[CLOCK[0]]()
             run()
-            times[name].append(time.perf_counter() - started)
+            times[name].append(CLOCKS[CLOCK[0]]() - started)
     return times
 
 
@@ -448,7 +457,7 @@ def bench_vendor(problem: dict, repeats: int) -> list[dict]:
     runners = {name: candidates[name] for name in VENDOR_ROWS if name in candidates}
     check_agreement({"numpy": numpy_runner(problem)[0](),
                      **{name: run() for name, (run, _) in runners.items()}})
-    times = interleaved_times({name: run for name, (run, _) in runners.items()}, repeats)
+    times = interleaved_times({name: run for name, (run, _) in runners.items()}, repeats, alternate=True)
     group = tuple(runners)
     return [{"impl": name, "T": t_len, "N": n, "H": h, "seconds": statistics.median(times[name]),
              "vs_numpy": None, "vs_torch": _ratio(times, name, "torch.nn.LSTM", group),
@@ -596,8 +605,10 @@ def vendor_markdown(rows: list[dict], command: str, info: dict, repeats: int,
         "`torch.nn.LSTM` runs), by one general kernel on NumPy, as ONNX `LSTM` + Loops on "
         "onnxruntime; `retrograd` and `retrograd (onnxruntime)` are the general program "
         "(`RecurrentNetwork` with `LSTMUnit` steps). All rows are checked to agree on the gradients "
-        f"(with a hand-written NumPy LSTM) and then alternate run by run; times are medians of {repeats} "
-        "rounds after a warm-up, `x torch` the median per-round ratio to `torch.nn.LSTM`; peak MB is "
+        "(with a hand-written NumPy LSTM) and then alternate run by run, in reverse order every other "
+        f"round; times ({'CPU time of the process' if CLOCK[0] == 'cpu' else 'wall time'}) are medians of "
+        f"{repeats} rounds after a warm-up, `x torch` the median per-round "
+        "ratio to `torch.nn.LSTM`; peak MB is "
         "`exe.last_stats.peak_bytes` (PyTorch and JAX do not report it: n/a).",
         "",
         f"Command: `{command}`",
@@ -638,7 +649,10 @@ def main(argv: list[str] | None = None) -> list[dict]:
                         help="issue 22's rows only (fused LSTM on every backend, the NumPy executor, "
                              "the onnxruntime engine, torch.nn.LSTM, JAX), alternating in one group; "
                              "with --write, the 'LSTM with vendor kernels (issue 22)' section")
+    parser.add_argument("--clock", choices=tuple(CLOCKS), default="wall",
+                        help="what a run's time is: wall time (default) or the process's CPU time")
     args = parser.parse_args(argv)
+    CLOCK[0] = args.clock
     configs = [(10, 4, 32)] if args.quick else CONFIGS
     if args.config:
         configs = [tuple(int(v) for v in c.split(",")) for c in args.config]

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from . import numpy_einsum
+from . import numpy_einsum, numpy_erf
 from .base import Backend
 
 
@@ -135,11 +135,23 @@ class NumpyBackend(Backend):
     def einsum(self, equation: str, *operands):
         return numpy_einsum.einsum(equation, *operands)     # pairwise, each one batched matmul
     def erf(self, x):
+        if x.dtype == np.float32:     # a float32 rational form in cached chunks: ~10x SciPy's speed
+            return numpy_erf.erf(x)
         try:
             from scipy.special import erf
         except ImportError:        # SciPy is optional: the Array API form (within 2e-15)
             return super().erf(x)
         return erf(x)
+
+    def gelu(self, x, approximate: str = "none"):
+        if approximate == "none" and x.dtype == np.float32:
+            return numpy_erf.gelu(x)
+        return super().gelu(x, approximate)
+
+    def gelu_grad(self, x, dy, approximate: str = "none"):
+        if approximate == "none" and x.dtype == np.float32 and dy.dtype == np.float32 and dy.shape == x.shape:
+            return numpy_erf.gelu_grad(x, dy)
+        return super().gelu_grad(x, dy, approximate)
 
     # NumPy's own spellings: array_api_compat's namespace for NumPy 1.26 may lack the newer
     # Array API functions (cumulative_prod, take_along_axis).

@@ -8,8 +8,18 @@ it returns no workspace (programs run under ``inference_mode``); x, h0, c0
 must be contiguous (else silently wrong); only float32 works; the workspace is
 uint8, kept as a float32 view (padded to whole floats) because the IR's
 workspace Var is in x's dtype. ``forget_bias`` is folded into the f gate's
-bias, and retrograd's ``[D, 4H]`` weights go in as ``[4H, D]`` views (gate
-order i, f, g, o is oneDNN's).
+bias (a copy of ``b`` only then; ``b_hh`` is one cached zero vector that the
+kernels only read). Gate order i, f, g, o is oneDNN's.
+
+Weights: oneDNN wants ``[4H, D]``; retrograd stores ``[D, 4H]``. A transposed
+view makes each kernel copy it (``.contiguous()`` inside ATen), forward and
+backward alike, so the forward makes the ``[4H, D]`` copies itself and hangs
+them on the workspace tensor (``WEIGHTS_ATTR``, with the weight tensors they
+came from); the backward uses them when it is handed the same weight tensors,
+and falls back to views otherwise (a workspace that went through NumPy, or a
+weight rewritten between the two ops). They are not cached across runs: a
+weight may change in place between runs (a fed NumPy array shares its memory)
+and inference tensors carry no version counter to notice it.
 
 ``available(torch)`` checks once that this torch has the ops; without them
 (an older or a stripped build) the backend logs one line and ``LSTMSequence``
@@ -40,6 +50,7 @@ class OneDNNLSTM:
 
     def __init__(self, torch):
         self.torch = torch
+        self._zeros: dict[int, object] = {}          # 4H -> a zero bias the kernels only read
 
     def applies(self, x) -> bool:
         """float32 on the CPU, with at least one step and one example (oneDNN fails on empty ones)."""
@@ -49,36 +60,65 @@ class OneDNNLSTM:
         torch = self.torch
         return _Both(torch.inference_mode(False), torch.enable_grad())
 
-    def _biases(self, w_hh, b, forget_bias: float):
-        torch, hidden = self.torch, w_hh.shape[0]
-        zeros = torch.zeros(4 * hidden, dtype=w_hh.dtype)
+    def _zero_bias(self, size: int):
+        zeros = self._zeros.get(size)
+        if zeros is None:
+            zeros = self._zeros[size] = self.torch.zeros(size, dtype=self.torch.float32)
+        return zeros
+
+    def _biases(self, hidden: int, b, forget_bias: float):
+        """(b_ih, b_hh): oneDNN adds their sum; ``b`` itself unless ``forget_bias`` shifts the f gate."""
+        zeros = self._zero_bias(4 * hidden)
+        if not forget_bias:
+            return (b if b is not None else zeros), zeros
         b_ih = b.clone() if b is not None else zeros.clone()
-        if forget_bias:
-            b_ih[hidden:2 * hidden] += forget_bias
+        b_ih[hidden:2 * hidden] += forget_bias
         return b_ih, zeros
 
     def forward(self, x, w_ih, w_hh, b, h0, c0, forget_bias: float, reverse: bool):
         torch, hidden = self.torch, w_hh.shape[0]
-        b_ih, b_hh = self._biases(w_hh, b, forget_bias)
+        b_ih, b_hh = self._biases(hidden, b, forget_bias)
+        w_ih_t, w_hh_t = w_ih.t().contiguous(), w_hh.t().contiguous()
         with self._grad_mode():
             y, hy, cy, ws = torch.ops.aten.mkldnn_rnn_layer(
-                x.contiguous(), w_ih.t(), w_hh.t(), b_ih, b_hh, h0.contiguous(), c0.contiguous(), reverse, [],
+                x.contiguous(), w_ih_t, w_hh_t, b_ih, b_hh, h0.contiguous(), c0.contiguous(), reverse, [],
                 LSTM_MODE, hidden, 1, True, False, False, True)
         pad = (-ws.numel()) % 4
         if pad:
             ws = torch.cat([ws, torch.zeros(pad, dtype=ws.dtype)])
-        return y, hy, cy, ws.view(torch.float32)
+        workspace = ws.view(torch.float32)
+        setattr(workspace, WEIGHTS_ATTR, (w_ih, w_hh, w_ih_t, w_hh_t))
+        return y, hy, cy, workspace
 
     def backward(self, x, w_ih, w_hh, b, h0, c0, h_all, h_last, c_last, workspace, dh_all, dh_last, dc_last,
                  forget_bias: float, reverse: bool):
         torch, hidden = self.torch, w_hh.shape[0]
-        b_ih, b_hh = self._biases(w_hh, b, forget_bias)
+        b_ih, b_hh = self._biases(hidden, b, forget_bias)
+        w_ih_t, w_hh_t = forward_weights(workspace, w_ih, w_hh)
         with self._grad_mode():
             dx, dw_ih, dw_hh, db, _, dh0, dc0 = torch.ops.aten.mkldnn_rnn_layer_backward(
-                x.contiguous(), w_ih.t(), w_hh.t(), b_ih, b_hh, h0.contiguous(), c0.contiguous(), h_all,
+                x.contiguous(), w_ih_t, w_hh_t, b_ih, b_hh, h0.contiguous(), c0.contiguous(), h_all,
                 h_last, c_last, dh_all, dh_last, dc_last, reverse, LSTM_MODE, hidden, 1, True, True, False, [],
                 False, workspace.view(torch.uint8))
         return dx, dw_ih.t(), dw_hh.t(), (db if b is not None else None), dh0, dc0
+
+
+WEIGHTS_ATTR = "retrograd_onednn_weights"
+
+
+def forward_weights(workspace, w_ih, w_hh):
+    """The ``[4H, D]`` weights the forward ran with, when it was handed these very weight tensors;
+    else transposed views (the kernel then copies them).
+
+    Example::
+
+        y, hy, cy, ws = lstm.forward(x, w_ih, w_hh, b, h0, c0, 0.0, False)
+        w_ih_t, w_hh_t = forward_weights(ws, w_ih, w_hh)     # the forward's contiguous copies
+    """
+    kept = getattr(workspace, WEIGHTS_ATTR, None)
+    if kept is not None and kept[0] is w_ih and kept[1] is w_hh:
+        return kept[2], kept[3]
+    return w_ih.t(), w_hh.t()
 
 
 class _Both:

@@ -67,8 +67,10 @@ def _grad(g):
     h_all, h_last, c_all, c_last, workspace = g.out
     from .creation import zeros_like
     dh_all, dh_last, dc_all, dc_last = g.dout[:4]
-    dh_all, dh_last, dc_last = (d if d is not None else zeros_like(out)
-                                for d, out in ((dh_all, h_all), (dh_last, h_last), (dc_last, c_last)))
+    dh_all = dh_all if dh_all is not None else zeros_like(h_all)
+    if dh_last is None and dc_last is None:     # one zero [N, H] for both (kernels only read them)
+        dh_last = dc_last = zeros_like(h_last)
+    dh_last, dc_last = (d if d is not None else zeros_like(out) for d, out in ((dh_last, h_last), (dc_last, c_last)))
     attrs = dict(g.attrs)
     if dc_all is not None:
         # Vendor kernels take no gradient for every step's cell: forward and backward run general.

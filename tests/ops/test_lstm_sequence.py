@@ -100,6 +100,45 @@ def test_torch_cpu_runs_onednn_and_matches_nn_lstm(monkeypatch):
     np.testing.assert_allclose(ours[3], cn[0].detach().numpy(), rtol=1e-6, atol=1e-6)
 
 
+@pytest.mark.parametrize("bias,forget_bias", [(True, 0.0), (False, 0.0), (False, 0.5)])
+def test_onednn_bias_without_a_copy_equals_the_general_recurrence(bias, forget_bias):
+    """The bias goes to oneDNN as it is (no copy) unless forget_bias shifts it; without one, a cached
+    zero vector: the numbers stay the general recurrence's and the fed bias is left unchanged."""
+    vals = _values(np.random.default_rng(21), 5, 3, "float32", bias)
+    fed = {k: v.copy() for k, v in vals.items()}
+    ours = _run(fed, "float32", True, lambda: rg.Executor(backend="torch"), forget_bias=forget_bias)
+    general = _run(vals, "float32", False, rg.Executor, forget_bias=forget_bias)
+    for a, b in zip(ours, general):
+        np.testing.assert_allclose(to_numpy(a), b, rtol=2e-5, atol=2e-5)
+    for k in vals:
+        np.testing.assert_array_equal(fed[k], vals[k])
+
+
+def test_onednn_backward_reuses_the_forwards_weight_copies():
+    """The forward's [4H, D] weight copies ride on its workspace: the backward, handed the same weight
+    tensors, passes them on (no transposing copy in the kernel); other weights or a workspace
+    without them (one that went through NumPy) get transposed views, with the same gradients."""
+    from retrograd.backends import torch_fused_rnn
+    fused = torch_fused_rnn.OneDNNLSTM(torch)
+    r = np.random.default_rng(3)
+    x, w_ih, w_hh = (torch.tensor(r.standard_normal(s), dtype=torch.float32)
+                     for s in ((6, 2, D), (D, 4 * H), (H, 4 * H)))
+    b, h0, c0 = (torch.tensor(r.standard_normal(s), dtype=torch.float32) for s in ((4 * H,), (2, H), (2, H)))
+    y, hy, cy, ws = fused.forward(x, w_ih, w_hh, b, h0, c0, 0.0, False)
+    kept_ih, kept_hh = torch_fused_rnn.forward_weights(ws, w_ih, w_hh)
+    assert kept_ih.is_contiguous() and kept_hh.is_contiguous() and tuple(kept_ih.shape) == (4 * H, D)
+    torch.testing.assert_close(kept_ih, w_ih.t(), rtol=0, atol=0)
+    views = torch_fused_rnn.forward_weights(ws, w_ih.clone(), w_hh)
+    assert not views[0].is_contiguous()
+    bare = ws.clone()                              # a clone carries no weight copies
+    assert not torch_fused_rnn.forward_weights(bare, w_ih, w_hh)[0].is_contiguous()
+    grads = torch.ones_like(y), torch.zeros_like(hy), torch.zeros_like(cy)
+    with_copies = fused.backward(x, w_ih, w_hh, b, h0, c0, y, hy, cy, ws, *grads, 0.0, False)
+    with_views = fused.backward(x, w_ih, w_hh, b, h0, c0, y, hy, cy, bare, *grads, 0.0, False)
+    for a, v in zip(with_copies, with_views):
+        torch.testing.assert_close(a, v, rtol=0, atol=0)
+
+
 def test_without_the_aten_ops_the_torch_backend_falls_back_with_one_line(caplog):
     from retrograd.backends import torch_fused_rnn
 
