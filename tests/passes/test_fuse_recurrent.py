@@ -233,7 +233,9 @@ def test_the_default_layer_agrees_with_numpys_recurrence_on_every_backend(kwargs
     other.run(startup)
     for name, value in _params_of(exe, main).items():
         other.scope.set(name, other.backend.from_numpy(value))
-    _assert_all_close(other.run(main, feed=feed, fetch_list=fetch), want, rtol=2e-4, atol=2e-5)
+    # cuDNN sums in another order than the host (3.2e-5 apart on an H200)
+    atol = 1e-4 if backend.device == "cuda" else 2e-5
+    _assert_all_close(other.run(main, feed=feed, fetch_list=fetch), want, rtol=2e-4, atol=atol)
 
 
 def _general_and_torch(monkeypatch=None, dtype="float32", **kwargs):
@@ -369,11 +371,11 @@ def test_torch_cuda_runs_the_fused_op(graphs, monkeypatch, torch):
         return forward(self, *args)
     monkeypatch.setattr(rg.backends.torch_backend.TorchBackend, "fused_lstm_forward", counted)
     cuda = rg.Executor(backend="torch", device="cuda", graphs=graphs)
-    assert cuda.backend.fused_lstm_dtypes == ("float32",)
+    assert "float32" in cuda.backend.fused_lstm_dtypes      # (and float64 where cuDNN's ops are there)
     cuda.run(startup)
     for name, value in _params_of(exe, main).items():
         cuda.scope.set(name, cuda.backend.from_numpy(value))
     for _ in range(3):          # graphs: captured, then replayed
         got = cuda.run(main, feed=feed, fetch_list=fetch)
-        _assert_all_close(got, want, rtol=2e-4, atol=2e-5)
+        _assert_all_close(got, want, rtol=2e-4, atol=1e-4)
     assert len(calls) >= 2      # both directions ran LSTMSequence
