@@ -30,6 +30,7 @@ from ..ir.program import Var
 from .lowering import lowers
 from .registry import append_op, defop
 from .rnn_cells import lstm_activations, lstm_unit_grad_math
+from .sequence_onnx import flip_time, rows_at, time_major_shape
 from .shapes import require_float
 
 
@@ -292,7 +293,7 @@ def _lstm_sequence_onnx(g):
     c_last = g.node("Where", [empty, c0, g.node("Squeeze", [y_c, zero])])
     h_all = g.node("Squeeze", [y, one])
     # ONNX's LSTM returns no per-step cells: c_all (when read) from h_all, as the kernels do.
-    flip = _flip_onnx if g.attrs["reverse"] else (lambda _, v: v)
+    flip = flip_time if g.attrs["reverse"] else (lambda _, v: v)
     c_all = flip(g, _gates_and_cells(g, flip(g, x), flip(g, h_all), w_ih, w_hh, b, h0, c0)[2])
     # The ONNX form keeps no workspace: its gradient recomputes the gates from h_all.
     return [h_all, h_last, c_all, c_last, g.fill(zero, 0.0, dtype)]
@@ -304,7 +305,7 @@ def _lstm_sequence_loop_onnx(g):
     dtype, hidden = g.in_vars[0].dtype, int(g.in_vars[2].shape[0])
     reverse = g.attrs["reverse"]
     if reverse:
-        x = _flip_onnx(g, x)
+        x = flip_time(g, x)
     zero = g.const([0], "int64")
     proj = g.node("MatMul", [x, w_ih])
     if b is not None:
@@ -314,7 +315,7 @@ def _lstm_sequence_loop_onnx(g):
     cond = body.input("cond", "bool", [])
     h = body.input("h", dtype, None)
     c = body.input("c", dtype, None)
-    gates = body.node("Add", [_rows_at(body, proj, t), body.node("MatMul", [h, w_hh])])
+    gates = body.node("Add", [rows_at(body, proj, t), body.node("MatMul", [h, w_hh])])
     i, f, gg, o = body.node("Split", [gates, body.const([hidden] * 4, "int64")], n_out=4, axis=-1)
     if g.attrs["forget_bias"]:
         f = body.node("Add", [f, body.const(g.attrs["forget_bias"], dtype)])
@@ -326,17 +327,11 @@ def _lstm_sequence_loop_onnx(g):
                                        (body.node("Identity", [c]), dtype, None)])
     count = g.node("Squeeze", [g.dim(x, 0), zero])
     h_last, c_last, h_all, c_all = g.node("Loop", [count, g.const(True, "bool"), h0, c0], n_out=4, body=graph)
-    shape = _state_shape(g, x, hidden)
+    shape = time_major_shape(g, x, hidden)
     h_all, c_all = (g.node("Reshape", [v, shape], allowzero=1) for v in (h_all, c_all))
     if reverse:
-        h_all, c_all = _flip_onnx(g, h_all), _flip_onnx(g, c_all)
+        h_all, c_all = flip_time(g, h_all), flip_time(g, c_all)
     return [h_all, h_last, c_all, c_last, g.fill(zero, 0.0, dtype)]
-
-
-def _state_shape(g, x: str, width: int) -> str:
-    """``[T, N, width]`` for ``x [T, N, D]``, as an ONNX shape value."""
-    return g.node("Concat", [g.node("Slice", [g.shape(x), g.const([0], "int64"), g.const([2], "int64")]),
-                             g.const([width], "int64")], axis=0)
 
 
 def _gates_and_cells(g, x: str, h_all: str, w_ih: str, w_hh: str, b: str | None, h0: str, c0: str):
@@ -356,22 +351,12 @@ def _gates_and_cells(g, x: str, h_all: str, w_ih: str, w_hh: str, b: str | None,
     t = body.input("t", "int64", [])
     cond = body.input("cond", "bool", [])
     c = body.input("c", dtype, None)
-    c = body.node("Add", [body.node("Mul", [_rows_at(body, acts[1], t), c]),
-                          body.node("Mul", [_rows_at(body, acts[0], t), _rows_at(body, acts[2], t)])])
+    c = body.node("Add", [body.node("Mul", [rows_at(body, acts[1], t), c]),
+                          body.node("Mul", [rows_at(body, acts[0], t), rows_at(body, acts[2], t)])])
     graph = body.finish("lstm_cells", [(body.node("Identity", [cond]), "bool", []), (c, dtype, None),
                                        (body.node("Identity", [c]), dtype, None)])
     _, cells = g.node("Loop", [g.node("Squeeze", [steps, zero]), g.const(True, "bool"), c0], n_out=2, body=graph)
-    return h_prev, acts, g.node("Reshape", [cells, _state_shape(g, x, hidden)], allowzero=1)
-
-
-def _rows_at(g, values: str, t: str) -> str:
-    return g.node("Gather", [values, t], axis=0)
-
-
-def _flip_onnx(g, value: str) -> str:
-    big = 2 ** 62
-    return g.node("Slice", [value, g.const([-1], "int64"), g.const([-big], "int64"), g.const([0], "int64"),
-                            g.const([-1], "int64")])
+    return h_prev, acts, g.node("Reshape", [cells, time_major_shape(g, x, hidden)], allowzero=1)
 
 
 @lowers("LSTMSequenceGrad")
@@ -384,8 +369,8 @@ def _lstm_sequence_grad_onnx(g):
     dtype, hidden = g.in_vars[0].dtype, int(g.in_vars[2].shape[0])
     reverse = g.attrs["reverse"]
     if reverse:
-        x, h_all, dh_all = (_flip_onnx(g, v) for v in (x, h_all, dh_all))
-        dc_all = None if dc_all is None else _flip_onnx(g, dc_all)
+        x, h_all, dh_all = (flip_time(g, v) for v in (x, h_all, dh_all))
+        dc_all = None if dc_all is None else flip_time(g, dc_all)
     zero, steps = g.const([0], "int64"), g.dim(x, 0)
     h_prev, (i, f, gg, o), cells = _gates_and_cells(g, x, h_all, w_ih, w_hh, b, h0, c0)
     count = g.node("Squeeze", [steps, zero])
@@ -397,12 +382,12 @@ def _lstm_sequence_grad_onnx(g):
     dh = body.input("dh", dtype, None)
     dc = body.input("dc", dtype, None)
     t = body.node("Sub", [body.node("Sub", [count, body.const(1, "int64")]), j])
-    it, ft, gt, ot = (_rows_at(body, v, t) for v in (i, f, gg, o))
+    it, ft, gt, ot = (rows_at(body, v, t) for v in (i, f, gg, o))
     one = body.const(1.0, dtype)
-    dh = body.node("Add", [dh, _rows_at(body, dh_all, t)])
+    dh = body.node("Add", [dh, rows_at(body, dh_all, t)])
     if dc_all is not None:
-        dc = body.node("Add", [dc, _rows_at(body, dc_all, t)])
-    tc = body.node("Tanh", [_rows_at(body, cells, t)])
+        dc = body.node("Add", [dc, rows_at(body, dc_all, t)])
+    tc = body.node("Tanh", [rows_at(body, cells, t)])
     dc = body.node("Add", [dc, body.node("Mul", [body.node("Mul", [dh, ot]),
                                                  body.node("Sub", [one, body.node("Mul", [tc, tc])])])])
 
@@ -410,7 +395,7 @@ def _lstm_sequence_grad_onnx(g):
         return body.node("Mul", [a, body.node("Sub", [one, a])])
     dgates = body.node("Concat", [
         body.node("Mul", [body.node("Mul", [dc, gt]), slope(it)]),
-        body.node("Mul", [body.node("Mul", [dc, _rows_at(body, c_prev, t)]), slope(ft)]),
+        body.node("Mul", [body.node("Mul", [dc, rows_at(body, c_prev, t)]), slope(ft)]),
         body.node("Mul", [body.node("Mul", [dc, it]), body.node("Sub", [one, body.node("Mul", [gt, gt])])]),
         body.node("Mul", [body.node("Mul", [dh, tc]), slope(ot)])], axis=-1)
     dc_next = body.node("Mul", [dc, ft])
@@ -420,7 +405,7 @@ def _lstm_sequence_grad_onnx(g):
     dh0, dc0, dgates = g.node("Loop", [count, g.const(True, "bool"), dh_last, dc_last], n_out=3, body=graph)
     gate_shape = g.node("Concat", [g.node("Slice", [g.shape(x), zero, g.const([2], "int64")]),
                                    g.const([4 * hidden], "int64")], axis=0)
-    dgates = _flip_onnx(g, g.node("Reshape", [dgates, gate_shape], allowzero=1))     # back to time order
+    dgates = flip_time(g, g.node("Reshape", [dgates, gate_shape], allowzero=1))     # back to time order
     flat_dg = g.node("Reshape", [dgates, g.const([-1, 4 * hidden], "int64")])
     d_in = int(g.in_vars[0].shape[2])
     dx = g.node("Reshape", [g.node("MatMul", [flat_dg, g.node("Transpose", [w_ih], perm=[1, 0])]), g.shape(x)],
@@ -430,7 +415,7 @@ def _lstm_sequence_grad_onnx(g):
     dw_hh = g.node("MatMul", [g.node("Transpose", [g.node("Reshape", [h_prev, g.const([-1, hidden], "int64")])],
                                      perm=[1, 0]), flat_dg])
     if reverse:
-        dx = _flip_onnx(g, dx)
+        dx = flip_time(g, dx)
     outs = [dx, dw_ih, dw_hh]
     if b is not None:
         outs.append(g.node("ReduceSum", [flat_dg, zero], keepdims=0))
