@@ -1,42 +1,71 @@
-"""``fuse_recurrent_cells``: an LSTM built step by step becomes one ``LSTMSequence`` op.
+"""``fuse_recurrent_cells``: an LSTM or GRU built step by step becomes one ``LSTMSequence`` /
+``GRUSequence`` op.
 
-A backend with a vendor LSTM kernel (torch: oneDNN on the CPU, cuDNN on CUDA)
-runs a whole layer and its gradient in two calls; the step-by-step
-``RecurrentNetwork`` runs one small GEMM and one cell op per step. The
-executor applies this pass to its own copy of a program when its backend
-declares the kernel (``Backend.fused_lstm_dtypes``); NumPy and the other
-backends run the program as written, so their numbers are the general path's.
+A backend with a vendor recurrent kernel (torch: oneDNN's LSTM on the CPU,
+cuDNN's LSTM and GRU on CUDA) runs a whole layer and its gradient in two calls;
+the step-by-step ``RecurrentNetwork`` runs one small GEMM and one cell op per
+step. The executor applies this pass to its own copy of a program when its
+backend declares the kernel (``Backend.fused_lstm_dtypes``,
+``Backend.fused_gru_dtypes``); NumPy and the other backends run the program as
+written, so their numbers are the general path's.
 
-The pattern, in one block (what ``layers.lstm`` builds, and a ``rg.recurrent``
-whose step is the same cell)::
+The patterns, in one block (what ``layers.lstm`` / ``layers.gru`` build, and a
+``rg.recurrent`` whose step is the same cell)::
 
     x_proj = SeqLinear(x, w_ih, b?)                      x [T, N, D], nothing else reads x_proj
-    ...    = RecurrentNetwork(x_proj, h0, c0, w_hh)      step: m = MatMul(h, w_hh)
+    LSTM:  ... = RecurrentNetwork(x_proj, h0, c0, w_hh)  step: m = MatMul(h, w_hh)
                                                                h', c', _ = LSTMUnit(x_t, c, h_gates=m)
                                                          (or LSTMUnit(x_t + m, c))
+    GRU:   ... = RecurrentNetwork(x_proj, h0, w_hh, b_hh?)  step: m = MatMul(h, w_hh) (+ b_hh)
+                                                                  h' = GRUUnit(x_t, m, h)
+                                                         (b and b_hh both or neither)
 
 with no ``seq_lengths``, no timestep, no ``recompute`` (``"steps"`` and byte
 budgets keep the general path), no step outputs, and not built with
-``layers.lstm(fused=False)``. Its gradient, when there is one, is the
-``RecurrentNetworkGrad`` of that step and the ops ``SeqLinear``'s gradient
-maker builds from the gradient of ``x_proj`` (``dx``, ``dw_ih``, ``db``); the
-gradient must not flow through every step's cell state (``c_all``), which the
-vendor kernels do not take. Both become ``LSTMSequence`` /
-``LSTMSequenceGrad`` writing the same names (h_all, h_last, c_all, c_last,
-and dx, dw_ih, dw_hh, db, dh0, dc0), so fetches and everything downstream
-are unchanged. A value the pattern no longer computes (``x_proj``, its
-gradient, the saved step values) must not be in ``keep`` (what the run
-fetches): such a recurrence is left as it is.
+``layers.lstm(fused=False)`` / ``layers.gru(fused=False)``. Its gradient, when
+there is one, is the ``RecurrentNetworkGrad`` of that step and the ops
+``SeqLinear``'s gradient maker builds from the gradient of ``x_proj`` (``dx``,
+``dw_ih``, ``db``); an LSTM's gradient must not flow through every step's cell
+state (``c_all``), which the vendor kernels do not take. Both become the fused
+op and its gradient op writing the same names (h_all, h_last, c_all, c_last,
+and dx, dw_ih, dw_hh, the biases' gradients, dh0, dc0), so fetches and
+everything downstream are unchanged. A value the pattern no longer computes
+(``x_proj``, its gradient, the saved step values) must not be in ``keep``
+(what the run fetches): such a recurrence is left as it is.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Callable
 
 from ..ir.program import Block, Op, Program
 from ..ops.recurrent_steps import fresh_name
 
 FUSED_LSTM = "LSTMSequence"
 FUSED_LSTM_GRAD = "LSTMSequenceGrad"
+FUSED_GRU = "GRUSequence"
+FUSED_GRU_GRAD = "GRUSequenceGrad"
+
+
+@dataclass(frozen=True)
+class _Step:
+    """A recurrence's step that is a cell this pass fuses."""
+    cell: _Cell
+    order: tuple[int, ...]     # the recurrence's states in the fused op's order: (h, c) or (h,)
+    w_hh: str
+    b_hh: str | None           # a GRU's hidden bias (an outer input of the recurrence)
+    attrs: dict                # the cell's attrs the fused op takes (an LSTM's forget_bias)
+
+
+@dataclass(frozen=True)
+class _Cell:
+    """One kind of cell: how to recognise its step and the fused ops it becomes."""
+    fused: str
+    fused_grad: str
+    gates: int                                        # gate blocks of the weights: [D, gates*H]
+    paired_bias: bool                                 # the input and hidden biases both or neither
+    match: Callable[[Block, list[Op], dict], _Step | None]   # (step block, its ops, rnn attrs)
+    fused_attrs: Callable[[_Step, bool, bool], dict]  # (step, reverse, has_bias) -> the fused op's attrs
 
 
 @dataclass
@@ -45,11 +74,9 @@ class _Match:
     rnn: Op
     proj: Op
     grad: Op | None
-    h: int                     # which state of the recurrence is h (0 or 1); the other is c
-    w_hh: str
-    forget_bias: float
+    step: _Step
     reverse: bool = False
-    outs: list = field(default_factory=list)        # names the fused op writes: h_all, h_last, c_all, c_last
+    outs: list = field(default_factory=list)        # the recurrence's (all, last) names per state
     removed: list[Op] = field(default_factory=list)  # ops besides rnn, proj and grad that go
     d_proj: str | None = None  # the gradient of x_proj (in time order)
     dh_all: str | None = None  # the gradient of h_all (in time order), when given
@@ -58,31 +85,35 @@ class _Match:
     db: str | None = None
 
     @property
-    def c(self) -> int:
-        return 1 - self.h
+    def order(self) -> tuple[int, ...]:
+        return self.step.order
 
 
-def fuse_recurrent_cells(program: Program, keep=(), dtypes=("float32",)) -> int:
-    """Rewrite every LSTM recurrence of ``program`` (and its gradient) into ``LSTMSequence`` ops in
-    place; return how many were fused. Only recurrences in one of ``dtypes`` are fused, and none
+def fuse_recurrent_cells(program: Program, keep=(), dtypes=("float32",), gru_dtypes=()) -> int:
+    """Rewrite every LSTM recurrence of ``program`` (and its gradient) into ``LSTMSequence`` ops, and
+    every GRU recurrence into ``GRUSequence`` ops, in place; return how many were fused. Only LSTMs
+    in one of ``dtypes`` and GRUs in one of ``gru_dtypes`` (none by default) are fused, and none
     whose removed values are in ``keep`` (names a run fetches).
 
-    ``rg.Executor`` runs this on its own copy of a program when its backend has a vendor LSTM
-    kernel (``dtypes=backend.fused_lstm_dtypes``); the user's program is never changed.
+    ``rg.Executor`` runs this on its own copy of a program when its backend has a vendor recurrent
+    kernel (``dtypes=backend.fused_lstm_dtypes``, ``gru_dtypes=backend.fused_gru_dtypes``); the
+    user's program is never changed.
 
     Example::
 
         h_all, _, _, _ = rg.layers.lstm(x, 128, name="enc")
-        rg.optim.SGD(0.1).minimize(rg.mean(h_all))
+        g_all, _ = rg.layers.gru(x, 128, name="dec")
+        rg.optim.SGD(0.1).minimize(rg.mean(h_all) + rg.mean(g_all))
         fast = main.clone()
-        rg.passes.fuse_recurrent_cells(fast)      # one LSTMSequence (+ LSTMSequenceGrad) per layer
+        rg.passes.fuse_recurrent_cells(fast, gru_dtypes=("float32",))   # LSTMSequence, GRUSequence (+ Grad)
     """
     keep = frozenset(keep)
+    by_cell = {FUSED_LSTM: tuple(dtypes), FUSED_GRU: tuple(gru_dtypes)}
     fused = 0
     for block in list(program.blocks):
         readers = _readers(program)
         for rnn in [op for op in block.ops if op.type == "RecurrentNetwork"]:
-            match = _match(program, block, rnn, readers, keep, dtypes)
+            match = _match(program, block, rnn, readers, keep, by_cell)
             if match is not None:
                 _rewrite(program, block, match)
                 readers = _readers(program)
@@ -111,16 +142,32 @@ def _readers(program: Program) -> dict[str, list[Op]]:
     return found
 
 
-def _cell(rnn: Op) -> tuple[int, str, float] | None:
-    """(position of the h state, w_hh, forget_bias) when ``rnn``'s step is an LSTM cell over the
-    whole of its one input sequence; else None."""
+def _step(rnn: Op) -> _Step | None:
+    """The cell of ``rnn``'s step when it is one this pass fuses, over the whole of its one input
+    sequence, with the hidden weights (and bias) as the recurrence's only outer inputs; else None."""
     a = rnn.attrs
-    if (a.get("fuse", True) is False or len(a["inputs_t"]) != 1 or len(a["states"]) != 2
-            or a.get("timestep") is not None or a.get("has_lengths") or a.get("recompute") is not None
-            or len(rnn.inputs) != 4):
+    if (a.get("fuse", True) is False or len(a["inputs_t"]) != 1 or a.get("timestep") is not None
+            or a.get("has_lengths") or a.get("recompute") is not None):
         return None
-    step: Block = a["step"]
-    ops, types = step.ops, [op.type for op in step.ops]
+    block: Block = a["step"]
+    found = next((step for step in (cell.match(block, block.ops, a) for cell in _CELLS) if step is not None), None)
+    if found is None:
+        return None
+    outer = [found.w_hh] + ([found.b_hh] if found.b_hh is not None else [])
+    if rnn.inputs[1 + len(a["states"]):] != outer or any(name in block.vars for name in outer):
+        return None
+    return found
+
+
+def _plain_matmul(op: Op) -> bool:
+    return not op.attrs.get("transpose_x") and not op.attrs.get("transpose_y")
+
+
+def _lstm_step(block: Block, ops: list[Op], a: dict) -> _Step | None:
+    """(h, c) states, ``MatMul(h, w_hh)`` and ``LSTMUnit(x_t, c, h_gates=m)`` or ``LSTMUnit(x_t + m, c)``."""
+    types = [op.type for op in ops]
+    if len(a["states"]) != 2:
+        return None
     if types == ["MatMul", "LSTMUnit"] and len(ops[1].inputs) == 3:
         matmul, unit = ops
         gates = unit.inputs[0] if unit.inputs[2] == matmul.outputs[0] else None
@@ -130,46 +177,90 @@ def _cell(rnn: Op) -> tuple[int, str, float] | None:
         gates = others[0] if len(others) == 1 and unit.inputs[0] == add.outputs[0] else None
     else:
         return None
-    if gates != a["inputs_t"][0] or matmul.attrs.get("transpose_x") or matmul.attrs.get("transpose_y"):
+    if gates != a["inputs_t"][0] or not _plain_matmul(matmul):
         return None
     h_prev, w_hh = matmul.inputs
     c_prev = unit.inputs[1]
     states = list(a["states"])
-    if h_prev == c_prev or sorted(states) != sorted([h_prev, c_prev]) or w_hh in step.vars or rnn.inputs[3] != w_hh:
+    if h_prev == c_prev or sorted(states) != sorted([h_prev, c_prev]):
         return None
     h, c = states.index(h_prev), states.index(c_prev)
     if a["state_outs"][h] != unit.outputs[0] or a["state_outs"][c] != unit.outputs[1]:
         return None
-    return h, w_hh, float(unit.attrs.get("forget_bias", 0.0))
+    return _Step(LSTM, (h, c), w_hh, None, {"forget_bias": float(unit.attrs.get("forget_bias", 0.0))})
 
 
-def _projection(block: Block, name: str, w_hh: str, dtypes) -> Op | None:
-    """The ``SeqLinear(x [T,N,D], w_ih [D,4H], b [4H]?)`` of ``block`` writing ``name``, in a fused dtype."""
+def _gru_step(block: Block, ops: list[Op], a: dict) -> _Step | None:
+    """One state h, ``m = MatMul(h, w_hh)`` (``+ b_hh``) and ``GRUUnit(x_t, m, h)``."""
+    types = [op.type for op in ops]
+    if len(a["states"]) != 1:
+        return None
+    if types == ["MatMul", "GRUUnit"]:
+        matmul, unit = ops
+        h_proj, b_hh = matmul.outputs[0], None
+    elif types == ["MatMul", "Add", "GRUUnit"] and len(ops[1].inputs) == 2:
+        matmul, add, unit = ops
+        others = [n for n in add.inputs if n != matmul.outputs[0]]
+        if len(others) != 1:
+            return None
+        h_proj, b_hh = add.outputs[0], others[0]
+    else:
+        return None
+    h_prev, w_hh = matmul.inputs
+    if (not _plain_matmul(matmul) or list(unit.inputs) != [a["inputs_t"][0], h_proj, h_prev]
+            or h_prev != a["states"][0] or a["state_outs"][0] != unit.outputs[0]):
+        return None
+    return _Step(GRU, (0,), w_hh, b_hh, {})
+
+
+def _lstm_attrs(step: _Step, reverse: bool, has_bias: bool) -> dict:
+    return {"forget_bias": step.attrs["forget_bias"], "reverse": reverse, "keep": "all"}
+
+
+def _gru_attrs(step: _Step, reverse: bool, has_bias: bool) -> dict:
+    return {"reverse": reverse, "has_bias": has_bias}
+
+
+LSTM = _Cell(FUSED_LSTM, FUSED_LSTM_GRAD, 4, False, _lstm_step, _lstm_attrs)
+GRU = _Cell(FUSED_GRU, FUSED_GRU_GRAD, 3, True, _gru_step, _gru_attrs)
+_CELLS = (LSTM, GRU)
+
+
+def _projection(block: Block, name: str, step: _Step, dtypes) -> Op | None:
+    """The ``SeqLinear(x [T,N,D], w_ih [D,G*H], b [G*H]?)`` of ``block`` writing ``name``, in a fused
+    dtype (G: the cell's gate blocks; a GRU's ``b`` is there exactly when its ``b_hh`` is)."""
     writers = [op for op in block.ops if name in op.outputs]
     if len(writers) != 1 or writers[0].type != "SeqLinear" or writers[0].attrs.get("transpose_w"):
         return None
-    proj = writers[0]
+    proj, gates = writers[0], step.cell.gates
     x, w_ih = block.find_var(proj.inputs[0]), block.find_var(proj.inputs[1])
-    w = block.find_var(w_hh)
+    w = block.find_var(step.w_hh)
     if x is None or w_ih is None or w is None or x.ndim != 3 or w.ndim != 2 or w_ih.ndim != 2:
         return None
     hidden = w.shape[0]
-    if hidden < 1 or tuple(w.shape) != (hidden, 4 * hidden) or w_ih.shape[1] != 4 * hidden:
+    if hidden < 1 or tuple(w.shape) != (hidden, gates * hidden) or w_ih.shape[1] != gates * hidden:
         return None
-    if x.dtype not in dtypes or any(block.find_var(n).dtype != x.dtype for n in proj.inputs):
+    biases = list(proj.inputs[2:])
+    if step.b_hh is not None:
+        b_hh = block.find_var(step.b_hh)
+        if b_hh is None or tuple(b_hh.shape) != (gates * hidden,):
+            return None
+        biases.append(step.b_hh)
+    if step.cell.paired_bias and len(biases) == 1:
+        return None
+    if x.dtype not in dtypes or any(block.find_var(n).dtype != x.dtype for n in [*proj.inputs, *biases]):
         return None
     return proj
 
 
-def _match(program: Program, block: Block, rnn: Op, readers, keep, dtypes) -> _Match | None:
-    cell = _cell(rnn)
-    if cell is None:
+def _match(program: Program, block: Block, rnn: Op, readers, keep, dtypes: dict) -> _Match | None:
+    cell_step = _step(rnn)
+    if cell_step is None:
         return None
-    h, w_hh, forget_bias = cell
     seq = rnn.inputs[0]
     flip = _reversal(block, seq)          # layers.lstm(reverse=True): ReverseSequence(x_proj) is the input
     x_proj = flip.inputs[0] if flip is not None else seq
-    proj = _projection(block, x_proj, w_hh, dtypes)
+    proj = _projection(block, x_proj, cell_step, dtypes[cell_step.cell.fused])
     if proj is None or _writes_between(block, proj, rnn, proj.inputs):
         return None
     step = rnn.attrs["step"]
@@ -178,16 +269,16 @@ def _match(program: Program, block: Block, rnn: Op, readers, keep, dtypes) -> _M
     if len(grads) > 1 or any(op is not rnn and step in op.sub_blocks() for b in program.blocks for op in b.ops):
         return None
     grad = grads[0] if grads else None
-    m = _Match(rnn, proj, grad, h, w_hh, forget_bias, reverse=flip is not None)
+    m = _Match(rnn, proj, grad, cell_step, reverse=flip is not None)
     internal = {id(rnn)} | ({id(grad)} if grad is not None else set())
     if flip is not None:
         if not _only_read_by(readers, x_proj, {id(flip)}):
             return None
         m.removed.append(flip)
     if not _only_read_by(readers, seq, internal) or any(
-            not _only_read_by(readers, name, {id(grad)}) for name in rnn.outputs[4:]):
+            not _only_read_by(readers, name, {id(grad)}) for name in rnn.outputs[2 * len(m.order):]):
         return None
-    m.outs = list(rnn.outputs[:4])
+    m.outs = list(rnn.outputs[:2 * len(m.order)])
     if m.reverse and not _reversed_outputs(block, m, readers, internal):
         return None
     if grad is not None and not _match_grad(block, m, readers, keep):
@@ -214,7 +305,7 @@ def _only_read_by(readers, name: str, allowed: set[int]) -> bool:
 def _reversed_outputs(block: Block, m: _Match, readers, internal: set[int]) -> bool:
     """For a reversed recurrence, the all-steps outputs back in time order (``ReverseSequence`` of
     each, which the fused op writes instead); a state's all-steps output nothing reads gets a new name."""
-    for state in (m.h, m.c):
+    for state in m.order:
         name = m.rnn.outputs[2 * state]
         outside = [op for op in readers.get(name, []) if id(op) not in internal]
         if len(outside) > 1 or (outside and (outside[0].type != "ReverseSequence" or len(outside[0].inputs) != 1
@@ -241,10 +332,11 @@ def _writes_between(block: Block, first: Op, last: Op, names) -> bool:
     return any(name in op.outputs for op in block.ops[start + 1:end] for name in names)
 
 
-def _grad_inputs(grad: Op) -> tuple[list[str | None], list[str | None]]:
-    """(d_all per state, d_last per state) of a RecurrentNetworkGrad, None where not given."""
+def _grad_inputs(grad: Op, n_inputs: int) -> tuple[list[str | None], list[str | None]]:
+    """(d_all per state, d_last per state) of a RecurrentNetworkGrad of a recurrence with
+    ``n_inputs`` inputs, None where not given."""
     a = grad.attrs
-    rest = grad.inputs[4 + 2 + len(a["saved"]):]
+    rest = grad.inputs[n_inputs + len(a["states"]) + len(a["saved"]):]
     d_all, d_last = [], []
     for given in a["dall_given"]:
         d_all.append(rest.pop(0) if given else None)
@@ -257,12 +349,15 @@ def _match_grad(block: Block, m: _Match, readers, keep) -> bool:
     """Check the gradient side of ``m`` and note the ops it replaces (SeqLinear's gradient, the
     reversals of a reversed recurrence)."""
     grad, rnn = m.grad, m.rnn
-    if grad.block is not block or grad.inputs[:4] != rnn.inputs or block.ops.index(grad) < block.ops.index(rnn):
+    n_in, n_states = len(rnn.inputs), len(m.order)
+    if grad.block is not block or grad.inputs[:n_in] != rnn.inputs or block.ops.index(grad) < block.ops.index(rnn):
         return False
-    d_all, _ = _grad_inputs(grad)
-    if grad.inputs[4:6] != [rnn.outputs[0], rnn.outputs[2]] or d_all[m.c] is not None:
+    d_all, _ = _grad_inputs(grad, n_in)
+    if grad.inputs[n_in:n_in + n_states] != rnn.outputs[0:2 * n_states:2]:
+        return False
+    if any(d_all[state] is not None for state in m.order[1:]):
         return False            # a gradient through every step's cell: the vendor kernels take none
-    m.dh_all = d_all[m.h]
+    m.dh_all = d_all[m.order[0]]
     if m.reverse and m.dh_all is not None:
         flip = _reversal(block, m.dh_all)
         if flip is None or not _only_read_by(readers, m.dh_all, {id(grad)}):
@@ -323,20 +418,19 @@ def _rows_of(block: Block, name: str, x: str) -> bool:
 # --- rewriting ---------------------------------------------------------------------------------
 
 def _rewrite(program: Program, block: Block, m: _Match) -> None:
-    rnn, h, c = m.rnn, m.h, m.c
+    rnn, step = m.rnn, m.step
     x, w_ih = m.proj.inputs[0], m.proj.inputs[1]
-    b = m.proj.inputs[2] if len(m.proj.inputs) == 3 else None
-    h0, c0 = rnn.inputs[1 + h], rnn.inputs[1 + c]
+    biases = list(m.proj.inputs[2:]) + ([step.b_hh] if step.b_hh is not None else [])
     dead = _dropped_names(m)
-    outs = [m.outs[2 * h], m.outs[2 * h + 1], m.outs[2 * c], m.outs[2 * c + 1]]
+    outs = [name for state in m.order for name in (m.outs[2 * state], m.outs[2 * state + 1])]   # (all, last) each
     for i, name in enumerate(outs):
         if name is None:         # a reversed state's all-steps output nothing reads
             like = block.var(rnn.outputs[0])
             outs[i] = block.create_var(fresh_name(program, f"{rnn.outputs[0]}.fused"), like.shape, like.dtype).name
     workspace = block.create_var(fresh_name(program, f"{outs[0]}.workspace"), (-1,), block.find_var(x).dtype)
-    attrs = {"forget_bias": m.forget_bias, "reverse": m.reverse, "keep": "all"}
-    ins = [x, w_ih, m.w_hh] + ([b] if b is not None else []) + [h0, c0]
-    forward = Op(FUSED_LSTM, ins, outs + [workspace.name], dict(attrs), location=rnn.location)
+    attrs = step.cell.fused_attrs(step, m.reverse, bool(biases))
+    ins = [x, w_ih, step.w_hh] + biases + [rnn.inputs[1 + state] for state in m.order]
+    forward = Op(step.cell.fused, ins, outs + [workspace.name], dict(attrs), location=rnn.location)
     gone = [m.proj] + ([m.grad] if m.grad is not None else []) + m.removed
     if m.grad is not None:
         at = block.ops.index(m.grad)
@@ -365,29 +459,30 @@ def _orphan_reshapes(block: Block, removed: list[Op], gone: list[Op], readers) -
 
 def _backward_ops(program: Program, block: Block, m: _Match, ins: list[str], outs: list[str], workspace: str,
                   attrs: dict) -> list[Op]:
-    """``LSTMSequenceGrad`` (and zeros for the output gradients not given), writing the names the
+    """The fused gradient op (and zeros for the output gradients not given), writing the names the
     replaced gradient ops wrote (fresh names for gradients nothing read)."""
-    grad, h, c = m.grad, m.h, m.c
-    _, d_last = _grad_inputs(grad)
-    h_all, h_last, _, c_last = outs
+    grad, order = m.grad, m.order
+    _, d_last = _grad_inputs(grad, len(m.rnn.inputs))
+    h_all, lasts = outs[0], outs[1::2]
     ops, given = [], []
-    for name, like in ((m.dh_all, h_all), (d_last[h], h_last), (d_last[c], c_last)):
+    for name, like in [(m.dh_all, h_all)] + [(d_last[state], last) for state, last in zip(order, lasts)]:
         if name is None:
             zeros = block.create_var(fresh_name(program, f"{like}.grad_zeros"), block.var(like).shape,
                                      block.var(like).dtype)
             ops.append(Op("FillLike", [like], [zeros.name], {"value": 0.0, "dtype": None}, location=grad.location))
             name = zeros.name
         given.append(name)
-    by_position = dict(zip(grad.attrs["grad_of"], grad.outputs))
-    has_bias = len(ins) == 6
-    wanted = [m.dx, m.dw_ih, by_position.get(3)] + ([m.db] if has_bias else []) + [
-        by_position.get(1 + h), by_position.get(1 + c)]
+    by_position = dict(zip(grad.attrs["grad_of"], grad.outputs))   # 0 x_proj, 1.. states, then w_hh, b_hh
+    hidden_weights = 1 + len(order)
+    wanted = [m.dx, m.dw_ih, by_position.get(hidden_weights)] + ([m.db] if len(m.proj.inputs) == 3 else []) + (
+        [by_position.get(hidden_weights + 1)] if m.step.b_hh is not None else []) + [
+        by_position.get(1 + state) for state in order]
     names = []
     for name, like in zip(wanted, ins):
         if name is None:
             var = block.find_var(like)
             name = block.create_var(fresh_name(program, f"{like}.fused_grad"), var.shape, var.dtype).name
         names.append(name)
-    ops.append(Op(FUSED_LSTM_GRAD, ins + [h_all, h_last, c_last, workspace] + given, names, dict(attrs),
+    ops.append(Op(m.step.cell.fused_grad, ins + [h_all] + lasts + [workspace] + given, names, dict(attrs),
                   location=grad.location))
     return ops
