@@ -48,6 +48,9 @@ class Backend:
     # dtypes whose LSTM layers this backend runs as one vendor kernel (``LSTMSequence``): the
     # executor then fuses step-by-step LSTM recurrences (``passes.fuse_recurrent_cells``)
     fused_lstm_dtypes: tuple[str, ...] = ()
+    # the same for GRU layers (``GRUSequence``): dtypes whose step-by-step GRU recurrences the
+    # executor fuses because this backend runs them as one vendor kernel
+    fused_gru_dtypes: tuple[str, ...] = ()
     # ``retrograd.passes`` functions (by name) the executor applies to a clone of each program it
     # runs here, e.g. ("fuse_optimizer_updates",) where a multi-tensor update pays off
     program_passes: tuple[str, ...] = ()

@@ -124,6 +124,12 @@ class TorchBackend(Backend):
             return ("float32", "float64") if self.cudnn_lstm is not None else ("float32",)
         return ("float32",) if self.onednn_lstm is not None else ()
 
+    @property
+    def fused_gru_dtypes(self) -> tuple[str, ...]:
+        """float32 and float64 on CUDA when this torch has cuDNN's ops; none on the CPU (no vendor GRU
+        there: GRUSequence's general kernel is slower than torch.nn.GRU, the recurrence stays)."""
+        return ("float32", "float64") if self.cudnn_gru is not None else ()
+
     def fused_lstm_forward(self, x, w_ih, w_hh, b, h0, c0, forget_bias: float, reverse: bool):
         fused = self.vendor_lstm(x)
         return None if fused is None else fused.forward(x, w_ih, w_hh, b, h0, c0, forget_bias, reverse)

@@ -174,7 +174,7 @@ def lstm(x: Var, hidden: int, h0=None, c0=None, seq_lengths: Var | None = None, 
 
 def gru(x: Var, hidden: int, h0=None, seq_lengths: Var | None = None, name: str | None = None,
         recompute=None, reverse: bool = False, bidirectional: bool = False, num_layers: int = 1,
-        bias: bool = True, dropout: float = 0.0, fused: bool = False) -> tuple[Var, Var]:
+        bias: bool = True, dropout: float = 0.0, fused: bool | None = None) -> tuple[Var, Var]:
     """A GRU over ``x [T, N, D]`` (as ``torch.nn.GRU``); returns ``(h_all [T,N,H], h_last [N,H])``.
 
     Parameters ``w_ih [D, 3H]``, ``w_hh [H, 3H]``, ``b_ih [3H]``, ``b_hh [3H]``;
@@ -183,10 +183,19 @@ def gru(x: Var, hidden: int, h0=None, seq_lengths: Var | None = None, name: str 
     ``h_all [T,N,2H]``, ``h_last [N,2H]``, ``h0`` a pair, parameters
     ``<name>.w_ih_reverse`` etc.), ``num_layers`` (parameters ``<name>.l<k>.w_ih``
     ..., ``h0`` a list per layer, the top layer's results), ``dropout`` between
-    layers and ``bias=False`` work as for ``lstm``. ``fused=True`` builds each
-    layer and direction as one ``GRUSequence`` op (``rg.gru_sequence``: cuDNN on
-    the torch CUDA backend, one general kernel elsewhere) where there is no
-    ``recompute`` and no ``seq_lengths``.
+    layers and ``bias=False`` work as for ``lstm``.
+
+    By default (``fused=None``) the layer is the step-by-step recurrence, and an
+    executor whose backend has a vendor GRU kernel (torch on CUDA: cuDNN; float32
+    and float64) runs each layer and direction as one ``GRUSequence`` op and its
+    gradient as one ``GRUSequenceGrad`` (``rg.passes.fuse_recurrent_cells`` on the
+    executor's copy of the program); NumPy, torch on the CPU (no vendor GRU
+    there), CuPy and onnxruntime run the recurrence. ``recompute`` and
+    ``seq_lengths`` keep the recurrence everywhere; ``fused=False`` keeps it on
+    every backend. ``fused=True`` builds each layer and direction as one
+    ``GRUSequence`` op in the program itself (``rg.gru_sequence``: cuDNN on the
+    torch CUDA backend, one general kernel elsewhere) where there is no
+    ``recompute`` and no ``seq_lengths``. Results agree to rounding.
 
     Example::
 
@@ -203,11 +212,11 @@ def gru(x: Var, hidden: int, h0=None, seq_lengths: Var | None = None, name: str 
             if bias:
                 shapes.update({f"b_ih{suffix}": [3 * hidden], f"b_hh{suffix}": [3 * hidden]})
             p = _params(prefix, hidden, inp.dtype, shapes)
-            x_proj = seq_linear(inp, p[f"w_ih{suffix}"], p.get(f"b_ih{suffix}"))
             h0 = _state(h0, inp, hidden, "h0", "gru")
             if fused and recompute is None and seq_lengths is None:          # one op
                 return gru_sequence(inp, p[f"w_ih{suffix}"], p[f"w_hh{suffix}"], p.get(f"b_ih{suffix}"),
                                     p.get(f"b_hh{suffix}"), h0, backwards)
+            x_proj = seq_linear(inp, p[f"w_ih{suffix}"], p.get(f"b_ih{suffix}"))
 
             def step(x_t, states):
                 h, = states
@@ -218,6 +227,8 @@ def gru(x: Var, hidden: int, h0=None, seq_lengths: Var | None = None, name: str 
 
             all_states, last_states = recurrent(step, [x_proj], [h0], seq_lengths=seq_lengths,
                                                 recompute=recompute, reverse=backwards)
+            if fused is False:
+                _keep_general(last_states[0])
             return all_states[0], last_states[0]
 
         if not bidirectional:

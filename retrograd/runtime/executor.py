@@ -150,8 +150,9 @@ class Executor:
 
     def _rewritten(self, block: Block, keep: frozenset[str]) -> Block:
         """The global block as this backend runs it, rewritten in a clone (the user's program stays
-        as it is) where that changes something: LSTM recurrences as one vendor-kernel op where the
-        backend has one (``Backend.fused_lstm_dtypes``: ``passes.fuse_recurrent_cells``), then the
+        as it is) where that changes something: LSTM and GRU recurrences as one vendor-kernel op where
+        the backend has one (``Backend.fused_lstm_dtypes``, ``fused_gru_dtypes``:
+        ``passes.fuse_recurrent_cells``), then the
         backend's ``program_passes``. Same values under the same names (``keep``, the fetches,
         stay computed): plans, feeds and fetches do not notice."""
         rewrites = self._backend_rewrites(block.program)
@@ -176,9 +177,9 @@ class Executor:
         """The passes this backend runs on a program (callables taking ``(program, keep=)``)."""
         from .. import passes      # (passes build on the op library, which imports the runtime)
         rewrites = []
-        dtypes = self.backend.fused_lstm_dtypes
-        if dtypes and has_recurrences(program):
-            rewrites.append(lambda clone, keep: fuse_recurrent_cells(clone, keep, dtypes))
+        dtypes, gru_dtypes = self.backend.fused_lstm_dtypes, self.backend.fused_gru_dtypes
+        if (dtypes or gru_dtypes) and has_recurrences(program):
+            rewrites.append(lambda clone, keep: fuse_recurrent_cells(clone, keep, dtypes, gru_dtypes))
         return rewrites + [getattr(passes, name) for name in self.backend.program_passes]
 
     def _verify(self, program: Program) -> None:
