@@ -12,10 +12,11 @@ exports, so the user's program is never changed.
   (torch runs it as ``addmm``; the torch backend applies it to what it runs).
 * ``expand_fused_ops``: whole-layer ops (``LSTMSequence``) back into the
   general ops they stand for (run by passes that schedule recurrences).
-* ``fuse_recurrent_cells``: a step-by-step LSTM recurrence (``layers.lstm``,
-  ``rg.recurrent`` with an LSTM cell) and its gradient as ``LSTMSequence`` /
-  ``LSTMSequenceGrad`` (the executor runs it on its copy of a program when
-  its backend has a vendor LSTM kernel: torch CPU / CUDA).
+* ``fuse_recurrent_cells``: a step-by-step LSTM or GRU recurrence (``layers.lstm``,
+  ``layers.gru``, ``rg.recurrent`` with such a cell) and its gradient as
+  ``LSTMSequence`` / ``LSTMSequenceGrad`` (``GRUSequence`` / ``GRUSequenceGrad``;
+  the executor runs it on its copy of a program when its backend has a vendor
+  kernel: LSTM on torch CPU / CUDA, GRU on torch CUDA).
 * ``fuse_linear_cross_entropy``: an output layer feeding
   ``softmax_cross_entropy`` as one ``LinearCrossEntropy`` op (the memory
   budget runs it when storing everything does not fit).
