@@ -64,7 +64,7 @@ class _Cell:
     fused_grad: str
     gates: int                                        # gate blocks of the weights: [D, gates*H]
     paired_bias: bool                                 # the input and hidden biases both or neither
-    match: Callable[[Block, list[Op], dict], _Step | None]   # (step block, its ops, rnn attrs)
+    match: Callable[[list[Op], dict], _Step | None]   # (the step's ops, the recurrence's attrs)
     fused_attrs: Callable[[_Step, bool, bool], dict]  # (step, reverse, has_bias) -> the fused op's attrs
 
 
@@ -150,7 +150,7 @@ def _step(rnn: Op) -> _Step | None:
             or a.get("has_lengths") or a.get("recompute") is not None):
         return None
     block: Block = a["step"]
-    found = next((step for step in (cell.match(block, block.ops, a) for cell in _CELLS) if step is not None), None)
+    found = next((step for step in (cell.match(block.ops, a) for cell in _CELLS) if step is not None), None)
     if found is None:
         return None
     outer = [found.w_hh] + ([found.b_hh] if found.b_hh is not None else [])
@@ -163,11 +163,11 @@ def _plain_matmul(op: Op) -> bool:
     return not op.attrs.get("transpose_x") and not op.attrs.get("transpose_y")
 
 
-def _lstm_step(block: Block, ops: list[Op], a: dict) -> _Step | None:
+def _lstm_step(ops: list[Op], a: dict) -> _Step | None:
     """(h, c) states, ``MatMul(h, w_hh)`` and ``LSTMUnit(x_t, c, h_gates=m)`` or ``LSTMUnit(x_t + m, c)``."""
-    types = [op.type for op in ops]
     if len(a["states"]) != 2:
         return None
+    types = [op.type for op in ops]
     if types == ["MatMul", "LSTMUnit"] and len(ops[1].inputs) == 3:
         matmul, unit = ops
         gates = unit.inputs[0] if unit.inputs[2] == matmul.outputs[0] else None
@@ -187,14 +187,14 @@ def _lstm_step(block: Block, ops: list[Op], a: dict) -> _Step | None:
     h, c = states.index(h_prev), states.index(c_prev)
     if a["state_outs"][h] != unit.outputs[0] or a["state_outs"][c] != unit.outputs[1]:
         return None
-    return _Step(LSTM, (h, c), w_hh, None, {"forget_bias": float(unit.attrs.get("forget_bias", 0.0))})
+    return _Step(_LSTM, (h, c), w_hh, None, {"forget_bias": float(unit.attrs.get("forget_bias", 0.0))})
 
 
-def _gru_step(block: Block, ops: list[Op], a: dict) -> _Step | None:
+def _gru_step(ops: list[Op], a: dict) -> _Step | None:
     """One state h, ``m = MatMul(h, w_hh)`` (``+ b_hh``) and ``GRUUnit(x_t, m, h)``."""
-    types = [op.type for op in ops]
     if len(a["states"]) != 1:
         return None
+    types = [op.type for op in ops]
     if types == ["MatMul", "GRUUnit"]:
         matmul, unit = ops
         h_proj, b_hh = matmul.outputs[0], None
@@ -210,7 +210,7 @@ def _gru_step(block: Block, ops: list[Op], a: dict) -> _Step | None:
     if (not _plain_matmul(matmul) or list(unit.inputs) != [a["inputs_t"][0], h_proj, h_prev]
             or h_prev != a["states"][0] or a["state_outs"][0] != unit.outputs[0]):
         return None
-    return _Step(GRU, (0,), w_hh, b_hh, {})
+    return _Step(_GRU, (0,), w_hh, b_hh, {})
 
 
 def _lstm_attrs(step: _Step, reverse: bool, has_bias: bool) -> dict:
@@ -221,9 +221,9 @@ def _gru_attrs(step: _Step, reverse: bool, has_bias: bool) -> dict:
     return {"reverse": reverse, "has_bias": has_bias}
 
 
-LSTM = _Cell(FUSED_LSTM, FUSED_LSTM_GRAD, 4, False, _lstm_step, _lstm_attrs)
-GRU = _Cell(FUSED_GRU, FUSED_GRU_GRAD, 3, True, _gru_step, _gru_attrs)
-_CELLS = (LSTM, GRU)
+_LSTM = _Cell(FUSED_LSTM, FUSED_LSTM_GRAD, 4, False, _lstm_step, _lstm_attrs)
+_GRU = _Cell(FUSED_GRU, FUSED_GRU_GRAD, 3, True, _gru_step, _gru_attrs)
+_CELLS = (_LSTM, _GRU)
 
 
 def _projection(block: Block, name: str, step: _Step, dtypes) -> Op | None:

@@ -7,6 +7,8 @@ GRU recurrences likewise become GRUSequence / GRUSequenceGrad where ``gru_dtypes
 CUDA; none on the CPU): checked on NumPy in float64 and through torch CPU with the capability faked."""
 from __future__ import annotations
 
+import importlib
+
 import numpy as np
 import pytest
 
@@ -625,6 +627,25 @@ def test_executor_fuses_gru_where_the_backend_declares_it(kwargs, layers, monkey
     _assert_all_close(got, want, rtol=1e-10, atol=1e-12)
     got, want, exe = _general_and_torch(dtype="float64", build=_gru_program, fused=False, **kwargs)
     assert gru_calls == {"forward": layers, "backward": layers}        # fused=False: the recurrence
+    _assert_all_close(got, want, rtol=1e-10, atol=1e-12)
+
+
+def test_a_backend_declaring_only_a_fused_gru_fuses_gru(monkeypatch):
+    """NumPy faked to declare a GRU kernel and no LSTM one: its executor still rewrites the GRU (and
+    runs GRUSequence's general kernels, counted), with the recurrence's numbers."""
+    module = importlib.import_module("retrograd.ops.gru_sequence")     # (rg.ops.gru_sequence is the builder)
+    calls, general = [], module.general_forward
+
+    def counted(k, *args):
+        calls.append(args[0].shape)
+        return general(k, *args)
+    main, startup, fetch = _gru_program("float64", bidirectional=True, zero_states=True)
+    feed = _feed("float64")
+    want, exe = _run(main, startup, fetch, feed)
+    monkeypatch.setattr(module, "general_forward", counted)
+    monkeypatch.setattr(rg.backends.base.Backend, "fused_gru_dtypes", ("float64",))
+    got, exe = _run(main, startup, fetch, feed, params=_params_of(exe, main))
+    assert exe.backend.fused_lstm_dtypes == () and len(calls) == 2
     _assert_all_close(got, want, rtol=1e-10, atol=1e-12)
 
 
