@@ -649,22 +649,27 @@ def test_a_backend_declaring_only_a_fused_gru_fuses_gru(monkeypatch):
     _assert_all_close(got, want, rtol=1e-10, atol=1e-12)
 
 
-def test_torch_cuda_runs_the_rewritten_gru(gru_calls, torch_backend):
-    """CUDA declares the fused GRU where cuDNN's ops are there: results are the recurrence's."""
+@pytest.mark.parametrize("graphs", [False, True])
+def test_torch_cuda_runs_the_rewritten_gru(graphs, gru_calls, torch_backend):
+    """CUDA declares the fused GRU where cuDNN's ops are there: results are the recurrence's, eagerly
+    and replayed as a CUDA graph."""
     torch = pytest.importorskip("torch")
     if not torch.cuda.is_available():
         pytest.skip("no CUDA GPU (torch.cuda.is_available() is False)")
     main, startup, fetch = _gru_program("float32", bidirectional=True, zero_states=True)
     feed = _feed("float32")
     want, exe = _run(main, startup, fetch, feed)
-    cuda = rg.Executor(backend="torch", device="cuda")
+    cuda = rg.Executor(backend="torch", device="cuda", graphs=graphs)
     if cuda.backend.cudnn_gru is None:
         pytest.skip("this torch lacks cuDNN's RNN ops")
     assert cuda.backend.fused_gru_dtypes == ("float32", "float64")
     cuda.run(startup)
     for name, value in _params_of(exe, main).items():
         cuda.scope.set(name, cuda.backend.from_numpy(value))
-    for _ in range(2):
+    for _ in range(3):          # graphs: captured, then replayed
         got = cuda.run(main, feed=feed, fetch_list=fetch)
         _assert_all_close(got, want, rtol=2e-4, atol=1e-4)
-    assert gru_calls == {"forward": 4, "backward": 4}          # two directions, two runs
+    if graphs:                  # both directions ran GRUSequence (replays call no kernel)
+        assert gru_calls["forward"] >= 2 and gru_calls["backward"] >= 2
+    else:                       # two directions, three runs
+        assert gru_calls == {"forward": 6, "backward": 6}
