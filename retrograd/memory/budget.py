@@ -119,15 +119,10 @@ def fit_memory_budget(loss: Var, memory_budget: int, feed_shapes: Mapping | None
     # re-run. Taken when it fits. Else ops over every time step of a recurrence's states run
     # inside its steps (time_steps.py) when the budget needs it: step by step they cost more time
     # than one GEMM over all steps.
-    # Else, where a recurrence's backward can read the states tensors the program reads anyway
-    # (h_all) and that fits without recomputing feed-forward ops, it does: its products by outer
-    # weights (h @ w_hh) re-run over chunks of steps instead of step by step (step_rows.py).
     if _keeps_states(loss.block) and _fits(loss, feed_shapes, build, budget, keep_states=True):
         _keep_states(loss.block)
     elif not _fits(loss, feed_shapes, build, budget):
         sink_time_step_ops(program, loss.block, resolve_shapes(loss.block, feed_shapes))
-    elif _keeps_states(loss.block) and _fits(loss, feed_shapes, build, budget, read_kept=True):
-        _read_kept(loss.block)
     _budget_loops(loss.block)
     pairs, n_forward = build()
     keep = [loss.name] + [g.name for _, g in pairs]
@@ -177,37 +172,23 @@ def _keep_states(block: Block) -> None:
     block.program.bump()
 
 
-def _read_kept(block: Block) -> None:
-    """Recurrent ops the budget sets read, in their backward, the states tensors the program
-    reads anyway (``rnn_budget.grad_maker``: ``budget_read_kept``)."""
-    for op in block.ops:
-        if op.type == "RecurrentNetwork" and op.attrs.get("recompute") is None and any(states_read_elsewhere(op)):
-            op.attrs["budget_read_kept"] = True
-    block.program.bump()
-
-
-def _fits(loss: Var, feed_shapes, build, budget: int, keep_states: bool = False, read_kept: bool = False) -> bool:
+def _fits(loss: Var, feed_shapes, build, budget: int, keep_states: bool = False) -> bool:
     """True when some schedule of the program as it is fits ``budget`` (searched on a copy), with
-    ``keep_states`` when its recurrent ops keep every states tensor, ``read_kept`` when their
-    backward reads those the program reads (both: only when no feed-forward op is recomputed)."""
+    ``keep_states`` when its recurrent ops keep every states tensor."""
     scratch = loss.block.program.clone()
     block = scratch.global_block()
     if keep_states:
         _keep_states(block)
-    if read_kept:
-        _read_kept(block)
     _budget_loops(block)
     pairs, n_forward = build(block.var(loss.name), real=False)
     keep = [loss.name] + [g.name for _, g in pairs]
     search = _Search(scratch, block.var(loss.name), n_forward, keep, feed_shapes)
     best = search.best(budget)
-    if best is None or not (keep_states or read_kept):
+    if best is None or not keep_states:
         return best is not None
-    activation = best[0]
-    if read_kept:
-        return search.units.count < 2 or activation >= search.model.store_all
     # Kept states pay only with segments of KEPT_SEGMENT steps or more (each segment's backward
     # has its own batched products) and no feed-forward recompute of the recurrence itself.
+    activation = best[0]
     sizer = Sizer(block, search.shapes)
     tapes = [_one_step_tape(sizer, op) for op in block.ops[:n_forward] if op.type == "RecurrentNetwork"
              and is_budget(op.attrs.get("recompute"))]

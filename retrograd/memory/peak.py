@@ -26,9 +26,9 @@ from ..ir.program import Block, Var
 from ..ops.recurrent_grad import TimeBatches
 from ..ops.recurrent_steps import is_budget
 from ..runtime.plan import compile_block
-from .rnn_budget import SCHEDULE_LEN, batched_bytes, batched_rows, checkpoint_plan, kept_states, row_ops
+from .rnn_budget import SCHEDULE_LEN, batched_bytes, batched_rows, checkpoint_plan
 from .shape_reads import stand_in_names
-from .step_rows import output_row_ops, row_bytes, rows_batchable, rows_chunk
+from .step_rows import input_row_ops, output_row_ops, row_bytes, rows_batchable, rows_chunk
 from .sizes import Shapes, resolve_shapes
 
 
@@ -170,8 +170,7 @@ def _rnn_grad_holds(sizer: Sizer, op, live) -> tuple[int, list[int]]:
         kept = min(plan.segment, steps) * tape if from_alls else plan.peak_bytes(sum(states), tape) - taken
         held = max(held, sizer.block_bytes(attrs["step"], rows)) + kept
         outer = op.inputs[n_seq + n_state + int(bool(attrs["has_lengths"])):][:int(attrs["n_outer"])]
-        kept = [] if from_alls else [s for s, k in zip(attrs["states"], kept_states(attrs)) if k]
-        held += _input_rows_bytes(op, outer, steps, rows, int(attrs["budget"]), kept)
+        held += _input_rows_bytes(op, outer, steps, rows, int(attrs["budget"]))
         step = attrs["step"]
         if from_alls and not attrs["shape_only"] and rows_batchable(step, attrs, outer):   # steps at once
             per_step = row_bytes(step, step.ops, rows)
@@ -186,11 +185,10 @@ def _rnn_grad_holds(sizer: Sizer, op, live) -> tuple[int, list[int]]:
     return max(0, held + looping - sum(outs)), outs
 
 
-def _input_rows_bytes(op, outer: list[str], steps: int, rows: int, budget: int, kept=()) -> int:
-    """A budgeted recurrent op's chunk of input projections (``step_rows.InputRows``), with the
-    products of the states ``kept`` by outer weights in a backward that reads their tensors."""
+def _input_rows_bytes(op, outer: list[str], steps: int, rows: int, budget: int) -> int:
+    """A budgeted recurrent op's chunk of input projections (``step_rows.InputRows``)."""
     step = op.attrs["step"]
-    per_step = row_bytes(step, row_ops(step, op.attrs, outer, kept), rows)
+    per_step = row_bytes(step, input_row_ops(step, op.attrs["inputs_t"], outer), rows)
     return rows_chunk(steps, budget, per_step) * per_step
 
 

@@ -19,10 +19,7 @@ the measured size of one step:
   the backward step block reads (the same block as the store-all backward,
   so gradients are identical), then runs the block over the segment in
   reverse. Gradients batched over time (``dW = A^T D``) are batched per
-  segment. Where the forward keeps some states tensors because the program
-  reads them (an LSTM's ``h_all``), the backward reads them too: the steps'
-  products of those states by outer weights re-run over chunks of steps at
-  once (``step_rows.state_row_ops``).
+  segment.
 
 Budget accounting: state checkpoints plus one segment's tape (its states
 and the step values the backward reads). One step's tape is the least a
@@ -55,8 +52,8 @@ from ..ops.recurrent_onnx import backward_loop_onnx, forward_loop_onnx
 from ..ops.registry import GradCtx, append_op, defop
 from .recompute import seen_from
 from .schedules import Plan, StepRunner, budget_plan, make_plan, minimum_budget, run_backward
-from .step_rows import (BatchedSteps, InputRows, OutputRows, PrevStates, input_row_ops, output_row_ops,
-                        row_bytes, rows_batchable, rows_chunk, state_row_ops)
+from .step_rows import (BatchedSteps, InputRows, OutputRows, input_row_ops, output_row_ops, row_bytes,
+                        rows_batchable, rows_chunk)
 
 SCHEDULE_LEN = 4          # [T, segment, slots, from_alls]
 
@@ -73,8 +70,7 @@ def output_specs(inits: list[Var], attrs: dict) -> list:
 class _Steps:
     """Runs the forward step block of one op: bindings per step, state updates, meter holds."""
 
-    def __init__(self, k, lay: RnnLayout, seqs, lengths, outers, step: Block, attrs: dict, budget: int,
-                 prev_kept: dict | None = None):
+    def __init__(self, k, lay: RnnLayout, seqs, lengths, outers, step: Block, attrs: dict, budget: int):
         self.k, self.xp, self.run, self.op = k, k.xp, k.run, k.op
         self.seqs, self.lengths = seqs, lengths
         self.step = step
@@ -83,13 +79,11 @@ class _Steps:
         self.bindings = dict(zip(k.op.inputs[lay.outer_start:lay.n_inputs], outers))
         self.runners: dict[tuple, BlockRunner] = {}
         # The input projections run over chunks of steps (step_rows.py); ``limit`` ends a chunk
-        # where the steps being run end. ``prev_kept`` (state name -> ``PrevStates``, in a backward
-        # whose forward kept those states tensors): their products by outer weights too.
-        prev_kept = prev_kept or {}
-        ops = row_ops(step, attrs, self.bindings, list(prev_kept))
+        # where the steps being run end.
+        ops = input_row_ops(step, self.inputs_t, self.bindings)
         batch = int(seqs[0].shape[1]) if seqs and len(seqs[0].shape) > 1 else 1
         chunk = rows_chunk(time_steps(k.op, seqs) if seqs else 1, budget, row_bytes(step, ops, batch))
-        self.rows = InputRows(k, step, ops, {**dict(zip(self.inputs_t, seqs)), **prev_kept}, self.bindings, chunk)
+        self.rows = InputRows(k, step, ops, dict(zip(self.inputs_t, seqs)), self.bindings, chunk)
         self.limit = len(seqs[0]) if seqs else 0
 
     def runner(self, block: Block, bound, fetch) -> BlockRunner:
@@ -137,32 +131,6 @@ class _Steps:
     def release(self, state: list) -> None:
         for value in state:
             self.run.meter.release(value)
-
-
-def row_ops(step: Block, attrs: dict, outer, prev_kept=()) -> list[Op]:
-    """The step's ops run over chunks of steps: the input projections, and the products of the
-    states in ``prev_kept`` (their tensors kept by the forward) by outer weights.
-
-    Example::
-
-        row_ops(rnn.attrs["step"], rnn.attrs, outer_names, ["rnn_0.add_0_prev"])   # x @ w_ih, h @ w_hh
-    """
-    return input_row_ops(step, attrs["inputs_t"], outer) + (state_row_ops(step, prev_kept, outer) if prev_kept else [])
-
-
-def kept_states(attrs: dict) -> list[bool]:
-    """Per state of a budgeted op's backward: does it read that states tensor from the forward?
-    All of them (``alls_given``), some (``alls_kept``: those read elsewhere, whose products by
-    outer weights then run over chunks of steps), or none.
-
-    Example::
-
-        kept_states(grad_op.attrs)      # [True, False]: h_all read, c_all not kept
-    """
-    n = len(attrs["states"])
-    if attrs.get("alls_given", True):
-        return [True] * n
-    return [bool(v) for v in attrs.get("alls_kept", [False] * n)]
 
 
 def _nbytes(arrays) -> int:
@@ -366,12 +334,7 @@ def grad_maker(g: GradCtx) -> list[Var | None]:
     # The backward reads the full states tensors only when the program reads them all anyway
     # (the forward then keeps them and takes no checkpoints); else checkpoints and the schedule.
     alls_given = all(attrs["budget_all"])
-    outer = op.inputs[lay.outer_start:lay.n_inputs]
-    # Some states tensors kept (read elsewhere): the backward reads them where the step multiplies
-    # them by outer weights (those products then re-run over chunks of steps), else none.
-    alls_kept = list(attrs["budget_all"]) if not alls_given and attrs.get("budget_read_kept") and state_row_ops(
-        attrs["step"], [s for s, kept in zip(attrs["states"], attrs["budget_all"]) if kept], outer) else [False] * k
-    alls = [block.var(op.outputs[2 * i]) for i in range(k) if alls_given or alls_kept[i]]
+    alls = [block.var(n) for n in op.outputs[0:2 * k:2]] if alls_given else []
     extra = [block.var(n) for n in op.outputs[-(k + 1):]]
     d_all, d_last = douts[0::2], douts[1::2]
     inputs = list(g.x[:lay.n_inputs]) + alls + extra
@@ -381,7 +344,7 @@ def grad_maker(g: GradCtx) -> list[Var | None]:
         "backward": bstep.block, "step": seen_from(attrs["step"], g.block),
         "inputs_t": list(attrs["inputs_t"]), "states": list(attrs["states"]),
         "state_outs": list(attrs["state_outs"]), "timestep": attrs.get("timestep"),
-        "has_lengths": lay.has_lengths, "n_outer": lay.n_outer, "alls_given": alls_given, "alls_kept": alls_kept,
+        "has_lengths": lay.has_lengths, "n_outer": lay.n_outer, "alls_given": alls_given,
         "tape": list(bstep.saved), "shape_only": list(bstep.saved_shape),
         "dall_given": [d is not None for d in d_all], "dlast_given": [d is not None for d in d_last],
         "dnext": bstep.dnext, "fetch_seq": bstep.fetch_seq, "fetch_state": bstep.fetch_state,
@@ -416,7 +379,7 @@ def _check_static_budget(op: Op, bstep) -> None:
 @dataclass(frozen=True)
 class _Layout:
     fwd: RnnLayout
-    n_alls: int          # the states tensors (all states: ``alls_given``; some: ``alls_kept``; none)
+    n_alls: int          # the states tensors (all states, or none: ``alls_given``)
     n_dall: int
     n_dlast: int
 
@@ -424,7 +387,7 @@ class _Layout:
     def of(attrs: dict) -> "_Layout":
         fwd = RnnLayout(len(attrs["inputs_t"]), len(attrs["states"]), bool(attrs["has_lengths"]),
                         int(attrs["n_outer"]))
-        n_alls = sum(kept_states(attrs))
+        n_alls = fwd.n_state if attrs.get("alls_given", True) else 0
         return _Layout(fwd, n_alls, sum(map(bool, attrs["dall_given"])), sum(map(bool, attrs["dlast_given"])))
 
     def split(self, items):
@@ -465,11 +428,8 @@ def _budget_grad_kernel(k, *arrays):
     checkpoints = {0: list(inits)}
     for j, t in enumerate(plan.sweep_stores):
         checkpoints[t] = [a[t - 1] for a in alls] if from_alls else [c[j] for c in ckpts]
-    prev_kept = {} if from_alls else {name: PrevStates(k.xp, init, all_) for name, init, all_ in zip(
-        [s for s, kept in zip(attrs["states"], kept_states(attrs)) if kept],
-        [i for i, kept in zip(inits, kept_states(attrs)) if kept], alls)}
     back = _Backward(k, lay, seqs, inits, lengths, outers, per_state(attrs["dall_given"], d_all),
-                     per_state(attrs["dlast_given"], d_last), plan.segment, alls if from_alls else None, prev_kept)
+                     per_state(attrs["dlast_given"], d_last), plan.segment, alls if from_alls else None)
     run_backward(plan, checkpoints, back)
     return back.results()
 
@@ -490,13 +450,11 @@ def _budget_grad_onnx(g):
 class _Backward(StepRunner):
     """The backward of one budgeted op: re-runs segments with tape and runs the backward step block."""
 
-    def __init__(self, k, lay: _Layout, seqs, inits, lengths, outers, d_all, d_last, segment: int, alls,
-                 prev_kept: dict | None = None):
+    def __init__(self, k, lay: _Layout, seqs, inits, lengths, outers, d_all, d_last, segment: int, alls):
         attrs, xp = k.attrs, k.xp
         self.k, self.xp, self.attrs, self.lay = k, xp, attrs, lay
         self.block: Block = attrs["backward"]
-        self.steps = _Steps(k, lay.fwd, seqs, lengths, outers, attrs["step"], attrs, int(attrs["budget"]),
-                            prev_kept)
+        self.steps = _Steps(k, lay.fwd, seqs, lengths, outers, attrs["step"], attrs, int(attrs["budget"]))
         self.seqs, self.inits, self.lengths = seqs, inits, lengths
         self.d_all, self.d_last = d_all, d_last
         self.held = Held(k.run.meter)

@@ -19,14 +19,6 @@ backward's ``dx`` and ``db`` over each segment's stacked ``d`` rows
 (``OutputRows``). The step blocks are not changed (the runners skip or
 pick those ops), so gradients equal the per-step ones to rounding.
 
-Where the forward keeps some states tensors but not all (an LSTM's ``h_all``,
-read by the output layer, without ``c_all``), the backward reads the kept
-ones too: a step's product of a kept state by an outer weight (the
-recurrent half ``h_{t-1} @ w_hh``) is known before the step re-runs, so it
-runs over a chunk of steps at once like the input projections
-(``state_row_ops``, ``PrevStates``); only the ops reading the other states
-(the cell's elementwise update from ``c_{t-1}``) run step by step.
-
 Where the forward keeps every states tensor (``budget.py`` chooses it when
 it fits), the step before each re-run step is known, so a segment's re-run
 with tape needs no recurrence: a row-wise step block (``rows_batchable``:
@@ -58,42 +50,6 @@ def input_row_ops(step: Block, inputs_t, outer) -> list[Op]:
     inputs_t, outer = set(inputs_t), set(outer)
     return [op for op in step.ops if op.type == "SeqLinear" and op.inputs[0] in inputs_t
             and all(name in outer for name in op.inputs[1:])]
-
-
-def state_row_ops(step: Block, states, outer) -> list[Op]:
-    """The step's products of a state by outer weights (``MatMul`` / ``SeqLinear``, no transposed
-    state): with that state's tensor kept, they run over a chunk of re-run steps at once.
-
-    Example::
-
-        ops = state_row_ops(rnn.attrs["step"], ["rnn_0.add_0_prev"], set(outer_names))   # h @ w_hh
-    """
-    states, outer = set(states), set(outer)
-    return [op for op in step.ops if op.type in ("MatMul", "SeqLinear") and op.inputs[0] in states
-            and all(name in outer for name in op.inputs[1:]) and not op.attrs.get("transpose_x")
-            and step.var(op.inputs[0]).ndim == 2]
-
-
-class PrevStates:
-    """A kept states tensor ``all`` [T, N, ..] (the state after each step) read as the state each
-    step starts from: ``prev[a:b]`` is ``[init] + all[:b-1]`` from step 0, else ``all[a-1:b-1]``.
-
-    Example::
-
-        prev = PrevStates(np, h0, h_all)
-        prev[0:3].shape      # (3, N, H): h0, h_all[0], h_all[1]
-    """
-
-    def __init__(self, xp, init, all_):
-        self.xp, self.init, self.all = xp, init, all_
-        self.shape = tuple(all_.shape)
-
-    def __getitem__(self, rows: slice):
-        start, stop, _ = rows.indices(self.shape[0])
-        if start > 0:
-            return self.all[start - 1:stop - 1]
-        head = self.xp.reshape(self.init, (1,) + tuple(self.init.shape))
-        return self.xp.concatenate([head, self.all[:max(stop - 1, 0)]], axis=0)
 
 
 def row_bytes(block: Block, ops: list[Op], batch: int) -> int:
