@@ -327,6 +327,8 @@ def _rewrite(program: Program, block: Block, m: _Match) -> None:
     x, w_ih = m.proj.inputs[0], m.proj.inputs[1]
     b = m.proj.inputs[2] if len(m.proj.inputs) == 3 else None
     h0, c0 = rnn.inputs[1 + h], rnn.inputs[1 + c]
+    if _same_value(block, h0, c0):       # both default zero states: one is computed (as layers.lstm
+        c0 = h0                          # builds a fused layer); plans skip the other's ops
     dead = _dropped_names(m)
     outs = [m.outs[2 * h], m.outs[2 * h + 1], m.outs[2 * c], m.outs[2 * c + 1]]
     for i, name in enumerate(outs):
@@ -350,6 +352,33 @@ def _rewrite(program: Program, block: Block, m: _Match) -> None:
     for name in dead:
         if name not in written:
             block.vars.pop(name, None)
+
+
+# Deterministic ops with no state: two of them of one type, with equal attributes and inputs,
+# write equal values (what ``layers.rnn``'s zero states are built from).
+PURE_OPS = frozenset({"Slice", "FillLike", "Fill", "Sum", "Add"})
+
+
+def _same_value(block: Block, a: str, b: str, depth: int = 8) -> bool:
+    """Whether ``a`` and ``b`` hold equal values: the same name, or each written once in ``block``
+    by ops of ``PURE_OPS`` of one type and attributes whose inputs hold equal values.
+
+    Example::
+
+        h0 = fill_like(slice(x, ...), 0.0) ...; c0 = (the same ops again)
+        _same_value(block, h0.name, c0.name)      # True
+    """
+    if a == b:
+        return True
+    if depth == 0:
+        return False
+    writers = [[op for op in block.ops if name in op.outputs] for name in (a, b)]
+    if any(len(ops) != 1 for ops in writers):
+        return False
+    (op_a,), (op_b,) = writers
+    return (op_a.type == op_b.type and op_a.type in PURE_OPS and len(op_a.outputs) == 1
+            and op_a.attrs == op_b.attrs and len(op_a.inputs) == len(op_b.inputs)
+            and all(_same_value(block, x, y, depth - 1) for x, y in zip(op_a.inputs, op_b.inputs)))
 
 
 def _orphan_reshapes(block: Block, removed: list[Op], gone: list[Op], readers) -> list[Op]:
