@@ -116,7 +116,7 @@ def test_default_zero_states_become_one_value(zero_states):
             assert (h0 == c0) == zero_states, (op.type, h0, c0)
     feed = _feed("float64")
     want, exe = _run(main, startup, fetch, feed)
-    got, fused_exe = _run(fused, startup, fetch, feed, params=_params_of(exe, main))
+    got, _ = _run(fused, startup, fetch, feed, params=_params_of(exe, main))
     _assert_all_close(got, want, rtol=1e-10, atol=1e-12)
 
 def test_forward_only_programs_are_fused_too():
