@@ -150,24 +150,31 @@ class TorchBackend(Backend):
     def multi_adam(self, params, grads, moment1s, moment2s, steps, rate, lr: float, beta1: float, beta2: float,
                    eps: float, weight_decay: float, decoupled: bool):
         """ATen's multi-tensor Adam/AdamW (``_fused_adam_`` / ``_fused_adamw_``) on the CPU, in place
-        on fresh contiguous copies of the parameters and moments (the inputs stay as they are:
-        a value fetched earlier may share their memory); None elsewhere (CUDA's wants float step
-        counts)."""
+        on fresh copies of the parameters and moments laid out as their gradients are (the inputs
+        stay as they are: a value fetched earlier may share their memory); None elsewhere (CUDA's
+        wants float step counts)."""
         if self.fused_adam is None or any(p.dtype != params[0].dtype for p in params):
             return None
-        # The fused kernel walks each parameter, gradient and moment as one flat buffer: layouts
-        # must agree (oneDNN's LSTM gradients are transposed views), so all are contiguous. It
-        # reads the gradients only (maximize=False, no grad_scale).
+        # The fused kernel walks each parameter, gradient and moment as one flat buffer (layouts
+        # must agree) and copies a non-contiguous gradient for nothing. oneDNN's LSTM weight
+        # gradients are transposed views of contiguous [4H, D] buffers: the kernel gets every
+        # tensor of such a parameter transposed alike (contiguous, the same elementwise update),
+        # and the updated weights come back as views of [4H, D] buffers, which oneDNN reads next
+        # step without a copy. It reads the gradients only (maximize=False, no grad_scale).
+        orders = [_contiguous_order(g) for g in grads]
+        grads = [_permuted(g, order) for g, order in zip(grads, orders)]
         dense = self.torch.contiguous_format
-        params, moment1s, moment2s = ([x.clone(memory_format=dense) for x in group]
+        params, moment1s, moment2s = ([(x if order is None else x.permute(order)).clone(memory_format=dense)
+                                       for x, order in zip(group, orders)]
                                       for group in (params, moment1s, moment2s))
-        grads = [g.contiguous() for g in grads]
         steps = self.torch._foreach_add(steps, 1)
         if rate is not None:
             lr = float(rate.reshape(()))      # the host holds it: a CPU array
         update = self.fused_adam[1 if decoupled else 0]
         update(params, grads, moment1s, moment2s, [], steps, lr=lr, beta1=beta1, beta2=beta2,
                weight_decay=weight_decay, eps=eps, amsgrad=False, maximize=False)
+        params, moment1s, moment2s = ([_unpermuted(x, order) for x, order in zip(group, orders)]
+                                      for group in (params, moment1s, moment2s))
         return params, moment1s, moment2s, steps
 
     @property
@@ -407,3 +414,44 @@ def _broadcast_einsum(torch, equation: str, operands):
 def _asymmetric(pads) -> bool:
     half = len(pads) // 2
     return list(pads[:half]) != list(pads[half:])
+
+
+
+def _contiguous_order(array) -> tuple[int, ...] | None:
+    """The order of ``array``'s dimensions in which it is contiguous (a transposed view of a
+    contiguous tensor has one), or None when it is contiguous already or has no such order.
+
+    Example::
+
+        _contiguous_order(torch.zeros(512, 128).t())      # (1, 0)
+    """
+    if array.is_contiguous():
+        return None
+    order = tuple(sorted(range(array.dim()), key=lambda d: -array.stride(d)))
+    return order if array.permute(order).is_contiguous() else None
+
+
+def _permuted(array, order):
+    """``array`` with its dimensions in ``order`` (None: contiguous, as it is or copied).
+
+    Example::
+
+        _permuted(w_grad, _contiguous_order(w_grad)).is_contiguous()      # True
+    """
+    return array.contiguous() if order is None else array.permute(order)
+
+
+def _unpermuted(array, order):
+    """The inverse of ``_permuted``: ``array``'s dimensions back in their original order.
+
+    Example::
+
+        _unpermuted(_permuted(w, (1, 0)), (1, 0)).shape == w.shape      # True
+    """
+    if order is None:
+        return array
+    inverse = [0] * len(order)
+    for position, dim in enumerate(order):
+        inverse[dim] = position
+    return array.permute(inverse)
+

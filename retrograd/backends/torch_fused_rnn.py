@@ -15,7 +15,9 @@ Weights: oneDNN wants ``[4H, D]``; retrograd stores ``[D, 4H]``. A transposed
 view makes each kernel copy it (``.contiguous()`` inside ATen), forward and
 backward alike, so the forward makes the ``[4H, D]`` copies itself and hangs
 them on the workspace tensor (``WEIGHTS_ATTR``, with the weight tensors they
-came from); the backward uses them when it is handed the same weight tensors,
+came from; free when a weight already is a transposed view of a ``[4H, D]`` buffer, as the
+torch backend's fused Adam leaves the weights it updates); the backward uses them when it is
+handed the same weight tensors,
 and falls back to views otherwise (a workspace that went through NumPy, or a
 weight rewritten between the two ops). They are not cached across runs: a
 weight may change in place between runs (a fed NumPy array shares its memory)

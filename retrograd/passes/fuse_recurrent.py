@@ -421,6 +421,9 @@ def _rewrite(program: Program, block: Block, m: _Match) -> None:
     rnn, step = m.rnn, m.step
     x, w_ih = m.proj.inputs[0], m.proj.inputs[1]
     biases = list(m.proj.inputs[2:]) + ([step.b_hh] if step.b_hh is not None else [])
+    states = [rnn.inputs[1 + state] for state in m.order]
+    if len(states) == 2 and _same_value(block, *states):    # both default zero states: one is computed
+        states[1] = states[0]                                # (as layers.lstm builds a fused layer)
     dead = _dropped_names(m)
     outs = [name for state in m.order for name in (m.outs[2 * state], m.outs[2 * state + 1])]   # (all, last) each
     for i, name in enumerate(outs):
@@ -429,7 +432,7 @@ def _rewrite(program: Program, block: Block, m: _Match) -> None:
             outs[i] = block.create_var(fresh_name(program, f"{rnn.outputs[0]}.fused"), like.shape, like.dtype).name
     workspace = block.create_var(fresh_name(program, f"{outs[0]}.workspace"), (-1,), block.find_var(x).dtype)
     attrs = step.cell.fused_attrs(step, m.reverse, bool(biases))
-    ins = [x, w_ih, step.w_hh] + biases + [rnn.inputs[1 + state] for state in m.order]
+    ins = [x, w_ih, step.w_hh] + biases + states
     forward = Op(step.cell.fused, ins, outs + [workspace.name], dict(attrs), location=rnn.location)
     gone = [m.proj] + ([m.grad] if m.grad is not None else []) + m.removed
     if m.grad is not None:
@@ -444,6 +447,33 @@ def _rewrite(program: Program, block: Block, m: _Match) -> None:
     for name in dead:
         if name not in written:
             block.vars.pop(name, None)
+
+
+# Deterministic ops with no state: two of them of one type, with equal attributes and inputs,
+# write equal values (what ``layers.rnn``'s zero states are built from).
+PURE_OPS = frozenset({"Slice", "FillLike", "Fill", "Sum", "Add"})
+
+
+def _same_value(block: Block, a: str, b: str, depth: int = 8) -> bool:
+    """Whether ``a`` and ``b`` hold equal values: the same name, or each written once in ``block``
+    by ops of ``PURE_OPS`` of one type and attributes whose inputs hold equal values.
+
+    Example::
+
+        h0 = fill_like(slice(x, ...), 0.0) ...; c0 = (the same ops again)
+        _same_value(block, h0.name, c0.name)      # True
+    """
+    if a == b:
+        return True
+    if depth == 0:
+        return False
+    writers = [[op for op in block.ops if name in op.outputs] for name in (a, b)]
+    if any(len(ops) != 1 for ops in writers):
+        return False
+    (op_a,), (op_b,) = writers
+    return (op_a.type == op_b.type and op_a.type in PURE_OPS and len(op_a.outputs) == 1
+            and op_a.attrs == op_b.attrs and len(op_a.inputs) == len(op_b.inputs)
+            and all(_same_value(block, x, y, depth - 1) for x, y in zip(op_a.inputs, op_b.inputs)))
 
 
 def _orphan_reshapes(block: Block, removed: list[Op], gone: list[Op], readers) -> list[Op]:

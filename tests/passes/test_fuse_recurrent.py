@@ -112,6 +112,23 @@ def _assert_rewrite_keeps_the_numbers(main, startup, fetch, fused_type: str, lay
     _assert_all_close(got, want, rtol=1e-10, atol=1e-12)
 
 
+
+@pytest.mark.parametrize("zero_states", [True, False])
+def test_default_zero_states_become_one_value(zero_states):
+    """Both default initial states are the same zeros, built twice by layers.lstm: the fused op reads
+    one of them, so a run computes it once (five ops fewer); given states stay apart."""
+    main, startup, fetch = _layer_program("float64", zero_states=zero_states)
+    fused = main.clone()
+    rg.passes.fuse_recurrent_cells(fused, dtypes=("float64",))
+    for op in fused.global_block().ops:
+        if op.type in ("LSTMSequence", "LSTMSequenceGrad"):
+            h0, c0 = op.inputs[4:6]
+            assert (h0 == c0) == zero_states, (op.type, h0, c0)
+    feed = _feed("float64")
+    want, exe = _run(main, startup, fetch, feed)
+    got, _ = _run(fused, startup, fetch, feed, params=_params_of(exe, main))
+    _assert_all_close(got, want, rtol=1e-10, atol=1e-12)
+
 def test_forward_only_programs_are_fused_too():
     main, startup = rg.Program(), rg.Program()
     with rg.program_guard(main, startup):

@@ -224,3 +224,27 @@ def test_torch_multi_adam_leaves_values_fetched_earlier_unchanged():
     for name, value in held.items():
         assert bool((value == copies[name]).all()), name
         assert exe.scope.get(name) is not value
+
+
+def test_torch_multi_adam_keeps_transposed_weights_in_the_gradients_layout():
+    """oneDNN's LSTM weight gradients are transposed views of [4H, D] buffers: the fused Adam
+    returns the updated weights and moments in that layout (so the next forward reads them without
+    a transposing copy) with the numbers of the update on contiguous copies."""
+    torch = pytest.importorskip("torch")
+    backend = rg.backends.get_backend("torch")
+    if backend.fused_adam is None:
+        pytest.skip("this torch has no aten::_fused_adam_")
+    gen = torch.Generator().manual_seed(0)
+    shape = (6, 20)
+    param, m1, m2 = (torch.randn(shape, generator=gen) for _ in range(3))
+    m2 = m2.abs()
+    grad = torch.randn(shape[::-1], generator=gen).t()          # a transposed view, as oneDNN's
+    steps = [torch.zeros(1, dtype=torch.int64)]
+    hyper = dict(lr=0.01, beta1=0.9, beta2=0.999, eps=1e-8, weight_decay=0.0, decoupled=False)
+    got = backend.multi_adam([param], [grad], [m1], [m2], steps, None, **hyper)
+    want = backend.multi_adam([param], [grad.contiguous()], [m1], [m2], steps, None, **hyper)
+    for got_value, want_value in zip(got[:3], want[:3]):
+        assert got_value[0].stride() == grad.stride()
+        assert torch.equal(got_value[0], want_value[0])
+    again = backend.multi_adam(list(got[0]), [grad], list(got[1]), list(got[2]), list(got[3]), None, **hyper)
+    assert again[0][0].stride() == grad.stride()
