@@ -10,16 +10,31 @@ def free_reads(block: Block) -> list[str]:
     Sub-blocks count: what a nested block reads from outside itself and this
     block does not define is a free read of this block too.
     """
+    return free_reads_of_ops(block.ops)
+
+
+def free_reads_of_ops(ops) -> list[str]:
+    """Names a sequence of ops reads before (or without) one of them writing them, in first-read
+    order (a compiled plan's or a recurrent step's inputs from outside)."""
     written: set[str] = set()
-    seen: set[str] = set()
-    reads: list[str] = []
-    for op in block.ops:
+    reads: dict[str, None] = {}
+    for op in ops:
         for name in op_reads(op):
-            if name not in written and name not in seen:
-                seen.add(name)
-                reads.append(name)
+            if name not in written:
+                reads.setdefault(name)
         written.update(op.outputs)
-    return reads
+    return list(reads)
+
+
+def read_counts(program) -> dict[str, int]:
+    """How many ops of the whole program read each name (sub-blocks' reads included; an op reading
+    a name twice counts once)."""
+    count: dict[str, int] = {}
+    for block in program.blocks:
+        for op in block.ops:
+            for name in dict.fromkeys(op_reads(op)):
+                count[name] = count.get(name, 0) + 1
+    return count
 
 
 def op_reads(op: Op) -> list[str]:

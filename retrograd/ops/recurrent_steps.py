@@ -12,7 +12,7 @@ from dataclasses import dataclass, replace
 from typing import Callable, Sequence
 
 from ..errors import ExecutionError, ProgramError
-from ..ir.analysis import op_reads
+from ..ir.analysis import free_reads_of_ops
 from ..ir.program import Block, Program
 
 
@@ -127,7 +127,7 @@ class StepRunner:
         self.plan = run.executor.plan_for(block, frozenset(self.fetch) | frozenset(bound))
         if select is not None:
             steps = [s for s in self.plan.steps if select(s.op)]
-            self.plan = replace(self.plan, steps=steps, free_reads=_reads_from_outside([s.op for s in steps]))
+            self.plan = replace(self.plan, steps=steps, free_reads=free_reads_of_ops([s.op for s in steps]))
         missing = [n for n in self.plan.free_reads if n not in bound]
         if missing:
             raise ExecutionError(f"{op.where()}: block {block.idx} reads {', '.join(missing)}, which the op "
@@ -150,18 +150,6 @@ class StepRunner:
         for name in self.release:
             meter.release(env[name])
         return values
-
-
-def _reads_from_outside(ops) -> list[str]:
-    """The names ``ops`` read before (or without) one of them writing them."""
-    written: set[str] = set()
-    reads: dict[str, None] = {}
-    for op in ops:
-        for name in op_reads(op):
-            if name not in written:
-                reads.setdefault(name)
-        written.update(op.outputs)
-    return list(reads)
 
 
 class Held:

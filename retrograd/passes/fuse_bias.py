@@ -16,7 +16,7 @@ torch backend runs it on every program (``Backend.program_passes``).
 """
 from __future__ import annotations
 
-from ..ir.analysis import op_reads
+from ..ir.analysis import read_counts
 from ..ir.program import Block, Op, Program
 
 
@@ -29,7 +29,7 @@ def fuse_linear_bias(program: Program, keep=frozenset()) -> int:
         fused = rg.passes.fuse_linear_bias(main)      # fc's MatMul + Add -> one SeqLinear
     """
     block = program.global_block()
-    readers = _readers(program)
+    readers = read_counts(program)
     fused = 0
     for add in [op for op in block.ops if op.type == "Add"]:
         product = _match(block, add, readers, keep)
@@ -74,13 +74,3 @@ def _unbiased_product(block: Block, op: Op) -> bool:
         return False
     x, w = (block.find_var(n) for n in op.inputs)
     return x is not None and w is not None and x.ndim == 2 and w.ndim == 2
-
-
-def _readers(program: Program) -> dict[str, int]:
-    """How many ops of the whole program read each name (sub-blocks' reads included)."""
-    count: dict[str, int] = {}
-    for block in program.blocks:
-        for op in block.ops:
-            for name in dict.fromkeys(op_reads(op)):
-                count[name] = count.get(name, 0) + 1
-    return count

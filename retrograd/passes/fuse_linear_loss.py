@@ -19,7 +19,7 @@ from typing import Callable
 
 import numpy as np
 
-from ..ir.analysis import op_reads
+from ..ir.analysis import read_counts
 from ..ir.program import Block, Op, Program
 from ..ops.linear_cross_entropy import CHUNK_BYTES
 
@@ -47,7 +47,7 @@ def fuse_linear_cross_entropy(program: Program, block: Block | None = None, end:
     """
     block = block if block is not None else program.global_block()
     end = len(block.ops) if end is None else end
-    readers = _readers(program)
+    readers = read_counts(program)
     fused = 0
     index = 0
     while index < end:
@@ -121,15 +121,5 @@ def _is_bias(block: Block, b: str, w: str) -> bool:
     bias, weight = block.find_var(b), block.find_var(w)
     return (_is_weight(block, w) and bias is not None and bias.ndim == 1
             and bias.shape[0] == weight.shape[1] and bias.dtype == weight.dtype)
-
-
-def _readers(program: Program) -> dict[str, int]:
-    """How many ops of the whole program read each name (sub-blocks' reads included)."""
-    count: dict[str, int] = {}
-    for block in program.blocks:
-        for op in block.ops:
-            for name in dict.fromkeys(op_reads(op)):
-                count[name] = count.get(name, 0) + 1
-    return count
 
 

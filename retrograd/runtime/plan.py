@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..ir.analysis import op_reads
+from ..ir.analysis import free_reads_of_ops, op_reads
 from ..ir.program import Block, Op
 from ..ops.registry import get_op_def
 
@@ -78,7 +78,7 @@ def compile_block(block: Block, keep: frozenset[str], backend, run) -> Plan:
         steps.append(Step(opdef.kernel, KernelCtx(backend, op, run, live), tuple(op.inputs), tuple(op.outputs),
                           dead, op, i))
     writes = list(dict.fromkeys(n for op in ops for n in op.outputs if _persistable(block, n)))
-    return Plan(block, steps, _free_reads_of(ops), keep, writes)
+    return Plan(block, steps, free_reads_of_ops(ops), keep, writes)
 
 
 def _needed_ops(block: Block, keep: frozenset[str]) -> list[Op]:
@@ -91,17 +91,6 @@ def _needed_ops(block: Block, keep: frozenset[str]) -> list[Op]:
             needed.update(op_reads(op))
     kept.reverse()
     return kept
-
-
-def _free_reads_of(ops: list[Op]) -> list[str]:
-    written: set[str] = set()
-    reads: dict[str, None] = {}
-    for op in ops:
-        for name in op_reads(op):
-            if name not in written:
-                reads.setdefault(name)
-        written.update(op.outputs)
-    return list(reads)
 
 
 def _persistable(block: Block, name: str) -> bool:
