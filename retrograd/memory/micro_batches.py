@@ -27,7 +27,7 @@ among them) and held whole.
 Gradients are store-all's to rounding (sums over rows run in another order).
 
 A program is split only when the ops reading the batch read it along axis 0,
-are all in ``SEPARABLE`` (no random op: its draws would differ) up to one
+are all declared ``row_wise`` or ``batch_rows`` with their ops (no random op: its draws would differ) up to one
 value they give the rest of the program, no larger than the fed batch, which
 one ``Mean`` or ``Sum`` over all axes turns into the loss. ``N`` must divide by
 ``C`` at run time (``Split``'s rule).
@@ -40,19 +40,9 @@ import numpy as np
 
 from ..ir.analysis import op_reads
 from ..ir.program import Block, Op, Program, Var
-from ..ops.registry import get_op_def
+from ..ops.registry import ROW_WISE_ELEMENTWISE, get_op_def
 from .sizes import Shapes
 
-ELEMENTWISE = "elementwise"
-# Batch-separable op types -> the input positions that may hold batch rows (-1: the last input),
-# or ELEMENTWISE (any input of the output's rank; lower ranks and a leading 1 broadcast).
-SEPARABLE: dict[str, tuple[int, ...] | str] = {
-    "Gather": (1,), "LayerNorm": (0,), "SeqLinear": (0,), "SplitHeads": (0,), "MergeHeads": (0,),
-    "ScaledDotProductAttention": (0, 1, 2, 3), "SoftmaxCrossEntropy": (0, 1), "LinearCrossEntropy": (0, -1),
-    "MatMul": (0,),
-    **{t: ELEMENTWISE for t in ("Add", "Sub", "Mul", "Div", "Gelu", "Tanh", "Sigmoid", "Relu", "Exp", "Log",
-                                "Square", "Neg")},
-}
 ATTENTION = "ScaledDotProductAttention"
 JOIN = "Concat"                # the micro-batches' rows joined for the rest of the program
 MOST_MICRO_BATCHES = 16      # more would multiply the ops (and the planning) for little less memory
@@ -116,18 +106,20 @@ def _bytes(block: Block, name: str, shapes: Shapes) -> int:
 def _separable(block: Block, op: Op, batch: set, shapes: Shapes, rows: int) -> bool:
     """True when ``op`` computes each row of its outputs from the same rows of its inputs holding
     the batch (``batch``), the others read whole."""
-    rule = SEPARABLE.get(op.type)
-    if rule is None or op.sub_blocks() or get_op_def(op.type).random:
+    opdef = get_op_def(op.type)
+    # declared with the op (ops/registry.py): row-wise ops, and those separable over axis 0 only
+    rule = opdef.extra.get("batch_rows", opdef.extra.get("row_wise"))
+    if rule is None or op.sub_blocks() or opdef.random:
         return False
     if any(block.var(n).persistable for n in op.outputs):
         return False
     rank = len(shapes.get(op.outputs[0], block.var(op.outputs[0]).shape))
-    positions = range(len(op.inputs)) if rule == ELEMENTWISE else {p % len(op.inputs) for p in rule}
-    broadcasts = rule == ELEMENTWISE or op.type == ATTENTION
+    positions = range(len(op.inputs)) if rule == ROW_WISE_ELEMENTWISE else {p % len(op.inputs) for p in rule}
+    broadcasts = rule == ROW_WISE_ELEMENTWISE or opdef.extra.get("batch_broadcast", False)
     for p, name in enumerate(op.inputs):
         shape = shapes.get(name, block.var(name).shape)
         if name in batch:
-            if p not in positions or shape[0] != rows or (rule == ELEMENTWISE and len(shape) != rank):
+            if p not in positions or shape[0] != rows or (rule == ROW_WISE_ELEMENTWISE and len(shape) != rank):
                 return False
         elif p in positions and not (broadcasts and (len(shape) < rank or shape[0] == 1)):
             return False             # a whole value where rows are read, not broadcast over them

@@ -31,17 +31,9 @@ from ..ir.location import located
 from ..ir.program import Block, Op, Program
 from ..ops.recurrent_outputs import output_init
 from ..ops.recurrent_steps import fresh_name
-from ..ops.registry import get_op_def
+from ..ops.registry import ROW_WISE_ELEMENTWISE, get_op_def
 from .sizes import Shapes
 
-ELEMENTWISE = "elementwise"
-# Row-wise op types -> the input positions read row by row (-1: the last input), or ELEMENTWISE
-# (inputs of the output's rank are read row by row, lower ranks broadcast over rows).
-ROW_WISE: dict[str, tuple[int, ...] | str] = {
-    "LinearCrossEntropy": (0, -1), "SoftmaxCrossEntropy": (0, 1), "SeqLinear": (0,),
-    **{t: ELEMENTWISE for t in ("Add", "Sub", "Mul", "Div", "Tanh", "Sigmoid", "Relu", "Exp", "Log", "Square",
-                                "Neg")},
-}
 LOOP = "RecurrentNetwork"
 
 
@@ -92,15 +84,16 @@ def _sink_state(program: Program, block: Block, rnn: Op, i: int, shapes: Shapes)
 def _roles(block: Block, op: Op, per_step: dict, rows: tuple, shapes: Shapes, start: int) -> list | None:
     """Per input of ``op``: "step" (a moved value), "seq" (an outside [T, N, ..] sequence read row by
     row) or "outer" (read whole by every step); None when ``op`` cannot run per step."""
-    rule = ROW_WISE.get(op.type)
     opdef = get_op_def(op.type)
+    rule = opdef.extra.get("row_wise")         # declared with the op (ops/registry.py)
     if rule is None or op.sub_blocks() or opdef.random:
         return None
     rank = len(shapes.get(op.outputs[0], block.var(op.outputs[0]).shape))
     roles = []
     for p, name in enumerate(op.inputs):
         shape = shapes.get(name, block.var(name).shape)
-        by_rows = (len(shape) == rank if rule == ELEMENTWISE else p in {q % len(op.inputs) for q in rule})
+        by_rows = (len(shape) == rank if rule == ROW_WISE_ELEMENTWISE
+                   else p in {q % len(op.inputs) for q in rule})
         if name in per_step:
             roles.append("step" if by_rows else None)
         elif by_rows:

@@ -13,7 +13,7 @@ from ..errors import ProgramError
 from ..ir.program import Var, as_float
 from .lowering import lowers
 from .math import exp, sigmoid, tanh, where
-from .registry import append_op, defop
+from .registry import ROW_WISE_ELEMENTWISE, append_op, defop
 from .shapes import float_same_as_first
 from .special import erf_onnx, expm1_onnx, log1p_onnx
 
@@ -40,7 +40,8 @@ def _gelu_curvature(x: Var, approximate: str) -> Var:
     return exp(-0.5 * (x * x)) * (1.0 / math.sqrt(2.0 * math.pi)) * (2.0 - x * x)
 
 
-@defop("Gelu", infer=float_same_as_first, grad=lambda g: [gelu_grad(g.x[0], g.dy, g.attrs["approximate"])])
+@defop("Gelu", infer=float_same_as_first, grad=lambda g: [gelu_grad(g.x[0], g.dy, g.attrs["approximate"])],
+       row_wise=ROW_WISE_ELEMENTWISE)
 def _gelu(k, x):
     return k.backend.gelu(x, k.attrs["approximate"])
 

@@ -31,7 +31,7 @@ def _split_heads_rule(ins, attrs):
     return [(x.shape[:-2] + (heads, x.shape[-2], d // heads if d >= 0 else -1), x.dtype)]
 
 
-@defop("SplitHeads", infer=_split_heads_rule, grad=lambda g: [merge_heads(g.dy)])
+@defop("SplitHeads", infer=_split_heads_rule, grad=lambda g: [merge_heads(g.dy)], batch_rows=(0,))
 def _split_heads(k, x):
     """``[..., L, D] -> [..., heads, L, D / heads]``: head ``h`` holds features ``h*Dh .. (h+1)*Dh``."""
     heads = k.attrs["heads"]
@@ -71,7 +71,7 @@ def _merge_heads_rule(ins, attrs):
     return [(x.shape[:-3] + (x.shape[-2], width), x.dtype)]
 
 
-@defop("MergeHeads", infer=_merge_heads_rule, grad=lambda g: [split_heads(g.dy, g.x[0].shape[-3])])
+@defop("MergeHeads", infer=_merge_heads_rule, grad=lambda g: [split_heads(g.dy, g.x[0].shape[-3])], batch_rows=(0,))
 def _merge_heads(k, x):
     """``[..., heads, L, Dh] -> [..., L, heads * Dh]`` (the heads side by side)."""
     merged = _swap_length_and_heads(k.xp, x)

@@ -86,7 +86,7 @@ def _grad(g):
 
 
 @defop("LinearCrossEntropy", inputs=("h", "w", "b?", "labels"), outputs=("loss", "lse"), infer=_rule,
-       grad=_grad, nondiff=(3,))
+       grad=_grad, nondiff=(3,), row_wise=(0, -1))
 def _linear_cross_entropy(k, *ins):
     """Per row ``logsumexp(h @ w + b) - (h @ w + b)[label]``, ``chunk_rows`` rows at a time."""
     xp = k.xp

@@ -11,7 +11,7 @@ from ..errors import ShapeError
 from ..ir.dtypes import is_float
 from ..ir.program import OPERATORS, Var, as_float
 from .creation import constant, fill_like, scalar_like, zeros_like
-from .registry import append_op, defop
+from .registry import ROW_WISE_ELEMENTWISE, append_op, defop
 from .lowering import axes_input, compare, elementwise, lowers
 from .shapes import broadcast_rule, broadcast_shapes, compare_rule, float_same_as_first, same_as_first
 
@@ -153,7 +153,7 @@ def _add_grad(g):
     return [unbroadcast(g.dy, a, b), unbroadcast(g.dy, b, a)]
 
 
-@defop("Add", inputs=("x", "y"), infer=broadcast_rule, grad=_add_grad)
+@defop("Add", inputs=("x", "y"), infer=broadcast_rule, grad=_add_grad, row_wise=ROW_WISE_ELEMENTWISE)
 def _add(k, x, y):
     return x + y
 
@@ -166,7 +166,7 @@ def _sub_grad(g):
     return [unbroadcast(g.dy, a, b), unbroadcast(neg(g.dy), b, a)]
 
 
-@defop("Sub", inputs=("x", "y"), infer=broadcast_rule, grad=_sub_grad)
+@defop("Sub", inputs=("x", "y"), infer=broadcast_rule, grad=_sub_grad, row_wise=ROW_WISE_ELEMENTWISE)
 def _sub(k, x, y):
     return x - y
 
@@ -179,7 +179,7 @@ def _mul_grad(g):
     return [unbroadcast(g.dy * b, a, b), unbroadcast(g.dy * a, b, a)]
 
 
-@defop("Mul", inputs=("x", "y"), infer=broadcast_rule, grad=_mul_grad)
+@defop("Mul", inputs=("x", "y"), infer=broadcast_rule, grad=_mul_grad, row_wise=ROW_WISE_ELEMENTWISE)
 def _mul(k, x, y):
     return x * y
 
@@ -199,7 +199,7 @@ def _div_rule(ins, attrs):
     return [(shape, dtype if is_float(dtype) else "float64")]
 
 
-@defop("Div", inputs=("x", "y"), infer=_div_rule, grad=_div_grad)
+@defop("Div", inputs=("x", "y"), infer=_div_rule, grad=_div_grad, row_wise=ROW_WISE_ELEMENTWISE)
 def _div(k, x, y):
     return x / y
 
@@ -471,7 +471,7 @@ def _unary(type: str, x: Var) -> Var:
     return append_op(type, [x])[0]
 
 
-@defop("Neg", infer=same_as_first, grad=lambda g: [neg(g.dy)])
+@defop("Neg", infer=same_as_first, grad=lambda g: [neg(g.dy)], row_wise=ROW_WISE_ELEMENTWISE)
 def _neg(k, x):
     return -x
 
@@ -479,7 +479,7 @@ def _neg(k, x):
 lowers("Neg")(elementwise("Neg"))
 
 
-@defop("Exp", infer=float_same_as_first, grad=lambda g: [g.dy * g.y])
+@defop("Exp", infer=float_same_as_first, grad=lambda g: [g.dy * g.y], row_wise=ROW_WISE_ELEMENTWISE)
 def _exp(k, x):
     return k.xp.exp(x)
 
@@ -487,7 +487,7 @@ def _exp(k, x):
 lowers("Exp")(elementwise("Exp"))
 
 
-@defop("Log", infer=float_same_as_first, grad=lambda g: [g.dy / g.x[0]])
+@defop("Log", infer=float_same_as_first, grad=lambda g: [g.dy / g.x[0]], row_wise=ROW_WISE_ELEMENTWISE)
 def _log(k, x):
     return k.xp.log(x)
 
@@ -495,7 +495,7 @@ def _log(k, x):
 lowers("Log")(elementwise("Log"))
 
 
-@defop("Tanh", infer=float_same_as_first, grad=lambda g: [g.dy * (1.0 - g.y * g.y)])
+@defop("Tanh", infer=float_same_as_first, grad=lambda g: [g.dy * (1.0 - g.y * g.y)], row_wise=ROW_WISE_ELEMENTWISE)
 def _tanh(k, x):
     return k.xp.tanh(x)
 
@@ -503,7 +503,7 @@ def _tanh(k, x):
 lowers("Tanh")(elementwise("Tanh"))
 
 
-@defop("Sigmoid", infer=float_same_as_first, grad=lambda g: [g.dy * g.y * (1.0 - g.y)])
+@defop("Sigmoid", infer=float_same_as_first, grad=lambda g: [g.dy * g.y * (1.0 - g.y)], row_wise=ROW_WISE_ELEMENTWISE)
 def _sigmoid(k, x):
     xp = k.xp
     # exp of -|x| never overflows; both branches are exact formulas of sigmoid.
@@ -514,7 +514,7 @@ def _sigmoid(k, x):
 lowers("Sigmoid")(elementwise("Sigmoid"))
 
 
-@defop("Relu", infer=same_as_first, grad=lambda g: [where(g.x[0] > 0.0, g.dy, 0.0)])
+@defop("Relu", infer=same_as_first, grad=lambda g: [where(g.x[0] > 0.0, g.dy, 0.0)], row_wise=ROW_WISE_ELEMENTWISE)
 def _relu(k, x):
     return k.xp.where(x > 0, x, k.xp.zeros_like(x))
 
@@ -522,7 +522,7 @@ def _relu(k, x):
 lowers("Relu")(elementwise("Relu"))
 
 
-@defop("Square", infer=same_as_first, grad=lambda g: [g.dy * 2.0 * g.x[0]])
+@defop("Square", infer=same_as_first, grad=lambda g: [g.dy * 2.0 * g.x[0]], row_wise=ROW_WISE_ELEMENTWISE)
 def _square(k, x):
     return x * x
 
@@ -745,7 +745,7 @@ def _matmul_grad(g):
     return [unbroadcast(da, a, b), unbroadcast(db, b, a)]
 
 
-@defop("MatMul", inputs=("x", "y"), infer=_matmul_rule, grad=_matmul_grad)
+@defop("MatMul", inputs=("x", "y"), infer=_matmul_rule, grad=_matmul_grad, batch_rows=(0,))
 def _matmul(k, x, y):
     return k.backend.matmul(x, y, bool(k.attrs.get("transpose_x")), bool(k.attrs.get("transpose_y")))
 

@@ -188,7 +188,7 @@ def _labels_along(xp, labels):
 
 
 @defop("SoftmaxCrossEntropy", inputs=("logits", "labels"), infer=_xent_rule, nondiff=(1,),
-       grad=_xent_grad)
+       grad=_xent_grad, row_wise=(0, 1))
 def _softmax_cross_entropy(k, logits, labels):
     """``logsumexp(logits) - logits[label]`` per example, stable for large logits: the label's entry
     of the log-softmax, picked (``take_along_axis``, as PyTorch's ``nll_loss``), not a one-hot."""

@@ -80,7 +80,7 @@ def _layer_norm_grad(g):
 
 
 @defop("LayerNorm", inputs=("x", "params*"), outputs=("y", "mean", "rstd"), infer=_rows_rule(2),
-       grad=_layer_norm_grad)
+       grad=_layer_norm_grad, batch_rows=(0,))
 def _layer_norm(k, x, *params):
     """``(x - mean) * rstd * weight + bias`` over the last axis; also the statistics."""
     weight, bias = split_params(k.attrs, params)

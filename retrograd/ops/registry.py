@@ -19,6 +19,13 @@ An op is defined once, in one place::
 * extra keywords land in ``OpDef.extra``; ``shape_only=(i, ...)`` marks inputs
   read only for their run-time shape (the ``like`` of ``SumTo``), so a pass
   may bind a stand-in of that shape instead of keeping the value.
+  ``row_wise=(i, ...)`` (or ``ROW_WISE_ELEMENTWISE``: every input of the
+  output's rank) marks an op whose output rows, over every leading axis, are
+  made from the same rows of those inputs alone (the others read whole): the
+  memory passes may split it over time steps or micro-batches.
+  ``batch_rows=(i, ...)`` marks one separable over the first axis only (the
+  heads of attention, a layer norm); ``batch_broadcast=True`` lets its other
+  inputs broadcast over that axis (an attention mask).
 """
 from __future__ import annotations
 
@@ -32,6 +39,7 @@ from ..ir.program import Block, Op, Var
 from ..ir.verify import OpSchema, register_op_schema
 
 Spec = tuple[tuple[int, ...], str]
+ROW_WISE_ELEMENTWISE = "elementwise"    # defop(row_wise=...): any input of the output's rank
 
 
 @dataclass(frozen=True)

@@ -489,7 +489,7 @@ def check_id_range(low: int, high: int, n: int, what: str = "id") -> None:
 
 
 @defop("Gather", inputs=("x", "ids"), infer=_gather_rule, nondiff=(1,),
-       grad=lambda g: [gather_grad(g.dy, g.x[1], g.x[0]), None])
+       grad=lambda g: [gather_grad(g.dy, g.x[1], g.x[0]), None], batch_rows=(1,))
 def _gather(k, x, ids):
     """Rows of ``x`` picked by ``ids`` (any shape): out = ids.shape + x.shape[1:]."""
     xp = k.xp
