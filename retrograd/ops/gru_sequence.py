@@ -30,7 +30,7 @@ from ..ir.program import Var
 from .lowering import lowers
 from .registry import append_op, defop
 from .rnn_cells import gru_activations, gru_unit_grad_math
-from .sequence_onnx import flip_time, rows_at, time_major_shape
+from .sequence_onnx import flip_time, input_projection, rows_at, time_major_shape
 from .shapes import require_float
 
 
@@ -274,12 +274,8 @@ def _gru_sequence_loop_onnx(g):
     x, w_ih, w_hh, b_ih, b_hh, h0 = _split_inputs(g.ins, g.attrs)
     dtype, hidden = g.in_vars[0].dtype, int(g.in_vars[2].shape[0])
     reverse = g.attrs["reverse"]
-    if reverse:
-        x = flip_time(g, x)
+    x, xproj = input_projection(g, x, w_ih, b_ih, reverse)
     zero = g.const([0], "int64")
-    xproj = g.node("MatMul", [x, w_ih])
-    if b_ih is not None:
-        xproj = g.node("Add", [xproj, b_ih])
     body = g.child()
     t = body.input("t", "int64", [])
     cond = body.input("cond", "bool", [])

@@ -30,7 +30,7 @@ from ..ir.program import Var
 from .lowering import lowers
 from .registry import append_op, defop
 from .rnn_cells import lstm_activations, lstm_unit_grad_math
-from .sequence_onnx import flip_time, rows_at, time_major_shape
+from .sequence_onnx import flip_time, input_projection, rows_at, time_major_shape
 from .shapes import require_float
 
 
@@ -304,12 +304,8 @@ def _lstm_sequence_loop_onnx(g):
     x, w_ih, w_hh, b, h0, c0 = _split_inputs(g.ins)
     dtype, hidden = g.in_vars[0].dtype, int(g.in_vars[2].shape[0])
     reverse = g.attrs["reverse"]
-    if reverse:
-        x = flip_time(g, x)
+    x, proj = input_projection(g, x, w_ih, b, reverse)
     zero = g.const([0], "int64")
-    proj = g.node("MatMul", [x, w_ih])
-    if b is not None:
-        proj = g.node("Add", [proj, b])
     body = g.child()
     t = body.input("t", "int64", [])
     cond = body.input("cond", "bool", [])

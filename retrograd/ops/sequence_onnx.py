@@ -19,3 +19,12 @@ def flip_time(g, value: str) -> str:
     big = 2 ** 62
     return g.node("Slice", [value, g.const([-1], "int64"), g.const([-big], "int64"), g.const([0], "int64"),
                             g.const([-1], "int64")])
+
+
+def input_projection(g, x: str, w: str, b: str | None, reverse: bool) -> tuple[str, str]:
+    """(``x`` in processing order, its projection ``x @ w (+ b)`` for every step at once): what a
+    recurrent layer's ``Loop`` reads row by row."""
+    if reverse:
+        x = flip_time(g, x)
+    proj = g.node("MatMul", [x, w])
+    return x, (proj if b is None else g.node("Add", [proj, b]))
