@@ -212,33 +212,32 @@ def run_lce(rows: int, rounds: int) -> list[str]:
     return lines
 
 
-def run_lm(rounds: int) -> list[str]:
-    """The LSTM language model at fractions of store-all's peak and at the least budget named."""
-    rng = np.random.RandomState(0)
-    feed = {"ids": rng.randint(0, LM_V, (LM_T, LM_N)), "labels": rng.randint(0, LM_V, (LM_T, LM_N))}
+def least_budget_setting(build):
+    """The least budget the planner names for ``build`` (its error at a 1-byte budget) as an extra
+    setting for ``run_model``; None when even that fits."""
     try:
-        lm_program(1)
-        least = None
+        build(1)
+        return None
     except rg.ProgramError as exc:
         least = int(re.search(r"the least budget that fits is (\d+) bytes", str(exc)).group(1))
 
     def extra(store: Setting):
         yield f"least ({least / store.peak:.1%})", least
-    return run_model("LSTM-LM", f"T={LM_T}", lm_program, feed, rounds, extra if least else None)
+    return extra
+
+
+def run_lm(rounds: int) -> list[str]:
+    """The LSTM language model at fractions of store-all's peak and at the least budget named."""
+    rng = np.random.RandomState(0)
+    feed = {"ids": rng.randint(0, LM_V, (LM_T, LM_N)), "labels": rng.randint(0, LM_V, (LM_T, LM_N))}
+    return run_model("LSTM-LM", f"T={LM_T}", lm_program, feed, rounds, least_budget_setting(lm_program))
 
 
 def run_tfm(rng, rounds: int) -> list[str]:
     """The transformer stack at fractions of store-all's peak and at the least budget named."""
     feed = {"ids": rng.randint(0, TFM_V, (TFM_B, TFM_L)), "labels": rng.randint(0, TFM_V, (TFM_B, TFM_L))}
-    try:
-        transformer_program(1)
-        least = None
-    except rg.ProgramError as exc:
-        least = int(re.search(r"the least budget that fits is (\d+) bytes", str(exc)).group(1))
-
-    def extra(store: Setting):
-        yield f"least ({least / store.peak:.1%})", least
-    return run_model("TFM-4", f"B={TFM_B},L={TFM_L}", transformer_program, feed, rounds, extra if least else None)
+    return run_model("TFM-4", f"B={TFM_B},L={TFM_L}", transformer_program, feed, rounds,
+                     least_budget_setting(transformer_program))
 
 
 # --- measuring ---------------------------------------------------------------------------------------
