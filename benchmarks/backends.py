@@ -114,7 +114,8 @@ def retrograd_lstm(problem: dict, backend: str, device: str | None,
     return run, results
 
 
-def torch_lstm(problem: dict, device: str) -> tuple[Callable, Callable]:
+def torch_lstm_module(problem: dict, device: str):
+    """(``torch.nn.LSTM`` with ``problem``'s weights, x as a leaf needing its gradient)."""
     import torch
     h = problem["w_hh"].shape[0]
     module = torch.nn.LSTM(h, h).to(device)
@@ -123,7 +124,12 @@ def torch_lstm(problem: dict, device: str) -> tuple[Callable, Callable]:
         module.weight_hh_l0.copy_(torch.from_numpy(problem["w_hh"].T))
         module.bias_ih_l0.copy_(torch.from_numpy(problem["b"]))
         module.bias_hh_l0.zero_()
-    x = torch.from_numpy(problem["x"]).to(device).requires_grad_(True)
+    return module, torch.from_numpy(problem["x"]).to(device).requires_grad_(True)
+
+
+def torch_lstm(problem: dict, device: str) -> tuple[Callable, Callable]:
+    import torch
+    module, x = torch_lstm_module(problem, device)
     params = [module.weight_ih_l0, module.weight_hh_l0, module.bias_ih_l0]
 
     def run():

@@ -235,14 +235,7 @@ def compiled_lstm(problem: dict, device: str):
     import torch
 
     def build():
-        h = problem["w_hh"].shape[0]
-        module = torch.nn.LSTM(h, h).to(device)
-        with torch.no_grad():
-            module.weight_ih_l0.copy_(torch.from_numpy(problem["w_ih"].T))
-            module.weight_hh_l0.copy_(torch.from_numpy(problem["w_hh"].T))
-            module.bias_ih_l0.copy_(torch.from_numpy(problem["b"]))
-            module.bias_hh_l0.zero_()
-        x = torch.from_numpy(problem["x"]).to(device).requires_grad_(True)
+        module, x = bk.torch_lstm_module(problem, device)
         params = [x, module.weight_ih_l0, module.weight_hh_l0, module.bias_ih_l0]
 
         @torch.compile

@@ -41,6 +41,7 @@ from .creation import constant
 from .lowering import lowers
 from .math import matmul, sqrt, unbroadcast, where
 from .nn import softmax
+from .norm import sum_present
 from .reduce import sum as reduce_sum
 from .registry import append_op, defop
 from .shapes import broadcast_shapes, require_float
@@ -358,16 +359,6 @@ def attention_probs(q: Var, k: Var, mask: Var | None, causal: bool, scale) -> Va
     return where(keep, softmax(where(keep, s, lowest)), 0.0)
 
 
-def _sum(*terms):
-    present = [t for t in terms if t is not None]
-    if not present:
-        return None
-    total = present[0]
-    for t in present[1:]:
-        total = total + t
-    return total
-
-
 def _attention_grad_grad(g):
     """Gradient of ScaledDotProductAttentionGrad w.r.t. q, k, v, mask and dout, written with ops.
 
@@ -390,24 +381,24 @@ def _attention_grad_grad(g):
     dp = matmul(dout, v, transpose_y=True)
     centred = dp - reduce_sum(dout * out, axis=-1, keepdims=True)
     ds = p * centred
-    gs = _sum(None if a is None else matmul(a, k, transpose_y=True) * c,
+    gs = sum_present(None if a is None else matmul(a, k, transpose_y=True) * c,
               None if b is None else matmul(q, b, transpose_y=True) * c, e)
     gdp = gdelta = go = None
     if gs is not None:
         gdp = gs * p
         gdelta = -reduce_sum(gdp, axis=-1, keepdims=True)
         go = gdelta * dout
-    gp = _sum(None if cv is None else matmul(dout, cv, transpose_y=True),
+    gp = sum_present(None if cv is None else matmul(dout, cv, transpose_y=True),
               None if gs is None else gs * centred,
               None if go is None else matmul(go, v, transpose_y=True))
     g_scores = None if gp is None else p * (gp - reduce_sum(gp * p, axis=-1, keepdims=True))
-    gq = _sum(None if b is None else matmul(ds, b) * c,
+    gq = sum_present(None if b is None else matmul(ds, b) * c,
               None if g_scores is None else matmul(g_scores, k) * c)
-    gk = _sum(None if a is None else matmul(ds, a, transpose_x=True) * c,
+    gk = sum_present(None if a is None else matmul(ds, a, transpose_x=True) * c,
               None if g_scores is None else matmul(g_scores, q, transpose_x=True) * c)
-    gv = _sum(None if gdp is None else matmul(gdp, dout, transpose_x=True),
+    gv = sum_present(None if gdp is None else matmul(gdp, dout, transpose_x=True),
               None if go is None else matmul(p, go, transpose_x=True))
-    gdout = _sum(None if cv is None else matmul(p, cv),
+    gdout = sum_present(None if cv is None else matmul(p, cv),
                  None if gdp is None else matmul(gdp, v),
                  None if gdelta is None else gdelta * out)
     others = (q, k, v, dout)
