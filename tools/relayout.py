@@ -1,0 +1,199 @@
+"""Milestone 4's package layout (issue 31): move modules, rewrite every import that names them.
+
+Deterministic and re-runnable on any branch based on the old layout (the lead runs it on each
+helper branch before merging, so both sides make the same moves). Usage:
+    python tools/relayout.py [ROOT]
+"""
+from __future__ import annotations
+
+import ast
+import pathlib
+import re
+import subprocess
+import sys
+
+OPS_FAMILIES = {
+    "core": {"registry": "registry", "lowering": "lowering", "shapes": "shapes", "calls": "calls",
+             "subblocks": "subblocks", "subblock_grad": "subblock_grad", "streams": "streams"},
+    "math": {"math": "elementwise", "activation": "activation", "special": "special",
+             "logic": "logic", "trig": "trig", "rounding_division": "rounding_division"},
+    "reduce": {"reduce": "reductions", "extrema": "extrema", "cumulative": "cumulative"},
+    "array": {"creation": "creation", "tensor": "tensor", "shape_ops": "shape_ops",
+              "indexing": "indexing", "einsum": "einsum", "random_ops": "random_ops"},
+    "nn": {"nn": "softmax_dropout", "conv": "conv", "pool": "pool", "windows_onnx": "windows_onnx",
+           "norm": "norm", "batch_norm": "batch_norm", "attention": "attention", "heads": "heads",
+           "losses": "losses", "linear_cross_entropy": "linear_cross_entropy"},
+    "control": {"cond": "cond", "do": "do", "while_loop": "while_loop", "loop_grad": "loop_grad",
+                "loop_stacks": "loop_stacks", "scan": "scan", "tensor_array": "tensor_array",
+                "custom_gradient": "custom_gradient"},
+    "recurrent": {"recurrent": "network", "recurrent_grad": "network_grad",
+                  "recurrent_grad_scan": "network_grad_scan", "recurrent_onnx": "network_onnx",
+                  "recurrent_outputs": "outputs", "recurrent_steps": "steps", "rnn_cells": "cells",
+                  "lstm_sequence": "lstm_sequence", "gru_sequence": "gru_sequence",
+                  "sequence": "reverse_sequence", "sequence_onnx": "sequence_onnx"},
+}
+TOP = {  # the command and the models leave the library's top level
+    "charlm": "models.charlm", "transformer_lm": "models.transformer_lm",
+    "generation": "models.generation", "cli": "cli.main", "train": "cli.train",
+    "sample": "cli.sample", "termplot": "cli.termplot", "plot": "cli.plot",
+    "onnx.sampler": "cli.onnx_sampler",
+}
+NEW_PACKAGES = [f"ops/{f}" for f in OPS_FAMILIES] + ["models", "cli"]
+
+
+def module_map() -> dict[str, str]:
+    moves = {f"retrograd.{old}": f"retrograd.{new}" for old, new in TOP.items()}
+    for family, mods in OPS_FAMILIES.items():
+        for old, new in mods.items():
+            moves[f"retrograd.ops.{old}"] = f"retrograd.ops.{family}.{new}"
+    return moves
+
+
+def module_of(path: pathlib.Path, root: pathlib.Path) -> str:
+    parts = list(path.relative_to(root).with_suffix("").parts)
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def path_of(module: str, root: pathlib.Path, is_package: bool) -> pathlib.Path:
+    base = root.joinpath(*module.split("."))
+    return base / "__init__.py" if is_package else base.with_suffix(".py")
+
+
+def resolve(node: ast.ImportFrom, module: str, is_package: bool) -> str:
+    if not node.level:
+        return node.module or ""
+    package = module.split(".") if is_package else module.split(".")[:-1]
+    base = package[:len(package) - node.level + 1]
+    return ".".join(base + ([node.module] if node.module else []))
+
+
+def relative(target: str, new_module: str, is_package: bool) -> str:
+    """`target` written relative to the module `new_module`."""
+    here = new_module.split(".") if is_package else new_module.split(".")[:-1]
+    there = target.split(".")
+    common = 0
+    while common < min(len(here), len(there)) and here[common] == there[common]:
+        common += 1
+    dots = "." * (len(here) - common + 1)
+    return dots + ".".join(there[common:])
+
+
+def remap(name: str, moves: dict[str, str]) -> str:
+    for old in sorted(moves, key=len, reverse=True):
+        if name == old or name.startswith(old + "."):
+            return moves[old] + name[len(old):]
+    return name
+
+
+def rewrite_source(text: str, module: str, new_module: str, is_package: bool,
+                   moves: dict[str, str], known: set[str], inside: bool) -> str:
+    tree = ast.parse(text)
+    lines = text.splitlines(keepends=True)
+    edits = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and (node.level or (node.module or "").startswith("retrograd")):
+            edits.append((node, from_import(node, module, new_module, is_package, moves, known, inside)))
+        elif isinstance(node, ast.Import) and any(a.name.startswith("retrograd.") for a in node.names):
+            names = ", ".join(remap(a.name, moves) + (f" as {a.asname}" if a.asname else "")
+                              for a in node.names)
+            edits.append((node, f"import {names}"))
+    for node, new in sorted(edits, key=lambda e: (e[0].lineno, e[0].col_offset), reverse=True):
+        if new is None:
+            continue
+        start = sum(len(l) for l in lines[:node.lineno - 1]) + node.col_offset
+        end = sum(len(l) for l in lines[:node.end_lineno - 1]) + node.end_col_offset
+        flat = "".join(lines)
+        flat = flat[:start] + new + flat[end:]
+        lines = flat.splitlines(keepends=True)
+    return "".join(lines)
+
+
+def from_import(node, module, new_module, is_package, moves, known, inside):
+    target = resolve(node, module, is_package)
+    groups: dict[str, list[str]] = {}
+    for alias in node.names:
+        sub = f"{target}.{alias.name}"
+        spelled = alias.name + (f" as {alias.asname}" if alias.asname else "")
+        if sub in known and remap(sub, moves) != sub:   # `from pkg import module`, moved
+            parent, _, leaf = remap(sub, moves).rpartition(".")
+            spelled = leaf + (f" as {alias.asname}" if alias.asname else f" as {alias.name}"
+                              if leaf != alias.name else "")
+            groups.setdefault(parent, []).append(spelled)
+        else:
+            groups.setdefault(remap(target, moves), []).append(spelled)
+    if list(groups) == [target] and module == new_module:
+        return None
+    out = []
+    for new_target, names in groups.items():
+        spelled = relative(new_target, new_module, is_package) if inside else new_target
+        if len(names) == len(node.names) and len(groups) == 1:
+            segment = original_names(node)
+            out.append(f"from {spelled} import {segment}")
+        else:
+            out.append(f"from {spelled} import {', '.join(names)}")
+    indent = "\n" + " " * node.col_offset
+    return indent.join(out)
+
+
+def original_names(node) -> str:
+    names = ", ".join(a.name + (f" as {a.asname}" if a.asname else "") for a in node.names)
+    return f"({names})" if len(names) > 70 else names
+
+
+KEEP_SPELLING = {"retrograd.onnx.sampler"}   # `python -m retrograd.onnx.sampler`: a contract command
+
+
+def rewrite_strings(text: str, moves: dict[str, str]) -> str:
+    for old in sorted(set(moves) - KEEP_SPELLING, key=len, reverse=True):
+        text = re.sub(re.escape(old) + r"(?![\w])", moves[old], text)
+    return text
+
+
+def main(root: pathlib.Path) -> None:
+    moves = module_map()
+    pkg_root = root
+    files = {}
+    for path in sorted((root / "retrograd").rglob("*.py")):
+        files[module_of(path, pkg_root)] = path
+    known = set(files)
+    # 1. rewrite imports inside the package as they will read from the new locations
+    for module, path in files.items():
+        is_package = path.name == "__init__.py"
+        new_module = remap(module, moves)
+        text = path.read_text()
+        new = rewrite_source(text, module, new_module, is_package, moves, known, inside=True)
+        new = rewrite_strings(new, moves)
+        if new != text:
+            path.write_text(new)
+    # 2. files outside the package: absolute imports and dotted strings
+    for sub in ("tests", "benchmarks", "examples", "docs", "tools"):
+        for path in sorted((root / sub).rglob("*")) if (root / sub).exists() else []:
+            if path.suffix not in (".py", ".md") or path.name == "relayout.py":
+                continue
+            text = path.read_text()
+            new = text
+            if path.suffix == ".py":
+                try:
+                    new = rewrite_source(text, "", "", False, moves, known, inside=False)
+                except SyntaxError:
+                    pass
+            new = rewrite_strings(new, moves)
+            if new != text:
+                path.write_text(new)
+    for extra in ("pyproject.toml", ".ci/run"):
+        p = root / extra
+        if p.exists():
+            p.write_text(rewrite_strings(p.read_text(), moves).replace(
+                '"retrograd.cli.main:main"', '"retrograd.cli:main"'))
+    # 3. move the files
+    for package in NEW_PACKAGES:
+        (root / "retrograd" / package).mkdir(parents=True, exist_ok=True)
+    for old, new in moves.items():
+        src = path_of(old, root, False)
+        if src.exists():
+            subprocess.run(["git", "mv", str(src), str(path_of(new, root, False))],
+                           cwd=root, check=True)
+
+
+if __name__ == "__main__":
+    main(pathlib.Path(sys.argv[1] if len(sys.argv) > 1 else ".").resolve())
