@@ -10,6 +10,7 @@ import ast
 import pathlib
 import re
 import subprocess
+import textwrap
 import sys
 
 OPS_FAMILIES = {
@@ -126,18 +127,20 @@ def from_import(node, module, new_module, is_package, moves, known, inside):
     out = []
     for new_target, names in groups.items():
         spelled = relative(new_target, new_module, is_package) if inside else new_target
-        if len(names) == len(node.names) and len(groups) == 1:
-            segment = original_names(node)
-            out.append(f"from {spelled} import {segment}")
-        else:
-            out.append(f"from {spelled} import {', '.join(names)}")
+        out.append(wrapped(f"from {spelled} import ", names, node.col_offset))
     indent = "\n" + " " * node.col_offset
     return indent.join(out)
 
 
-def original_names(node) -> str:
-    names = ", ".join(a.name + (f" as {a.asname}" if a.asname else "") for a in node.names)
-    return f"({names})" if len(names) > 70 else names
+def wrapped(head: str, names: list[str], indent: int) -> str:
+    """`head` + names, in parentheses over several lines when one would pass 100 columns."""
+    flat = head + ", ".join(names)
+    if indent + len(flat) <= 88:   # leaves room for a trailing `# noqa` comment
+        return flat
+    lines = textwrap.wrap(", ".join(names), width=99 - indent - len(head) - 1,
+                          break_on_hyphens=False)
+    pad = "\n" + " " * (indent + len(head) + 1)
+    return head + "(" + pad.join(lines) + ")"
 
 
 KEEP_SPELLING = {"retrograd.onnx.sampler"}   # `python -m retrograd.onnx.sampler`: a contract command
