@@ -147,9 +147,11 @@ KEEP_SPELLING = {"retrograd.onnx.sampler"}   # `python -m retrograd.onnx.sampler
 
 
 def rewrite_strings(text: str, moves: dict[str, str]) -> str:
-    for old in sorted(set(moves) - KEEP_SPELLING, key=len, reverse=True):
-        text = re.sub(re.escape(old) + r"(?![\w])", moves[old], text)
-    return text
+    """Dotted module names in text; a name already in its new spelling is left as it is."""
+    table = {old: new for old, new in moves.items() if old not in KEEP_SPELLING}
+    table.update({new: new for new in moves.values()})
+    pattern = "|".join(re.escape(name) for name in sorted(table, key=len, reverse=True))
+    return re.sub(f"(?:{pattern})(?![\\w])", lambda m: table[m.group(0)], text)
 
 
 def main(root: pathlib.Path) -> None:
