@@ -6,9 +6,10 @@ import numpy as np
 import pytest
 
 import retrograd as rg
-from retrograd import charlm
-from retrograd.charlm import (BUILTIN_VOCAB, UNKNOWN_SYMBOL, ModelConfig, TrainError, Vocab, check_seq_len,
-                              load_text, make_lr, make_optimizer, read_record, run_record)
+from retrograd.models import charlm
+from retrograd.models.charlm import (BUILTIN_VOCAB, UNKNOWN_SYMBOL, ModelConfig, TrainError, Vocab,
+                                     check_seq_len, load_text, make_lr, make_optimizer,
+                                     read_record, run_record)
 
 
 def test_vocab_of_a_text_is_its_characters_plus_the_unknown_symbol():

@@ -5,7 +5,8 @@ import numpy as np
 import pytest
 
 import retrograd as rg
-from retrograd import charlm, cli
+from retrograd.models import charlm
+from retrograd.cli.main import main as cli
 
 torch = pytest.importorskip("torch")
 

@@ -24,7 +24,7 @@ def retrograd(*args: str, cwd: Path | None = None) -> subprocess.CompletedProces
 
 def in_process(*args: str) -> subprocess.CompletedProcess:
     """The same command run by ``retrograd.cli.main`` in this process: faster, same output."""
-    from retrograd.cli import main
+    from retrograd.cli.main import main
     out, err = io.StringIO(), io.StringIO()
     with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
         try:
@@ -67,7 +67,7 @@ def test_unknown_option_is_a_usage_error(capsys):
     done = retrograd("--frobnicate")
     assert done.returncode == 2
     assert "usage:" in done.stderr and "Traceback" not in done.stderr
-    from retrograd.cli import main
+    from retrograd.cli.main import main
     for args in (["show", "x.json", "--frobnicate"], ["graph"], ["graph", "a.json", "-o"]):
         with pytest.raises(SystemExit) as info:
             main(args)
@@ -125,7 +125,7 @@ def test_graph_writes_dot(saved, tmp_path):
 
 
 def test_graph_nests_sub_blocks_in_clusters(tmp_path, call_block):
-    from retrograd.cli import program_to_dot
+    from retrograd.cli.main import program_to_dot
     program = Program()
     g = program.global_block()
     g.create_var("x", [2], is_data=True)
@@ -180,7 +180,7 @@ def test_readme_example_runs(capsys):
 
 
 def test_main_is_callable_in_process(saved, capsys):
-    from retrograd.cli import main
+    from retrograd.cli.main import main
     path, program = saved
     assert main(["show", str(path)]) == 0
     assert capsys.readouterr().out.rstrip("\n") == str(program)

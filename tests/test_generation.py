@@ -7,8 +7,8 @@ import numpy as np
 import pytest
 
 import retrograd as rg
-from retrograd.charlm import ModelConfig, build_sampler, build_training
-from retrograd.generation import build_generator, generate_text, run_generator
+from retrograd.models.charlm import ModelConfig, build_sampler, build_training
+from retrograd.models.generation import build_generator, generate_text, run_generator
 
 pytestmark = pytest.mark.engine
 

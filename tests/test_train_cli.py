@@ -16,8 +16,8 @@ import numpy as np
 import pytest
 
 import retrograd as rg
-from retrograd import train
-from retrograd.generation import generate_text
+from retrograd.cli.main import train
+from retrograd.models.generation import generate_text
 
 SMALL = ["--hidden", "32", "--embed", "16", "--seq-len", "16", "--batch", "8", "--sample-len", "40",
          "--backend", "numpy"]
@@ -340,12 +340,12 @@ def test_config_is_read_from_the_parameter_names():
 
 
 def train_config(params):
-    from retrograd.charlm import config_from_params
+    from retrograd.models.charlm import config_from_params
     return config_from_params(params, "f.npz")
 
 
 def test_loss_curve_is_drawn_from_the_losses():
-    from retrograd.termplot import loss_curve
+    from retrograd.cli.termplot import loss_curve
     text = loss_curve([4.0, 3.0, 2.0, 1.0], {2: 4.0}, first_step=1, width=4, height=4)
     assert text.splitlines()[:6] == [
         "  4.000 |*o",
@@ -617,7 +617,7 @@ def test_backend_auto_is_the_default_and_names_what_it_chose(tmp_path):
 
 def test_backend_auto_keeps_the_engine_out_of_a_recompute_budget():
     import argparse
-    from retrograd.train import choose_backend
+    from retrograd.cli.train import choose_backend
     args = argparse.Namespace(backend="auto", device=None, graphs=False, recompute=200_000)
     assert choose_backend(args) in ("torch", "numpy")
     assert choose_backend(argparse.Namespace(backend="numpy", device=None, graphs=False, recompute=None)) == "numpy"

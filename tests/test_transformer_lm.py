@@ -7,9 +7,9 @@ import numpy as np
 import pytest
 
 import retrograd as rg
-from retrograd.charlm import ModelConfig
-from retrograd.generation import build_generator, run_generator
-from retrograd.transformer_lm import time_major_logits, transformer_logits
+from retrograd.models.charlm import ModelConfig
+from retrograd.models.generation import build_generator, run_generator
+from retrograd.models.transformer_lm import time_major_logits, transformer_logits
 
 pytestmark = pytest.mark.engine
 

@@ -42,12 +42,12 @@ from typing import Callable, Mapping
 import numpy as np
 
 from ..autodiff.rewrites import register_backward_rewrite
-from ..ops.linear_cross_entropy import CHUNK_BYTES
+from ..ops.nn.linear_cross_entropy import CHUNK_BYTES
 from ..passes.expand_fused import expand_fused_ops
 from ..passes.fuse_linear_loss import fuse_linear_cross_entropy
 from ..errors import ProgramError
 from ..ir.program import Block, Program, Var
-from ..ops.recurrent_steps import is_budget
+from ..ops.recurrent.steps import is_budget
 from .auto import build_model
 from .binomial import Units, apply_binomial
 from .lifetimes import ForwardValues

@@ -41,15 +41,15 @@ from ..backends import dtype_name
 from ..errors import ExecutionError, ProgramError, ShapeError
 from ..ir.analysis import op_reads
 from ..ir.program import Block, Op, Var
-from ..ops.recurrent_grad import TimeBatches, build_backward_step, gradient_request
-from ..ops.recurrent_steps import (BUDGET_VARIANTS, BudgetVariant, Held, RnnLayout, add_optional,
-                                   check_state_shape, fresh_name, per_state, step_mask,
-                                   time_steps, timestep_value)
-from ..ops.recurrent_steps import StepRunner as BlockRunner
-from ..ops import streams
-from ..ops.lowering import lowers
-from ..ops.recurrent_onnx import backward_loop_onnx, forward_loop_onnx
-from ..ops.registry import GradCtx, append_op, defop
+from ..ops.recurrent.network_grad import (TimeBatches, build_backward_step, gradient_request)
+from ..ops.recurrent.steps import (BUDGET_VARIANTS, BudgetVariant, Held, RnnLayout, add_optional,
+                                   check_state_shape, fresh_name, per_state, step_mask, time_steps,
+                                   timestep_value)
+from ..ops.recurrent.steps import StepRunner as BlockRunner
+from ..ops.core import streams
+from ..ops.core.lowering import lowers
+from ..ops.recurrent.network_onnx import backward_loop_onnx, forward_loop_onnx
+from ..ops.core.registry import GradCtx, append_op, defop
 from .recompute import seen_from
 from .schedules import Plan, StepRunner, budget_plan, make_plan, minimum_budget, run_backward
 from .step_rows import (BatchedSteps, InputRows, OutputRows, input_row_ops, output_row_ops, row_bytes,

@@ -27,8 +27,8 @@ import numpy as np
 
 from ..errors import ShapeError
 from ..ir.program import Var
-from ..ops.lowering import lowers
-from ..ops.registry import defop
+from ..ops.core.lowering import lowers
+from ..ops.core.registry import defop
 from .ops import STEP_DTYPE, adam_math, check_rate, decay_factor_onnx, rate_onnx
 
 GROUPS = ("param", "grad", "moment1", "moment2", "step")

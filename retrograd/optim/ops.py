@@ -29,9 +29,9 @@ from __future__ import annotations
 
 from ..errors import ShapeError
 from ..ir.program import Var
-from ..ops.registry import append_op, defop
-from ..ops.lowering import lowers
-from ..ops.shapes import require_float, shapes_compatible
+from ..ops.core.registry import append_op, defop
+from ..ops.core.lowering import lowers
+from ..ops.core.shapes import require_float, shapes_compatible
 
 STEP_DTYPE = "int64"
 

@@ -22,7 +22,7 @@ from ..autodiff import append_backward
 from ..errors import ProgramError
 from ..ir.builder import default_startup_program, program_guard
 from ..ir.program import Program, Var
-from ..ops.tensor import cast
+from ..ops.array.tensor import cast
 from . import ops
 from .clip import clip_by_global_norm
 from .lr import Schedule

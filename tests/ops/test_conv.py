@@ -271,8 +271,8 @@ def test_torch_backend_uses_atens_explicit_backward_ops(backend, monkeypatch):
 @pytest.mark.engine_skip("zero-stride NumPy views are an array backend's concern")
 def test_shape_only_inputs_may_be_zero_stride_stand_ins(backend):
     """The gradient ops read their ``*_like`` input for its shape alone (a pass may bind a stand-in)."""
-    from retrograd.ops.conv import conv_input_grad, conv_weight_grad
-    from retrograd.ops.pool import avg_pool_grad, max_pool_grad
+    from retrograd.ops.nn.conv import conv_input_grad, conv_weight_grad
+    from retrograd.ops.nn.pool import avg_pool_grad, max_pool_grad
     r = np.random.default_rng(8)
     conv = {"strides": [2, 1], "pads": [1, 0, 0, 2], "dilations": [1, 2], "groups": 2}
     pool = {"kernel": [3, 3], "strides": [2, 1], "pads": [1, 1, 1, 1]}

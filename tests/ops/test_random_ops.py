@@ -165,7 +165,7 @@ def test_bad_arguments_are_refused_when_built():
 def test_the_backward_recomputes_the_forwards_draws(backend):
     """Loop bodies and recurrent steps are replayed in the backward: their draws must repeat
     (else the gradients would not match finite differences)."""
-    from retrograd.ops.recurrent import recurrent
+    from retrograd.ops.recurrent.network import recurrent
 
     def looped(x, w):
         def body(i, y):

@@ -15,7 +15,7 @@ import pytest
 torch = pytest.importorskip("torch", reason="the reference values come from PyTorch (pip install torch)")
 
 import retrograd as rg
-from retrograd.ops.rnn_cells import gru_unit_grad, lstm_unit_grad
+from retrograd.ops.recurrent.cells import gru_unit_grad, lstm_unit_grad
 from retrograd.testing import check_gradients
 
 N, H = 3, 4

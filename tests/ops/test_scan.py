@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 import retrograd as rg
-from retrograd.ops.tensor import dim
+from retrograd.ops.array.tensor import dim
 from retrograd.testing import build_program as build
 
 torch = pytest.importorskip("torch", reason="the references are PyTorch Python loops")
