@@ -2,7 +2,8 @@
 
 Deterministic and re-runnable on any branch based on the old layout (the lead runs it on each
 helper branch before merging, so both sides make the same moves). Usage:
-    python tools/relayout.py [ROOT]
+    python tools/relayout.py [ROOT]          # the package (then add the family __init__ files)
+    python tools/relayout.py tests [ROOT]    # the tests, mirroring it
 """
 from __future__ import annotations
 
@@ -39,6 +40,18 @@ TOP = {  # the command and the models leave the library's top level
     "sample": "cli.sample", "termplot": "cli.termplot", "plot": "cli.plot",
     "onnx.sampler": "cli.onnx_sampler",
 }
+TEST_FAMILIES = {  # tests mirror the package
+    "ops/math": ["activation", "special", "trig", "rounding_division"],
+    "ops/reduce": ["reduce", "extrema", "cumulative"],
+    "ops/array": ["indexing", "einsum", "shape_ops", "random_ops"],
+    "ops/nn": ["attention", "conv", "norm", "losses", "linear_cross_entropy"],
+    "ops/control": ["cond", "control_flow", "custom_gradient", "scan", "tensor_array", "while_loop",
+                    "random_in_loops", "readme_loops_complete"],
+    "ops/recurrent": ["recurrent", "recurrent_grad", "recurrent_onnx", "recurrent_outputs",
+                      "rnn_cells", "lstm_sequence", "gru_sequence", "readme_control_flow_recurrent"],
+}
+TEST_TOP = {"cli": ["cli", "train_cli"],
+            "models": ["charlm", "charlm_fused", "transformer_lm", "generation"]}
 NEW_PACKAGES = [f"ops/{f}" for f in OPS_FAMILIES] + ["models", "cli"]
 
 
@@ -200,5 +213,42 @@ def main(root: pathlib.Path) -> None:
                            cwd=root, check=True)
 
 
+def test_moves() -> dict[str, str]:
+    moves = {}
+    for family, names in TEST_FAMILIES.items():
+        for name in names:
+            moves[f"tests/ops/test_{name}.py"] = f"tests/{family}/test_{name}.py"
+    for folder, names in TEST_TOP.items():
+        for name in names:
+            moves[f"tests/test_{name}.py"] = f"tests/{folder}/test_{name}.py"
+    return moves
+
+
+def deeper(text: str) -> str:
+    """Paths a test builds from its own file, one folder deeper."""
+    text = re.sub(r"parents\[(\d)\]", lambda m: f"parents[{int(m.group(1)) + 1}]", text)
+    return text.replace(".parent.parent", ".parents[2]")
+
+
+def move_tests(root: pathlib.Path) -> None:
+    moves = test_moves()
+    for old, new in moves.items():
+        src, dst = root / old, root / new
+        if not src.exists():
+            continue
+        dst.parent.mkdir(parents=True, exist_ok=True)
+        src.write_text(deeper(src.read_text()))
+        subprocess.run(["git", "mv", old, new], cwd=root, check=True)
+    for listing in (root / ".ci/run", ):
+        text = listing.read_text()
+        for old, new in moves.items():
+            text = re.sub(re.escape(old) + r"(?![\w])", new, text)
+        listing.write_text(text)
+
+
 if __name__ == "__main__":
-    main(pathlib.Path(sys.argv[1] if len(sys.argv) > 1 else ".").resolve())
+    ROOT = pathlib.Path(sys.argv[2] if len(sys.argv) > 2 else ".").resolve()
+    if sys.argv[1:2] == ["tests"]:
+        move_tests(ROOT)
+    else:
+        main(pathlib.Path(sys.argv[1] if len(sys.argv) > 1 else ".").resolve())
