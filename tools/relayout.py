@@ -4,6 +4,7 @@ Deterministic and re-runnable on any branch based on the old layout (the lead ru
 helper branch before merging, so both sides make the same moves). Usage:
     python tools/relayout.py [ROOT]          # the package (then add the family __init__ files)
     python tools/relayout.py tests [ROOT]    # the tests, mirroring it
+    python tools/relayout.py optim-ops [ROOT]   # the optimizers' update ops into ops/optim
 """
 from __future__ import annotations
 
@@ -53,9 +54,13 @@ TEST_FAMILIES = {  # tests mirror the package
 TEST_TOP = {"cli": ["cli", "train_cli"],
             "models": ["charlm", "charlm_fused", "transformer_lm", "generation"]}
 NEW_PACKAGES = [f"ops/{f}" for f in OPS_FAMILIES] + ["models", "cli"]
+# Phase 3: the optimizers' update ops are ops (a pass fuses them; passes sit below optim).
+OPTIM_OPS = {"optim.ops": "ops.optim.updates", "optim.fused": "ops.optim.fused_adam"}
 
 
-def module_map() -> dict[str, str]:
+def module_map(phase: str = "package") -> dict[str, str]:
+    if phase == "optim-ops":
+        return {f"retrograd.{old}": f"retrograd.{new}" for old, new in OPTIM_OPS.items()}
     moves = {f"retrograd.{old}": f"retrograd.{new}" for old, new in TOP.items()}
     for family, mods in OPS_FAMILIES.items():
         for old, new in mods.items():
@@ -167,8 +172,8 @@ def rewrite_strings(text: str, moves: dict[str, str]) -> str:
     return re.sub(f"(?:{pattern})(?![\\w])", lambda m: table[m.group(0)], text)
 
 
-def main(root: pathlib.Path) -> None:
-    moves = module_map()
+def main(root: pathlib.Path, phase: str = "package") -> None:
+    moves = module_map(phase)
     pkg_root = root
     files = {}
     for path in sorted((root / "retrograd").rglob("*.py")):
@@ -204,7 +209,7 @@ def main(root: pathlib.Path) -> None:
             p.write_text(rewrite_strings(p.read_text(), moves).replace(
                 '"retrograd.cli.main:main"', '"retrograd.cli:main"'))
     # 3. move the files
-    for package in NEW_PACKAGES:
+    for package in NEW_PACKAGES + ["ops/optim"]:
         (root / "retrograd" / package).mkdir(parents=True, exist_ok=True)
     for old, new in moves.items():
         src = path_of(old, root, False)
@@ -250,5 +255,7 @@ if __name__ == "__main__":
     ROOT = pathlib.Path(sys.argv[2] if len(sys.argv) > 2 else ".").resolve()
     if sys.argv[1:2] == ["tests"]:
         move_tests(ROOT)
+    elif sys.argv[1:2] == ["optim-ops"]:
+        main(ROOT, "optim-ops")
     else:
         main(pathlib.Path(sys.argv[1] if len(sys.argv) > 1 else ".").resolve())

@@ -9,5 +9,6 @@ onnxruntime engine uses), the per-op lowerings next to each op
 from __future__ import annotations
 
 from .export import export  # noqa: F401
+from . import engine  # noqa: F401  (registers the onnxruntime engine with the runtime)
 
 __all__ = ["export"]

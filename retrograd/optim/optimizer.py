@@ -23,7 +23,7 @@ from ..errors import ProgramError
 from ..ir.builder import default_startup_program, program_guard
 from ..ir.program import Program, Var
 from ..ops.array.tensor import cast
-from . import ops
+from ..ops.optim import updates as ops
 from .clip import clip_by_global_norm
 from .lr import Schedule
 from .state import create_state, state_name

@@ -6,7 +6,7 @@ from typing import Sequence
 
 import numpy as np
 
-from ... import backend
+from ...backends.base import dtype_of
 from ...errors import ProgramError, ShapeError
 from ...ir.builder import current_block, default_main_program, default_startup_program
 from ...ir.dtypes import canonical, is_float
@@ -114,7 +114,7 @@ def scalar_like(value, other: Var) -> Var:
 @defop("Fill", inputs=(), infer=_attr_shape)
 def _fill(k):
     """A tensor of one value with a shape known when the program is built."""
-    return k.xp.full(tuple(k.attrs["shape"]), k.attrs["value"], dtype=backend.dtype_of(k.xp, k.attrs["dtype"]))
+    return k.xp.full(tuple(k.attrs["shape"]), k.attrs["value"], dtype=dtype_of(k.xp, k.attrs["dtype"]))
 
 
 @lowers("Fill")
@@ -143,7 +143,7 @@ def _fill_like_rule(ins, attrs):
 def _fill_like(k, x):
     """A tensor shaped like ``x`` (at run time) filled with one value."""
     dtype = k.attrs.get("dtype") or str(x.dtype)
-    return k.xp.full(x.shape, k.attrs["value"], dtype=backend.dtype_of(k.xp, dtype))
+    return k.xp.full(x.shape, k.attrs["value"], dtype=dtype_of(k.xp, dtype))
 
 
 @lowers("FillLike")

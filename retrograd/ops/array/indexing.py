@@ -22,7 +22,7 @@ from typing import Sequence
 
 import numpy as np
 
-from ... import backend
+from ...backends.base import dtype_name, dtype_of
 from ...errors import ProgramError, ShapeError, kernel_failure
 from ...ir.location import here
 from ...ir.program import OPERATORS, Var, as_int
@@ -532,8 +532,8 @@ def _last_writers(k, ids, n: int):
     order = xp.argsort(ids, stable=True)
     ordered = xp.take(ids, order)
     last_of_run = xp.concat([ordered[1:] != ordered[:-1], xp.ones((1,), dtype=xp.bool)])
-    winners = xp.where(last_of_run, xp.astype(order, backend.dtype_of(xp, "int64")) + 1,
-                       xp.zeros((), dtype=backend.dtype_of(xp, "int64")))
+    winners = xp.where(last_of_run, xp.astype(order, dtype_of(xp, "int64")) + 1,
+                       xp.zeros((), dtype=dtype_of(xp, "int64")))
     return k.backend.scatter_add_rows((n,), "int64", ordered, winners) - 1
 
 
@@ -544,7 +544,7 @@ def _scatter(k, x, ids, updates):
     ids = xp.reshape(check_ids(xp, ids, n, k=k), (-1,))
     rows = xp.reshape(updates, (ids.shape[0],) + tuple(x.shape[1:]))
     if not k.attrs["overwrite"]:
-        return x + k.backend.scatter_add_rows(x.shape, backend.dtype_name(x.dtype), ids, rows)
+        return x + k.backend.scatter_add_rows(x.shape, dtype_name(x.dtype), ids, rows)
     if ids.shape[0] == 0:
         return xp.asarray(x, copy=True)
     last = _last_writers(k, ids, n)

@@ -12,7 +12,7 @@ from typing import Sequence
 
 import numpy as np
 
-from ... import backend
+from ...backends.base import dtype_of
 from ...errors import ProgramError, ShapeError, kernel_failure
 from ...ir.dtypes import canonical, is_float
 from ...ir.program import Var, as_float, as_int, as_ints, as_list
@@ -353,7 +353,7 @@ def _bounds(attrs, values) -> tuple:
 def _arange(k, *bounds):
     """``start, start + step, ...`` below ``stop`` (above, for a negative step), as numpy.arange."""
     start, stop = _bounds(k.attrs, bounds)
-    return k.xp.arange(start, stop, k.attrs["step"], dtype=backend.dtype_of(k.xp, k.attrs["dtype"]))
+    return k.xp.arange(start, stop, k.attrs["step"], dtype=dtype_of(k.xp, k.attrs["dtype"]))
 
 
 @lowers("Arange")

@@ -13,7 +13,7 @@ import builtins
 import math
 from typing import Sequence
 
-from ... import backend
+from ...backends.base import dtype_name, dtype_of
 from ...errors import ProgramError, ShapeError, kernel_failure
 from ...ir.dtypes import canonical, is_float
 from ...ir.program import Var, as_int, as_ints, as_list
@@ -541,7 +541,7 @@ def _gather_grad(k, dy, ids, x):
     """Zeros shaped like ``x`` with each row of ``dy`` added into row ``ids[i]`` (repeats add up)."""
     if k.run.deferred_checks is not None:     # capturing a graph: the forward's check is deferred
         ids = check_ids(k.xp, ids, x.shape[0], k=k)
-    return k.backend.scatter_add_rows(x.shape, backend.dtype_name(dy.dtype), ids, dy)
+    return k.backend.scatter_add_rows(x.shape, dtype_name(dy.dtype), ids, dy)
 
 
 @lowers("GatherGrad")
@@ -584,7 +584,7 @@ def _cast_grad(g):
 
 @defop("Cast", infer=_cast_rule, grad=_cast_grad)
 def _cast(k, x):
-    return k.xp.astype(x, backend.dtype_of(k.xp, k.attrs["dtype"]))
+    return k.xp.astype(x, dtype_of(k.xp, k.attrs["dtype"]))
 
 
 @lowers("Cast")
@@ -740,7 +740,7 @@ def _dim_rule(ins, attrs):
 
 @defop("Dim", infer=_dim_rule, nondiff=(0,), shape_only=(0,))
 def _dim(k, x):
-    return k.xp.asarray(x.shape[normalize_axis(k.attrs["axis"], x.ndim)], dtype=backend.dtype_of(k.xp, "int64"))
+    return k.xp.asarray(x.shape[normalize_axis(k.attrs["axis"], x.ndim)], dtype=dtype_of(k.xp, "int64"))
 
 
 @lowers("Dim")
@@ -760,7 +760,7 @@ def dim(x: Var, axis: int) -> Var:
 
 @defop("Shape", infer=lambda ins, attrs: [((ins[0].ndim,), "int64")], nondiff=(0,), shape_only=(0,))
 def _shape(k, x):
-    return k.xp.asarray(tuple(x.shape), dtype=backend.dtype_of(k.xp, "int64"))
+    return k.xp.asarray(tuple(x.shape), dtype=dtype_of(k.xp, "int64"))
 
 
 @lowers("Shape")

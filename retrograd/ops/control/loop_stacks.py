@@ -4,7 +4,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Sequence
 
-from ... import backend
+from ...backends.base import dtype_of
 from ...errors import ExecutionError
 from ...ir.program import Block
 
@@ -49,7 +49,7 @@ class Kept:
         if not values:
             var = self.block.var(name)
             return xp.zeros((0,) + tuple(max(d, 0) for d in var.shape),
-                            dtype=backend.dtype_of(xp, var.dtype))
+                            dtype=dtype_of(xp, var.dtype))
         shape = tuple(values[0].shape)
         padded = False
         for value in values[1:]:

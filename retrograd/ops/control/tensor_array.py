@@ -32,7 +32,7 @@ import threading
 import weakref
 from typing import Sequence
 
-from ... import backend
+from ...backends.base import dtype_of
 from ...errors import ExecutionError, ProgramError, ShapeError
 from ...ir.dtypes import canonical
 from ...ir.program import Var
@@ -162,7 +162,7 @@ def _element_error(op, arr_shape, x_shape) -> ExecutionError:
 def _tensor_array_new(k):
     """An empty array: [0, *element_shape], unknown sizes 0 (the first write sets them)."""
     shape = (0,) + tuple(max(d, 0) for d in k.attrs["element_shape"])
-    return k.xp.zeros(shape, dtype=backend.dtype_of(k.xp, k.attrs["dtype"]))
+    return k.xp.zeros(shape, dtype=dtype_of(k.xp, k.attrs["dtype"]))
 
 
 @lowers("TensorArrayNew")
@@ -187,7 +187,7 @@ def _tensor_array_write(k, arr, i, x):
         raise write_error(k.op, i, n)
     if n and tuple(arr.shape[1:]) != tuple(x.shape):
         raise _element_error(k.op, arr.shape, x.shape)
-    size = xp.asarray(n, dtype=backend.dtype_of(xp, "int64"))
+    size = xp.asarray(n, dtype=dtype_of(xp, "int64"))
     if i == n:
         return _BACKINGS.append(xp, arr, x), size
     out = xp.asarray(arr, copy=True)
@@ -246,7 +246,7 @@ def _tensor_array_read(k, arr, i):
     n, i = arr.shape[0], _index(k.xp, i)
     if not 0 <= i < n:
         raise read_error(k.op, i, n)
-    return arr[i, ...], k.xp.asarray(n, dtype=backend.dtype_of(k.xp, "int64"))
+    return arr[i, ...], k.xp.asarray(n, dtype=dtype_of(k.xp, "int64"))
 
 
 @lowers("TensorArrayRead")

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 from typing import Callable, Sequence
 
-from ... import backend
+from ...backends.base import dtype_of
 from ...errors import ExecutionError, ProgramError, ShapeError
 from ...ir.builder import block_guard, current_block
 from ...ir.program import Block, Op, Var
@@ -133,7 +133,7 @@ def _while(k, *arrays):
         kept.add(values[n:])
         iters += 1
     stacks = or_stand_ins(k, n + 1, len(ys), dict(zip(live, kept.stacks())))
-    return tuple(carries) + (xp.asarray(iters, dtype=backend.dtype_of(xp, "int64")),) + tuple(stacks)
+    return tuple(carries) + (xp.asarray(iters, dtype=dtype_of(xp, "int64")),) + tuple(stacks)
 
 
 @lowers("While")

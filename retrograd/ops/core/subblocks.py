@@ -12,7 +12,7 @@ from __future__ import annotations
 from contextlib import contextmanager
 from typing import Iterator, Sequence
 
-from ... import backend
+from ...backends.base import dtype_of
 from ...errors import ExecutionError, ProgramError, ShapeError
 from ...ir.analysis import free_reads
 from ...ir.builder import block_guard, capture_ops
@@ -128,7 +128,7 @@ def max_iters_exceeded(op: Op, iters: int) -> ExecutionError:
 
 def empty_stand_in(xp, var: Var):
     """A stand-in with no elements for a value the branch that ran did not compute."""
-    return xp.zeros(tuple(0 for _ in var.shape), dtype=backend.dtype_of(xp, var.dtype))
+    return xp.zeros(tuple(0 for _ in var.shape), dtype=dtype_of(xp, var.dtype))
 
 
 def as_outputs(values: Sequence):

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import math
 
-from ... import backend
+from ...backends.base import dtype_of
 from ...errors import ProgramError, ShapeError
 from ...ir.builder import current_block
 from ...ir.dtypes import canonical
@@ -133,7 +133,7 @@ def _one_hot_rule(ins, attrs):
 
 @defop("OneHot", inputs=("labels",), infer=_one_hot_rule, nondiff=(0,), grad=lambda g: [None])
 def _one_hot_op(k, labels):
-    return _one_hot(k.xp, labels, k.attrs["depth"], backend.dtype_of(k.xp, k.attrs["dtype"]), k)
+    return _one_hot(k.xp, labels, k.attrs["depth"], dtype_of(k.xp, k.attrs["dtype"]), k)
 
 
 @lowers("OneHot")

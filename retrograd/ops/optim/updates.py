@@ -27,11 +27,11 @@ the rate is the ``lr`` attribute.
 from __future__ import annotations
 
 
-from ..errors import ShapeError
-from ..ir.program import Var
-from ..ops.core.registry import append_op, defop
-from ..ops.core.lowering import lowers
-from ..ops.core.shapes import require_float, shapes_compatible
+from ...errors import ShapeError
+from ...ir.program import Var
+from ..core.registry import append_op, defop
+from ..core.lowering import lowers
+from ..core.shapes import require_float, shapes_compatible
 
 STEP_DTYPE = "int64"
 

@@ -164,7 +164,7 @@ def test_train_is_a_command_with_its_own_help():
 
 
 def test_quickstart_example_trains(capsys):
-    example = Path(__file__).resolve().parent.parent / "examples" / "quickstart.py"
+    example = Path(__file__).resolve().parents[2] / "examples" / "quickstart.py"
     final_loss = runpy.run_path(str(example), run_name="quickstart")["main"](steps=100)
     losses = [float(line.split("loss")[1]) for line in capsys.readouterr().out.splitlines()
               if line.startswith("step")]
@@ -172,7 +172,7 @@ def test_quickstart_example_trains(capsys):
 
 
 def test_readme_example_runs(capsys):
-    readme = (Path(__file__).resolve().parent.parent / "README.md").read_text()
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
     blocks = re.findall(r"```python\n(.*?)```", readme, flags=re.S)
     assert blocks, "README has no python example"
     exec(compile(blocks[0], "README.md", "exec"), {"__name__": "readme"})

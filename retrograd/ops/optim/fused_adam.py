@@ -25,11 +25,11 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..errors import ShapeError
-from ..ir.program import Var
-from ..ops.core.lowering import lowers
-from ..ops.core.registry import defop
-from .ops import STEP_DTYPE, adam_math, check_rate, decay_factor_onnx, rate_onnx
+from ...errors import ShapeError
+from ...ir.program import Var
+from ..core.lowering import lowers
+from ..core.registry import defop
+from .updates import STEP_DTYPE, adam_math, check_rate, decay_factor_onnx, rate_onnx
 
 GROUPS = ("param", "grad", "moment1", "moment2", "step")
 HYPER = ("lr", "beta1", "beta2", "eps", "weight_decay", "decoupled")   # the attributes multi_adam takes

@@ -10,7 +10,7 @@ import pytest
 
 torch = pytest.importorskip("torch", reason="the references are PyTorch Python loops")
 
-README = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+README = (Path(__file__).resolve().parents[3] / "README.md").read_text()
 
 
 def _block(marker: str) -> dict:
