@@ -4,7 +4,8 @@ Deterministic and re-runnable on any branch based on the old layout (the lead ru
 helper branch before merging, so both sides make the same moves). Usage:
     python tools/relayout.py [ROOT]          # the package (then add the family __init__ files)
     python tools/relayout.py tests [ROOT]    # the tests, mirroring it
-    python tools/relayout.py optim-ops [ROOT]   # the optimizers' update ops into ops/optim
+    python tools/relayout.py optim-ops [ROOT]      # the optimizers' update ops into ops/optim
+    python tools/relayout.py memory-loops [ROOT]   # the loop budgets into memory/loops
 """
 from __future__ import annotations
 
@@ -56,11 +57,15 @@ TEST_TOP = {"cli": ["cli", "train_cli"],
 NEW_PACKAGES = [f"ops/{f}" for f in OPS_FAMILIES] + ["models", "cli"]
 # Phase 3: the optimizers' update ops are ops (a pass fuses them; passes sit below optim).
 OPTIM_OPS = {"optim.ops": "ops.optim.updates", "optim.fused": "ops.optim.fused_adam"}
+# Phase 4: the memory planner's loop budgets in their own subpackage (memory/ held 16 modules).
+MEMORY_LOOPS = {f"memory.{name}": f"memory.loops.{name}" for name in
+                ("rnn_budget", "schedules", "step_rows", "time_steps", "unhoist", "while_budget")}
+PHASES = {"optim-ops": (OPTIM_OPS, "ops/optim"), "memory-loops": (MEMORY_LOOPS, "memory/loops")}
 
 
 def module_map(phase: str = "package") -> dict[str, str]:
-    if phase == "optim-ops":
-        return {f"retrograd.{old}": f"retrograd.{new}" for old, new in OPTIM_OPS.items()}
+    if phase in PHASES:
+        return {f"retrograd.{old}": f"retrograd.{new}" for old, new in PHASES[phase][0].items()}
     moves = {f"retrograd.{old}": f"retrograd.{new}" for old, new in TOP.items()}
     for family, mods in OPS_FAMILIES.items():
         for old, new in mods.items():
@@ -209,7 +214,7 @@ def main(root: pathlib.Path, phase: str = "package") -> None:
             p.write_text(rewrite_strings(p.read_text(), moves).replace(
                 '"retrograd.cli.main:main"', '"retrograd.cli:main"'))
     # 3. move the files
-    for package in NEW_PACKAGES + ["ops/optim"]:
+    for package in NEW_PACKAGES if phase == "package" else [PHASES[phase][1]]:
         (root / "retrograd" / package).mkdir(parents=True, exist_ok=True)
     for old, new in moves.items():
         src = path_of(old, root, False)
@@ -255,7 +260,7 @@ if __name__ == "__main__":
     ROOT = pathlib.Path(sys.argv[2] if len(sys.argv) > 2 else ".").resolve()
     if sys.argv[1:2] == ["tests"]:
         move_tests(ROOT)
-    elif sys.argv[1:2] == ["optim-ops"]:
-        main(ROOT, "optim-ops")
+    elif sys.argv[1] in PHASES:
+        main(ROOT, sys.argv[1])
     else:
         main(pathlib.Path(sys.argv[1] if len(sys.argv) > 1 else ".").resolve())

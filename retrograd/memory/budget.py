@@ -54,10 +54,10 @@ from .lifetimes import ForwardValues
 from .micro_batches import accumulate_micro_batches, loss_over_rows, micro_batch_counts, separable_region
 from .peak import Sizer, planned_peak
 from .recompute import recompute_backward
-from .rnn_budget import states_read_elsewhere
-from .schedules import budget_plan
+from .loops.rnn_budget import states_read_elsewhere
+from .loops.schedules import budget_plan
 from .sizes import estimated_bytes, resolve_shapes
-from .time_steps import sink_time_step_ops
+from .loops.time_steps import sink_time_step_ops
 
 LOOP_TYPES = ("RecurrentNetwork", "While")
 LOOP_GRAD_TYPES = ("RecurrentNetworkBudgetGrad", "WhileBudgetGrad")

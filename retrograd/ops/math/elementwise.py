@@ -9,7 +9,7 @@ import numpy as np
 
 from ...errors import ShapeError
 from ...ir.dtypes import is_float
-from ...ir.program import OPERATORS, Var, as_float
+from ...ir.program import OPERATORS, Var, as_float, as_ints
 from ..array.creation import constant, fill_like, scalar_like, zeros_like
 from ..core.registry import ROW_WISE_ELEMENTWISE, append_op, defop
 from ..core.lowering import axes_input, compare, elementwise, lowers
@@ -82,11 +82,13 @@ def _expand_as_rule(ins, attrs):
 
 
 def _expand_as_grad(g):
+    # The reductions are appended by op type: the reduce family's builders use this module's
+    # ops (expand_as, exp, where), so importing them here would make the two families a circle.
     dx = g.dy
     if g.attrs["mean_axes"]:
-        dx = mean(dx, axis=g.attrs["mean_axes"], keepdims=True)
+        dx = append_op("Mean", [dx], {"axis": as_ints(g.attrs["mean_axes"], "axis"), "keepdims": True})[0]
     if g.attrs["axes"]:
-        dx = sum(dx, axis=g.attrs["axes"])
+        dx = append_op("Sum", [dx], {"axis": as_ints(g.attrs["axes"], "axis"), "keepdims": False})[0]
     return [sum_to(dx, g.x[0]), None]
 
 
@@ -786,8 +788,6 @@ def matmul(x, y, transpose_x: bool = False, transpose_y: bool = False) -> Var:
         attrs["transpose_y"] = True
     return append_op("MatMul", [x, y], attrs, name="matmul")[0]
 
-
-from ..reduce.reductions import mean, sum  # noqa: E402  (gradients above use them; reduce imports us)
 
 OPERATORS.update(add=add, sub=sub, mul=mul, div=div, matmul=matmul, pow=pow, neg=neg,
                  less=less, less_equal=less_equal, greater=greater, greater_equal=greater_equal)

@@ -19,10 +19,10 @@ over the steps of each segment (``RecurrentNetworkBudgetGrad``), so nothing
 """
 from __future__ import annotations
 
-from ..autodiff.rewrites import register_backward_rewrite
-from ..ir.analysis import op_reads
-from ..ir.program import Block, Op
-from ..ops.recurrent.steps import RnnLayout, fresh_name, is_budget
+from ...autodiff.rewrites import register_backward_rewrite
+from ...ir.analysis import op_reads
+from ...ir.program import Block, Op
+from ...ops.recurrent.steps import RnnLayout, fresh_name, is_budget
 
 
 @register_backward_rewrite("before_backward")

@@ -31,10 +31,10 @@ import math
 
 import numpy as np
 
-from ..ir.program import Block, Op
-from ..ops.core.registry import get_op_def
-from ..ops.recurrent.steps import Held
-from ..ops.recurrent.steps import StepRunner as BlockRunner
+from ...ir.program import Block, Op
+from ...ops.core.registry import get_op_def
+from ...ops.recurrent.steps import Held
+from ...ops.recurrent.steps import StepRunner as BlockRunner
 
 ROWS_SHARE = 16
 ROWS_MAX = 64

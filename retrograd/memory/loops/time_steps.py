@@ -25,14 +25,14 @@ fit (``budget.py``); gradients are store-all's to rounding.
 """
 from __future__ import annotations
 
-from ..ir.analysis import op_reads
-from ..ir.builder import block_guard
-from ..ir.location import located
-from ..ir.program import Block, Op, Program
-from ..ops.recurrent.outputs import output_init
-from ..ops.recurrent.steps import fresh_name
-from ..ops.core.registry import ROW_WISE_ELEMENTWISE, get_op_def
-from .sizes import Shapes
+from ...ir.analysis import op_reads
+from ...ir.builder import block_guard
+from ...ir.location import located
+from ...ir.program import Block, Op, Program
+from ...ops.recurrent.outputs import output_init
+from ...ops.recurrent.steps import fresh_name
+from ...ops.core.registry import ROW_WISE_ELEMENTWISE, get_op_def
+from ..sizes import Shapes
 
 LOOP = "RecurrentNetwork"
 

@@ -39,7 +39,7 @@ from dataclasses import dataclass, field
 from functools import lru_cache
 from typing import NamedTuple
 
-from ..errors import ProgramError
+from ...errors import ProgramError
 
 
 # --- binomial checkpointing arithmetic ---------------------------------------------------------

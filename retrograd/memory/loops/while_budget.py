@@ -22,16 +22,16 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..backends import dtype_name
-from ..errors import ExecutionError, ProgramError
-from ..ir.builder import capture_ops, emit
-from ..ir.program import Op, Var
-from ..ops.core import streams
-from ..ops.control.loop_stacks import RaggedStacks
-from ..ops.core.lowering import lowers
-from ..ops.core.registry import GradCtx, defop
-from .recompute import seen_from
-from ..ops.recurrent.steps import BUDGET_VARIANTS, BudgetVariant, is_budget
+from ...backends import dtype_name
+from ...errors import ExecutionError, ProgramError
+from ...ir.builder import capture_ops, emit
+from ...ir.program import Op, Var
+from ...ops.core import streams
+from ...ops.control.loop_stacks import RaggedStacks
+from ...ops.core.lowering import lowers
+from ...ops.core.registry import GradCtx, defop
+from ..recompute import seen_from
+from ...ops.recurrent.steps import BUDGET_VARIANTS, BudgetVariant, is_budget
 from .schedules import StepRunner, budget_plan, run_backward, sweep
 
 SCHEDULE_LEN = 5          # [iterations, stride k, checkpoints, bytes per loop-var set, bytes per taped iteration]

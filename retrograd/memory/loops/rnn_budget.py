@@ -37,23 +37,23 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..backends import dtype_name
-from ..errors import ExecutionError, ProgramError, ShapeError
-from ..ir.analysis import op_reads
-from ..ir.program import Block, Op, Var
-from ..ops.recurrent.network_grad import (TimeBatches, build_backward_step, gradient_request)
-from ..ops.recurrent.steps import (BUDGET_VARIANTS, BudgetVariant, Held, RnnLayout, add_optional,
-                                   check_state_shape, fresh_name, per_state, step_mask, time_steps,
-                                   timestep_value)
-from ..ops.recurrent.steps import StepRunner as BlockRunner
-from ..ops.core import streams
-from ..ops.core.lowering import lowers
-from ..ops.recurrent.network_onnx import backward_loop_onnx, forward_loop_onnx
-from ..ops.core.registry import GradCtx, append_op, defop
-from .recompute import seen_from
-from .schedules import Plan, StepRunner, budget_plan, make_plan, minimum_budget, run_backward
-from .step_rows import (BatchedSteps, InputRows, OutputRows, input_row_ops, output_row_ops, row_bytes,
-                        rows_batchable, rows_chunk)
+from ...backends import dtype_name
+from ...errors import ExecutionError, ProgramError, ShapeError
+from ...ir.analysis import op_reads
+from ...ir.program import Block, Op, Var
+from ...ops.recurrent.network_grad import (TimeBatches, build_backward_step, gradient_request)
+from ...ops.recurrent.steps import (BUDGET_VARIANTS, BudgetVariant, Held, RnnLayout, add_optional,
+                                    check_state_shape, fresh_name, per_state, step_mask,
+                                    time_steps, timestep_value)
+from ...ops.recurrent.steps import StepRunner as BlockRunner
+from ...ops.core import streams
+from ...ops.core.lowering import lowers
+from ...ops.recurrent.network_onnx import backward_loop_onnx, forward_loop_onnx
+from ...ops.core.registry import GradCtx, append_op, defop
+from ..recompute import seen_from
+from .schedules import (Plan, StepRunner, budget_plan, make_plan, minimum_budget, run_backward)
+from .step_rows import (BatchedSteps, InputRows, OutputRows, input_row_ops, output_row_ops,
+                        row_bytes, rows_batchable, rows_chunk)
 
 SCHEDULE_LEN = 4          # [T, segment, slots, from_alls]
 
