@@ -604,7 +604,7 @@ def test_transformer_trains_samples_past_its_window_and_resumes_as_one(tmp_path)
 def test_backend_auto_is_the_default_and_names_what_it_chose(tmp_path):
     """Issue 22: `--backend auto` (the default) takes the fastest installed backend and says which
     in the header; it is torch where installed, else the onnxruntime engine, else NumPy (the order
-    measured in benchmarks/RESULTS.md "Training step")."""
+    measured in benchmarks/results/training-step.md)."""
     import importlib.util
     small = [a for a in SMALL if a not in ("--backend", "numpy")]
     done = retrograd_train(*small, "--steps", "2", "--no-plot", "--save", str(tmp_path / "m.npz"))
