@@ -40,7 +40,7 @@ from . import passes  # noqa: E402  (whole-program rewrites: rg.passes.optimize_
 import types as _types  # noqa: E402
 
 _SUBPACKAGES = ("backends", "distributed", "layers", "memory", "onnx", "optim", "passes", "testing")
-_UNLISTED = ("autodiff", "backend", "errors", "io", "ir", "ops", "runtime")   # kept, not listed
+_UNLISTED = ("autodiff", "errors", "io", "ir", "ops", "runtime")   # kept, not listed
 for _name, _value in list(globals().items()):
     if isinstance(_value, _types.ModuleType) and not _name.startswith("_") \
             and _name not in _SUBPACKAGES + _UNLISTED:

@@ -1,4 +1,35 @@
-"""Every op: schema, shape rule, kernel and gradient maker side by side, one module per family."""
+"""Every op: schema, shape rule, kernel, gradient maker and ONNX lowering side by side.
+
+One subpackage per family, one module per group of related ops; an op's whole story is in one
+module (its ``defop``, shape rule, kernel, gradient maker and ``@lowers`` ONNX lowering)::
+
+    core/       the machinery every family uses
+                registry (defop, OPS, append_op, gradient makers), lowering (ONNX tables),
+                shapes (shape-rule helpers), calls / subblocks / subblock_grad (what cond, do
+                and the loops share), streams (random numbers per loop iteration)
+    math/       elementwise: elementwise (arithmetic, comparisons, where, matmul, SumTo/ExpandAs),
+                activation, special (erf, log1p, ...), logic, trig, rounding_division
+    reduce/     reductions (sum, mean, prod, logsumexp), extrema (max/min, argmax, topk),
+                cumulative (cumsum, cumprod)
+    array/      creation (data, parameters, constants, fills), tensor (reshape, concat, slice,
+                gather, cast, ...), shape_ops (pad, stack, tile, arange), indexing (x[...],
+                scatter, update_slice), einsum, random_ops
+    nn/         softmax_dropout (softmax, cross-entropy, one_hot, dropout), conv, pool,
+                windows_onnx (sliding-window ONNX helpers), norm (layer/rms), batch_norm,
+                attention, heads (multi-head layout), losses, linear_cross_entropy
+    control/    cond (cond, switch_case), do, while_loop, loop_grad (its gradient), loop_stacks
+                (per-iteration values kept for the backward), scan (scan, fori_loop, map),
+                tensor_array, custom_gradient
+    recurrent/  network (rg.recurrent, RecurrentNetwork), network_grad and network_grad_scan (its
+                gradient), network_onnx, steps and outputs (the step block, per-step outputs),
+                cells (LSTM/GRU units, seq_linear), lstm_sequence and gru_sequence (fused layers,
+                vendor kernels), sequence_onnx, reverse_sequence
+    optim/      the optimizers' update ops (updates) and the multi-tensor fused_adam
+
+A new op goes into its family's module (or a new module there, imported below so that it
+registers); a new family is a new subpackage. This package exports the op builders; ``rg``
+re-exports them.
+"""
 from .core.registry import OPS, OpDef, append_op, defop, get_op_def, make_grad_ops  # noqa: F401
 from .array.creation import (assign, constant, create_parameter, data, fill, fill_like, ones_like,
                              zeros_like)
