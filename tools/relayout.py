@@ -170,11 +170,24 @@ KEEP_SPELLING = {"retrograd.onnx.sampler"}   # `python -m retrograd.onnx.sampler
 
 
 def rewrite_strings(text: str, moves: dict[str, str]) -> str:
-    """Dotted module names in text; a name already in its new spelling is left as it is."""
+    """Dotted module names in text outside import statements (those are rewritten already,
+    and a new package's name can be an old module's: retrograd.cli)."""
     table = {old: new for old, new in moves.items() if old not in KEEP_SPELLING}
-    table.update({new: new for new in moves.values()})
     pattern = "|".join(re.escape(name) for name in sorted(table, key=len, reverse=True))
-    return re.sub(f"(?:{pattern})(?![\\w])", lambda m: table[m.group(0)], text)
+    imports = import_lines(text)
+    lines = text.splitlines(keepends=True)
+    return "".join(line if number in imports else
+                   re.sub(f"(?:{pattern})(?![\\w])", lambda m: table[m.group(0)], line)
+                   for number, line in enumerate(lines, 1))
+
+
+def import_lines(text: str) -> set[int]:
+    try:
+        tree = ast.parse(text)
+    except SyntaxError:      # Markdown, TOML, shell: no imports to keep
+        return set()
+    return {n for node in ast.walk(tree) if isinstance(node, (ast.Import, ast.ImportFrom))
+            for n in range(node.lineno, node.end_lineno + 1)}
 
 
 def main(root: pathlib.Path, phase: str = "package") -> None:

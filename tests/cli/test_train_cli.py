@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 
 import retrograd as rg
-from retrograd.cli.main import train
+from retrograd.cli import train
 from retrograd.models.generation import generate_text
 
 SMALL = ["--hidden", "32", "--embed", "16", "--seq-len", "16", "--batch", "8", "--sample-len", "40",

@@ -24,7 +24,7 @@ import retrograd as rg
 from retrograd import backends as backend
 from retrograd.ops.math.elementwise import elementwise as ops_math
 from retrograd.ops.array.creation import shape_stand_in
-from retrograd.ops.nn.softmax_dropout import softmax_dropout as ops_nn
+from retrograd.ops.nn import softmax_dropout as ops_nn
 from retrograd.ops.array import tensor as ops_tensor
 from retrograd.ops.core.registry import append_op
 
