@@ -1,5 +1,5 @@
 """The `retrograd` command: the main paths as a user runs them (`python -m retrograd` in a
-subprocess), error cases through `retrograd.cli.main` in this process (same output, faster)."""
+subprocess), error cases through `retrograd.cli.main.main` in this process (same output, faster)."""
 from __future__ import annotations
 
 import contextlib
@@ -23,7 +23,7 @@ def retrograd(*args: str, cwd: Path | None = None) -> subprocess.CompletedProces
 
 
 def in_process(*args: str) -> subprocess.CompletedProcess:
-    """The same command run by ``retrograd.cli.main`` in this process: faster, same output."""
+    """The same command run by ``retrograd.cli.main.main`` in this process: faster, same output."""
     from retrograd.cli.main import main
     out, err = io.StringIO(), io.StringIO()
     with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):

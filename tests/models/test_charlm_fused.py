@@ -6,7 +6,7 @@ import pytest
 
 import retrograd as rg
 from retrograd.models import charlm
-from retrograd.cli.main import main as cli
+from retrograd.cli import main as cli
 
 torch = pytest.importorskip("torch")
 

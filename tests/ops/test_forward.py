@@ -22,7 +22,7 @@ from hypothesis.extra import numpy as hnp
 
 import retrograd as rg
 from retrograd import backends as backend
-from retrograd.ops.math.elementwise import elementwise as ops_math
+from retrograd.ops.math import elementwise as ops_math
 from retrograd.ops.array.creation import shape_stand_in
 from retrograd.ops.nn import softmax_dropout as ops_nn
 from retrograd.ops.array import tensor as ops_tensor
