@@ -2,9 +2,9 @@
 
 Examples::
 
-    retrograd train                         # the main job: a character-level LSTM (retrograd/train.py)
+    retrograd train                         # the main job: a character-level LSTM (retrograd/cli/train.py)
     retrograd sample retrograd-lstm.npz --length 400 --prompt "def "   # text from a saved model
-    retrograd export retrograd-lstm.npz -o lm.onnx   # its sampling step as ONNX (retrograd/onnx/sampler.py)
+    retrograd export retrograd-lstm.npz -o lm.onnx   # its sampling step as ONNX (retrograd/cli/onnx_sampler.py)
     retrograd show model.json               # print a program saved with Program.to_json()
     retrograd graph model.json -o model.svg # draw it (DOT text, or SVG/PNG through Graphviz's `dot`)
 

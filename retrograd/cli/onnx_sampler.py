@@ -1,6 +1,6 @@
 """``retrograd export``: the sampling step of a char-LM saved by ``retrograd train``, as ONNX.
 
-The model is one step of ``build_sampler`` (``retrograd/charlm.py``) with the
+The model is one step of ``build_sampler`` (``retrograd/models/charlm.py``) with the
 trained parameters as initializers. Inputs: ``chars`` (int64 ``[1, N]``: the
 current character of N streams) and per recurrent layer ``<layer>.h0`` (and
 ``<layer>.c0`` for LSTM/MILSTM), float32 ``[N, H]``. Outputs: ``probs``
@@ -13,7 +13,7 @@ metadata under ``vocab``, the id any other character reads as under
 step: it exports as the generator below.)
 
 ``retrograd export --generate`` writes the whole generation loop instead
-(``retrograd/generation.py``): ONE model whose inputs are ``prompt`` (int64
+(``retrograd/models/generation.py``): ONE model whose inputs are ``prompt`` (int64
 ``[P]``, P >= 1), ``length`` (int64 scalar), ``temperature`` (float32 scalar; 0:
 greedy) and ``seed`` (int64 scalar), and whose output ``ids`` (int64
 ``[P + length]``) is the prompt followed by the drawn ids: the same ids
@@ -104,7 +104,7 @@ def export_sampler(params: dict, where: str, path, opset: int | None = None):
 
 
 def export_generator(params: dict, where: str, path, opset: int | None = None, top_k: int = 0):
-    """The generation loop (``retrograd/generation.py``) of the char-LM whose parameters are
+    """The generation loop (``retrograd/models/generation.py``) of the char-LM whose parameters are
     ``params`` (read from ``where``) as one ONNX model, written to ``path`` (None: not
     written); returns the ``onnx.ModelProto``. ``top_k`` (0: off) is built in.
 

@@ -1,6 +1,6 @@
 """``retrograd sample``: text from a model saved by ``retrograd train``.
 
-The text is drawn by one program (``retrograd/generation.py``): a
+The text is drawn by one program (``retrograd/models/generation.py``): a
 ``while_loop`` over the characters that carries the model's state and draws
 each character with ``rg.categorical``, keyed on ``--seed``; ``retrograd
 export --generate`` writes the same program as one ONNX model, which draws the

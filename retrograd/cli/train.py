@@ -1,4 +1,4 @@
-"""``retrograd train``: train the character-level language model of ``retrograd/charlm.py``.
+"""``retrograd train``: train the character-level language model of ``retrograd/models/charlm.py``.
 
 One program holds the forward pass, the backward pass and the optimizer's
 updates; the job feeds it windows of standard-library source (or of your

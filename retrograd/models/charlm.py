@@ -358,12 +358,12 @@ def build_net(cfg: ModelConfig, seq_len: int, with_states: bool) -> Net:
 
 
 def build_transformer_net(cfg: ModelConfig, seq_len: int, with_states: bool) -> Net:
-    """``--model transformer``: GPT-2's layout (``retrograd/transformer_lm.py``): ``layers`` blocks
+    """``--model transformer``: GPT-2's layout (``retrograd/models/transformer_lm.py``): ``layers`` blocks
     of ``rg.layers.transformer_block`` (``heads`` heads, width ``hidden``) over token embeddings
     plus learned positions, one per character of a window (``pos.w``: ``seq_len`` rows).
 
     It carries no state from one step to the next, so it has no one-step sampling program
-    (``with_states``): text comes from ``retrograd/generation.py``'s key/value cache.
+    (``with_states``): text comes from ``retrograd/models/generation.py``'s key/value cache.
     """
     if with_states:
         raise TrainError("a transformer has no one-step sampling program (`retrograd export` without "

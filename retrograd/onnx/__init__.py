@@ -4,7 +4,7 @@ Importing this package needs no onnx; calling ``export`` without it raises
 ``rg.BackendError`` naming ``pip install "retrograd[onnx]"``. The graph
 building lives in ``graph.py`` and ``model.py`` (``build_model``: the entry the
 onnxruntime engine uses), the per-op lowerings next to each op
-(``retrograd/ops/lowering.py``).
+(``retrograd/ops/core/lowering.py``).
 """
 from __future__ import annotations
 

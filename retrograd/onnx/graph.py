@@ -10,7 +10,7 @@
   or an ``If``/``Loop`` body) and lowers blocks into it, op by op, with the
   lowerings of ``retrograd.ops.core.lowering.LOWERINGS``.
 * ``OpContext`` is the ``g`` a lowering receives (documented in
-  ``retrograd/ops/lowering.py``).
+  ``retrograd/ops/core/lowering.py``).
 """
 from __future__ import annotations
 
@@ -229,7 +229,7 @@ def needed_ops(block: Block, keep: set[str]) -> list[Op]:
 
 
 class OpContext:
-    """What a lowering sees (``g``); see ``retrograd/ops/lowering.py``."""
+    """What a lowering sees (``g``); see ``retrograd/ops/core/lowering.py``."""
 
     def __init__(self, graph: Graph, op: Op, ins: list[str], env: Env):
         self.graph = graph

@@ -1,4 +1,4 @@
-"""The char-LM's data and run record (retrograd/charlm.py): vocabularies, --text files, the
+"""The char-LM's data and run record (retrograd/models/charlm.py): vocabularies, --text files, the
 optimizer and schedule tables; the command itself is tested in test_train_cli.py."""
 from __future__ import annotations
 

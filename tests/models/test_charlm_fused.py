@@ -1,4 +1,4 @@
-"""The `retrograd train` model (retrograd/charlm.py): the fused LSTM on the torch backend."""
+"""The `retrograd train` model (retrograd/models/charlm.py): the fused LSTM on the torch backend."""
 from __future__ import annotations
 
 import numpy as np

@@ -1,4 +1,4 @@
-"""Generation as one program (retrograd/generation.py): the while_loop that carries the model's
+"""Generation as one program (retrograd/models/generation.py): the while_loop that carries the model's
 state and draws with rg.categorical, checked against a Python loop over the one-step sampler
 program (charlm.build_sampler) and across backends."""
 from __future__ import annotations

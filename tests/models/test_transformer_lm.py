@@ -1,4 +1,4 @@
-"""The transformer char model and its key/value-cached step (retrograd/transformer_lm.py):
+"""The transformer char model and its key/value-cached step (retrograd/models/transformer_lm.py):
 generation in one program equals greedy decoding that recomputes the whole model on the text so
 far, on every backend and in exported ONNX."""
 from __future__ import annotations
