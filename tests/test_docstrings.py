@@ -3,7 +3,8 @@
 Public = the names in ``retrograd.__all__`` and in the ``__all__`` of the public
 subpackages (for ``rg.optim.lr``, which has none, the names it defines), plus the
 public methods a public class defines itself. Each docstring needs a one-line
-summary, an ``Args:`` section where the callable takes arguments, and an
+summary, an ``Args:`` section where the callable takes arguments (``Attributes:``
+for a dataclass), and an
 ``Example:`` section holding a fenced ```python block; each such block runs here
 as written, in a fresh namespace and fresh default programs (as in a new
 interpreter). A block whose first line is ``# requires: torch`` (or another
@@ -110,9 +111,9 @@ def problems(name: str, obj) -> list[str]:
         found.append("the summary is not one line followed by a blank line")
     if "Example::" in doc:
         found.append("reST 'Example::' left (use an 'Example:' section with a ```python block)")
-    if inspect.isclass(obj) and issubclass(obj, BaseException):
-        return found
-    if _takes_arguments(obj) and not re.search(r"^Args:\s*$", doc, re.M):
+    exception = inspect.isclass(obj) and issubclass(obj, BaseException)
+    arguments = r"^(Args|Attributes):\s*$" if inspect.isclass(obj) else r"^Args:\s*$"
+    if not exception and _takes_arguments(obj) and not re.search(arguments, doc, re.M):
         found.append("no 'Args:' section")
     if name in NO_EXAMPLE:
         return found
