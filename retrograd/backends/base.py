@@ -21,11 +21,26 @@ from . import keyed_random, norm_math, special, windows
 
 
 def dtype_name(dtype) -> str:
-    """The retrograd name ("float32", ...) of any library's dtype object or name.
+    """The retrograd name (``"float32"``, ...) of any library's dtype object or name.
 
-    Example::
+    It is the text after the last dot of ``str(dtype)``: ``np.dtype("int64")``,
+    ``torch.int64`` and ``"int64"`` all give ``"int64"`` (a NumPy scalar type
+    such as ``np.int64`` does not: pass ``np.dtype(np.int64)``).
 
-        rg.backends.dtype_name(torch.float32)      # "float32"
+    Args:
+        dtype: A NumPy, torch or CuPy dtype object, or a name.
+
+    Returns:
+        The name.
+
+    Example:
+        ```python
+        import numpy as np
+        import retrograd as rg
+
+        assert rg.backends.dtype_name(np.dtype("float32")) == "float32"
+        assert rg.backends.dtype_name("int64") == "int64"
+        ```
     """
     return str(dtype).rsplit(".", 1)[-1]
 
@@ -40,7 +55,30 @@ def _shifted(xp, x, axis: int):
 
 
 class Backend:
-    """One array library on one device. Subclasses fill in the library-specific methods."""
+    """One array library on one device; subclasses fill in the library-specific methods.
+
+    Kernels compute with ``backend.xp`` (an Array API namespace, through
+    ``array_api_compat``); the few things the standard lacks are methods here,
+    written once per library in that library's module: host/device transfers,
+    scatter-add with repeated ids, buffer identity for ``peak_bytes``, device
+    memory in use, vendor kernels (fused attention, convolutions, fused RNNs).
+    ``rg.backends.get_backend`` builds one; ``exe.backend`` is the executor's.
+
+    Args:
+        xp: The array namespace kernels compute with.
+        device: The device name (``"cpu"``, ``"cuda:0"``...).
+
+    Example:
+        ```python
+        import numpy as np
+        import retrograd as rg
+
+        exe = rg.Executor()
+        be = exe.backend                                   # a Backend
+        host = be.to_numpy(be.from_numpy(np.arange(3.0)))
+        assert be.name == "numpy" and host.tolist() == [0.0, 1.0, 2.0]
+        ```
+    """
 
     name = "?"
     engine = None         # a factory ``engine(executor)`` for backends that run whole programs
