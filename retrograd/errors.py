@@ -66,10 +66,13 @@ class ExecutionError(RetrogradError):
 
         main = rg.Program()
         with rg.program_guard(main):
-            y = rg.log(rg.data("x", [2]))
+            table = rg.data("table", [3, 2])
+            ids = rg.data("ids", [2], dtype="int64")
+            rows = rg.gather(table, ids)
+        feed = {"table": np.zeros((3, 2), "float32"), "ids": np.array([0, 5])}
         try:
-            rg.Executor(check_finite=True).run(main, feed={"x": np.zeros(2, "float32")}, fetch_list=[y])
-        except rg.ExecutionError as exc:               # log(0) = -inf from finite inputs
+            rg.Executor().run(main, feed=feed, fetch_list=[rows])
+        except rg.ExecutionError as exc:           # id 5 is out of range [0, 3)
             print(exc)
         ```
     """
