@@ -1,6 +1,7 @@
 """Every public name has a Google-style docstring with a runnable example, and every example runs.
 
-Public = the names in ``retrograd.__all__`` and in the ``__all__`` of the public
+The public modules' own docstrings count too (their examples run; no reST
+``Example::``). Public = the names in ``retrograd.__all__`` and in the ``__all__`` of the public
 subpackages (for ``rg.optim.lr``, which has none, the names it defines), plus the
 public methods a public class defines itself. Each docstring needs a one-line
 summary, an ``Args:`` section where the callable takes arguments (``Attributes:``
@@ -128,12 +129,20 @@ def examples(obj) -> list[str]:
 
 
 PUBLIC = public_objects()
-EXAMPLES = [(f"{name}[{i}]", code) for name, obj in PUBLIC.items() for i, code in enumerate(examples(obj))]
+MODULE_DOCS = {name: importlib.import_module(name) for name in MODULES}
+EXAMPLES = [(f"{name}[{i}]", code) for name, obj in {**MODULE_DOCS, **PUBLIC}.items()
+            for i, code in enumerate(examples(obj))]
 
 
 def test_the_exception_lists_name_public_objects():
     assert not set(NO_EXAMPLE) - set(PUBLIC) and not set(TODO) - set(PUBLIC)
     assert not [name for name in NO_EXAMPLE if examples(PUBLIC[name])], "listed as exceptions, yet with examples"
+
+
+@pytest.mark.parametrize("name", MODULES)
+def test_public_module_docstring_has_no_rest_example(name):
+    doc = inspect.getdoc(MODULE_DOCS[name]) or ""
+    assert doc.strip() and "Example::" not in doc, f"{name}: use an 'Example:' section with a ```python block"
 
 
 @pytest.mark.parametrize("name", sorted(PUBLIC))

@@ -15,11 +15,15 @@ standard lacks, each written once per library in its own module:
 Random draws are keyed and computed with integer ops on the device
 (``keyed_random``): every backend draws the same numbers for the same key.
 
-Example::
+Example:
+    ```python
+    import numpy as np
+    import retrograd as rg
 
-    be = get_backend("torch", "cpu")
+    be = rg.backends.get_backend("numpy", "cpu")        # or ("torch", "cpu"), ("torch", "cuda")
     t = be.from_numpy(np.ones(3, "float32"))
-    be.to_numpy(be.xp.exp(t))
+    assert np.allclose(be.to_numpy(be.xp.exp(t)), np.e)
+    ```
 """
 from __future__ import annotations
 

@@ -1,22 +1,27 @@
 """Data parallelism over MPI (mpi4py): the same program on every rank, gradients averaged.
 
-Example (``mpiexec -n 4 python train.py``)::
-
-    import retrograd as rg
-    rank, size = rg.distributed.rank(), rg.distributed.world_size()
-    with rg.program_guard(main, startup):
-        loss = ...
-        opt = rg.distributed.DataParallel(rg.optim.Adam(1e-3))
-        params_grads = opt.minimize(loss)      # backward, AllReduce (mean over ranks), updates
-    exe = rg.Executor()
-    exe.run(startup)                           # every rank starts from rank 0's parameters
-    for xb in batches:
-        exe.run(main, feed={"x": rg.distributed.shard(xb)})   # each rank its 1/size of the batch
-
 Without ``mpiexec`` (or without mpi4py) ``rank()`` is 0, ``world_size()`` 1
 and the same code runs in one process. Importing this package starts MPI
 only under a launcher that started several processes, so that from then on
 an uncaught exception on one rank stops them all.
+
+Example:
+    ```python
+    import numpy as np
+    import retrograd as rg
+
+    rank, size = rg.distributed.rank(), rg.distributed.world_size()   # mpiexec -n 4 python train.py
+    main, startup = rg.Program(), rg.Program()
+    with rg.program_guard(main, startup):
+        x = rg.data("x", [-1, 3])
+        loss = rg.mean(rg.square(rg.layers.fc(x, 1, name="fc")))
+        opt = rg.distributed.DataParallel(rg.optim.Adam(1e-3))
+        params_grads = opt.minimize(loss)      # backward, AllReduce (mean over ranks), updates
+    exe = rg.Executor()
+    exe.run(startup)                           # every rank starts from rank 0's parameters
+    for xb in [np.ones((8, 3), "float32")] * 2:
+        exe.run(main, feed={"x": rg.distributed.shard(xb)})   # each rank its 1/size of the batch
+    ```
 """
 from ..errors import FeedError
 from .comm import abort_all_ranks, launcher_size, start_under_launcher

@@ -8,15 +8,20 @@ then counts the step. So a resumed run continues its schedule exactly, and the
 schedule is exported to ONNX with the training step. Each matches
 ``torch.optim.lr_scheduler.LambdaLR`` with the same formula, step for step.
 
-Example::
-
-    sched = rg.optim.lr.cosine(3e-3, total_steps=1000, warmup_steps=100, min_lr=1e-5)
-    rg.optim.Adam(sched).minimize(loss)
-
 Your own schedule: ``rg.optim.lr.Schedule(base, fn)`` where ``fn(t)`` builds
-the multiplier of ``base`` from ``t`` (a float64 ``[1]`` Var) with rg ops::
+the multiplier of ``base`` from ``t`` (a float64 ``[1]`` Var) with rg ops.
 
+Example:
+    ```python
+    import retrograd as rg
+
+    main, startup = rg.Program(), rg.Program()
+    with rg.program_guard(main, startup):
+        loss = rg.mean(rg.layers.fc(rg.data("x", [-1, 3]), 1, name="fc"))
+        sched = rg.optim.lr.cosine(3e-3, total_steps=1000, warmup_steps=100, min_lr=1e-5)
+        rg.optim.Adam(sched).minimize(loss)
     inverse_sqrt = rg.optim.lr.Schedule(1e-3, lambda t: 1.0 / rg.sqrt(t + 1.0))
+    ```
 """
 from __future__ import annotations
 

@@ -1,14 +1,22 @@
 """SGD, Momentum, Adam, AdamW, RMSProp, Adagrad: ``minimize`` appends the backward pass and the updates.
 
-Example::
+Example:
+    ```python
+    import numpy as np
+    import retrograd as rg
 
+    main, startup = rg.Program(), rg.Program()
     with rg.program_guard(main, startup):
-        ...
+        x, y = rg.data("x", [-1, 3]), rg.data("y", [-1, 1])
+        pred = rg.layers.fc(x, 1, name="fc")
         loss = rg.mean(rg.square(pred - y))
         params_grads = rg.optim.Adam(1e-3, clip_norm=5.0).minimize(loss)
+    exe = rg.Executor()
     exe.run(startup)                       # parameters and optimizer state
+    batches = [(np.ones((4, 3), "float32"), np.zeros((4, 1), "float32"))] * 2
     for xb, yb in batches:
         exe.run(main, feed={"x": xb, "y": yb})   # one training step
+    ```
 """
 from __future__ import annotations
 

@@ -21,10 +21,17 @@ exports, so the user's program is never changed.
   ``softmax_cross_entropy`` as one ``LinearCrossEntropy`` op (the memory
   budget runs it when storing everything does not fit).
 
-Example::
+Example:
+    ```python
+    import retrograd as rg
 
+    main, startup = rg.Program(), rg.Program()
+    with rg.program_guard(main, startup):
+        loss = rg.mean(rg.layers.fc(rg.data("x", [-1, 3]), 2, name="fc"))
+        rg.optim.Adam(1e-3).minimize(loss)
     fast = rg.passes.optimize_for_engine(main)          # a rewritten clone
     rg.passes.fuse_optimizer_updates(main)              # or one pass, in place
+    ```
 """
 from __future__ import annotations
 
