@@ -514,8 +514,9 @@ def data(name: str, shape: Sequence[int], dtype: str = "float32", stop_gradient:
         name: The feed name (``feed={name: array}``).
         shape: The shape, ``-1`` or None where it varies between runs (batch, time).
         dtype: ``"float32"`` by default; ``"int64"`` for ids and labels.
-        stop_gradient: True (the default) needs no gradient; False lets
-            ``rg.gradients`` differentiate with respect to this input.
+        stop_gradient: Mark the input as needing no gradient (the default);
+            ``rg.gradients`` still differentiates with respect to it when it
+            is asked for as an input.
 
     Returns:
         The data Var in block 0 of the main program.

@@ -80,8 +80,7 @@ def not_equal(a, b) -> Var:
         A bool Var of the broadcast shape.
 
     Raises:
-        ShapeError: The shapes do not broadcast, the dtypes differ, or neither
-            operand is a Var.
+        ShapeError: The shapes do not broadcast, or neither operand is a Var.
 
     Example:
         ```python

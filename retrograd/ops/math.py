@@ -259,11 +259,11 @@ def add(x, y) -> Var:
         y: The same; at least one of ``x`` and ``y`` is a Var.
 
     Returns:
-        A Var of the broadcast shape, with the operands' dtype.
+        A Var of the broadcast shape; two Vars' dtypes promote as in NumPy
+        (float32 and int64 give float64).
 
     Raises:
-        ShapeError: The shapes do not broadcast, the dtypes differ, or neither
-            operand is a Var.
+        ShapeError: The shapes do not broadcast, or neither operand is a Var.
 
     Example:
         ```python
@@ -295,11 +295,11 @@ def sub(x, y) -> Var:
         y: The same; at least one of ``x`` and ``y`` is a Var.
 
     Returns:
-        A Var of the broadcast shape, with the operands' dtype.
+        A Var of the broadcast shape; two Vars' dtypes promote as in NumPy
+        (float32 and int64 give float64).
 
     Raises:
-        ShapeError: The shapes do not broadcast, the dtypes differ, or neither
-            operand is a Var.
+        ShapeError: The shapes do not broadcast, or neither operand is a Var.
 
     Example:
         ```python
@@ -331,11 +331,11 @@ def mul(x, y) -> Var:
         y: The same; at least one of ``x`` and ``y`` is a Var.
 
     Returns:
-        A Var of the broadcast shape, with the operands' dtype.
+        A Var of the broadcast shape; two Vars' dtypes promote as in NumPy
+        (float32 and int64 give float64).
 
     Raises:
-        ShapeError: The shapes do not broadcast, the dtypes differ, or neither
-            operand is a Var.
+        ShapeError: The shapes do not broadcast, or neither operand is a Var.
 
     Example:
         ```python
@@ -367,11 +367,11 @@ def div(x, y) -> Var:
         y: The same; at least one of ``x`` and ``y`` is a Var.
 
     Returns:
-        A Var of the broadcast shape, with the operands' dtype.
+        A Var of the broadcast shape; two Vars' dtypes promote as in NumPy
+        (float32 and int64 give float64).
 
     Raises:
-        ShapeError: The shapes do not broadcast, the dtypes differ, or neither
-            operand is a Var.
+        ShapeError: The shapes do not broadcast, or neither operand is a Var.
 
     Example:
         ```python
@@ -403,11 +403,11 @@ def pow(x, y) -> Var:
         y: The same; at least one of ``x`` and ``y`` is a Var.
 
     Returns:
-        A Var of the broadcast shape, with the operands' dtype.
+        A Var of the broadcast shape; two Vars' dtypes promote as in NumPy
+        (float32 and int64 give float64).
 
     Raises:
-        ShapeError: The shapes do not broadcast, the dtypes differ, or neither
-            operand is a Var.
+        ShapeError: The shapes do not broadcast, or neither operand is a Var.
 
     Example:
         ```python
@@ -439,11 +439,11 @@ def maximum(x, y) -> Var:
         y: The same; at least one of ``x`` and ``y`` is a Var.
 
     Returns:
-        A Var of the broadcast shape, with the operands' dtype.
+        A Var of the broadcast shape; two Vars' dtypes promote as in NumPy
+        (float32 and int64 give float64).
 
     Raises:
-        ShapeError: The shapes do not broadcast, the dtypes differ, or neither
-            operand is a Var.
+        ShapeError: The shapes do not broadcast, or neither operand is a Var.
 
     Example:
         ```python
@@ -475,11 +475,11 @@ def minimum(x, y) -> Var:
         y: The same; at least one of ``x`` and ``y`` is a Var.
 
     Returns:
-        A Var of the broadcast shape, with the operands' dtype.
+        A Var of the broadcast shape; two Vars' dtypes promote as in NumPy
+        (float32 and int64 give float64).
 
     Raises:
-        ShapeError: The shapes do not broadcast, the dtypes differ, or neither
-            operand is a Var.
+        ShapeError: The shapes do not broadcast, or neither operand is a Var.
 
     Example:
         ```python
@@ -570,8 +570,7 @@ def less(x, y) -> Var:
         A bool Var of the broadcast shape.
 
     Raises:
-        ShapeError: The shapes do not broadcast, the dtypes differ, or neither
-            operand is a Var.
+        ShapeError: The shapes do not broadcast, or neither operand is a Var.
 
     Example:
         ```python
@@ -606,8 +605,7 @@ def less_equal(x, y) -> Var:
         A bool Var of the broadcast shape.
 
     Raises:
-        ShapeError: The shapes do not broadcast, the dtypes differ, or neither
-            operand is a Var.
+        ShapeError: The shapes do not broadcast, or neither operand is a Var.
 
     Example:
         ```python
@@ -642,8 +640,7 @@ def greater(x, y) -> Var:
         A bool Var of the broadcast shape.
 
     Raises:
-        ShapeError: The shapes do not broadcast, the dtypes differ, or neither
-            operand is a Var.
+        ShapeError: The shapes do not broadcast, or neither operand is a Var.
 
     Example:
         ```python
@@ -678,8 +675,7 @@ def greater_equal(x, y) -> Var:
         A bool Var of the broadcast shape.
 
     Raises:
-        ShapeError: The shapes do not broadcast, the dtypes differ, or neither
-            operand is a Var.
+        ShapeError: The shapes do not broadcast, or neither operand is a Var.
 
     Example:
         ```python
@@ -715,8 +711,7 @@ def equal(x, y) -> Var:
         A bool Var of the broadcast shape.
 
     Raises:
-        ShapeError: The shapes do not broadcast, the dtypes differ, or neither
-            operand is a Var.
+        ShapeError: The shapes do not broadcast, or neither operand is a Var.
 
     Example:
         ```python
@@ -1278,8 +1273,7 @@ def logical_and(x, y) -> Var:
         A bool Var of the broadcast shape.
 
     Raises:
-        ShapeError: The shapes do not broadcast, the dtypes differ, or neither
-            operand is a Var.
+        ShapeError: The shapes do not broadcast, or neither operand is a Var.
 
     Example:
         ```python

@@ -73,11 +73,10 @@ def floor_divide(x, y) -> Var:
         y: The same; at least one of ``x`` and ``y`` is a Var.
 
     Returns:
-        A Var of the broadcast shape and the operands' dtype.
+        A Var of the broadcast shape; two Vars' dtypes promote as in NumPy.
 
     Raises:
-        ShapeError: The shapes do not broadcast, the dtypes differ, or neither
-            operand is a Var.
+        ShapeError: The shapes do not broadcast, or neither operand is a Var.
 
     Example:
         ```python
@@ -109,11 +108,11 @@ def mod(x, y) -> Var:
         y: The same; at least one of ``x`` and ``y`` is a Var.
 
     Returns:
-        A Var of the broadcast shape, with the operands' dtype.
+        A Var of the broadcast shape; two Vars' dtypes promote as in NumPy
+        (float32 and int64 give float64).
 
     Raises:
-        ShapeError: The shapes do not broadcast, the dtypes differ, or neither
-            operand is a Var.
+        ShapeError: The shapes do not broadcast, or neither operand is a Var.
 
     Example:
         ```python
