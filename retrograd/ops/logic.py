@@ -72,8 +72,8 @@ def not_equal(a, b) -> Var:
     One operand may be a Python number.
 
     Args:
-        a: A Var, a Python number or a NumPy array (a number or array beside
-            a Var becomes a constant of the Var's dtype).
+        a: A Var, a Python number or a NumPy array (beside a Var it becomes a
+            constant, weakly typed as Python scalars are in NumPy).
         b: The same; at least one of ``a`` and ``b`` is a Var.
 
     Returns:

@@ -254,8 +254,8 @@ def add(x, y) -> Var:
     NumPy broadcasting; ``x + y`` on Vars does the same (reflected forms with numbers too).
 
     Args:
-        x: A Var, a Python number or a NumPy array (a number or array beside
-            a Var becomes a constant of the Var's dtype).
+        x: A Var, a Python number or a NumPy array (beside a Var it becomes a
+            constant, weakly typed as Python scalars are in NumPy).
         y: The same; at least one of ``x`` and ``y`` is a Var.
 
     Returns:
@@ -290,8 +290,8 @@ def sub(x, y) -> Var:
     NumPy broadcasting; ``x - y`` on Vars does the same (reflected forms with numbers too).
 
     Args:
-        x: A Var, a Python number or a NumPy array (a number or array beside
-            a Var becomes a constant of the Var's dtype).
+        x: A Var, a Python number or a NumPy array (beside a Var it becomes a
+            constant, weakly typed as Python scalars are in NumPy).
         y: The same; at least one of ``x`` and ``y`` is a Var.
 
     Returns:
@@ -326,8 +326,8 @@ def mul(x, y) -> Var:
     NumPy broadcasting; ``x * y`` on Vars does the same (reflected forms with numbers too).
 
     Args:
-        x: A Var, a Python number or a NumPy array (a number or array beside
-            a Var becomes a constant of the Var's dtype).
+        x: A Var, a Python number or a NumPy array (beside a Var it becomes a
+            constant, weakly typed as Python scalars are in NumPy).
         y: The same; at least one of ``x`` and ``y`` is a Var.
 
     Returns:
@@ -362,8 +362,8 @@ def div(x, y) -> Var:
     NumPy broadcasting; ``x / y`` on Vars does the same (reflected forms with numbers too).
 
     Args:
-        x: A Var, a Python number or a NumPy array (a number or array beside
-            a Var becomes a constant of the Var's dtype).
+        x: A Var, a Python number or a NumPy array (beside a Var it becomes a
+            constant, weakly typed as Python scalars are in NumPy).
         y: The same; at least one of ``x`` and ``y`` is a Var.
 
     Returns:
@@ -398,8 +398,8 @@ def pow(x, y) -> Var:
     NumPy broadcasting; ``x ** y`` on Vars does the same.
 
     Args:
-        x: A Var, a Python number or a NumPy array (a number or array beside
-            a Var becomes a constant of the Var's dtype).
+        x: A Var, a Python number or a NumPy array (beside a Var it becomes a
+            constant, weakly typed as Python scalars are in NumPy).
         y: The same; at least one of ``x`` and ``y`` is a Var.
 
     Returns:
@@ -434,8 +434,8 @@ def maximum(x, y) -> Var:
     Where they tie, each operand gets half of the gradient.
 
     Args:
-        x: A Var, a Python number or a NumPy array (a number or array beside
-            a Var becomes a constant of the Var's dtype).
+        x: A Var, a Python number or a NumPy array (beside a Var it becomes a
+            constant, weakly typed as Python scalars are in NumPy).
         y: The same; at least one of ``x`` and ``y`` is a Var.
 
     Returns:
@@ -470,8 +470,8 @@ def minimum(x, y) -> Var:
     Where they tie, each operand gets half of the gradient.
 
     Args:
-        x: A Var, a Python number or a NumPy array (a number or array beside
-            a Var becomes a constant of the Var's dtype).
+        x: A Var, a Python number or a NumPy array (beside a Var it becomes a
+            constant, weakly typed as Python scalars are in NumPy).
         y: The same; at least one of ``x`` and ``y`` is a Var.
 
     Returns:
@@ -562,8 +562,8 @@ def less(x, y) -> Var:
     The result is bool and has no gradient; ``x < y`` on Vars does the same.
 
     Args:
-        x: A Var, a Python number or a NumPy array (a number or array beside
-            a Var becomes a constant of the Var's dtype).
+        x: A Var, a Python number or a NumPy array (beside a Var it becomes a
+            constant, weakly typed as Python scalars are in NumPy).
         y: The same; at least one of ``x`` and ``y`` is a Var.
 
     Returns:
@@ -597,8 +597,8 @@ def less_equal(x, y) -> Var:
     The result is bool and has no gradient; ``x <= y`` on Vars does the same.
 
     Args:
-        x: A Var, a Python number or a NumPy array (a number or array beside
-            a Var becomes a constant of the Var's dtype).
+        x: A Var, a Python number or a NumPy array (beside a Var it becomes a
+            constant, weakly typed as Python scalars are in NumPy).
         y: The same; at least one of ``x`` and ``y`` is a Var.
 
     Returns:
@@ -632,8 +632,8 @@ def greater(x, y) -> Var:
     The result is bool and has no gradient; ``x > y`` on Vars does the same.
 
     Args:
-        x: A Var, a Python number or a NumPy array (a number or array beside
-            a Var becomes a constant of the Var's dtype).
+        x: A Var, a Python number or a NumPy array (beside a Var it becomes a
+            constant, weakly typed as Python scalars are in NumPy).
         y: The same; at least one of ``x`` and ``y`` is a Var.
 
     Returns:
@@ -667,8 +667,8 @@ def greater_equal(x, y) -> Var:
     The result is bool and has no gradient; ``x >= y`` on Vars does the same.
 
     Args:
-        x: A Var, a Python number or a NumPy array (a number or array beside
-            a Var becomes a constant of the Var's dtype).
+        x: A Var, a Python number or a NumPy array (beside a Var it becomes a
+            constant, weakly typed as Python scalars are in NumPy).
         y: The same; at least one of ``x`` and ``y`` is a Var.
 
     Returns:
@@ -703,8 +703,8 @@ def equal(x, y) -> Var:
     is identity, so Vars stay hashable): use this function.
 
     Args:
-        x: A Var, a Python number or a NumPy array (a number or array beside
-            a Var becomes a constant of the Var's dtype).
+        x: A Var, a Python number or a NumPy array (beside a Var it becomes a
+            constant, weakly typed as Python scalars are in NumPy).
         y: The same; at least one of ``x`` and ``y`` is a Var.
 
     Returns:
@@ -1265,8 +1265,8 @@ def logical_and(x, y) -> Var:
     A NumPy bool array or a Python bool may stand for one side.
 
     Args:
-        x: A Var, a Python number or a NumPy array (a number or array beside
-            a Var becomes a constant of the Var's dtype).
+        x: A Var, a Python number or a NumPy array (beside a Var it becomes a
+            constant, weakly typed as Python scalars are in NumPy).
         y: The same; at least one of ``x`` and ``y`` is a Var.
 
     Returns:

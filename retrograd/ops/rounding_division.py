@@ -68,8 +68,8 @@ def floor_divide(x, y) -> Var:
     Integers stay integers; ``x // y`` on Vars does the same.
 
     Args:
-        x: A Var, a Python number or a NumPy array (a number or array beside
-            a Var becomes a constant of the Var's dtype).
+        x: A Var, a Python number or a NumPy array (beside a Var it becomes a
+            constant, weakly typed as Python scalars are in NumPy).
         y: The same; at least one of ``x`` and ``y`` is a Var.
 
     Returns:
@@ -103,8 +103,8 @@ def mod(x, y) -> Var:
     The result has the sign of ``y``; ``x % y`` on Vars does the same.
 
     Args:
-        x: A Var, a Python number or a NumPy array (a number or array beside
-            a Var becomes a constant of the Var's dtype).
+        x: A Var, a Python number or a NumPy array (beside a Var it becomes a
+            constant, weakly typed as Python scalars are in NumPy).
         y: The same; at least one of ``x`` and ``y`` is a Var.
 
     Returns:
