@@ -237,7 +237,8 @@ class Backend:
             scale: The scores' scale.
 
         Returns:
-            ``(out, lse)``, or None where the library has none for these operands (the op then computes its general formulation).
+            ``(out, lse)``, or None where the library has none for these operands
+            (the op then computes its general formulation).
         """
         return None
 
@@ -279,13 +280,15 @@ class Backend:
             decoupled: AdamW's decoupled decay.
 
         Returns:
-            Lists ``(params, moment1s, moment2s, steps)`` after the update, new arrays (the inputs unchanged); None where the library has no such routine (the op then runs ``AdamUpdate``'s math per parameter).
+            Lists ``(params, moment1s, moment2s, steps)`` after the update, new
+            arrays (the inputs unchanged); None where the library has no such
+            routine (the op then runs ``AdamUpdate``'s math per parameter).
         """
         return None
 
     # -- sliding windows: the general im2col + GEMM path (windows.py); torch has its own ----------
     def conv(self, x, w, strides, pads, dilations, groups: int):
-        """The convolution ``y [N, F, *out]`` of ``x [N, C, *spatial]`` with ``w [F, C/groups, *kernel]`` (the ``Conv`` kernel).
+        """The ``Conv`` kernel: ``y [N, F, *out]`` of ``x [N, C, *spatial]`` and ``w [F, C/groups, *kernel]``.
 
         Args:
             x: The input.
@@ -815,7 +818,9 @@ class Backend:
         return shifted - xp.log(xp.sum(xp.exp(shifted), axis=axis, keepdims=True))
 
     def add_along_axis(self, x, indices, values, axis: int):
-        """``x`` with ``values`` added at ``indices`` along ``axis``: the cross-entropy gradient's ``- dloss`` at each label.
+        """``x`` with ``values`` added at ``indices`` along ``axis``.
+
+        The cross-entropy gradient's ``- dloss`` at each label.
 
         Args:
             x: The caller's own new array: a backend may change it in place.
@@ -878,9 +883,10 @@ class Backend:
         return self.xp.take_along_axis(x, indices, axis=axis)
 
     def put_along_axis(self, shape, indices, values, axis: int):
-        """Zeros of ``shape`` (``values``' dtype) with ``values`` written at ``indices`` along ``axis`` (``numpy.put_along_axis``).
+        """Zeros of ``shape`` with ``values`` written at ``indices`` along ``axis`` (``numpy.put_along_axis``).
 
-        This default goes through the host; the libraries' modules do it on the device.
+        The result has ``values``' dtype. This default goes through the host; the
+        libraries' modules do it on the device.
 
         Args:
             shape: The result's shape.

@@ -30,9 +30,9 @@ def _name(name: str | None, kind: str) -> str:
 
 
 def layer_norm(x: Var, name: str | None = None, eps: float = 1e-5) -> Var:
-    """``rg.layer_norm`` over the last axis with ``<name>.w`` (ones) and ``<name>.b`` (zeros), as ``torch.nn.LayerNorm(D)``.
+    """``rg.layer_norm`` over the last axis with learned ``<name>.w`` and ``<name>.b``, as ``torch.nn.LayerNorm(D)``.
 
-    Both parameters are ``[D]``.
+    Both parameters are ``[D]``: ``w`` starts at ones, ``b`` at zeros.
 
     Args:
         x: A float Var ``[..., D]``.
@@ -97,7 +97,7 @@ def rms_norm(x: Var, name: str | None = None, eps: float = 1e-6) -> Var:
 
 
 def batch_norm(x: Var, name: str | None = None, momentum: float = 0.1, eps: float = 1e-5) -> Var:
-    """``rg.batch_norm`` with learned scale and shift and running statistics, as ``torch.nn.BatchNorm1d/2d(C, eps, momentum)``.
+    """``rg.batch_norm`` with a learned scale and shift and running statistics (``torch.nn.BatchNorm1d/2d``).
 
     Parameters ``<name>.w`` (ones), ``<name>.b`` (zeros) and the persistable,
     non-trainable running statistics ``<name>.mean`` (zeros) and ``<name>.var``

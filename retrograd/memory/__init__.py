@@ -1,4 +1,4 @@
-"""Memory as a dial: one budget for a training step, reports, recompute at checkpoints, checkpoint choice, schedules over time.
+"""Memory as a dial: one budget for a training step, reports, checkpoints and their choice, schedules over time.
 
 Example:
     ```python

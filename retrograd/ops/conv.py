@@ -403,7 +403,8 @@ def conv2d(x: Var, w: Var, b: Var | None = None, stride=1, padding=0, dilation=1
             w = rg.data("w", [4, 3, 3, 3])
             b = rg.data("b", [4])
             y = rg.conv2d(x, w, b, stride=2, padding=1)    # [?, 4, 4, 4]
-        feed = {"x": np.ones((2, 3, 8, 8), "float32"), "w": np.ones((4, 3, 3, 3), "float32"), "b": np.zeros(4, "float32")}
+        feed = {"x": np.ones((2, 3, 8, 8), "float32"), "w": np.ones((4, 3, 3, 3), "float32"),
+                "b": np.zeros(4, "float32")}
         (out,) = rg.Executor().run(main, feed=feed, fetch_list=[y])
         assert out.shape == (2, 4, 4, 4) and out[0, 0, 1, 1] == 27.0 and out[0, 0, 0, 0] == 12.0
         ```

@@ -70,7 +70,8 @@ def cumsum(x: Var, axis: int, reverse: bool = False) -> Var:
             x = rg.data("x", [-1, 3])
             forward = rg.cumsum(x, axis=1)
             backward = rg.cumsum(x, axis=1, reverse=True)
-        f, b = rg.Executor().run(main, feed={"x": np.array([[1.0, 2.0, 3.0]], "float32")}, fetch_list=[forward, backward])
+        xv = np.array([[1.0, 2.0, 3.0]], "float32")
+        f, b = rg.Executor().run(main, feed={"x": xv}, fetch_list=[forward, backward])
         assert f.tolist() == [[1.0, 3.0, 6.0]] and b.tolist() == [[6.0, 5.0, 3.0]]
         ```
     """

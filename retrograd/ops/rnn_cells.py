@@ -456,8 +456,9 @@ def gru_unit(xproj: Var, hproj: Var, h_prev: Var) -> Var:
             hproj = rg.data("hproj", [-1, 3])
             h_prev = rg.data("h_prev", [-1, 1])
             h = rg.gru_unit(xproj, hproj, h_prev)
-        xv, hv, pv = np.array([[0.1, 0.2, 0.3]], "float32"), np.array([[0.4, -0.2, 0.5]], "float32"), np.array([[1.0]], "float32")
-        (out,) = rg.Executor().run(main, feed={"xproj": xv, "hproj": hv, "h_prev": pv}, fetch_list=[h])
+        feed = {"xproj": np.array([[0.1, 0.2, 0.3]], "float32"), "hproj": np.array([[0.4, -0.2, 0.5]], "float32"),
+                "h_prev": np.array([[1.0]], "float32")}
+        (out,) = rg.Executor().run(main, feed=feed, fetch_list=[h])
         sig = lambda z: 1 / (1 + np.exp(-z))
         r, z = sig(0.1 + 0.4), sig(0.2 - 0.2)
         n = np.tanh(0.3 + r * 0.5)

@@ -58,7 +58,8 @@ class Schedule:
         main, startup = rg.Program(), rg.Program()
         with rg.program_guard(main, startup):
             w = rg.create_parameter("w", [1], init=0.0)
-            rg.optim.SGD(rg.optim.lr.Schedule(0.1, lambda t: 0.5 ** rg.floor_divide(t, 2.0))).minimize(rg.sum(w))      # dw = 1: each step moves w by the rate
+            # dw = 1: each step moves w by the rate
+            rg.optim.SGD(rg.optim.lr.Schedule(0.1, lambda t: 0.5 ** rg.floor_divide(t, 2.0))).minimize(rg.sum(w))
         exe = rg.Executor()
         exe.run(startup)
         rates = []
@@ -205,7 +206,8 @@ def cosine(base: float, total_steps: int, warmup_steps: int = 0, min_lr: float =
         main, startup = rg.Program(), rg.Program()
         with rg.program_guard(main, startup):
             w = rg.create_parameter("w", [1], init=0.0)
-            rg.optim.SGD(rg.optim.lr.cosine(1.0, total_steps=4, warmup_steps=2)).minimize(rg.sum(w))      # dw = 1: each step moves w by the rate
+            # dw = 1: each step moves w by the rate
+            rg.optim.SGD(rg.optim.lr.cosine(1.0, total_steps=4, warmup_steps=2)).minimize(rg.sum(w))
         exe = rg.Executor()
         exe.run(startup)
         rates = []
@@ -241,7 +243,8 @@ def step_decay(base: float, step_size: int, gamma: float = 0.1) -> Schedule:
         main, startup = rg.Program(), rg.Program()
         with rg.program_guard(main, startup):
             w = rg.create_parameter("w", [1], init=0.0)
-            rg.optim.SGD(rg.optim.lr.step_decay(0.1, step_size=2, gamma=0.5)).minimize(rg.sum(w))      # dw = 1: each step moves w by the rate
+            # dw = 1: each step moves w by the rate
+            rg.optim.SGD(rg.optim.lr.step_decay(0.1, step_size=2, gamma=0.5)).minimize(rg.sum(w))
         exe = rg.Executor()
         exe.run(startup)
         rates = []
@@ -276,7 +279,8 @@ def linear_warmup(base: float, warmup_steps: int) -> Schedule:
         main, startup = rg.Program(), rg.Program()
         with rg.program_guard(main, startup):
             w = rg.create_parameter("w", [1], init=0.0)
-            rg.optim.SGD(rg.optim.lr.linear_warmup(0.1, warmup_steps=4)).minimize(rg.sum(w))      # dw = 1: each step moves w by the rate
+            # dw = 1: each step moves w by the rate
+            rg.optim.SGD(rg.optim.lr.linear_warmup(0.1, warmup_steps=4)).minimize(rg.sum(w))
         exe = rg.Executor()
         exe.run(startup)
         rates = []

@@ -17,7 +17,7 @@ ATTRS = ("lr", "beta1", "beta2", "eps", "weight_decay", "decoupled")
 
 
 def fuse_optimizer_updates(program: Program, keep=frozenset()) -> int:
-    """Fuse the global block's ``AdamUpdate`` ops that share their hyper-parameters into one ``FusedAdamUpdate``, in place.
+    """Fuse the ``AdamUpdate`` ops that share their hyper-parameters into one ``FusedAdamUpdate``, in place.
 
     Args:
         program: The program to rewrite.
