@@ -296,16 +296,46 @@ def planned_peak(block: Block, keep, feed_shapes: Mapping | None = None, shapes:
                  exact: bool = True, live: bool = False) -> int:
     """The peak bytes a run of ``block`` fetching ``keep`` would reach, for the shapes given.
 
-    Raises ProgramError naming the values whose sizes depend on run-time
-    shapes ``feed_shapes`` did not give (with ``exact``). By default a
-    budgeted recurrence's segment counts what its schedule reserves (a
-    time-batched row once per gradient it serves: what a budget must hold);
-    with ``live`` what is live at once (each buffer once: what a run
-    measures, the number ``rg.memory.report`` shows).
+    By default a budgeted recurrence's segment counts what its schedule
+    reserves (a time-batched row once per gradient it serves: what a budget
+    must hold); with ``live`` what is live at once (each buffer once: what a
+    run measures, the number ``rg.memory.report`` shows).
 
-    Example::
+    Args:
+        block: The block to plan (usually the global block).
+        keep: The names the run fetches.
+        feed_shapes: ``{name: shape}`` for run-time sizes.
+        shapes: Resolved shapes to reuse (internal).
+        exact: Raise when a size is unknown.
+        live: Count what is live at once instead of what a schedule reserves.
 
-        peak = rg.memory.planned_peak(main.global_block(), ["loss"], {"x": (64, 8)})
+    Returns:
+        The planned peak, in bytes.
+
+    Raises:
+        ProgramError: With ``exact``, values whose sizes depend on run-time
+            shapes ``feed_shapes`` did not give (naming them).
+
+    Example:
+        ```python
+        import numpy as np
+        import retrograd as rg
+
+        main, startup = rg.Program(), rg.Program()
+        with rg.program_guard(main, startup):
+            x = rg.data("x", [-1, 64])
+            h = x
+            for i in range(6):
+                h = rg.layers.fc(h, 64, act="tanh", name=f"l{i}")
+            loss = rg.mean(h)
+            rg.append_backward(loss)
+        peak = rg.memory.planned_peak(main.global_block(), [loss.name], {"x": (128, 64)})
+        exe = rg.Executor()
+        exe.run(startup)
+        exe.run(main, feed={"x": np.ones((128, 64), "float32")}, fetch_list=[loss])
+        print(peak, exe.last_stats.peak_bytes)                 # planned and measured
+        assert peak > 128 * 64 * 4
+        ```
     """
     shapes = shapes if shapes is not None else resolve_shapes(block, feed_shapes)
     sizer = Sizer(block, shapes, live)

@@ -55,10 +55,21 @@ def beta(s: int, r: int) -> int:
 def revolve_cost(n: int, s: int) -> int:
     """Least advances needed to reverse ``n`` steps from a held start state with ``s`` free slots.
 
-    Example::
+    Args:
+        n: The number of steps.
+        s: The free checkpoint slots.
 
-        revolve_cost(10, 9)     # 9: a slot per step, each step advanced once
-        revolve_cost(10, 2)     # 15
+    Returns:
+        The number of forward steps the reversal runs.
+
+    Example:
+        ```python
+        import numpy as np
+        import retrograd as rg
+
+        assert rg.memory.revolve_cost(10, 9) == 9    # a slot per step, each step advanced once
+        assert rg.memory.revolve_cost(10, 2) == 15
+        ```
     """
     if n <= 1:
         return 0
@@ -119,7 +130,24 @@ Action = Restore | Advance | Store | Drop | Reverse
 
 @dataclass
 class Plan:
-    """A checkpoint schedule for ``steps`` time steps in segments of ``segment`` steps."""
+    """A checkpoint schedule for ``steps`` time steps in segments of ``segment`` steps.
+
+    Attributes:
+        steps: The number of time steps.
+        segment: Steps per segment (taped together).
+        slots: Free checkpoint slots (the initial state is extra).
+        sweep_stores: States the forward sweep keeps.
+        advances: Forward steps the backward runs without tape.
+
+    Example:
+        ```python
+        import numpy as np
+        import retrograd as rg
+
+        plan = rg.memory.make_plan(10, 1, 3)
+        assert plan.sweep_stores == [1, 4, 7] and plan.segments == 10
+        ```
+    """
     steps: int
     segment: int
     slots: int                                   # free checkpoint slots (the initial state is extra)
@@ -129,16 +157,61 @@ class Plan:
 
     @property
     def segments(self) -> int:
+        """The number of segments (``ceil(steps / segment)``)."""
         return -(-self.steps // self.segment) if self.steps else 0
 
     def actions(self) -> list:
+        """The backward's actions in order (``Restore``, ``Advance``, ``Reverse``, ``Store``, ``Drop``).
+
+        Returns:
+            A new list of the actions.
+
+        Example:
+            ```python
+            import numpy as np
+            import retrograd as rg
+
+            plan = rg.memory.make_plan(10, 1, 3)
+            print(plan.actions()[:3])    # [Restore(step=7), Advance(start=7, stop=9), Reverse(start=9, stop=10)]
+            ```
+        """
         return list(self._actions)
 
     def peak_bytes(self, state_bytes: int, tape_bytes: int) -> int:
-        """Checkpoints at once plus one segment's tape (the working state not counted)."""
+        """Checkpoints held at once plus one segment's tape (the working state not counted).
+
+        Args:
+            state_bytes: The bytes of one checkpoint (all recurrent states of one step).
+            tape_bytes: What one taped step keeps for its backward.
+
+        Returns:
+            The bytes.
+
+        Example:
+            ```python
+            import numpy as np
+            import retrograd as rg
+
+            plan = rg.memory.make_plan(10, 1, 3)
+            assert plan.peak_bytes(state_bytes=100, tape_bytes=10) == 3 * 100 + 1 * 10
+            ```
+        """
         return self.max_stored() * state_bytes + min(self.segment, self.steps) * tape_bytes
 
     def max_stored(self) -> int:
+        """The most checkpoints held at once during the backward.
+
+        Returns:
+            A count.
+
+        Example:
+            ```python
+            import numpy as np
+            import retrograd as rg
+
+            assert rg.memory.make_plan(10, 1, 3).max_stored() == 3
+            ```
+        """
         held, peak = set(self.sweep_stores), len(self.sweep_stores)
         for action in self._actions:
             if isinstance(action, Store):
@@ -149,18 +222,43 @@ class Plan:
         return peak
 
     def recomputed_steps(self) -> int:
-        """Forward steps the backward runs (taped and not)."""
+        """Forward steps the backward runs (taped and not).
+
+        Returns:
+            ``advances + steps``.
+
+        Example:
+            ```python
+            import numpy as np
+            import retrograd as rg
+
+            plan = rg.memory.make_plan(10, 1, 3)
+            assert plan.recomputed_steps() == plan.advances + 10
+            ```
+        """
         return self.advances + self.steps
 
 
 def make_plan(steps: int, segment: int, slots: int) -> Plan:
     """The binomial schedule of ``steps`` steps in segments of ``segment`` with ``slots`` checkpoints.
 
-    Example::
+    Args:
+        steps: The number of time steps.
+        segment: Steps per segment.
+        slots: Free checkpoint slots.
 
-        plan = make_plan(10, 1, 3)
-        plan.sweep_stores       # [1, 4, 7]: states the forward sweep keeps
-        plan.actions()[:3]      # [Restore(step=7), Advance(start=7, stop=9), Reverse(start=9, stop=10)]
+    Returns:
+        The ``Plan``.
+
+    Example:
+        ```python
+        import numpy as np
+        import retrograd as rg
+
+        plan = rg.memory.make_plan(10, 1, 3)
+        assert plan.sweep_stores == [1, 4, 7]                  # states the forward sweep keeps
+        print(plan.actions()[:3])    # [Restore(step=7), Advance(start=7, stop=9), Reverse(start=9, stop=10)]
+        ```
     """
     if steps < 0 or segment < 1 or slots < 0:
         raise ProgramError(f"bad schedule parameters: steps={steps}, segment={segment}, slots={slots}")
@@ -219,11 +317,22 @@ def make_plan(steps: int, segment: int, slots: int) -> Plan:
 # --- choosing a plan ---------------------------------------------------------------------------
 
 def sqrt_plan(steps: int) -> Plan:
-    """Chen et al.: segments of about sqrt(T) steps, a checkpoint at each segment start.
+    """Chen et al.'s schedule: segments of about sqrt(T) steps, a checkpoint at each segment start.
 
-    Example::
+    Args:
+        steps: The number of time steps.
 
-        plan = rg.memory.sqrt_plan(100)            # checkpoints every ~10 steps
+    Returns:
+        The ``Plan``.
+
+    Example:
+        ```python
+        import numpy as np
+        import retrograd as rg
+
+        plan = rg.memory.sqrt_plan(100)                       # checkpoints every ~10 steps
+        assert plan.segment == 10
+        ```
     """
     segment = max(1, math.isqrt(max(steps, 1)))
     return make_plan(steps, segment, -(-steps // segment))
@@ -255,16 +364,30 @@ def _backward_advances(n: int, slots: int) -> int:
 def budget_plan(steps: int, budget_bytes: int, state_bytes: int, tape_bytes: int) -> Plan:
     """The plan of least recomputation whose checkpoints and tape fit ``budget_bytes``.
 
-    ``state_bytes`` is one checkpoint (all recurrent states of one step),
-    ``tape_bytes`` what one taped step keeps for its backward (its new state
-    and the step values its backward reads). Searches every segment length;
-    for each, the slots the rest of the budget holds decide the advances.
-    Raises ProgramError when even one step's tape does not fit.
+    Searches every segment length; for each, the slots the rest of the budget
+    holds decide the advances.
 
-    Example::
+    Args:
+        steps: The number of time steps.
+        budget_bytes: The bound, in bytes.
+        state_bytes: One checkpoint (all recurrent states of one step).
+        tape_bytes: What one taped step keeps for its backward (its new state
+            and the step values its backward reads).
 
-        plan = budget_plan(1000, budget_bytes=200_000, state_bytes=1000, tape_bytes=4000)
-        plan.segment, plan.slots, plan.advances      # (44, 22, 0): each step recomputed once
+    Returns:
+        The ``Plan``.
+
+    Raises:
+        ProgramError: Even one step's tape does not fit.
+
+    Example:
+        ```python
+        import numpy as np
+        import retrograd as rg
+
+        plan = rg.memory.budget_plan(1000, budget_bytes=200_000, state_bytes=1000, tape_bytes=4000)
+        assert (plan.segment, plan.slots, plan.advances) == (44, 22, 0)    # each step recomputed once
+        ```
     """
     least = minimum_budget(state_bytes, tape_bytes)
     if budget_bytes < least:

@@ -47,12 +47,33 @@ def _constant_onnx(g):
 
 
 def constant(value, dtype=None, name: str | None = None) -> Var:
-    """A constant Var holding ``value`` (a number or array).
+    """A constant Var holding ``value`` (a number, nested list or NumPy array).
 
-    Example::
+    Args:
+        value: The value, stored in the program's attributes.
+        dtype: Its dtype; by default Python floats (and float64 scalars) become
+            ``float32``, other float arrays keep their dtype, integers become
+            ``int64`` and bools ``bool``.
+        name: A name prefix for the output Var (``"const"`` by default).
 
-        two = rg.constant(2.0)                    # float32 scalar
-        ids = rg.constant([1, 2, 3])              # int64 vector
+    Returns:
+        The constant Var, shaped like ``value``.
+
+    Raises:
+        ProgramError: ``value`` is not array-like (a ragged list, a string...).
+
+    Example:
+        ```python
+        import numpy as np
+        import retrograd as rg
+
+        main = rg.Program()
+        with rg.program_guard(main):
+            two = rg.constant(2.0)                    # float32 scalar
+            ids = rg.constant([1, 2, 3])              # int64 vector
+        v, i = rg.Executor().run(main, fetch_list=[two, ids])
+        assert v == 2.0 and i.dtype == np.int64 and list(i) == [1, 2, 3]
+        ```
     """
     try:
         array = np.asarray(value)
@@ -126,9 +147,28 @@ def _fill_onnx(g):
 def fill(shape: Sequence[int], value: float, dtype: str = "float32") -> Var:
     """A tensor of ``shape`` filled with ``value``.
 
-    Example::
+    Args:
+        shape: A fully known shape (no ``-1``; use ``fill_like`` for run-time shapes).
+        value: The fill value.
+        dtype: The dtype (``"float32"`` by default).
 
-        ones = rg.fill([2, 3], 1.0)
+    Returns:
+        A Var of ``shape`` and ``dtype``.
+
+    Raises:
+        ShapeError: ``shape`` holds an unknown (``-1``) dimension.
+
+    Example:
+        ```python
+        import numpy as np
+        import retrograd as rg
+
+        main = rg.Program()
+        with rg.program_guard(main):
+            ones = rg.fill([2, 3], 1.0)
+        (out,) = rg.Executor().run(main, fetch_list=[ones])
+        assert out.shape == (2, 3) and np.all(out == 1.0)
+        ```
     """
     shape = _static_shape(shape, "fill")
     return append_op("Fill", [], {"shape": shape, "value": float(value) if is_float(canonical(dtype))
@@ -154,9 +194,26 @@ def _fill_like_onnx(g):
 def fill_like(x: Var, value: float, dtype: str | None = None) -> Var:
     """A tensor with ``x``'s run-time shape filled with ``value``.
 
-    Example::
+    Args:
+        x: The Var whose shape (known only at run time, possibly) is copied.
+        value: The fill value.
+        dtype: The dtype; ``x``'s dtype by default.
 
-        half = rg.fill_like(x, 0.5)                # x's shape at run time
+    Returns:
+        A Var shaped like ``x``.
+
+    Example:
+        ```python
+        import numpy as np
+        import retrograd as rg
+
+        main = rg.Program()
+        with rg.program_guard(main):
+            x = rg.data("x", [-1, 3])
+            half = rg.fill_like(x, 0.5)                # x's shape at run time
+        (out,) = rg.Executor().run(main, feed={"x": np.zeros((4, 3), "float32")}, fetch_list=[half])
+        assert out.shape == (4, 3) and np.all(out == 0.5)
+        ```
     """
     return append_op("FillLike", [x], {"value": value, "dtype": canonical(dtype) if dtype else None})[0]
 
@@ -197,9 +254,24 @@ def shape_stand_in(x: Var) -> Var:
 def zeros_like(x: Var) -> Var:
     """Zeros of ``x``'s run-time shape and dtype.
 
-    Example::
+    Args:
+        x: The Var whose shape and dtype are copied.
 
-        z = rg.zeros_like(x)
+    Returns:
+        A Var of zeros shaped like ``x``.
+
+    Example:
+        ```python
+        import numpy as np
+        import retrograd as rg
+
+        main = rg.Program()
+        with rg.program_guard(main):
+            x = rg.data("x", [-1, 2], dtype="int64")
+            z = rg.zeros_like(x)
+        (out,) = rg.Executor().run(main, feed={"x": np.ones((3, 2), "int64")}, fetch_list=[z])
+        assert out.dtype == np.int64 and out.shape == (3, 2) and not out.any()
+        ```
     """
     return fill_like(x, 0.0 if is_float(x.dtype) else 0)
 
@@ -207,9 +279,24 @@ def zeros_like(x: Var) -> Var:
 def ones_like(x: Var) -> Var:
     """Ones of ``x``'s run-time shape and dtype.
 
-    Example::
+    Args:
+        x: The Var whose shape and dtype are copied.
 
-        o = rg.ones_like(x)
+    Returns:
+        A Var of ones shaped like ``x``.
+
+    Example:
+        ```python
+        import numpy as np
+        import retrograd as rg
+
+        main = rg.Program()
+        with rg.program_guard(main):
+            x = rg.data("x", [-1, 2])
+            o = rg.ones_like(x)
+        (out,) = rg.Executor().run(main, feed={"x": np.zeros((3, 2), "float32")}, fetch_list=[o])
+        assert np.all(out == 1.0)
+        ```
     """
     return fill_like(x, 1.0 if is_float(x.dtype) else 1)
 
@@ -228,9 +315,31 @@ def _assign_onnx(g):
 def assign(x: Var, output: Var | None = None) -> Var:
     """Copy ``x``; with ``output``, write the copy into an existing Var.
 
-    Example::
+    Writing into ``output`` is how a program updates a persistable value (a
+    state kept across runs) or a loop variable in place.
 
-        rg.assign(new_h, output=h)                 # h takes new_h's value
+    Args:
+        x: The value to copy.
+        output: An existing Var to write the copy into; a new Var when None.
+
+    Returns:
+        The Var holding the copy (``output`` when given).
+
+    Example:
+        ```python
+        import numpy as np
+        import retrograd as rg
+
+        main, startup = rg.Program(), rg.Program()
+        with rg.program_guard(main, startup):
+            count = rg.create_parameter("count", [1], init=0.0, trainable=False)
+            rg.assign(count + 1.0, output=count)       # count takes count + 1
+        exe = rg.Executor()
+        exe.run(startup)
+        exe.run(main)
+        exe.run(main)
+        assert exe.scope.get("count")[0] == 2.0
+        ```
     """
     return append_op("Assign", [x], outputs=None if output is None else [output])[0]
 
@@ -340,16 +449,43 @@ def create_parameter(name: str, shape: Sequence[int], dtype: str = "float32", in
                      trainable: bool = True) -> Var:
     """A persistable, trainable Var initialised by an op in the startup program.
 
-    ``init`` is None (Xavier-uniform for matrices, zeros otherwise), a number,
-    an array (or nested list), ``"zeros"``, ``"ones"``, ``"xavier"``,
-    ``("uniform", lo, hi)``, ``("normal", mean, std)``, or a callable
-    ``init(shape) -> array`` evaluated once, when the program is built. Seeds come from the program's ``random_seed``
-    and the build order, so rebuilding gives the same values. Asking again for
-    an existing parameter with the same shape returns it (weight sharing).
+    Seeds come from the program's ``random_seed`` and the build order, so
+    rebuilding gives the same values. Asking again for an existing parameter
+    with the same shape returns it (weight sharing).
 
-    Example::
+    Args:
+        name: The parameter's name (layers use ``<layer>.<param>``).
+        shape: A fully known shape.
+        dtype: The dtype (``"float32"`` by default).
+        init: None (Xavier-uniform for matrices, zeros otherwise), a number,
+            an array (or nested list), ``"zeros"``, ``"ones"``, ``"xavier"``,
+            ``("uniform", lo, hi)``, ``("normal", mean, std)``, or a callable
+            ``init(shape) -> array`` evaluated once, when the program is built.
+        trainable: False keeps it out of ``append_backward``'s default
+            parameter list (a persistable state).
 
-        w = rg.create_parameter("proj.w", [8, 4], init=("normal", 0.0, 0.02))
+    Returns:
+        The parameter Var in block 0 of the main program.
+
+    Raises:
+        ShapeError: ``shape`` holds ``-1``.
+        ProgramError: ``name`` exists with another shape or dtype, or is not a
+            parameter; or ``init`` is not one of the forms above.
+
+    Example:
+        ```python
+        import numpy as np
+        import retrograd as rg
+
+        main, startup = rg.Program(), rg.Program()
+        with rg.program_guard(main, startup):
+            w = rg.create_parameter("proj.w", [8, 4], init=("normal", 0.0, 0.02))
+            b = rg.create_parameter("proj.b", [4], init=0.5)
+        exe = rg.Executor()
+        exe.run(startup)                               # runs the initialisers
+        assert exe.scope.get("proj.w").shape == (8, 4)
+        assert np.all(exe.scope.get("proj.b") == 0.5)
+        ```
     """
     shape = _static_shape(shape, f"parameter '{name}'")
     dtype = canonical(dtype)
@@ -374,10 +510,30 @@ def create_parameter(name: str, shape: Sequence[int], dtype: str = "float32", in
 def data(name: str, shape: Sequence[int], dtype: str = "float32", stop_gradient: bool = True) -> Var:
     """An input fed at run time; ``-1`` (or None) marks a dimension known only then.
 
-    Example::
+    Args:
+        name: The feed name (``feed={name: array}``).
+        shape: The shape, ``-1`` or None where it varies between runs (batch, time).
+        dtype: ``"float32"`` by default; ``"int64"`` for ids and labels.
+        stop_gradient: Mark the input as needing no gradient (the default);
+            ``rg.gradients`` still differentiates with respect to it when it
+            is asked for as an input.
 
-        x = rg.data("x", [-1, 8])                  # float32, any batch size
-        labels = rg.data("labels", [-1], dtype="int64")
+    Returns:
+        The data Var in block 0 of the main program.
+
+    Example:
+        ```python
+        import numpy as np
+        import retrograd as rg
+
+        main = rg.Program()
+        with rg.program_guard(main):
+            x = rg.data("x", [-1, 8])                  # float32, any batch size
+            labels = rg.data("labels", [-1], dtype="int64")
+            y = rg.sum(x, axis=1)
+        (out,) = rg.Executor().run(main, feed={"x": np.ones((2, 8), "float32")}, fetch_list=[y])
+        assert list(out) == [8.0, 8.0]
+        ```
     """
     block = default_main_program().global_block()
     shape = [-1 if d is None else as_int(d, f"data '{name}': a dimension") for d in as_list(shape, f"data '{name}': shape")]

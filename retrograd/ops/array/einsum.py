@@ -165,14 +165,35 @@ def einsum(equation: str, *xs) -> Var:
 
     The output may be explicit (``"ij,jk->ik"``) or implicit (``"ij,jk"``: the
     letters used once, in alphabetical order); ``...`` stands for the axes no
-    letter names. An equation that does not match its operands (count, ranks,
-    sizes) is a ShapeError when built. Every float operand gets a gradient,
-    itself an einsum (so second order works).
+    letter names. Every float operand gets a gradient, itself an einsum (so
+    second order works).
 
-    Example::
+    Args:
+        equation: The subscripts.
+        *xs: The operands, one per term of the equation.
 
-        scores = rg.einsum("nld,nsd->nls", q, k)       # batched q @ k^T
-        trace = rg.einsum("ii", m)
+    Returns:
+        The result Var.
+
+    Raises:
+        ShapeError: The equation does not match its operands (count, ranks, sizes).
+
+    Example:
+        ```python
+        import numpy as np
+        import retrograd as rg
+
+        main = rg.Program()
+        with rg.program_guard(main):
+            q = rg.data("q", [-1, 3, 4])
+            k = rg.data("k", [-1, 5, 4])
+            m = rg.data("m", [3, 3])
+            scores = rg.einsum("nld,nsd->nls", q, k)       # batched q @ k^T
+            trace = rg.einsum("ii", m)
+        qv, kv, mv = np.ones((2, 3, 4), "float32"), np.ones((2, 5, 4), "float32"), np.eye(3, dtype="float32")
+        s, t = rg.Executor().run(main, feed={"q": qv, "k": kv, "m": mv}, fetch_list=[scores, trace])
+        assert s.shape == (2, 3, 5) and np.allclose(s, 4.0) and t == 3.0
+        ```
     """
     if len(xs) == 1 and isinstance(xs[0], (list, tuple)):
         xs = tuple(xs[0])

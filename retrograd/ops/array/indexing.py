@@ -324,15 +324,36 @@ def getitem(x: Var, key) -> Var:
 
     Ints (negative from the end), slices with any step (negative too), None
     (a new axis), ``...`` and int64/int32 0-d Vars (read as ints at run time).
-    An int out of range on a known dimension is a ShapeError when built; on a
-    dimension known only at run time, and for a Var index, an ExecutionError
-    naming the op when run. Arrays of ids are ``rg.gather``'s job.
+    Arrays of ids are ``rg.gather``'s job.
 
-    Example::
+    Args:
+        x: A Var.
+        key: An index, a slice, None, ``...``, an int 0-d Var, or a tuple of them.
 
-        last = h[-1]                  # h [T, N, D] -> [N, D]
-        every_other = x[:, ::2, None] # [N, D] -> [N, ceil(D / 2), 1]
-        row = table[i]                # i: an int64 0-d Var
+    Returns:
+        The indexed Var (a view's value; its gradient fills the rest with zeros).
+
+    Raises:
+        ShapeError: An int out of range on a known dimension (when built).
+        ExecutionError: An index out of range on a dimension known only at run
+            time, or a Var index out of range (when run).
+
+    Example:
+        ```python
+        import numpy as np
+        import retrograd as rg
+
+        main = rg.Program()
+        with rg.program_guard(main):
+            x = rg.data("x", [3, 4])
+            i = rg.data("i", [], dtype="int64")
+            last = x[-1]                                   # [4]
+            every_other = x[:, ::2, None]                  # [3, 2, 1]
+            row = x[i]                                     # i: an int64 0-d Var
+        xv = np.arange(12, dtype="float32").reshape(3, 4)
+        a, b, c = rg.Executor().run(main, feed={"x": xv, "i": np.array(1)}, fetch_list=[last, every_other, row])
+        assert np.array_equal(a, xv[-1]) and np.array_equal(b, xv[:, ::2, None]) and np.array_equal(c, xv[1])
+        ```
     """
     try:
         items, index_vars = key_items(key, x)
@@ -612,15 +633,38 @@ def _last_writes_onnx(g):
 def scatter(x: Var, ids: Var, updates, overwrite: bool = True) -> Var:
     """``x`` with rows replaced: ``x[ids] = updates`` (``overwrite=False``: ``x[ids] += updates``).
 
-    ``ids`` (int64 or int32, any shape) pick rows of ``x`` (axis 0);
-    ``updates`` has shape ``ids.shape + x.shape[1:]``. An id outside
-    ``[0, x.shape[0])`` fails the run. With repeated ids, ``overwrite=True``
-    keeps the last update of a row (as NumPy's ``x[ids] = updates``) and
-    only that update receives a gradient; ``overwrite=False`` adds them all.
+    With repeated ids, ``overwrite=True`` keeps the last update of a row (as
+    NumPy's ``x[ids] = updates``) and only that update receives a gradient;
+    ``overwrite=False`` adds them all.
 
-    Example::
+    Args:
+        x: A Var ``[S, ...]``.
+        ids: int64 or int32 ids of any shape, picking rows of ``x`` (axis 0).
+        updates: A Var (or array) of shape ``ids.shape + x.shape[1:]``.
+        overwrite: Replace rows (True) or add to them (False).
 
-        cache = rg.scatter(cache, slot_ids, new_rows)       # cache [S, D], ids [N], rows [N, D]
+    Returns:
+        A new Var of ``x``'s shape (``x`` itself is unchanged).
+
+    Raises:
+        ExecutionError: An id lies outside ``[0, x.shape[0])`` (at run time).
+
+    Example:
+        ```python
+        import numpy as np
+        import retrograd as rg
+
+        main = rg.Program()
+        with rg.program_guard(main):
+            cache = rg.data("cache", [3, 2])
+            slot_ids = rg.data("ids", [-1], dtype="int64")
+            rows = rg.data("rows", [-1, 2])
+            replaced = rg.scatter(cache, slot_ids, rows)
+            added = rg.scatter(cache, slot_ids, rows, overwrite=False)
+        feed = {"cache": np.zeros((3, 2), "float32"), "ids": np.array([2, 2]), "rows": np.ones((2, 2), "float32")}
+        r, a = rg.Executor().run(main, feed=feed, fetch_list=[replaced, added])
+        assert r[2].tolist() == [1.0, 1.0] and a[2].tolist() == [2.0, 2.0] and not a[:2].any()
+        ```
     """
     if not isinstance(ids, Var):
         ids = constant(np.asarray(ids), "int64")
@@ -760,15 +804,33 @@ def _dynamic_slice_onnx(g):
 def update_slice(x: Var, update, starts) -> Var:
     """``x`` with the block at ``starts`` replaced by ``update`` (``jax.lax.dynamic_update_slice``).
 
-    ``update`` has ``x``'s rank; ``starts`` holds one start per axis, ints or
-    int64 0-d Vars. As in JAX, a negative start counts from the end
-    (``start + n``) and every start is then clamped into ``[0, n - size]``, so
-    the block always fits. Gradients flow to ``x`` (zero inside the block) and
-    to ``update``.
+    As in JAX, a negative start counts from the end (``start + n``) and every
+    start is then clamped into ``[0, n - size]``, so the block always fits.
+    Gradients flow to ``x`` (zero inside the block) and to ``update``.
 
-    Example::
+    Args:
+        x: A Var.
+        update: A Var (or array) of ``x``'s rank.
+        starts: One start per axis: ints or int64 0-d Vars.
 
-        cache = rg.update_slice(cache, k_t, [0, 0, t, 0])   # cache [N, H, L, E], k_t [N, H, 1, E]
+    Returns:
+        A new Var of ``x``'s shape.
+
+    Example:
+        ```python
+        import numpy as np
+        import retrograd as rg
+
+        main = rg.Program()
+        with rg.program_guard(main):
+            cache = rg.data("cache", [2, 4])
+            k_t = rg.data("k_t", [2, 1])
+            t = rg.data("t", [], dtype="int64")
+            new_cache = rg.update_slice(cache, k_t, [0, t])    # write column t
+        feed = {"cache": np.zeros((2, 4), "float32"), "k_t": np.ones((2, 1), "float32"), "t": np.array(2)}
+        (out,) = rg.Executor().run(main, feed=feed, fetch_list=[new_cache])
+        assert out.tolist() == [[0, 0, 1, 0], [0, 0, 1, 0]]
+        ```
     """
     if not isinstance(update, Var):
         update = constant(np.asarray(update), x.dtype)

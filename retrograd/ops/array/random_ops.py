@@ -53,9 +53,31 @@ def _float_dtype(dtype, what: str) -> str:
 def rand(shape: Sequence[int], seed: int | None = None, dtype: str = "float32") -> Var:
     """Uniform values in [0, 1) of a fixed ``shape``, new ones on every run.
 
-    Example::
+    Random ops use the keyed generator: one program draws the same numbers on
+    every backend and in exported ONNX, new numbers on every run, and the same
+    numbers again when the backward recomputes them.
 
-        noise = rg.rand([4, 8])                     # float32 [4, 8]
+    Args:
+        shape: A fully known shape.
+        seed: The op's seed; by default the program's next seed.
+        dtype: A float dtype.
+
+    Returns:
+        A Var of ``shape``.
+
+    Example:
+        ```python
+        import numpy as np
+        import retrograd as rg
+
+        main = rg.Program()
+        with rg.program_guard(main):
+            noise = rg.rand([4, 8])                        # float32 [4, 8]
+        exe = rg.Executor()
+        (a,) = exe.run(main, fetch_list=[noise])
+        (b,) = exe.run(main, fetch_list=[noise])
+        assert a.shape == (4, 8) and 0.0 <= a.min() and a.max() < 1.0 and not np.array_equal(a, b)
+        ```
     """
     attrs = {"shape": _shape(shape, "rand"), "dtype": _float_dtype(dtype, "rand"), "low": 0.0,
              "high": 1.0, "seed": _seed(seed), "per_run": True}
@@ -65,9 +87,29 @@ def rand(shape: Sequence[int], seed: int | None = None, dtype: str = "float32") 
 def randn(shape: Sequence[int], seed: int | None = None, dtype: str = "float32") -> Var:
     """Standard normal values of a fixed ``shape``, new ones on every run.
 
-    Example::
+    Random ops use the keyed generator: one program draws the same numbers on
+    every backend and in exported ONNX, new numbers on every run, and the same
+    numbers again when the backward recomputes them.
 
-        z = rg.randn([16, 32], seed=7)
+    Args:
+        shape: A fully known shape.
+        seed: The op's seed; by default the program's next seed.
+        dtype: A float dtype.
+
+    Returns:
+        A Var of ``shape``.
+
+    Example:
+        ```python
+        import numpy as np
+        import retrograd as rg
+
+        main = rg.Program()
+        with rg.program_guard(main):
+            z = rg.randn([100, 100], seed=7)
+        (out,) = rg.Executor().run(main, fetch_list=[z])
+        assert abs(out.mean()) < 0.05 and abs(out.std() - 1.0) < 0.05
+        ```
     """
     attrs = {"shape": _shape(shape, "randn"), "dtype": _float_dtype(dtype, "randn"), "mean": 0.0,
              "std": 1.0, "seed": _seed(seed), "per_run": True}
@@ -111,12 +153,30 @@ def _like_dtype(x: Var, dtype) -> str:
 
 
 def rand_like(x: Var, seed: int | None = None, dtype: str | None = None) -> Var:
-    """Uniform values in [0, 1) with ``x``'s run-time shape (and dtype, when a float), new ones
-    on every run. ``x``'s values are not read and get no gradient.
+    """Uniform values in [0, 1) with ``x``'s run-time shape, new ones on every run.
 
-    Example::
+    ``x``'s values are not read and get no gradient.
 
-        keep = rg.rand_like(h) < 0.9
+    Args:
+        x: A Var whose shape (and dtype, when a float) is used.
+        seed: The op's seed; by default the program's next seed.
+        dtype: A float dtype; ``x``'s when it is a float, else float32.
+
+    Returns:
+        A Var of ``x``'s shape.
+
+    Example:
+        ```python
+        import numpy as np
+        import retrograd as rg
+
+        main = rg.Program()
+        with rg.program_guard(main):
+            h = rg.data("h", [-1, 1000])
+            keep = rg.rand_like(h) < 0.9
+        (out,) = rg.Executor().run(main, feed={"h": np.zeros((2, 1000), "float32")}, fetch_list=[keep])
+        assert out.shape == (2, 1000) and 0.85 < out.mean() < 0.95
+        ```
     """
     attrs = {"dtype": _like_dtype(x, dtype), "low": 0.0, "high": 1.0, "seed": _seed(seed)}
     return append_op("UniformRandomLike", [x], attrs, name="rand_like")[0]
@@ -125,9 +185,26 @@ def rand_like(x: Var, seed: int | None = None, dtype: str | None = None) -> Var:
 def randn_like(x: Var, seed: int | None = None, dtype: str | None = None) -> Var:
     """Standard normal values with ``x``'s run-time shape (and float dtype), new on every run.
 
-    Example::
+    Args:
+        x: A Var whose shape (and dtype, when a float) is used.
+        seed: The op's seed; by default the program's next seed.
+        dtype: A float dtype; ``x``'s when it is a float, else float32.
 
-        noisy = x + 0.1 * rg.randn_like(x)
+    Returns:
+        A Var of ``x``'s shape.
+
+    Example:
+        ```python
+        import numpy as np
+        import retrograd as rg
+
+        main = rg.Program()
+        with rg.program_guard(main):
+            x = rg.data("x", [-1, 3])
+            noisy = x + 0.1 * rg.randn_like(x)
+        (out,) = rg.Executor().run(main, feed={"x": np.ones((4, 3), "float32")}, fetch_list=[noisy])
+        assert out.shape == (4, 3) and np.abs(out - 1.0).max() < 1.0
+        ```
     """
     attrs = {"dtype": _like_dtype(x, dtype), "mean": 0.0, "std": 1.0, "seed": _seed(seed)}
     return append_op("GaussianRandomLike", [x], attrs, name="randn_like")[0]
@@ -152,12 +229,28 @@ def _random_integers_onnx(g):
 
 
 def randint(low: int, high: int, shape: Sequence[int], seed: int | None = None) -> Var:
-    """int64 values uniform in [low, high) of a fixed ``shape`` (``high - low`` at most 2**31),
-    new ones on every run.
+    """int64 values uniform in [low, high) of a fixed ``shape``, new ones on every run.
 
-    Example::
+    Args:
+        low: The smallest value.
+        high: One past the largest (``high - low`` at most 2**31).
+        shape: A fully known shape.
+        seed: The op's seed; by default the program's next seed.
 
-        ids = rg.randint(0, 100, [8])
+    Returns:
+        An int64 Var of ``shape``.
+
+    Example:
+        ```python
+        import numpy as np
+        import retrograd as rg
+
+        main = rg.Program()
+        with rg.program_guard(main):
+            ids = rg.randint(0, 10, [1000])
+        (out,) = rg.Executor().run(main, fetch_list=[ids])
+        assert out.dtype == np.int64 and out.min() >= 0 and out.max() <= 9 and len(set(out.tolist())) == 10
+        ```
     """
     low, high = as_int(low, "randint: low"), as_int(high, "randint: high")
     if not 0 < high - low <= MAX_INT_RANGE:
@@ -218,20 +311,39 @@ def _categorical_onnx(g):
 
 
 def categorical(logits: Var, seed: int | Var | None = None) -> Var:
-    """int64 [N]: one sample per row of ``logits`` [N, C] from softmax(logits), new on every run
-    (-inf logits are never drawn).
+    """One sample per row of ``logits [N, C]`` from ``softmax(logits)``, new on every run.
 
-    ``seed`` may also be an int64 0-d Var, a seed chosen at run time (as TensorFlow's
-    stateless ``tf.random.stateless_categorical``): it takes the run's number's place in the
-    keyed generator's key, so the same seed value draws the same samples in every run, on
-    every backend and in exported ONNX (whose model then has no ``retrograd.run_id`` input for
-    this op). Negative seeds count modulo 2**63.
+    ``-inf`` logits are never drawn. ``seed`` may also be an int64 0-d Var, a
+    seed chosen at run time (as TensorFlow's stateless
+    ``tf.random.stateless_categorical``): it takes the run's number's place in
+    the keyed generator's key, so the same seed value draws the same samples in
+    every run, on every backend and in exported ONNX (whose model then has no
+    ``retrograd.run_id`` input for this op). Negative seeds count modulo 2**63.
 
-    Example::
+    Args:
+        logits: A float Var ``[N, C]``.
+        seed: None (the program's next seed), an int, or an int64 0-d Var.
 
-        next_char = rg.categorical(logits / temperature)
-        seed = rg.data("seed", [], dtype="int64")
-        same_every_run = rg.categorical(logits, seed=seed)
+    Returns:
+        An int64 Var ``[N]``.
+
+    Example:
+        ```python
+        import numpy as np
+        import retrograd as rg
+
+        main = rg.Program()
+        with rg.program_guard(main):
+            logits = rg.data("logits", [-1, 3])
+            seed = rg.data("seed", [], dtype="int64")
+            drawn = rg.categorical(logits)
+            same_every_run = rg.categorical(logits, seed=seed)
+        lv = np.array([[0.0, 0.0, -np.inf]] * 500, "float32")      # class 2 is never drawn
+        exe = rg.Executor()
+        a, s1 = exe.run(main, feed={"logits": lv, "seed": np.array(3)}, fetch_list=[drawn, same_every_run])
+        (s2,) = exe.run(main, feed={"logits": lv, "seed": np.array(3)}, fetch_list=[same_every_run])
+        assert set(a.tolist()) == {0, 1} and np.array_equal(s1, s2)
+        ```
     """
     if isinstance(seed, Var):
         if seed.dtype != "int64" or seed.ndim != 0:

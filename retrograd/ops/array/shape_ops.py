@@ -70,9 +70,27 @@ def _stack_onnx(g):
 def stack(xs: Sequence[Var], axis: int = 0) -> Var:
     """Join Vars of one shape along a new axis (``numpy.stack``).
 
-    Example::
+    Args:
+        xs: The Vars (one shape and dtype).
+        axis: Where the new axis goes in the result.
 
-        pair = rg.stack([a, b], axis=0)            # two [N, D] -> [2, N, D]
+    Returns:
+        A Var with one more axis, of size ``len(xs)``.
+
+    Example:
+        ```python
+        import numpy as np
+        import retrograd as rg
+
+        main = rg.Program()
+        with rg.program_guard(main):
+            a = rg.data("a", [-1, 2])
+            b = rg.data("b", [-1, 2])
+            pair = rg.stack([a, b], axis=0)                # two [N, D] -> [2, N, D]
+        feed = {"a": np.zeros((3, 2), "float32"), "b": np.ones((3, 2), "float32")}
+        (out,) = rg.Executor().run(main, feed=feed, fetch_list=[pair])
+        assert out.shape == (2, 3, 2) and out[1].all() and not out[0].any()
+        ```
     """
     xs = as_list(xs, "stack: xs")
     like = next((x for x in xs if isinstance(x, Var)), None)
@@ -153,11 +171,27 @@ def _broadcast_to_onnx(g):
 
 
 def broadcast_to(x: Var, shape: Sequence[int]) -> Var:
-    """``x`` broadcast to ``shape`` (``numpy.broadcast_to``); a -1 keeps x's size on that axis.
+    """``x`` broadcast to ``shape`` (``numpy.broadcast_to``).
 
-    Example::
+    Args:
+        x: A Var.
+        shape: The target shape; a -1 keeps ``x``'s size on that axis.
 
-        rows = rg.broadcast_to(bias, [4, 8])       # bias [8] -> [4, 8]
+    Returns:
+        A Var of ``shape``; its gradient sums over the broadcast axes.
+
+    Example:
+        ```python
+        import numpy as np
+        import retrograd as rg
+
+        main = rg.Program()
+        with rg.program_guard(main):
+            bias = rg.data("bias", [3])
+            rows = rg.broadcast_to(bias, [2, 3])           # [3] -> [2, 3]
+        (out,) = rg.Executor().run(main, feed={"bias": np.arange(3, dtype="float32")}, fetch_list=[rows])
+        assert out.tolist() == [[0.0, 1.0, 2.0], [0.0, 1.0, 2.0]]
+        ```
     """
     shape = [-1 if d is None else as_int(d, "broadcast_to: a dimension") for d in as_list(shape, "broadcast_to: shape")]
     return append_op("BroadcastTo", [x], {"shape": shape})[0]
@@ -244,12 +278,29 @@ def _tile_grad_onnx(g):
 
 
 def tile(x: Var, reps) -> Var:
-    """``x`` repeated ``reps[i]`` times along each axis (``numpy.tile``: fewer reps than axes
-    repeat the last axes, more add leading axes).
+    """``x`` repeated ``reps[i]`` times along each axis (``numpy.tile``).
 
-    Example::
+    Fewer reps than axes repeat the last axes; more add leading axes.
 
-        grid = rg.tile(row, [3, 1])                # row [1, 4] -> [3, 4]
+    Args:
+        x: A Var.
+        reps: One repeat count per axis (ints).
+
+    Returns:
+        The tiled Var.
+
+    Example:
+        ```python
+        import numpy as np
+        import retrograd as rg
+
+        main = rg.Program()
+        with rg.program_guard(main):
+            row = rg.data("row", [1, 2])
+            grid = rg.tile(row, [3, 2])                    # [1, 2] -> [3, 4]
+        (out,) = rg.Executor().run(main, feed={"row": np.array([[1.0, 2.0]], "float32")}, fetch_list=[grid])
+        assert np.array_equal(out, np.tile([[1.0, 2.0]], [3, 2]))
+        ```
     """
     reps = [as_int(reps, "tile: reps")] if isinstance(reps, (int, np.integer)) else as_ints(reps, "tile: reps")
     return append_op("Tile", [x], {"reps": reps})[0]
@@ -311,13 +362,31 @@ def _pad_onnx(g):
 
 
 def pad(x: Var, pads, value: float = 0.0) -> Var:
-    """``x`` with ``value`` before and after each axis: ``pads`` is one ``(before, after)`` per
-    axis, as ``numpy.pad(x, pads, constant_values=value)`` reads it (one pair, or one int, for
-    every axis). The gradient is the slice of the padded gradient that holds x.
+    """``x`` with ``value`` before and after each axis, as ``numpy.pad(x, pads, constant_values=value)``.
 
-    Example::
+    The gradient is the slice of the padded gradient that holds x.
 
-        y = rg.pad(x, [(0, 0), (1, 2)])            # x [N, D] -> [N, D + 3]
+    Args:
+        x: A Var.
+        pads: One ``(before, after)`` per axis, as ``numpy.pad`` reads it (one
+            pair, or one int, for every axis).
+        value: The fill value.
+
+    Returns:
+        The padded Var.
+
+    Example:
+        ```python
+        import numpy as np
+        import retrograd as rg
+
+        main = rg.Program()
+        with rg.program_guard(main):
+            x = rg.data("x", [-1, 2])
+            y = rg.pad(x, [(0, 0), (1, 2)], value=-1.0)    # [N, D] -> [N, D + 3]
+        (out,) = rg.Executor().run(main, feed={"x": np.ones((1, 2), "float32")}, fetch_list=[y])
+        assert out.tolist() == [[-1.0, 1.0, 1.0, -1.0, -1.0]]
+        ```
     """
     pairs = _pad_pairs(pads, x.ndim)
     value = as_float(value, "pad: value")
@@ -372,13 +441,29 @@ def _arange_onnx(g):
 def arange(start, stop=None, step=1, dtype: str = "int64") -> Var:
     """``[start, start + step, ...)`` up to ``stop`` (``numpy.arange``); ``arange(n)`` counts from 0.
 
-    ``start`` and ``stop`` may be int64 0-d Vars (the length is then known
-    only at run time, ``-1``); ``step`` is a nonzero number. ``dtype`` is
-    int64 by default; float32/float64 give float ranges.
+    Args:
+        start: A number, or an int64 0-d Var (the length is then known only at
+            run time, ``-1``); the stop when ``stop`` is None.
+        stop: A number, an int64 0-d Var, or None.
+        step: A nonzero number.
+        dtype: ``"int64"`` by default; float32/float64 give float ranges.
 
-    Example::
+    Returns:
+        A 1-D Var.
 
-        positions = rg.arange(rg.ops.tensor.dim(x, 1))     # 0 .. T-1 for x [N, T, D]
+    Example:
+        ```python
+        import numpy as np
+        import retrograd as rg
+
+        main = rg.Program()
+        with rg.program_guard(main):
+            n = rg.data("n", [], dtype="int64")
+            positions = rg.arange(n)                       # 0 .. n-1, n fed at run time
+            odds = rg.arange(1, 8, 2)
+        p, o = rg.Executor().run(main, feed={"n": np.array(4)}, fetch_list=[positions, odds])
+        assert p.tolist() == [0, 1, 2, 3] and o.tolist() == [1, 3, 5, 7]
+        ```
     """
     if stop is None:
         start, stop = 0, start

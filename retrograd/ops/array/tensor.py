@@ -98,9 +98,25 @@ def _reshape_as_onnx(g):
 def reshape(x: Var, shape: Sequence[int]) -> Var:
     """``x`` with a new shape of the same size; one dimension may be -1 (inferred).
 
-    Example::
+    Args:
+        x: A Var.
+        shape: The new shape; one entry may be -1 (or None), inferred at run time.
 
-        flat = rg.reshape(x, [-1, 8 * 8])        # x [N, 8, 8] -> [N, 64]
+    Returns:
+        A Var of ``shape`` and ``x``'s dtype.
+
+    Example:
+        ```python
+        import numpy as np
+        import retrograd as rg
+
+        main = rg.Program()
+        with rg.program_guard(main):
+            x = rg.data("x", [-1, 8, 8])
+            flat = rg.reshape(x, [-1, 8 * 8])          # [N, 8, 8] -> [N, 64]
+        (out,) = rg.Executor().run(main, feed={"x": np.zeros((2, 8, 8), "float32")}, fetch_list=[flat])
+        assert out.shape == (2, 64)
+        ```
     """
     shape = [-1 if d is None else as_int(d, "reshape: a dimension") for d in as_list(shape, "reshape: shape")]
     return append_op("Reshape", [x], {"shape": shape})[0]
@@ -147,11 +163,28 @@ def _transpose_onnx(g):
 
 
 def transpose(x: Var, perm: Sequence[int] | None = None) -> Var:
-    """Permute axes: output axis i is input axis ``perm[i]`` (None reverses them).
+    """Permute the axes of ``x``: output axis i is input axis ``perm[i]``.
 
-    Example::
+    Args:
+        x: A Var.
+        perm: A permutation of ``range(x.ndim)``; None reverses the axes (``x.T``).
 
-        xt = rg.transpose(x, [1, 0, 2])          # [T, N, D] -> [N, T, D]
+    Returns:
+        A Var with the permuted shape.
+
+    Example:
+        ```python
+        import numpy as np
+        import retrograd as rg
+
+        main = rg.Program()
+        with rg.program_guard(main):
+            x = rg.data("x", [5, 2, 3])
+            xt = rg.transpose(x, [1, 0, 2])            # [T, N, D] -> [N, T, D]
+        xv = np.random.rand(5, 2, 3).astype("float32")
+        (out,) = rg.Executor().run(main, feed={"x": xv}, fetch_list=[xt])
+        assert np.array_equal(out, xv.transpose(1, 0, 2))
+        ```
     """
     return append_op("Transpose", [x], {"perm": None if perm is None else as_ints(perm, "transpose: perm")})[0]
 
@@ -314,24 +347,63 @@ def _split_onnx(g):
 
 
 def concat(xs: Sequence[Var], axis: int = 0) -> Var:
-    """Join Vars along ``axis``; the other sizes must agree.
+    """Join Vars along ``axis``; their other sizes must agree.
 
-    Example::
+    Args:
+        xs: The Vars (one dtype).
+        axis: The axis to join along (negative counts from the end).
 
-        both = rg.concat([h_fwd, h_bwd], axis=-1)      # [N, H] + [N, H] -> [N, 2H]
+    Returns:
+        A Var whose size along ``axis`` is the sum of theirs.
+
+    Example:
+        ```python
+        import numpy as np
+        import retrograd as rg
+
+        main = rg.Program()
+        with rg.program_guard(main):
+            a = rg.data("a", [-1, 2])
+            b = rg.data("b", [-1, 3])
+            both = rg.concat([a, b], axis=-1)          # [N, 2] + [N, 3] -> [N, 5]
+        feed = {"a": np.zeros((4, 2), "float32"), "b": np.ones((4, 3), "float32")}
+        (out,) = rg.Executor().run(main, feed=feed, fetch_list=[both])
+        assert out.shape == (4, 5) and out[:, 2:].all()
+        ```
     """
     xs = list(xs)
     return append_op("Concat", xs, {"axis": as_int(axis, "concat: axis")})[0]
 
 
 def split(x: Var, num_or_sizes, axis: int = 0) -> list[Var]:
-    """Cut ``x`` along ``axis``: into ``num`` equal pieces, or pieces of the given sizes
-    (one size may be -1: the rest). Returns a list of Vars.
+    """Cut ``x`` along ``axis`` into ``num`` equal pieces, or into pieces of the given sizes.
 
-    Example::
+    Args:
+        x: A Var.
+        num_or_sizes: An int (the number of equal pieces) or a list of sizes,
+            one of which may be -1 (the rest).
+        axis: The axis to cut along.
 
-        i, f, g, o = rg.split(gates, 4, axis=1)        # [N, 4H] -> 4 x [N, H]
-        head, tail = rg.split(x, [1, -1], axis=0)
+    Returns:
+        A list of Vars.
+
+    Raises:
+        ProgramError: A count below 1, or sizes below -1 or with more than one -1.
+
+    Example:
+        ```python
+        import numpy as np
+        import retrograd as rg
+
+        main = rg.Program()
+        with rg.program_guard(main):
+            gates = rg.data("gates", [2, 8])
+            i, f, g, o = rg.split(gates, 4, axis=1)    # [N, 4H] -> 4 x [N, H]
+            head, tail = rg.split(gates, [1, -1], axis=0)
+        gv = np.arange(16, dtype="float32").reshape(2, 8)
+        outs = rg.Executor().run(main, feed={"gates": gv}, fetch_list=[o, tail])
+        assert np.array_equal(outs[0], gv[:, 6:]) and np.array_equal(outs[1], gv[1:])
+        ```
     """
     if isinstance(num_or_sizes, int):
         if num_or_sizes < 1:
@@ -434,12 +506,33 @@ def slice_grad(dy: Var, x: Var, attrs: dict) -> Var:
 
 
 def slice(x: Var, axes: Sequence[int], starts: Sequence[int], ends: Sequence[int]) -> Var:
-    """``x[starts[i]:ends[i]]`` along each ``axes[i]``; negative and out-of-range
-    indices behave as in NumPy.
+    """``x[starts[i]:ends[i]]`` along each ``axes[i]``.
 
-    Example::
+    Negative and out-of-range indices behave as in NumPy. ``x[...]`` (``rg.getitem``)
+    is the general form, with steps too.
 
-        last = rg.slice(x, axes=[0], starts=[-1], ends=[2**31])   # x[-1:]
+    Args:
+        x: A Var.
+        axes: The axes to slice.
+        starts: One start per axis.
+        ends: One end per axis (a large number means "to the end").
+
+    Returns:
+        The sliced Var.
+
+    Example:
+        ```python
+        import numpy as np
+        import retrograd as rg
+
+        main = rg.Program()
+        with rg.program_guard(main):
+            x = rg.data("x", [-1, 3])
+            last = rg.slice(x, axes=[0], starts=[-1], ends=[2**31])   # x[-1:]
+        xv = np.arange(6, dtype="float32").reshape(2, 3)
+        (out,) = rg.Executor().run(main, feed={"x": xv}, fetch_list=[last])
+        assert np.array_equal(out, xv[-1:])
+        ```
     """
     attrs = {"axes": as_ints(axes, "slice: axes"), "starts": as_ints(starts, "slice: starts"),
              "ends": as_ints(ends, "slice: ends")}
@@ -559,12 +652,33 @@ def gather_grad(dy: Var, ids: Var, x: Var) -> Var:
 def gather(x: Var, ids: Var) -> Var:
     """Rows of ``x`` picked by integer ``ids`` of any shape (an embedding lookup).
 
-    The result has shape ``ids.shape + x.shape[1:]``; an id outside
-    ``[0, x.shape[0])`` fails the run. The gradient adds up over repeated ids.
+    The gradient adds up over repeated ids.
 
-    Example::
+    Args:
+        x: A Var ``[V, ...]``.
+        ids: An integer Var of any shape, entries in ``[0, V)``.
 
-        vecs = rg.gather(table, word_ids)        # table [V, D], ids [T, N] -> [T, N, D]
+    Returns:
+        A Var of shape ``ids.shape + x.shape[1:]``.
+
+    Raises:
+        ExecutionError: An id lies outside ``[0, x.shape[0])`` (at run time).
+
+    Example:
+        ```python
+        import numpy as np
+        import retrograd as rg
+
+        main = rg.Program()
+        with rg.program_guard(main):
+            table = rg.data("table", [5, 2])
+            word_ids = rg.data("ids", [-1, 3], dtype="int64")
+            vecs = rg.gather(table, word_ids)          # [V, D], ids [T, N] -> [T, N, D]
+        tv = np.arange(10, dtype="float32").reshape(5, 2)
+        ids = np.array([[0, 4, 4]])
+        (out,) = rg.Executor().run(main, feed={"table": tv, "ids": ids}, fetch_list=[vecs])
+        assert out.shape == (1, 3, 2) and np.array_equal(out[0], tv[[0, 4, 4]])
+        ```
     """
     return append_op("Gather", [x, ids])[0]
 
@@ -595,9 +709,25 @@ def _cast_onnx(g):
 def cast(x: Var, dtype: str) -> Var:
     """``x`` converted to ``dtype``; the gradient flows only between float dtypes.
 
-    Example::
+    Args:
+        x: A Var.
+        dtype: The target dtype (``"float32"``, ``"int64"``, ``"bool"``...).
 
-        mask = rg.cast(lengths > t, "float32")
+    Returns:
+        A Var of ``x``'s shape and ``dtype``.
+
+    Example:
+        ```python
+        import numpy as np
+        import retrograd as rg
+
+        main = rg.Program()
+        with rg.program_guard(main):
+            lengths = rg.data("lengths", [3], dtype="int64")
+            mask = rg.cast(lengths > 1, "float32")
+        (out,) = rg.Executor().run(main, feed={"lengths": np.array([1, 2, 3])}, fetch_list=[mask])
+        assert out.dtype == np.float32 and out.tolist() == [0.0, 1.0, 1.0]
+        ```
     """
     return append_op("Cast", [x], {"dtype": canonical(dtype)})[0]
 
@@ -676,22 +806,54 @@ def _squeeze_onnx(g):
 
 
 def unsqueeze(x: Var, axis) -> Var:
-    """Insert size-1 axes at ``axis`` (an int or a list of positions in the result).
+    """Insert size-1 axes into ``x``.
 
-    Example::
+    Args:
+        x: A Var.
+        axis: An int or a list of ints: positions in the result.
 
-        col = rg.unsqueeze(v, -1)                # [N] -> [N, 1]
+    Returns:
+        A Var with the new axes.
+
+    Example:
+        ```python
+        import numpy as np
+        import retrograd as rg
+
+        main = rg.Program()
+        with rg.program_guard(main):
+            v = rg.data("v", [-1])
+            col = rg.unsqueeze(v, -1)                  # [N] -> [N, 1]
+        (out,) = rg.Executor().run(main, feed={"v": np.ones(3, "float32")}, fetch_list=[col])
+        assert out.shape == (3, 1)
+        ```
     """
     return append_op("Unsqueeze", [x], {"axes": _axes_list(axis)})[0]
 
 
 def squeeze(x: Var, axis=None) -> Var:
-    """Remove size-1 axes: ``axis`` (an int or a list), or None for every axis
-    declared with size 1 (axes declared -1 are kept).
+    """Remove size-1 axes from ``x``.
 
-    Example::
+    Args:
+        x: A Var.
+        axis: An int or a list of ints; None removes every axis declared with
+            size 1 (axes declared -1 are kept).
 
-        v = rg.squeeze(col, 1)                   # [N, 1] -> [N]
+    Returns:
+        A Var without those axes.
+
+    Example:
+        ```python
+        import numpy as np
+        import retrograd as rg
+
+        main = rg.Program()
+        with rg.program_guard(main):
+            col = rg.data("col", [-1, 1])
+            v = rg.squeeze(col, 1)                     # [N, 1] -> [N]
+        (out,) = rg.Executor().run(main, feed={"col": np.ones((3, 1), "float32")}, fetch_list=[v])
+        assert out.shape == (3,)
+        ```
     """
     axes = [i for i, d in enumerate(x.shape) if d == 1] if axis is None else _axes_list(axis)
     return append_op("Squeeze", [x], {"axes": axes})[0]
@@ -721,10 +883,25 @@ def stop_gradient(x: Var) -> Var:
     maker: no gradient propagates through it to ``x``, though ``x`` may still
     get gradients along other paths.
 
-    Example::
+    Args:
+        x: A Var.
 
-        target = rg.stop_gradient(teacher_logits)
-        loss = rg.mean(rg.square(student_logits - target))
+    Returns:
+        A Var with ``x``'s value.
+
+    Example:
+        ```python
+        import numpy as np
+        import retrograd as rg
+
+        main = rg.Program()
+        with rg.program_guard(main):
+            x = rg.data("x", [2], dtype="float64", stop_gradient=False)
+            y = rg.sum(x * rg.stop_gradient(x))        # d/dx = x, not 2x
+            (dx,) = rg.gradients(y, x)
+        (out,) = rg.Executor().run(main, feed={"x": np.array([1.0, 3.0])}, fetch_list=[dx])
+        assert out.tolist() == [1.0, 3.0]
+        ```
     """
     out = append_op("StopGradient", [x])[0]
     out.stop_gradient = True

@@ -61,15 +61,39 @@ def _check_branches(block: Block, then: list[Var], other: list[Var]) -> None:
 def cond(pred: Var, true_fn: Callable[[], Var | tuple], false_fn: Callable[[], Var | tuple]):
     """``true_fn()`` if ``pred`` holds at run time, else ``false_fn()``: an ``If`` op.
 
-    ``pred`` is a scalar bool Var (shape [] or [1]). Each function is called
-    once, to build its branch; it may read any variable of the enclosing
-    blocks and returns a Var or a tuple of Vars, matching in number, dtype and
-    shape. Differentiable: the gradient runs the backward of the branch that
-    ran (and is itself differentiable).
+    Each function is called once, to build its branch; it may read any
+    variable of the enclosing blocks and returns a Var or a tuple of Vars,
+    matching the other branch in number, dtype and shape. Differentiable: the
+    gradient runs the backward of the branch that ran (and is itself
+    differentiable).
 
-    Example::
+    Args:
+        pred: A scalar bool Var (shape ``[]`` or ``[1]``).
+        true_fn: Builds the branch run when ``pred`` holds.
+        false_fn: Builds the other branch.
 
-        y = rg.cond(rg.sum(x) > 0.0, lambda: x * 2.0, lambda: -x)
+    Returns:
+        The branch's result: a Var, or a tuple of Vars.
+
+    Raises:
+        ProgramError: ``pred`` is not a scalar bool Var, or the branches' results differ.
+
+    Example:
+        ```python
+        import numpy as np
+        import retrograd as rg
+
+        main = rg.Program()
+        with rg.program_guard(main):
+            x = rg.data("x", [2], dtype="float64", stop_gradient=False)
+            y = rg.cond(rg.sum(x) > 0.0, lambda: x * 2.0, lambda: -x)
+            (dx,) = rg.gradients(rg.sum(y), x)
+        exe = rg.Executor()
+        yv, dv = exe.run(main, feed={"x": np.array([1.0, 2.0])}, fetch_list=[y, dx])
+        assert yv.tolist() == [2.0, 4.0] and dv.tolist() == [2.0, 2.0]
+        yv, dv = exe.run(main, feed={"x": np.array([-1.0, -2.0])}, fetch_list=[y, dx])
+        assert yv.tolist() == [1.0, 2.0] and dv.tolist() == [-1.0, -1.0]
+        ```
     """
     block = current_block()
     check_predicate(pred, "If", "pred", block)
@@ -96,17 +120,40 @@ def cond(pred: Var, true_fn: Callable[[], Var | tuple], false_fn: Callable[[], V
 def switch_case(branch_index: Var, branch_fns, default: Callable | None = None):
     """Run the branch whose key equals ``branch_index`` at run time (PaddlePaddle's ``switch_case``).
 
-    ``branch_index`` is an integer scalar Var (shape [] or [1]); ``branch_fns``
-    is a list of functions (keys 0, 1, ...), a list of ``(key, fn)`` pairs or a
-    dict ``{key: fn}`` with int keys. When no key matches, ``default`` runs, or,
-    when ``default`` is None, the branch with the largest key. Every function is
-    called once, to build its block, and returns Vars matching the others in
-    number, dtype and shape. Built as nested ``If`` ops, so it differentiates
-    (to any order) like ``cond``.
+    When no key matches, ``default`` runs, or, when ``default`` is None, the
+    branch with the largest key. Every function is called once, to build its
+    block, and returns Vars matching the others in number, dtype and shape.
+    Built as nested ``If`` ops, so it differentiates (to any order) like ``cond``.
 
-    Example::
+    Args:
+        branch_index: An int32/int64 scalar Var (shape ``[]`` or ``[1]``).
+        branch_fns: A list of functions (keys 0, 1, ...), a list of
+            ``(key, fn)`` pairs or a dict ``{key: fn}`` with int keys.
+        default: The function run when no key matches, or None.
 
-        y = rg.switch_case(i, {0: lambda: x * 2.0, 3: lambda: rg.sin(x)}, default=lambda: -x)
+    Returns:
+        The branch's result: a Var, or a tuple of Vars.
+
+    Raises:
+        ProgramError: ``branch_index`` is not an integer scalar Var, or
+            ``default`` is not a function.
+
+    Example:
+        ```python
+        import numpy as np
+        import retrograd as rg
+
+        main = rg.Program()
+        with rg.program_guard(main):
+            i = rg.data("i", [], dtype="int64")
+            x = rg.data("x", [2])
+            y = rg.switch_case(i, {0: lambda: x * 2.0, 3: lambda: rg.sin(x)}, default=lambda: -x)
+        exe = rg.Executor()
+        xv = np.array([1.0, 2.0], "float32")
+        (a,) = exe.run(main, feed={"i": np.array(0), "x": xv}, fetch_list=[y])
+        (b,) = exe.run(main, feed={"i": np.array(7), "x": xv}, fetch_list=[y])
+        assert a.tolist() == [2.0, 4.0] and b.tolist() == [-1.0, -2.0]
+        ```
     """
     block = current_block()
     if not isinstance(branch_index, Var) or branch_index.dtype not in ("int32", "int64") \

@@ -71,14 +71,12 @@ def custom_gradient(forward_fn: Callable, grad_fn: Callable) -> Callable:
     tuple of Vars (``ys``). When a backward through ``f`` is built,
     ``grad_fn(xs, ys, dys)`` is called with lists of the inputs, the outputs
     and the outputs' gradients (zeros for an output that gets none) and
-    returns the inputs' gradients: a list with a Var (of the input's dtype
-    and shape; otherwise a ShapeError naming the op and the line that called
-    ``f``) or None per input (a single Var for one input). It builds them with
-    rg ops, so gradients of gradients work whenever those ops differentiate.
-    Works in loops, branches and recurrent steps, with recompute (the forward
-    replays; ``grad_fn`` is called when the backward is built, once per
-    gradient build). Variables ``forward_fn`` reads from outside (not among
-    ``xs``) get no gradient through ``f``: pass them as inputs.
+    returns the inputs' gradients. It builds them with rg ops, so gradients of
+    gradients work whenever those ops differentiate. Works in loops, branches
+    and recurrent steps, with recompute (the forward replays; ``grad_fn`` is
+    called when the backward is built, once per gradient build). Variables
+    ``forward_fn`` reads from outside (not among ``xs``) get no gradient
+    through ``f``: pass them as inputs.
 
     A ``grad_fn`` that is not linear in ``dys`` (clipping with ``tanh``, say)
     gets PyTorch's answers, except for second derivatives through
@@ -86,14 +84,38 @@ def custom_gradient(forward_fn: Callable, grad_fn: Callable) -> Callable:
     recomputed copy's gradient and the forward's are applied to their parts
     of the output gradient separately (the same for a linear ``grad_fn``).
 
-    Example::
+    Args:
+        forward_fn: ``forward_fn(*xs) -> ys`` (a Var or a tuple of Vars).
+        grad_fn: ``grad_fn(xs, ys, dys) -> dxs``: a list with a Var (of the
+            input's dtype and shape; otherwise a ShapeError naming the op and the
+            line that called ``f``) or None per input (a single Var for one input).
+
+    Returns:
+        The function ``f(*xs)``, which builds a ``CustomGradient`` op.
+
+    Raises:
+        ProgramError: ``forward_fn`` or ``grad_fn`` is not callable.
+
+    Example:
+        ```python
+        import numpy as np
+        import retrograd as rg
 
         def clip_grad_forward(x):
             return rg.tanh(x)
+
         def clip_grad_backward(xs, ys, dys):
             return [rg.clip(dys[0] * (1.0 - ys[0] * ys[0]), -0.1, 0.1)]
+
         f = rg.custom_gradient(clip_grad_forward, clip_grad_backward)
-        y = f(x)
+        main = rg.Program()
+        with rg.program_guard(main):
+            x = rg.data("x", [2], stop_gradient=False)
+            y = f(x)
+            (dx,) = rg.gradients(rg.sum(y * 10.0), x)
+        yv, dv = rg.Executor().run(main, feed={"x": np.zeros(2, "float32")}, fetch_list=[y, dx])
+        assert yv.tolist() == [0.0, 0.0] and np.allclose(dv, 0.1)
+        ```
     """
     if not callable(forward_fn) or not callable(grad_fn):
         raise ProgramError(f"custom_gradient needs two functions, got {forward_fn!r} and {grad_fn!r}")

@@ -32,14 +32,34 @@ def _do_onnx(g):
 def do(fn: Callable[..., Var | tuple], *inputs: Var):
     """``fn(*inputs)`` run as a sub-block in a fresh scope: a ``Do`` op.
 
-    ``fn`` receives one new Var per input, bound to that input's value when
-    the op runs (explicit bindings between outer and inner names, as in
-    Caffe2's Do); it may also read any enclosing variable and returns a Var
-    or a tuple of Vars. Differentiable, to any order.
+    ``fn`` receives one new Var per input, bound to that input's value when the
+    op runs (explicit bindings between outer and inner names, as in Caffe2's
+    Do); it may also read any enclosing variable. Differentiable, to any order.
 
-    Example::
+    Args:
+        fn: ``fn(*inner_vars) -> Var or tuple of Vars``; called once, to build the block.
+        *inputs: Vars of the current block (or its ancestors).
 
-        y, z = rg.do(lambda a, b: (rg.tanh(a @ b), a * 2.0), x, w)
+    Returns:
+        ``fn``'s result: a Var, or a tuple of Vars.
+
+    Raises:
+        ProgramError: An input is not a Var this block sees.
+
+    Example:
+        ```python
+        import numpy as np
+        import retrograd as rg
+
+        main = rg.Program()
+        with rg.program_guard(main):
+            x = rg.data("x", [1, 2])
+            w = rg.data("w", [2, 2])
+            y, z = rg.do(lambda a, b: (rg.tanh(a @ b), a * 2.0), x, w)
+        feed = {"x": np.ones((1, 2), "float32"), "w": np.eye(2, dtype="float32")}
+        yv, zv = rg.Executor().run(main, feed=feed, fetch_list=[y, z])
+        assert np.allclose(yv, np.tanh(1.0)) and zv.tolist() == [[2.0, 2.0]]
+        ```
     """
     block = current_block()
     for i, var in enumerate(inputs):

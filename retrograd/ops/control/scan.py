@@ -93,23 +93,43 @@ def _carried(body: Block, init: Var) -> Var:
 
 
 def scan(fn: Callable, init, xs, reverse: bool = False):
-    """``carry, y_t = fn(carry, x_t)`` over axis 0 of ``xs``; returns ``(carry, ys)`` (``lax.scan``).
+    """``carry, y_t = fn(carry, x_t)`` over axis 0 of ``xs``; returns ``(carry, ys)`` (as ``jax.lax.scan``).
 
-    ``init`` is a Var or a list/tuple of Vars (the carry ``fn`` receives and
-    returns in the same form, dtypes and shapes); ``xs`` a Var ``[T, ...]`` or
-    a list of them (same T; ``fn`` gets the row ``x_t`` in the same form);
-    ``fn`` returns ``(new_carry, y_t)`` where ``y_t`` is a Var, a list of Vars
-    or None, stacked to ``ys`` ``[T, ...]``. ``reverse=True`` runs t = T-1..0
-    (``ys[t]`` still belongs to ``xs[t]``). T is read at run time (T = 0
-    gives ``init`` and empty ``ys``). ``fn`` is called once, to build the step,
-    and may read any variable of the enclosing blocks; gradients reach
-    ``init``, ``xs`` and those variables (summed over steps), to any order.
+    T is read at run time (T = 0 gives ``init`` and empty ``ys``). ``fn`` is
+    called once, to build the step, and may read any variable of the enclosing
+    blocks; gradients reach ``init``, ``xs`` and those variables (summed over
+    steps), to any order.
 
-    Example::
+    Args:
+        fn: ``fn(carry, x_t) -> (new_carry, y_t)``; the carry keeps its form,
+            dtypes and shapes; ``y_t`` is a Var, a list of Vars or None.
+        init: A Var or a list/tuple of Vars: the initial carry.
+        xs: A Var ``[T, ...]`` or a list of them (same T); ``fn`` gets the row
+            ``x_t`` in the same form.
+        reverse: Run t = T-1 .. 0 (``ys[t]`` still belongs to ``xs[t]``).
 
-        w = rg.create_parameter("w", [4, 4])
-        h, hs = rg.scan(lambda h, x: (rg.tanh(h @ w + x),) * 2, h0, xs)     # xs [T, N, 4], h0 [N, 4]
-        total, _ = rg.scan(lambda acc, x: (acc + x, None), rg.zeros_like(xs[0]), xs)
+    Returns:
+        ``(carry, ys)``: the final carry, and the ``y_t`` stacked to
+        ``[T, ...]`` (in ``y_t``'s form; None when ``fn`` returned None).
+
+    Raises:
+        ProgramError: ``fn`` does not return a ``(carry, y)`` pair.
+
+    Example:
+        ```python
+        import numpy as np
+        import retrograd as rg
+
+        main = rg.Program()
+        with rg.program_guard(main):
+            xs = rg.data("xs", [-1, 2])                # [T, 2]
+            total, running = rg.scan(lambda acc, x: (acc + x, acc + x), rg.zeros_like(xs[0]), xs)
+            back, _ = rg.scan(lambda acc, x: (acc * 0.5 + x, None), rg.zeros_like(xs[0]), xs, reverse=True)
+        xv = np.array([[1.0, 2.0], [3.0, 4.0], [5.0, 6.0]], "float32")
+        t, r, b = rg.Executor().run(main, feed={"xs": xv}, fetch_list=[total, running, back])
+        assert t.tolist() == [9.0, 12.0] and np.array_equal(r, np.cumsum(xv, axis=0))
+        assert b.tolist() == [1.0 + 1.5 + 1.25, 2.0 + 2.0 + 1.5]
+        ```
     """
     inits, carry_form = _as_list(init, "scan: init")
     seqs, x_form = _as_list(xs, "scan: xs")
@@ -144,17 +164,34 @@ def _bound(value, what: str) -> Var:
 
 
 def fori_loop(lower, upper, body_fn: Callable, init):
-    """``val = body_fn(i, val)`` for ``i`` in ``lower .. upper-1`` (``lax.fori_loop``); returns ``val``.
+    """``val = body_fn(i, val)`` for ``i`` in ``lower .. upper-1`` (as ``jax.lax.fori_loop``); returns ``val``.
 
-    ``lower``/``upper`` are ints or integer scalar Vars (run-time bounds; no
-    iterations when ``upper <= lower``); ``i`` is an int64 scalar Var;
-    ``init`` a Var or a list/tuple of Vars, returned in the same form. Built
-    as a ``Scan`` of ``max(upper - lower, 0)`` iterations, so it is
+    Built as a ``Scan`` of ``max(upper - lower, 0)`` iterations, so it is
     reverse-differentiable (to any order) whatever the bounds.
 
-    Example::
+    Args:
+        lower: An int or an integer scalar Var (a run-time bound).
+        upper: The same; no iterations when ``upper <= lower``.
+        body_fn: ``body_fn(i, val) -> val``, ``i`` an int64 scalar Var.
+        init: A Var or a list/tuple of Vars.
 
-        x = rg.fori_loop(0, 10, lambda i, x: x * w + rg.cast(i, "float32"), x0)
+    Returns:
+        The final ``val``, in the form of ``init``.
+
+    Example:
+        ```python
+        import numpy as np
+        import retrograd as rg
+
+        main = rg.Program()
+        with rg.program_guard(main):
+            x0 = rg.data("x0", [2])
+            n = rg.data("n", [], dtype="int64")
+            x = rg.fori_loop(0, n, lambda i, x: x + rg.cast(i, "float32"), x0)   # x0 + 0 + 1 + ... + n-1
+        feed = {"x0": np.zeros(2, "float32"), "n": np.array(4)}
+        (out,) = rg.Executor().run(main, feed=feed, fetch_list=[x])
+        assert out.tolist() == [6.0, 6.0]
+        ```
     """
     vals, form = _as_list(init, "fori_loop: init")
     if isinstance(lower, int) and isinstance(upper, int) and not isinstance(lower, bool) \
@@ -175,15 +212,30 @@ def fori_loop(lower, upper, body_fn: Callable, init):
 
 
 def map(fn: Callable, xs):
-    """``fn`` applied to each row of ``xs`` along axis 0, the results stacked (``lax.map``).
+    """``fn`` applied to each row of ``xs`` along axis 0, the results stacked (as ``jax.lax.map``).
 
-    ``xs`` is a Var ``[T, ...]`` or a list of them (``fn`` gets the rows in
-    the same form) and ``fn`` returns a Var or a list of Vars; so does ``map``.
     Differentiable to any order.
 
-    Example::
+    Args:
+        fn: ``fn(row) -> Var`` (or a list of Vars); called once, to build the step.
+        xs: A Var ``[T, ...]`` or a list of them (``fn`` gets the rows in the same form).
 
-        norms = rg.map(lambda row: rg.sqrt(rg.sum(row * row)), x)     # x [T, D] -> [T]
+    Returns:
+        A Var ``[T, ...]`` (or a list of them, in ``fn``'s form).
+
+    Example:
+        ```python
+        import numpy as np
+        import retrograd as rg
+
+        main = rg.Program()
+        with rg.program_guard(main):
+            x = rg.data("x", [-1, 2])
+            norms = rg.map(lambda row: rg.sqrt(rg.sum(row * row)), x)     # [T, D] -> [T]
+        xv = np.array([[3.0, 4.0], [0.0, 1.0]], "float32")
+        (out,) = rg.Executor().run(main, feed={"x": xv}, fetch_list=[norms])
+        assert np.allclose(out, [5.0, 1.0])
+        ```
     """
     seqs, x_form = _as_list(xs, "map: xs")
     shape = {}

@@ -357,14 +357,34 @@ class TensorArray(Var):
     *element_shape]``. Reads, writes and stacks differentiate (to any order),
     also with run-time trip counts.
 
-    Example::
+    Args:
+        dtype: The elements' dtype.
+        element_shape: The elements' shape, -1 where unknown.
 
-        arr = rg.TensorArray(dtype="float64", element_shape=[3])
-        def body(i, h, arr):
-            h = rg.tanh(h @ w)
-            return i + 1, h, arr.write(i, h)
-        _, h, arr = rg.while_loop(lambda i, h, arr: i < n, body, [rg.constant(0), h0, arr])
-        hs = arr.stack()                          # [n, 3]
+    Raises:
+        ProgramError: ``element_shape`` is not a list of sizes >= -1.
+
+    Example:
+        ```python
+        import numpy as np
+        import retrograd as rg
+
+        main = rg.Program()
+        with rg.program_guard(main):
+            h0 = rg.data("h0", [3], dtype="float64", stop_gradient=False)
+            n = rg.data("n", [], dtype="int64")
+            arr = rg.TensorArray(dtype="float64", element_shape=[3])
+
+            def body(i, h, arr):
+                h = h * 0.5
+                return i + 1, h, arr.write(i, h)
+            _, h, arr = rg.while_loop(lambda i, h, arr: i < n, body, [rg.constant(0), h0, arr])
+            hs = arr.stack()                           # [n, 3]
+            (dh0,) = rg.gradients(rg.sum(hs), h0)
+        feed = {"h0": np.ones(3), "n": np.array(2)}
+        hv, dv = rg.Executor().run(main, feed=feed, fetch_list=[hs, dh0])
+        assert hv.tolist() == [[0.5] * 3, [0.25] * 3] and dv.tolist() == [0.75] * 3
+        ```
     """
 
     def __init__(self, dtype="float32", element_shape=None):
@@ -380,27 +400,126 @@ class TensorArray(Var):
 
     @classmethod
     def of(cls, var: Var, element_shape: Sequence[int] | None = None) -> "TensorArray":
-        """The Var ``var`` (a stacked value ``[size, ...]``) seen as a TensorArray."""
+        """The Var ``var`` (a stacked value ``[size, ...]``) seen as a TensorArray.
+
+        Args:
+            var: A Var ``[size, *element_shape]``.
+            element_shape: The elements' shape; ``var.shape[1:]`` by default.
+
+        Returns:
+            A TensorArray sharing ``var``'s name and value.
+
+        Example:
+            ```python
+            import numpy as np
+            import retrograd as rg
+
+            main = rg.Program()
+            with rg.program_guard(main):
+                rows = rg.data("rows", [-1, 2])
+                arr = rg.TensorArray.of(rows)
+                second = arr.read(1)
+            (out,) = rg.Executor().run(main, feed={"rows": np.eye(2, dtype="float32")}, fetch_list=[second])
+            assert out.tolist() == [0.0, 1.0]
+            ```
+        """
         array = cls.__new__(cls)
         array.__dict__.update(var.__dict__)
         array.element_shape = tuple(var.shape[1:] if element_shape is None else element_shape)
         return array
 
     def write(self, i, x: Var) -> "TensorArray":
-        """A new array with element ``i`` set to ``x`` (``i == size()`` appends)."""
+        """A new array with element ``i`` set to ``x`` (``i == size()`` appends).
+
+        Args:
+            i: An int or an int64 scalar Var.
+            x: A Var of the array's dtype and element shape.
+
+        Returns:
+            The new TensorArray (this one is unchanged).
+
+        Example:
+            ```python
+            import numpy as np
+            import retrograd as rg
+
+            main = rg.Program()
+            with rg.program_guard(main):
+                x = rg.data("x", [2])
+                arr = rg.TensorArray(element_shape=[2]).write(0, x).write(1, x * 2.0)
+                stacked = arr.stack()
+            (out,) = rg.Executor().run(main, feed={"x": np.ones(2, "float32")}, fetch_list=[stacked])
+            assert out.tolist() == [[1.0, 1.0], [2.0, 2.0]]
+            ```
+        """
         out = append_op("TensorArrayWrite", [self, _as_index(i), x], name="tensor_array")[0]
         return TensorArray.of(out)
 
     def read(self, i) -> Var:
-        """Element ``i`` (an ExecutionError at run time outside ``[0, size())``)."""
+        """Element ``i`` of the array (an ExecutionError at run time outside ``[0, size())``).
+
+        Args:
+            i: An int or an int64 scalar Var.
+
+        Returns:
+            A Var of the element shape.
+
+        Example:
+            ```python
+            import numpy as np
+            import retrograd as rg
+
+            main = rg.Program()
+            with rg.program_guard(main):
+                x = rg.data("x", [2])
+                arr = rg.TensorArray(element_shape=[2]).write(0, x).write(1, -x)
+                last = arr.read(arr.size() - 1)
+            (out,) = rg.Executor().run(main, feed={"x": np.ones(2, "float32")}, fetch_list=[last])
+            assert out.tolist() == [-1.0, -1.0]
+            ```
+        """
         return read(self, _as_index(i))
 
     def stack(self) -> Var:
-        """The elements stacked: ``[size, *element_shape]``."""
+        """The elements stacked: ``[size, *element_shape]``.
+
+        Returns:
+            A Var ``[size, *element_shape]``.
+
+        Example:
+            ```python
+            import numpy as np
+            import retrograd as rg
+
+            main = rg.Program()
+            with rg.program_guard(main):
+                x = rg.data("x", [3])
+                stacked = rg.TensorArray(element_shape=[3]).write(0, x).stack()
+            (out,) = rg.Executor().run(main, feed={"x": np.zeros(3, "float32")}, fetch_list=[stacked])
+            assert out.shape == (1, 3)
+            ```
+        """
         return self.block.var(self.name)
 
     def size(self) -> Var:
-        """The number of elements, an int64 scalar Var."""
+        """The number of elements, an int64 scalar Var.
+
+        Returns:
+            An int64 Var of shape ``[]``.
+
+        Example:
+            ```python
+            import numpy as np
+            import retrograd as rg
+
+            main = rg.Program()
+            with rg.program_guard(main):
+                x = rg.data("x", [3])
+                n = rg.TensorArray(element_shape=[3]).write(0, x).write(1, x).size()
+            (out,) = rg.Executor().run(main, feed={"x": np.zeros(3, "float32")}, fetch_list=[n])
+            assert out == 2
+            ```
+        """
         return dim(self, 0)
 
     def __repr__(self) -> str:

@@ -353,29 +353,49 @@ def while_loop(cond_fn: Callable[..., Var], body_fn: Callable[..., Var | Sequenc
                max_iters: int | None = None, recompute: int | None = None, shape_invariants=None):
     """Repeat ``vars = body_fn(*vars)`` while ``cond_fn(*vars)`` holds: a ``While`` op.
 
-    ``loop_vars`` is a Var or a list/tuple of Vars; the result has the same
-    form and holds the final values. ``cond_fn`` returns a scalar bool Var,
-    ``body_fn`` the new loop vars (same count and dtypes, shapes equal up to
-    -1). Both are called once, to build their blocks, and may read any
-    variable of the enclosing blocks. The trip count is decided at run time;
-    ``max_iters`` bounds it (ExecutionError beyond). Reverse-differentiable,
-    to any order: gradients reach the initial loop vars and every outer
-    variable the body reads, summed over iterations; only what each
-    iteration's backward reads is kept, and nothing when no gradient is built.
-    ``recompute=<bytes>`` bounds what is kept: loop vars at checkpoints, the
-    rest recomputed in the backward (``retrograd/memory/while_budget.py``).
+    ``cond_fn`` returns a scalar bool Var, ``body_fn`` the new loop vars (same
+    count and dtypes, shapes equal up to -1). Both are called once, to build
+    their blocks, and may read any variable of the enclosing blocks. The trip
+    count is decided at run time. Reverse-differentiable, to any order:
+    gradients reach the initial loop vars and every outer variable the body
+    reads, summed over iterations; only what each iteration's backward reads is
+    kept, and nothing when no gradient is built.
 
-    ``shape_invariants`` (one shape per loop var, -1 where the size may
-    change from one iteration to the next, as TensorFlow's) lets loop vars
-    change shape, e.g. grow by ``rg.concat`` (decoding outputs of unknown
-    length); gradients flow through them too (each iteration's backward sees
-    the shapes that iteration had).
+    Args:
+        cond_fn: ``cond_fn(*vars) -> scalar bool Var``.
+        body_fn: ``body_fn(*vars) -> new vars`` (a Var, or a list/tuple of Vars).
+        loop_vars: A Var or a list/tuple of Vars (``TensorArray`` included): the initial values.
+        max_iters: None or an int bounding the trip count (ExecutionError beyond).
+        recompute: None, or a byte budget for what is kept for the backward:
+            loop vars at checkpoints, the rest recomputed in the backward
+            (``retrograd/memory/while_budget.py``).
+        shape_invariants: One shape per loop var, -1 where the size may change
+            from one iteration to the next (as TensorFlow's); lets loop vars
+            change shape, e.g. grow by ``rg.concat`` (decoding outputs of
+            unknown length); gradients flow through them too.
 
-    Example::
+    Returns:
+        The final loop vars, in the form of ``loop_vars`` (a Var or a list/tuple).
 
-        x0 = rg.data("x", [4], dtype="float64")
-        n = rg.data("n", [], dtype="int64")             # the trip count, fed at run time
-        i, x = rg.while_loop(lambda i, x: i < n, lambda i, x: (i + 1, rg.tanh(x * w)), [rg.constant(0), x0])
+    Raises:
+        ProgramError: A loop var the block cannot see, a bad ``max_iters`` or
+            ``recompute``, or a body whose results do not match the loop vars.
+
+    Example:
+        ```python
+        import numpy as np
+        import retrograd as rg
+
+        main = rg.Program()
+        with rg.program_guard(main):
+            x0 = rg.data("x", [2], dtype="float64", stop_gradient=False)
+            n = rg.data("n", [], dtype="int64")        # the trip count, fed at run time
+            i, x = rg.while_loop(lambda i, x: i < n, lambda i, x: (i + 1, x * 2.0), [rg.constant(0), x0])
+            (dx0,) = rg.gradients(rg.sum(x), x0)       # 2 ** n
+        feed = {"x": np.array([1.0, 3.0]), "n": np.array(3)}
+        iv, xv, dv = rg.Executor().run(main, feed=feed, fetch_list=[i, x, dx0])
+        assert iv == 3 and xv.tolist() == [8.0, 24.0] and dv.tolist() == [8.0, 8.0]
+        ```
     """
     block = current_block()
     inits, kind = _loop_vars(loop_vars)

@@ -44,6 +44,31 @@ ROW_WISE_ELEMENTWISE = "elementwise"    # defop(row_wise=...): any input of the 
 
 @dataclass(frozen=True)
 class OpDef:
+    """Everything about one op type: kernel, shape rule, gradient maker, schema.
+
+    Built by ``defop``; looked up with ``get_op_def``. Frozen.
+
+    Attributes:
+        type: The op type (CamelCase).
+        kernel: ``kernel(k, *arrays)`` returning one array or a tuple.
+        infer: The shape/dtype rule ``infer(in_vars, attrs) -> [(shape, dtype)]``.
+        grad: The gradient maker ``grad(g) -> [Var | None per input]``, or None.
+        inputs: The input names (for printing and errors).
+        outputs: The output names.
+        nondiff_inputs: Indices of inputs that never get a gradient.
+        random: Whether the op draws random numbers (replayed on recompute).
+        doc: The kernel's docstring.
+        extra: Other ``defop`` keywords (``shape_only``, ``row_wise``, ...).
+
+    Example:
+        ```python
+        import numpy as np
+        import retrograd as rg
+
+        opdef = rg.get_op_def("MatMul")
+        assert opdef.type == "MatMul" and opdef.inputs == ("x", "y") and opdef.differentiable
+        ```
+    """
     type: str
     kernel: Callable[..., Any]
     infer: Callable[[list[Var], dict], list[Spec]]
@@ -57,9 +82,27 @@ class OpDef:
 
     @property
     def differentiable(self) -> bool:
+        """Whether the op has a gradient maker."""
         return self.grad is not None
 
     def input_differentiable(self, index: int) -> bool:
+        """Whether input ``index`` gets a gradient: the op has a maker and the input is not marked ``nondiff``.
+
+        Args:
+            index: The input's position.
+
+        Returns:
+            True when the input is differentiable.
+
+        Example:
+            ```python
+            import numpy as np
+            import retrograd as rg
+
+            gather = rg.get_op_def("Gather")                   # inputs (x, ids): ids get no gradient
+            assert gather.input_differentiable(0) and not gather.input_differentiable(1)
+            ```
+        """
         return self.grad is not None and index not in self.nondiff_inputs
 
 
@@ -69,14 +112,53 @@ OPS: dict[str, OpDef] = {}
 def defop(type: str, *, infer, grad=None, inputs: Sequence[str] = ("x",),
           outputs: Sequence[str] = ("out",), nondiff: Sequence[int] = (),
           random: bool = False, **extra):
-    """Register the decorated kernel as op ``type`` with its shape rule and gradient.
+    """Register the decorated kernel as op ``type`` with its shape rule and gradient maker.
 
-    Example::
+    The shape rule sees input Vars (shapes may hold -1) and raises
+    ``ShapeError``; the kernel computes with ``k.xp`` (the backend's array
+    namespace) and reads ``k.attrs``; the gradient maker builds the gradient
+    with the same builders users call, so gradients of gradients work
+    (``g.x``/``g.out``/``g.dout`` hold the forward inputs, outputs and output
+    gradients; ``g.dy`` is ``g.dout[0]``). See the module docstring for the
+    extra keywords.
 
-        @defop("Cube", infer=lambda ins, attrs: [(ins[0].shape, ins[0].dtype)],
-               grad=lambda g: [g.dout[0] * 3.0 * g.x[0] * g.x[0]])
+    Args:
+        type: The op type, CamelCase, not yet registered.
+        infer: ``infer(in_vars, attrs) -> [(shape, dtype), ...]``.
+        grad: ``grad(g) -> [Var | None per input]``, or None (no gradient).
+        inputs: The input names.
+        outputs: The output names.
+        nondiff: Indices of inputs that never get a gradient.
+        random: The op draws random numbers.
+        **extra: Stored in ``OpDef.extra`` (``shape_only``, ``row_wise``,
+            ``batch_rows``, ``batch_broadcast``, ...).
+
+    Returns:
+        The decorator; it returns the kernel unchanged.
+
+    Raises:
+        ProgramError: ``type`` is registered already.
+
+    Example:
+        ```python
+        import numpy as np
+        import retrograd as rg
+
+        @rg.defop("DocCube", infer=lambda ins, attrs: [(ins[0].shape, ins[0].dtype)],
+                  grad=lambda g: [g.dy * 3.0 * g.x[0] * g.x[0]])
         def _cube(k, x):
             return x * x * x
+
+
+        main = rg.Program()
+        with rg.program_guard(main):
+            x = rg.data("x", [2], dtype="float64", stop_gradient=False)
+            (y,) = rg.append_op("DocCube", [x])
+            (dx,) = rg.gradients(rg.sum(y), x)
+        yv, dv = rg.Executor().run(main, feed={"x": np.array([1.0, 2.0])}, fetch_list=[y, dx])
+        assert yv.tolist() == [1.0, 8.0] and dv.tolist() == [3.0, 12.0]
+        rg.OPS.pop("DocCube")                              # (only so this example can run twice)
+        ```
     """
     def register(kernel):
         if type in OPS:
@@ -90,11 +172,24 @@ def defop(type: str, *, infer, grad=None, inputs: Sequence[str] = ("x",),
 
 
 def get_op_def(type: str) -> OpDef:
-    """The registered ``OpDef`` of op ``type``; ProgramError naming the known ops if none.
+    """The registered ``OpDef`` of op ``type``.
 
-    Example::
+    Args:
+        type: The op type.
 
-        rg.get_op_def("MatMul").inputs            # ("x", "y")
+    Returns:
+        The OpDef.
+
+    Raises:
+        ProgramError: No op of that type is registered (the message lists the known ones).
+
+    Example:
+        ```python
+        import numpy as np
+        import retrograd as rg
+
+        assert rg.get_op_def("MatMul").inputs == ("x", "y")
+        ```
     """
     opdef = OPS.get(type)
     if opdef is None:
@@ -132,12 +227,38 @@ def append_op(type: str, inputs: Sequence[Var], attrs: dict | None = None, *,
               name: str | None = None) -> list[Var]:
     """Build one op in the current block and return its output Vars.
 
-    ``outputs`` names existing Vars to write (loop-carried values, optimizer
-    updates); otherwise fresh outputs are created with shapes from the rule.
+    The op builders (``rg.tanh``...) call this; the shape rule gives the
+    outputs' shapes and dtypes.
 
-    Example::
+    Args:
+        type: A registered op type.
+        inputs: The input Vars (visible from the block).
+        attrs: The op's attributes.
+        outputs: Existing Vars to write (loop-carried values, optimizer
+            updates); fresh outputs are created otherwise.
+        block: The block to build in (the current block by default).
+        name: The prefix of fresh output names (the op type in snake case by default).
 
-        y, = rg.append_op("Tanh", [x])          # the op builders call this
+    Returns:
+        The output Vars.
+
+    Raises:
+        ProgramError: An input is not a Var this block sees, or the number of
+            ``outputs`` is wrong.
+        ShapeError: The shape rule rejects the inputs (naming op and inputs).
+
+    Example:
+        ```python
+        import numpy as np
+        import retrograd as rg
+
+        main = rg.Program()
+        with rg.program_guard(main):
+            x = rg.data("x", [2])
+            (y,) = rg.append_op("Tanh", [x])               # what rg.tanh(x) does
+        (out,) = rg.Executor().run(main, feed={"x": np.zeros(2, "float32")}, fetch_list=[y])
+        assert y.name.startswith("tanh") and out.tolist() == [0.0, 0.0]
+        ```
     """
     block = block or current_block()
     attrs = dict(attrs or {})
@@ -198,19 +319,45 @@ class GradCtx:
 def make_grad_ops(op: Op, out_grad_names: Sequence[str | None], block: Block | None = None,
                   wanted: Sequence[bool] | None = None,
                   callbacks: Sequence[Callable] = ()) -> tuple[list[Op], list[str | None]]:
-    """The Caffe2 ``GetGradientDefs`` contract: ``(grad_ops, input_grad_names)``.
+    """The gradient ops of ``op``: the Caffe2 ``GetGradientDefs`` contract, ``(grad_ops, input_grad_names)``.
 
-    The ops are built with their Vars declared in ``block`` (default: the
-    op's own block) but not placed in it; the caller (a backward pass)
-    decides where they go. With ``wanted``
-    (one flag per input), only the ops leading to wanted gradients are kept,
-    so makers can stay one-liners that build every input's gradient.
-    ``callbacks`` (``append_backward``'s) reach makers that build sub-block
-    backward passes (``GradCtx.callbacks``).
+    The ops are built with their Vars declared in ``block`` but not placed in
+    it; the caller (a backward pass) decides where they go. With ``wanted``,
+    only the ops leading to wanted gradients are kept, so makers can stay
+    one-liners that build every input's gradient.
 
-    Example::
+    Args:
+        op: The forward op.
+        out_grad_names: The gradient's name per output of ``op`` (None where none).
+        block: Where the gradient Vars are declared (default: the op's own block).
+        wanted: One flag per input: which gradients the caller needs.
+        callbacks: ``append_backward``'s callbacks, for makers that build
+            sub-block backward passes (``GradCtx.callbacks``).
 
-        grad_ops, input_grads = rg.make_grad_ops(op, [dout.name])     # dout: the gradient of the op output
+    Returns:
+        ``(grad_ops, input_grad_names)``, a name or None per input.
+
+    Raises:
+        ProgramError: The op is not placed and no block is given, or has no gradient maker.
+
+    Example:
+        ```python
+        import numpy as np
+        import retrograd as rg
+
+        main = rg.Program()
+        with rg.program_guard(main):
+            x = rg.data("x", [2], dtype="float64", stop_gradient=False)
+            y = rg.tanh(x)
+            dout = rg.data("dout", [2], dtype="float64")   # the gradient of the op's output
+        op = main.global_block().ops[0]
+        grad_ops, input_grads = rg.make_grad_ops(op, [dout.name])
+        for g in grad_ops:
+            main.global_block().append_op(g)
+        feed = {"x": np.array([0.0, 1.0]), "dout": np.ones(2)}
+        (dx,) = rg.Executor().run(main, feed=feed, fetch_list=[input_grads[0]])
+        assert np.allclose(dx, 1.0 - np.tanh([0.0, 1.0]) ** 2)
+        ```
     """
     opdef = get_op_def(op.type)
     if block is None:

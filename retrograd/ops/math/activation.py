@@ -110,12 +110,33 @@ def gelu_grad(x: Var, dy: Var, approximate: str = "none") -> Var:
 
 
 def gelu(x: Var, approximate: str = "none") -> Var:
-    """``x * Phi(x)`` (Phi: the standard normal CDF), as ``torch.nn.functional.gelu``;
+    """``x * Phi(x)`` (Phi: the standard normal CDF), as ``torch.nn.functional.gelu``.
+
     ``approximate="tanh"``: ``0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))``.
 
-    Example::
+    Args:
+        x: A float Var (any shape).
+        approximate: ``"none"`` (the exact form) or ``"tanh"``.
 
-        h = rg.gelu(rg.layers.fc(x, 64))
+    Returns:
+        A Var of ``x``'s shape and dtype.
+
+    Raises:
+        ProgramError: ``approximate`` is neither.
+
+    Example:
+        ```python
+        import numpy as np
+        import retrograd as rg
+
+        main = rg.Program()
+        with rg.program_guard(main):
+            x = rg.data("x", [3])
+            y = rg.gelu(x)
+        xv = np.array([-1., 0., 2.], "float32")
+        (out,) = rg.Executor().run(main, feed={"x": xv}, fetch_list=[y])
+        assert np.allclose(out, [-0.15865525, 0.0, 1.9544997])
+        ```
     """
     if approximate not in ("none", "tanh"):
         raise ProgramError(f'gelu: approximate must be "none" or "tanh", got {approximate!r}')
@@ -148,7 +169,28 @@ def _silu_onnx(g):
 
 
 def silu(x: Var) -> Var:
-    """``x * sigmoid(x)`` (swish), as ``torch.nn.functional.silu``. Example: ``rg.silu(h)``."""
+    """``x * sigmoid(x)`` (swish), as ``torch.nn.functional.silu``.
+
+    Args:
+        x: A float Var (any shape).
+
+    Returns:
+        A Var of ``x``'s shape and dtype.
+
+    Example:
+        ```python
+        import numpy as np
+        import retrograd as rg
+
+        main = rg.Program()
+        with rg.program_guard(main):
+            x = rg.data("x", [3])
+            y = rg.silu(x)
+        xv = np.array([-1., 0., 2.], "float32")
+        (out,) = rg.Executor().run(main, feed={"x": xv}, fetch_list=[y])
+        assert np.allclose(out, xv / (1 + np.exp(-xv)))
+        ```
+    """
     return append_op("Silu", [x])[0]
 
 
@@ -168,11 +210,30 @@ def _leaky_relu_onnx(g):
 
 
 def leaky_relu(x: Var, negative_slope: float = 0.01) -> Var:
-    """``x`` where positive, ``negative_slope * x`` elsewhere (the gradient at 0 is the slope).
+    """``x`` where positive, ``negative_slope * x`` elsewhere.
 
-    Example::
+    The gradient at 0 is the slope.
 
-        h = rg.leaky_relu(h, negative_slope=0.2)
+    Args:
+        x: A float Var (any shape).
+        negative_slope: The slope below 0.
+
+    Returns:
+        A Var of ``x``'s shape and dtype.
+
+    Example:
+        ```python
+        import numpy as np
+        import retrograd as rg
+
+        main = rg.Program()
+        with rg.program_guard(main):
+            x = rg.data("x", [3])
+            y = rg.leaky_relu(x, negative_slope=0.1)
+        xv = np.array([-2., 0., 3.], "float32")
+        (out,) = rg.Executor().run(main, feed={"x": xv}, fetch_list=[y])
+        assert np.allclose(out, [-0.2, 0.0, 3.0])
+        ```
     """
     return append_op("LeakyRelu", [x], {"negative_slope": as_float(negative_slope, "leaky_relu: negative_slope")})[0]
 
@@ -200,9 +261,26 @@ def _elu_onnx(g):
 def elu(x: Var, alpha: float = 1.0) -> Var:
     """``x`` where positive, ``alpha * (exp(x) - 1)`` elsewhere, as ``torch.nn.functional.elu``.
 
-    Example::
+    Args:
+        x: A float Var (any shape).
+        alpha: The scale of the negative part.
 
-        h = rg.elu(h, alpha=1.0)
+    Returns:
+        A Var of ``x``'s shape and dtype.
+
+    Example:
+        ```python
+        import numpy as np
+        import retrograd as rg
+
+        main = rg.Program()
+        with rg.program_guard(main):
+            x = rg.data("x", [3])
+            y = rg.elu(x)
+        xv = np.array([-1., 0., 2.], "float32")
+        (out,) = rg.Executor().run(main, feed={"x": xv}, fetch_list=[y])
+        assert np.allclose(out, [np.exp(-1.0) - 1.0, 0.0, 2.0])
+        ```
     """
     return append_op("Elu", [x], {"alpha": as_float(alpha, "elu: alpha")})[0]
 
@@ -224,11 +302,29 @@ def _softplus_onnx(g):
 
 
 def softplus(x: Var) -> Var:
-    """``log(1 + exp(x))``, as ``torch.nn.functional.softplus`` (beta 1; ``x`` itself above 20).
+    """``log(1 + exp(x))``, as ``torch.nn.functional.softplus``.
 
-    Example::
+    Beta is 1; above 20 the result is ``x`` itself.
 
-        scale = rg.softplus(raw_scale)        # positive
+    Args:
+        x: A float Var (any shape).
+
+    Returns:
+        A Var of ``x``'s shape and dtype.
+
+    Example:
+        ```python
+        import numpy as np
+        import retrograd as rg
+
+        main = rg.Program()
+        with rg.program_guard(main):
+            x = rg.data("x", [3])
+            y = rg.softplus(x)
+        xv = np.array([0., -30., 50.], "float32")
+        (out,) = rg.Executor().run(main, feed={"x": xv}, fetch_list=[y])
+        assert np.allclose(out, [np.log(2.0), 0.0, 50.0])
+        ```
     """
     return append_op("Softplus", [x])[0]
 

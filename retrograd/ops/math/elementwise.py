@@ -252,16 +252,73 @@ lowers("Minimum")(elementwise("Min"))
 
 
 def add(x, y) -> Var:
-    """Elementwise ``x + y`` with NumPy broadcasting. Example: ``rg.add(x, 1.0)``."""
+    """Elementwise ``x + y``.
+
+    NumPy broadcasting; ``x + y`` on Vars does the same (reflected forms with numbers too).
+
+    Args:
+        x: A Var, a Python number or a NumPy array (beside a Var it becomes a
+            constant, weakly typed as Python scalars are in NumPy).
+        y: The same; at least one of ``x`` and ``y`` is a Var.
+
+    Returns:
+        A Var of the broadcast shape; two Vars' dtypes promote as in NumPy
+        (float32 and int64 give float64).
+
+    Raises:
+        ShapeError: The shapes do not broadcast, or neither operand is a Var.
+
+    Example:
+        ```python
+        import numpy as np
+        import retrograd as rg
+
+        main = rg.Program()
+        with rg.program_guard(main):
+            x = rg.data("x", [2, 3])
+            y = rg.data("y", [3])
+            z = rg.add(x, y)                      # or x + y
+        xv = np.array([[1., 2., 3.], [4., 5., 6.]], "float32")
+        yv = np.array([10., 20., 30.], "float32")
+        (out,) = rg.Executor().run(main, feed={"x": xv, "y": yv}, fetch_list=[z])
+        assert np.allclose(out, xv + yv)
+        ```
+    """
     return _binary("Add", x, y)
 
 
 def sub(x, y) -> Var:
     """Elementwise ``x - y``.
 
-    Example::
+    NumPy broadcasting; ``x - y`` on Vars does the same (reflected forms with numbers too).
 
-        r = rg.sub(pred, y)                        # or pred - y
+    Args:
+        x: A Var, a Python number or a NumPy array (beside a Var it becomes a
+            constant, weakly typed as Python scalars are in NumPy).
+        y: The same; at least one of ``x`` and ``y`` is a Var.
+
+    Returns:
+        A Var of the broadcast shape; two Vars' dtypes promote as in NumPy
+        (float32 and int64 give float64).
+
+    Raises:
+        ShapeError: The shapes do not broadcast, or neither operand is a Var.
+
+    Example:
+        ```python
+        import numpy as np
+        import retrograd as rg
+
+        main = rg.Program()
+        with rg.program_guard(main):
+            x = rg.data("x", [2, 3])
+            y = rg.data("y", [3])
+            z = rg.sub(x, y)                      # or x - y
+        xv = np.array([[1., 2., 3.], [4., 5., 6.]], "float32")
+        yv = np.array([10., 20., 30.], "float32")
+        (out,) = rg.Executor().run(main, feed={"x": xv, "y": yv}, fetch_list=[z])
+        assert np.allclose(out, xv - yv)
+        ```
     """
     return _binary("Sub", x, y)
 
@@ -269,9 +326,35 @@ def sub(x, y) -> Var:
 def mul(x, y) -> Var:
     """Elementwise ``x * y``.
 
-    Example::
+    NumPy broadcasting; ``x * y`` on Vars does the same (reflected forms with numbers too).
 
-        g = rg.mul(x, mask)                        # or x * mask
+    Args:
+        x: A Var, a Python number or a NumPy array (beside a Var it becomes a
+            constant, weakly typed as Python scalars are in NumPy).
+        y: The same; at least one of ``x`` and ``y`` is a Var.
+
+    Returns:
+        A Var of the broadcast shape; two Vars' dtypes promote as in NumPy
+        (float32 and int64 give float64).
+
+    Raises:
+        ShapeError: The shapes do not broadcast, or neither operand is a Var.
+
+    Example:
+        ```python
+        import numpy as np
+        import retrograd as rg
+
+        main = rg.Program()
+        with rg.program_guard(main):
+            x = rg.data("x", [2, 3])
+            y = rg.data("y", [3])
+            z = rg.mul(x, y)                      # or x * y
+        xv = np.array([[1., 2., 3.], [4., 5., 6.]], "float32")
+        yv = np.array([10., 20., 30.], "float32")
+        (out,) = rg.Executor().run(main, feed={"x": xv, "y": yv}, fetch_list=[z])
+        assert np.allclose(out, xv * yv)
+        ```
     """
     return _binary("Mul", x, y)
 
@@ -279,34 +362,143 @@ def mul(x, y) -> Var:
 def div(x, y) -> Var:
     """Elementwise ``x / y``.
 
-    Example::
+    NumPy broadcasting; ``x / y`` on Vars does the same (reflected forms with numbers too).
 
-        p = rg.div(counts, total)                  # or counts / total
+    Args:
+        x: A Var, a Python number or a NumPy array (beside a Var it becomes a
+            constant, weakly typed as Python scalars are in NumPy).
+        y: The same; at least one of ``x`` and ``y`` is a Var.
+
+    Returns:
+        A Var of the broadcast shape; two Vars' dtypes promote as in NumPy
+        (float32 and int64 give float64).
+
+    Raises:
+        ShapeError: The shapes do not broadcast, or neither operand is a Var.
+
+    Example:
+        ```python
+        import numpy as np
+        import retrograd as rg
+
+        main = rg.Program()
+        with rg.program_guard(main):
+            x = rg.data("x", [2, 3])
+            y = rg.data("y", [3])
+            z = rg.div(x, y)                      # or x / y
+        xv = np.array([[1., 2., 3.], [4., 5., 6.]], "float32")
+        yv = np.array([10., 20., 30.], "float32")
+        (out,) = rg.Executor().run(main, feed={"x": xv, "y": yv}, fetch_list=[z])
+        assert np.allclose(out, xv / yv)
+        ```
     """
     return _binary("Div", x, y)
 
 
 def pow(x, y) -> Var:
-    """Elementwise ``x ** y``. Example: ``rg.pow(x, 3.0)``."""
+    """Elementwise ``x ** y``.
+
+    NumPy broadcasting; ``x ** y`` on Vars does the same.
+
+    Args:
+        x: A Var, a Python number or a NumPy array (beside a Var it becomes a
+            constant, weakly typed as Python scalars are in NumPy).
+        y: The same; at least one of ``x`` and ``y`` is a Var.
+
+    Returns:
+        A Var of the broadcast shape; two Vars' dtypes promote as in NumPy
+        (float32 and int64 give float64).
+
+    Raises:
+        ShapeError: The shapes do not broadcast, or neither operand is a Var.
+
+    Example:
+        ```python
+        import numpy as np
+        import retrograd as rg
+
+        main = rg.Program()
+        with rg.program_guard(main):
+            x = rg.data("x", [2, 3])
+            y = rg.data("y", [3])
+            z = rg.pow(x, y)                      # or x ** y
+        xv = np.array([[1., 2., 3.], [4., 5., 6.]], "float32")
+        yv = np.array([1., 2., 0.5], "float32")
+        (out,) = rg.Executor().run(main, feed={"x": xv, "y": yv}, fetch_list=[z])
+        assert np.allclose(out, xv ** np.array([1., 2., 0.5], 'float32'))
+        ```
+    """
     return _binary("Pow", x, y)
 
 
 def maximum(x, y) -> Var:
-    """Elementwise maximum; ties share the gradient equally.
+    """Elementwise maximum of ``x`` and ``y``.
 
-    Example::
+    Where they tie, each operand gets half of the gradient.
 
-        m = rg.maximum(x, 0.0)
+    Args:
+        x: A Var, a Python number or a NumPy array (beside a Var it becomes a
+            constant, weakly typed as Python scalars are in NumPy).
+        y: The same; at least one of ``x`` and ``y`` is a Var.
+
+    Returns:
+        A Var of the broadcast shape; two Vars' dtypes promote as in NumPy
+        (float32 and int64 give float64).
+
+    Raises:
+        ShapeError: The shapes do not broadcast, or neither operand is a Var.
+
+    Example:
+        ```python
+        import numpy as np
+        import retrograd as rg
+
+        main = rg.Program()
+        with rg.program_guard(main):
+            x = rg.data("x", [2, 3])
+            y = rg.data("y", [3])
+            z = rg.maximum(x, y)
+        xv = np.array([[1., 2., 3.], [4., 5., 6.]], "float32")
+        yv = np.array([2., 2., 7.], "float32")
+        (out,) = rg.Executor().run(main, feed={"x": xv, "y": yv}, fetch_list=[z])
+        assert np.allclose(out, np.maximum(xv, yv))
+        ```
     """
     return _binary("Maximum", x, y)
 
 
 def minimum(x, y) -> Var:
-    """Elementwise minimum; ties share the gradient equally.
+    """Elementwise minimum of ``x`` and ``y``.
 
-    Example::
+    Where they tie, each operand gets half of the gradient.
 
-        m = rg.minimum(x, 1.0)
+    Args:
+        x: A Var, a Python number or a NumPy array (beside a Var it becomes a
+            constant, weakly typed as Python scalars are in NumPy).
+        y: The same; at least one of ``x`` and ``y`` is a Var.
+
+    Returns:
+        A Var of the broadcast shape; two Vars' dtypes promote as in NumPy
+        (float32 and int64 give float64).
+
+    Raises:
+        ShapeError: The shapes do not broadcast, or neither operand is a Var.
+
+    Example:
+        ```python
+        import numpy as np
+        import retrograd as rg
+
+        main = rg.Program()
+        with rg.program_guard(main):
+            x = rg.data("x", [2, 3])
+            y = rg.data("y", [3])
+            z = rg.minimum(x, y)
+        xv = np.array([[1., 2., 3.], [4., 5., 6.]], "float32")
+        yv = np.array([2., 2., 7.], "float32")
+        (out,) = rg.Executor().run(main, feed={"x": xv, "y": yv}, fetch_list=[z])
+        assert np.allclose(out, np.minimum(xv, yv))
+        ```
     """
     return _binary("Minimum", x, y)
 
@@ -368,51 +560,177 @@ lowers("LogicalNot")(elementwise("Not"))
 
 
 def less(x, y) -> Var:
-    """Elementwise ``x < y`` (bool). Also ``x < y`` on Vars.
+    """Elementwise ``x < y``.
 
-    Example::
+    The result is bool and has no gradient; ``x < y`` on Vars does the same.
 
-        small = rg.less(x, 0.5)                    # or x < 0.5
+    Args:
+        x: A Var, a Python number or a NumPy array (beside a Var it becomes a
+            constant, weakly typed as Python scalars are in NumPy).
+        y: The same; at least one of ``x`` and ``y`` is a Var.
+
+    Returns:
+        A bool Var of the broadcast shape.
+
+    Raises:
+        ShapeError: The shapes do not broadcast, or neither operand is a Var.
+
+    Example:
+        ```python
+        import numpy as np
+        import retrograd as rg
+
+        main = rg.Program()
+        with rg.program_guard(main):
+            x = rg.data("x", [2, 3])
+            y = rg.data("y", [3])
+            z = rg.less(x, y)                      # or x < y
+        xv = np.array([[1., 2., 3.], [4., 5., 6.]], "float32")
+        yv = np.array([2., 2., 7.], "float32")
+        (out,) = rg.Executor().run(main, feed={"x": xv, "y": yv}, fetch_list=[z])
+        assert np.array_equal(out, xv < yv)
+        ```
     """
     return _binary("Less", x, y)
 
 
 def less_equal(x, y) -> Var:
-    """Elementwise ``x <= y`` (bool). Also ``x <= y`` on Vars.
+    """Elementwise ``x <= y``.
 
-    Example::
+    The result is bool and has no gradient; ``x <= y`` on Vars does the same.
 
-        inside = rg.less_equal(x, 1.0)             # or x <= 1.0
+    Args:
+        x: A Var, a Python number or a NumPy array (beside a Var it becomes a
+            constant, weakly typed as Python scalars are in NumPy).
+        y: The same; at least one of ``x`` and ``y`` is a Var.
+
+    Returns:
+        A bool Var of the broadcast shape.
+
+    Raises:
+        ShapeError: The shapes do not broadcast, or neither operand is a Var.
+
+    Example:
+        ```python
+        import numpy as np
+        import retrograd as rg
+
+        main = rg.Program()
+        with rg.program_guard(main):
+            x = rg.data("x", [2, 3])
+            y = rg.data("y", [3])
+            z = rg.less_equal(x, y)                      # or x <= y
+        xv = np.array([[1., 2., 3.], [4., 5., 6.]], "float32")
+        yv = np.array([2., 2., 7.], "float32")
+        (out,) = rg.Executor().run(main, feed={"x": xv, "y": yv}, fetch_list=[z])
+        assert np.array_equal(out, xv <= yv)
+        ```
     """
     return _binary("LessEqual", x, y)
 
 
 def greater(x, y) -> Var:
-    """Elementwise ``x > y`` (bool). Also ``x > y`` on Vars.
+    """Elementwise ``x > y``.
 
-    Example::
+    The result is bool and has no gradient; ``x > y`` on Vars does the same.
 
-        big = rg.greater(x, 0.5)                   # or x > 0.5
+    Args:
+        x: A Var, a Python number or a NumPy array (beside a Var it becomes a
+            constant, weakly typed as Python scalars are in NumPy).
+        y: The same; at least one of ``x`` and ``y`` is a Var.
+
+    Returns:
+        A bool Var of the broadcast shape.
+
+    Raises:
+        ShapeError: The shapes do not broadcast, or neither operand is a Var.
+
+    Example:
+        ```python
+        import numpy as np
+        import retrograd as rg
+
+        main = rg.Program()
+        with rg.program_guard(main):
+            x = rg.data("x", [2, 3])
+            y = rg.data("y", [3])
+            z = rg.greater(x, y)                      # or x > y
+        xv = np.array([[1., 2., 3.], [4., 5., 6.]], "float32")
+        yv = np.array([2., 2., 7.], "float32")
+        (out,) = rg.Executor().run(main, feed={"x": xv, "y": yv}, fetch_list=[z])
+        assert np.array_equal(out, xv > yv)
+        ```
     """
     return _binary("Greater", x, y)
 
 
 def greater_equal(x, y) -> Var:
-    """Elementwise ``x >= y`` (bool). Also ``x >= y`` on Vars.
+    """Elementwise ``x >= y``.
 
-    Example::
+    The result is bool and has no gradient; ``x >= y`` on Vars does the same.
 
-        kept = rg.greater_equal(x, 0.0)            # or x >= 0.0
+    Args:
+        x: A Var, a Python number or a NumPy array (beside a Var it becomes a
+            constant, weakly typed as Python scalars are in NumPy).
+        y: The same; at least one of ``x`` and ``y`` is a Var.
+
+    Returns:
+        A bool Var of the broadcast shape.
+
+    Raises:
+        ShapeError: The shapes do not broadcast, or neither operand is a Var.
+
+    Example:
+        ```python
+        import numpy as np
+        import retrograd as rg
+
+        main = rg.Program()
+        with rg.program_guard(main):
+            x = rg.data("x", [2, 3])
+            y = rg.data("y", [3])
+            z = rg.greater_equal(x, y)                      # or x >= y
+        xv = np.array([[1., 2., 3.], [4., 5., 6.]], "float32")
+        yv = np.array([2., 2., 7.], "float32")
+        (out,) = rg.Executor().run(main, feed={"x": xv, "y": yv}, fetch_list=[z])
+        assert np.array_equal(out, xv >= yv)
+        ```
     """
     return _binary("GreaterEqual", x, y)
 
 
 def equal(x, y) -> Var:
-    """Elementwise ``x == y`` (bool); ``==`` on Vars is identity, so use this.
+    """Elementwise ``x == y``.
 
-    Example::
+    The result is bool and has no gradient. ``==`` on Vars is *not* overloaded (it
+    is identity, so Vars stay hashable): use this function.
 
-        hit = rg.equal(pred_ids, labels)
+    Args:
+        x: A Var, a Python number or a NumPy array (beside a Var it becomes a
+            constant, weakly typed as Python scalars are in NumPy).
+        y: The same; at least one of ``x`` and ``y`` is a Var.
+
+    Returns:
+        A bool Var of the broadcast shape.
+
+    Raises:
+        ShapeError: The shapes do not broadcast, or neither operand is a Var.
+
+    Example:
+        ```python
+        import numpy as np
+        import retrograd as rg
+
+        main = rg.Program()
+        with rg.program_guard(main):
+            x = rg.data("x", [2, 3])
+            y = rg.data("y", [3])
+            z = rg.equal(x, y)
+        xv = np.array([[1., 2., 3.], [4., 5., 6.]], "float32")
+        yv = np.array([1., 5., 6.], "float32")
+        (out,) = rg.Executor().run(main, feed={"x": xv, "y": yv}, fetch_list=[z])
+        assert np.array_equal(out, xv == yv)
+        ```
     """
     return _binary("Equal", x, y)
 
@@ -420,9 +738,25 @@ def equal(x, y) -> Var:
 def logical_not(x: Var) -> Var:
     """Elementwise NOT of a bool Var.
 
-    Example::
+    Args:
+        x: A bool Var.
 
-        outside = rg.logical_not(rg.less(x, 1.0))
+    Returns:
+        A Var of ``x``'s shape and dtype.
+
+    Example:
+        ```python
+        import numpy as np
+        import retrograd as rg
+
+        main = rg.Program()
+        with rg.program_guard(main):
+            x = rg.data("x", [3], dtype="bool")
+            y = rg.logical_not(x)
+        xv = np.array([True, False, True], "bool")
+        (out,) = rg.Executor().run(main, feed={"x": xv}, fetch_list=[y])
+        assert np.allclose(out, [False, True, False])
+        ```
     """
     return append_op("LogicalNot", [x])[0]
 
@@ -456,7 +790,36 @@ def _where_onnx(g):
 
 
 def where(cond: Var, x, y) -> Var:
-    """``x`` where ``cond`` holds, else ``y`` (broadcasting). Example: ``rg.where(x > 0, x, 0.0)``."""
+    """``x`` where ``cond`` holds, else ``y``, broadcasting all three.
+
+    The gradient flows to ``x`` where ``cond`` holds and to ``y`` elsewhere.
+
+    Args:
+        cond: A bool Var (or a bool array / Python bool, made a constant).
+        x: A Var, Python number or NumPy array: the values where ``cond`` holds.
+        y: The same, for the other places; numbers follow the other branch's dtype.
+
+    Returns:
+        A Var of the broadcast shape and the branches' dtype.
+
+    Raises:
+        ShapeError: ``cond`` is not bool, the branches' dtypes differ, or the
+            shapes do not broadcast.
+
+    Example:
+        ```python
+        import numpy as np
+        import retrograd as rg
+
+        main = rg.Program()
+        with rg.program_guard(main):
+            x = rg.data("x", [4])
+            y = rg.where(x > 0.0, x, 0.0)              # relu by hand
+        xv = np.array([-1.0, 2.0, -3.0, 4.0], "float32")
+        (out,) = rg.Executor().run(main, feed={"x": xv}, fetch_list=[y])
+        assert list(out) == [0.0, 2.0, 0.0, 4.0]
+        ```
+    """
     if not isinstance(cond, Var):
         cond = constant(np.asarray(cond), "bool")
     if not isinstance(x, Var) and not isinstance(y, Var):
@@ -560,101 +923,271 @@ lowers("Sign")(elementwise("Sign"))
 
 
 def neg(x: Var) -> Var:
-    """``-x``.
+    """Elementwise ``-x``; also ``-x`` on Vars.
 
-    Example::
+    Args:
+        x: A numeric Var (any shape).
 
-        n = rg.neg(x)                              # or -x
+    Returns:
+        A Var of ``x``'s shape and dtype.
+
+    Example:
+        ```python
+        import numpy as np
+        import retrograd as rg
+
+        main = rg.Program()
+        with rg.program_guard(main):
+            x = rg.data("x", [3])
+            y = rg.neg(x)
+        xv = np.array([1., -2., 0.], "float32")
+        (out,) = rg.Executor().run(main, feed={"x": xv}, fetch_list=[y])
+        assert np.allclose(out, -xv)
+        ```
     """
     return _unary("Neg", x)
 
 
 def exp(x: Var) -> Var:
-    """``e ** x``, elementwise; float inputs.
+    """Elementwise ``e ** x``.
 
-    Example::
+    Args:
+        x: A float Var (any shape).
 
-        e = rg.exp(x)
+    Returns:
+        A Var of ``x``'s shape and dtype.
+
+    Example:
+        ```python
+        import numpy as np
+        import retrograd as rg
+
+        main = rg.Program()
+        with rg.program_guard(main):
+            x = rg.data("x", [3])
+            y = rg.exp(x)
+        xv = np.array([0., 1., -1.], "float32")
+        (out,) = rg.Executor().run(main, feed={"x": xv}, fetch_list=[y])
+        assert np.allclose(out, np.exp(xv))
+        ```
     """
     return _unary("Exp", x)
 
 
 def log(x: Var) -> Var:
-    """Natural logarithm.
+    """Elementwise natural logarithm.
 
-    Example::
+    NaN below 0 and ``-inf`` at 0, as NumPy.
 
-        logp = rg.log(probs)
+    Args:
+        x: A float Var (any shape).
+
+    Returns:
+        A Var of ``x``'s shape and dtype.
+
+    Example:
+        ```python
+        import numpy as np
+        import retrograd as rg
+
+        main = rg.Program()
+        with rg.program_guard(main):
+            x = rg.data("x", [3])
+            y = rg.log(x)
+        xv = np.array([1., 2., 10.], "float32")
+        (out,) = rg.Executor().run(main, feed={"x": xv}, fetch_list=[y])
+        assert np.allclose(out, np.log(xv))
+        ```
     """
     return _unary("Log", x)
 
 
 def tanh(x: Var) -> Var:
-    """Hyperbolic tangent, elementwise; float inputs.
+    """Elementwise hyperbolic tangent.
 
-    Example::
+    Args:
+        x: A float Var (any shape).
 
-        h = rg.tanh(rg.matmul(x, w) + b)
+    Returns:
+        A Var of ``x``'s shape and dtype.
+
+    Example:
+        ```python
+        import numpy as np
+        import retrograd as rg
+
+        main = rg.Program()
+        with rg.program_guard(main):
+            x = rg.data("x", [3])
+            y = rg.tanh(x)
+        xv = np.array([0., 1., -2.], "float32")
+        (out,) = rg.Executor().run(main, feed={"x": xv}, fetch_list=[y])
+        assert np.allclose(out, np.tanh(xv))
+        ```
     """
     return _unary("Tanh", x)
 
 
 def sigmoid(x: Var) -> Var:
-    """``1 / (1 + exp(-x))``, computed without overflow.
+    """Elementwise ``1 / (1 + exp(-x))``, computed without overflow.
 
-    Example::
+    Args:
+        x: A float Var (any shape).
 
-        gate = rg.sigmoid(rg.matmul(x, w))
+    Returns:
+        A Var of ``x``'s shape and dtype.
+
+    Example:
+        ```python
+        import numpy as np
+        import retrograd as rg
+
+        main = rg.Program()
+        with rg.program_guard(main):
+            x = rg.data("x", [3])
+            y = rg.sigmoid(x)
+        xv = np.array([0., 100., -100.], "float32")
+        (out,) = rg.Executor().run(main, feed={"x": xv}, fetch_list=[y])
+        assert np.allclose(out, [0.5, 1.0, 0.0])
+        ```
     """
     return _unary("Sigmoid", x)
 
 
 def relu(x: Var) -> Var:
-    """``max(x, 0)``, elementwise; the gradient is 0 at x <= 0.
+    """Elementwise ``max(x, 0)``.
 
-    Example::
+    The gradient is 0 where ``x <= 0``.
 
-        h = rg.relu(rg.matmul(x, w) + b)
+    Args:
+        x: A numeric Var (any shape).
+
+    Returns:
+        A Var of ``x``'s shape and dtype.
+
+    Example:
+        ```python
+        import numpy as np
+        import retrograd as rg
+
+        main = rg.Program()
+        with rg.program_guard(main):
+            x = rg.data("x", [3])
+            y = rg.relu(x)
+        xv = np.array([-1., 0., 2.], "float32")
+        (out,) = rg.Executor().run(main, feed={"x": xv}, fetch_list=[y])
+        assert np.allclose(out, [0., 0., 2.])
+        ```
     """
     return _unary("Relu", x)
 
 
 def square(x: Var) -> Var:
-    """``x * x``, elementwise.
+    """Elementwise ``x * x``.
 
-    Example::
+    Args:
+        x: A numeric Var (any shape).
 
-        loss = rg.mean(rg.square(pred - y))
+    Returns:
+        A Var of ``x``'s shape and dtype.
+
+    Example:
+        ```python
+        import numpy as np
+        import retrograd as rg
+
+        main = rg.Program()
+        with rg.program_guard(main):
+            x = rg.data("x", [3])
+            y = rg.square(x)
+        xv = np.array([-1., 2., 3.], "float32")
+        (out,) = rg.Executor().run(main, feed={"x": xv}, fetch_list=[y])
+        assert np.allclose(out, [1., 4., 9.])
+        ```
     """
     return _unary("Square", x)
 
 
 def sqrt(x: Var) -> Var:
-    """Square root, elementwise; float inputs (NaN below 0).
+    """Elementwise square root.
 
-    Example::
+    NaN below 0, as NumPy.
 
-        norm = rg.sqrt(rg.sum(x * x))
+    Args:
+        x: A float Var (any shape).
+
+    Returns:
+        A Var of ``x``'s shape and dtype.
+
+    Example:
+        ```python
+        import numpy as np
+        import retrograd as rg
+
+        main = rg.Program()
+        with rg.program_guard(main):
+            x = rg.data("x", [3])
+            y = rg.sqrt(x)
+        xv = np.array([1., 4., 9.], "float32")
+        (out,) = rg.Executor().run(main, feed={"x": xv}, fetch_list=[y])
+        assert np.allclose(out, [1., 2., 3.])
+        ```
     """
     return _unary("Sqrt", x)
 
 
 def abs(x: Var) -> Var:
-    """``|x|``, elementwise; the gradient at 0 is 0.
+    """Elementwise ``|x|``.
 
-    Example::
+    The gradient at 0 is 0.
 
-        err = rg.mean(rg.abs(pred - y))
+    Args:
+        x: A numeric Var (any shape).
+
+    Returns:
+        A Var of ``x``'s shape and dtype.
+
+    Example:
+        ```python
+        import numpy as np
+        import retrograd as rg
+
+        main = rg.Program()
+        with rg.program_guard(main):
+            x = rg.data("x", [3])
+            y = rg.abs(x)
+        xv = np.array([-1.5, 0., 2.], "float32")
+        (out,) = rg.Executor().run(main, feed={"x": xv}, fetch_list=[y])
+        assert np.allclose(out, [1.5, 0., 2.])
+        ```
     """
     return _unary("Abs", x)
 
 
 def sign(x: Var) -> Var:
-    """-1, 0 or 1 by the sign of ``x``, elementwise (its gradient is 0).
+    """Elementwise -1, 0 or 1 by the sign of ``x``.
 
-    Example::
+    Its gradient is 0.
 
-        s = rg.sign(x)                             # -1, 0 or 1, no gradient
+    Args:
+        x: A numeric Var (any shape).
+
+    Returns:
+        A Var of ``x``'s shape and dtype.
+
+    Example:
+        ```python
+        import numpy as np
+        import retrograd as rg
+
+        main = rg.Program()
+        with rg.program_guard(main):
+            x = rg.data("x", [3])
+            y = rg.sign(x)
+        xv = np.array([-3., 0., 2.], "float32")
+        (out,) = rg.Executor().run(main, feed={"x": xv}, fetch_list=[y])
+        assert np.allclose(out, [-1., 0., 1.])
+        ```
     """
     return _unary("Sign", x)
 
@@ -692,11 +1225,30 @@ def _clip_onnx(g):
 
 
 def clip(x: Var, lo: float | None, hi: float | None) -> Var:
-    """Clamp to ``[lo, hi]`` (either may be None); the gradient passes where lo <= x <= hi.
+    """Clamp ``x`` to ``[lo, hi]``; either bound may be None.
 
-    Example::
+    The gradient passes where ``lo <= x <= hi`` and is 0 elsewhere.
 
-        p = rg.clip(p, 1e-6, 1.0)
+    Args:
+        x: A numeric Var.
+        lo: The lower bound, or None for none.
+        hi: The upper bound, or None for none.
+
+    Returns:
+        A Var of ``x``'s shape and dtype.
+
+    Example:
+        ```python
+        import numpy as np
+        import retrograd as rg
+
+        main = rg.Program()
+        with rg.program_guard(main):
+            p = rg.data("p", [3])
+            q = rg.clip(p, 1e-6, 1.0)
+        (out,) = rg.Executor().run(main, feed={"p": np.array([0.0, 0.5, 2.0], "float32")}, fetch_list=[q])
+        assert np.allclose(out, [1e-6, 0.5, 1.0])
+        ```
     """
     return append_op("Clip", [x], {"lo": None if lo is None else as_float(lo, "clip: lo"),
                                    "hi": None if hi is None else as_float(hi, "clip: hi")})[0]
@@ -711,11 +1263,36 @@ lowers("LogicalAnd")(elementwise("And"))
 
 
 def logical_and(x, y) -> Var:
-    """Elementwise AND of bools, broadcasting (a NumPy bool array or bool may stand for one side).
+    """Elementwise AND of bools, broadcasting.
 
-    Example::
+    A NumPy bool array or a Python bool may stand for one side.
 
-        both = rg.logical_and(x > 0.0, x < 1.0)
+    Args:
+        x: A Var, a Python number or a NumPy array (beside a Var it becomes a
+            constant, weakly typed as Python scalars are in NumPy).
+        y: The same; at least one of ``x`` and ``y`` is a Var.
+
+    Returns:
+        A bool Var of the broadcast shape.
+
+    Raises:
+        ShapeError: The shapes do not broadcast, or neither operand is a Var.
+
+    Example:
+        ```python
+        import numpy as np
+        import retrograd as rg
+
+        main = rg.Program()
+        with rg.program_guard(main):
+            x = rg.data("x", [2, 3], dtype="bool")
+            y = rg.data("y", [3], dtype="bool")
+            z = rg.logical_and(x, y)
+        xv = np.array([[True, False, True], [False, False, True]], "bool")
+        yv = np.array([True, True, False], "bool")
+        (out,) = rg.Executor().run(main, feed={"x": xv, "y": yv}, fetch_list=[z])
+        assert np.array_equal(out, xv & yv)
+        ```
     """
     return _binary("LogicalAnd", x, y)
 
@@ -773,11 +1350,39 @@ def _swap_last(ndim: int) -> list[int]:
 
 
 def matmul(x, y, transpose_x: bool = False, transpose_y: bool = False) -> Var:
-    """Batched matrix product (NumPy ``matmul`` broadcasting over leading axes).
+    """Batched matrix product, with NumPy ``matmul`` broadcasting over leading axes.
 
-    Example::
+    Also ``x @ y`` on Vars. A number or NumPy array beside a Var becomes a constant.
 
-        h = rg.matmul(x, w)                  # x [N, D], w [D, H] -> [N, H]
+    Args:
+        x: A Var ``[..., M, K]`` (at least 2-D; reshape vectors first).
+        y: A Var ``[..., K, N]`` of the same dtype.
+        transpose_x: Multiply by ``x``'s transpose over its last two axes.
+        transpose_y: Multiply by ``y``'s transpose over its last two axes.
+
+    Returns:
+        A Var ``[..., M, N]`` (leading axes broadcast).
+
+    Raises:
+        ShapeError: An operand has fewer than 2 dimensions, the dtypes differ or
+            the inner dimensions disagree.
+
+    Example:
+        ```python
+        import numpy as np
+        import retrograd as rg
+
+        main = rg.Program()
+        with rg.program_guard(main):
+            x = rg.data("x", [-1, 3])
+            w = rg.data("w", [3, 2])
+            h = rg.matmul(x, w)                        # x [N, 3] @ w [3, 2] -> [N, 2]
+            g = rg.matmul(x, x, transpose_y=True)      # x @ x.T -> [N, N]
+        xv = np.arange(6, dtype="float32").reshape(2, 3)
+        wv = np.ones((3, 2), "float32")
+        hv, gv = rg.Executor().run(main, feed={"x": xv, "w": wv}, fetch_list=[h, g])
+        assert np.allclose(hv, xv @ wv) and np.allclose(gv, xv @ xv.T)
+        ```
     """
     if not isinstance(x, Var) or not isinstance(y, Var):
         x, y = _operands(x, y, "matmul")
@@ -831,5 +1436,26 @@ def _add_n_onnx(g):
 
 
 def add_n(xs) -> Var:
-    """Elementwise sum of a list of Vars. Example: ``rg.add_n([a, b, c])``."""
+    """Elementwise sum of a list of Vars of one shape and dtype.
+
+    Args:
+        xs: The Vars to add (one or more).
+
+    Returns:
+        A Var of their shape and dtype.
+
+    Example:
+        ```python
+        import numpy as np
+        import retrograd as rg
+
+        main = rg.Program()
+        with rg.program_guard(main):
+            a, b, c = (rg.data(n, [2]) for n in "abc")
+            total = rg.add_n([a, b, c])
+        feed = {"a": np.ones(2, "float32"), "b": np.ones(2, "float32"), "c": np.full(2, 3.0, "float32")}
+        (out,) = rg.Executor().run(main, feed=feed, fetch_list=[total])
+        assert list(out) == [5.0, 5.0]
+        ```
+    """
     return append_op("AddN", list(xs))[0]

@@ -35,21 +35,68 @@ def _not_equal_onnx(g):
 
 
 def logical_or(a: Var, b: Var) -> Var:
-    """Elementwise ``a or b`` of bool Vars, broadcasting.
+    """Elementwise OR of bool Vars, broadcasting.
 
-    Example::
+    Args:
+        a: A bool Var.
+        b: A bool Var.
 
-        outside = rg.logical_or(x < -1.0, x > 1.0)
+    Returns:
+        A bool Var of the broadcast shape.
+
+    Raises:
+        ShapeError: The shapes do not broadcast.
+
+    Example:
+        ```python
+        import numpy as np
+        import retrograd as rg
+
+        main = rg.Program()
+        with rg.program_guard(main):
+            x = rg.data("x", [2, 3], dtype="bool")
+            y = rg.data("y", [3], dtype="bool")
+            z = rg.logical_or(x, y)
+        xv = np.array([[True, False, True], [False, False, True]], "bool")
+        yv = np.array([True, False, False], "bool")
+        (out,) = rg.Executor().run(main, feed={"x": xv, "y": yv}, fetch_list=[z])
+        assert np.array_equal(out, xv | yv)
+        ```
     """
     return append_op("LogicalOr", [a, b])[0]
 
 
 def not_equal(a, b) -> Var:
-    """Elementwise ``a != b`` (bool), broadcasting; one operand may be a Python number.
+    """Elementwise ``a != b`` (bool), broadcasting.
 
-    Example::
+    One operand may be a Python number.
 
-        nonzero = rg.not_equal(ids, 0)
+    Args:
+        a: A Var, a Python number or a NumPy array (beside a Var it becomes a
+            constant, weakly typed as Python scalars are in NumPy).
+        b: The same; at least one of ``a`` and ``b`` is a Var.
+
+    Returns:
+        A bool Var of the broadcast shape.
+
+    Raises:
+        ShapeError: The shapes do not broadcast, or neither operand is a Var.
+
+    Example:
+        ```python
+        import numpy as np
+        import retrograd as rg
+
+        main = rg.Program()
+        with rg.program_guard(main):
+            x = rg.data("x", [2, 3])
+            y = rg.data("y", [3])
+            z = rg.not_equal(x, y)
+        xv = np.array([[1., 2., 3.], [4., 5., 6.]], "float32")
+        yv = np.array([1., 5., 6.], "float32")
+        (out,) = rg.Executor().run(main, feed={"x": xv, "y": yv}, fetch_list=[z])
+        assert np.array_equal(out, xv != yv)
+        ```
     """
     if not isinstance(a, Var) and not isinstance(b, Var):
         raise ShapeError(f"not_equal needs at least one Var operand, got {a!r} and {b!r}")

@@ -63,21 +63,72 @@ def _mod_onnx(g):
 
 
 def floor_divide(x, y) -> Var:
-    """``floor(x / y)`` elementwise, broadcasting (Python's ``x // y``); integers stay integers.
+    """``floor(x / y)`` elementwise, broadcasting (Python's ``x // y``).
 
-    Example::
+    Integers stay integers; ``x // y`` on Vars does the same.
 
-        q = rg.floor_divide(x, 3.0)      # also x // 3.0
+    Args:
+        x: A Var, a Python number or a NumPy array (beside a Var it becomes a
+            constant, weakly typed as Python scalars are in NumPy).
+        y: The same; at least one of ``x`` and ``y`` is a Var.
+
+    Returns:
+        A Var of the broadcast shape; two Vars' dtypes promote as in NumPy.
+
+    Raises:
+        ShapeError: The shapes do not broadcast, or neither operand is a Var.
+
+    Example:
+        ```python
+        import numpy as np
+        import retrograd as rg
+
+        main = rg.Program()
+        with rg.program_guard(main):
+            x = rg.data("x", [2, 3], dtype="int64")
+            y = rg.data("y", [3], dtype="int64")
+            z = rg.floor_divide(x, y)                      # or x // y
+        xv = np.array([[7, -7, 6], [1, 2, 3]], "int64")
+        yv = np.array([2, 2, -4], "int64")
+        (out,) = rg.Executor().run(main, feed={"x": xv, "y": yv}, fetch_list=[z])
+        assert np.allclose(out, xv // yv)
+        ```
     """
     return _binary("FloorDivide", x, y)
 
 
 def mod(x, y) -> Var:
-    """``x - floor(x / y) * y`` elementwise, broadcasting (Python's ``x % y``: the sign of ``y``).
+    """``x - floor(x / y) * y`` elementwise, broadcasting (Python's ``x % y``).
 
-    Example::
+    The result has the sign of ``y``; ``x % y`` on Vars does the same.
 
-        phase = rg.mod(t, 7.0)                     # or t % 7.0
+    Args:
+        x: A Var, a Python number or a NumPy array (beside a Var it becomes a
+            constant, weakly typed as Python scalars are in NumPy).
+        y: The same; at least one of ``x`` and ``y`` is a Var.
+
+    Returns:
+        A Var of the broadcast shape; two Vars' dtypes promote as in NumPy
+        (float32 and int64 give float64).
+
+    Raises:
+        ShapeError: The shapes do not broadcast, or neither operand is a Var.
+
+    Example:
+        ```python
+        import numpy as np
+        import retrograd as rg
+
+        main = rg.Program()
+        with rg.program_guard(main):
+            x = rg.data("x", [2, 3])
+            y = rg.data("y", [3])
+            z = rg.mod(x, y)                      # or x % y
+        xv = np.array([[7., -7., 6.], [1., 2., 3.]], "float32")
+        yv = np.array([2., 2., -4.], "float32")
+        (out,) = rg.Executor().run(main, feed={"x": xv, "y": yv}, fetch_list=[z])
+        assert np.allclose(out, xv % yv)
+        ```
     """
     return _binary("Mod", x, y)
 

@@ -114,27 +114,106 @@ def _rsqrt_onnx(g):
 
 
 def erf(x: Var) -> Var:
-    """The error function ``2/sqrt(pi) * integral_0^x exp(-t^2) dt``, elementwise; float inputs.
+    """The error function ``2/sqrt(pi) * integral_0^x exp(-t^2) dt``, elementwise.
 
-    Example::
+    Args:
+        x: A float Var (any shape).
 
-        y = rg.erf(x)           # dy/dx = 2/sqrt(pi) * exp(-x^2)
+    Returns:
+        A Var of ``x``'s shape and dtype.
+
+    Example:
+        ```python
+        import numpy as np
+        import retrograd as rg
+
+        main = rg.Program()
+        with rg.program_guard(main):
+            x = rg.data("x", [3])
+            y = rg.erf(x)
+        xv = np.array([0., 1., -2.], "float32")
+        (out,) = rg.Executor().run(main, feed={"x": xv}, fetch_list=[y])
+        assert np.allclose(out, [0.0, 0.8427008, -0.9953223])
+        ```
     """
     return append_op("Erf", [x])[0]
 
 
 def log1p(x: Var) -> Var:
-    """``log(1 + x)``, accurate for small ``x``. Example: ``rg.log1p(x)``."""
+    """``log(1 + x)``, accurate for small ``x``.
+
+    Args:
+        x: A float Var (any shape); float64 here, to show the accuracy.
+
+    Returns:
+        A Var of ``x``'s shape and dtype.
+
+    Example:
+        ```python
+        import numpy as np
+        import retrograd as rg
+
+        main = rg.Program()
+        with rg.program_guard(main):
+            x = rg.data("x", [3], dtype="float64")
+            y = rg.log1p(x)
+        xv = np.array([1e-8, 0., 1.], "float64")
+        (out,) = rg.Executor().run(main, feed={"x": xv}, fetch_list=[y])
+        assert np.allclose(out, [1e-8, 0.0, np.log(2.0)])
+        ```
+    """
     return append_op("Log1p", [x])[0]
 
 
 def expm1(x: Var) -> Var:
-    """``exp(x) - 1``, accurate for small ``x``. Example: ``rg.expm1(x)``."""
+    """``exp(x) - 1``, accurate for small ``x``.
+
+    Args:
+        x: A float Var (any shape).
+
+    Returns:
+        A Var of ``x``'s shape and dtype.
+
+    Example:
+        ```python
+        import numpy as np
+        import retrograd as rg
+
+        main = rg.Program()
+        with rg.program_guard(main):
+            x = rg.data("x", [3], dtype="float64")
+            y = rg.expm1(x)
+        xv = np.array([1e-10, 0., 1.], "float64")
+        (out,) = rg.Executor().run(main, feed={"x": xv}, fetch_list=[y])
+        assert np.allclose(out, [1e-10, 0.0, np.e - 1.0])
+        ```
+    """
     return append_op("Expm1", [x])[0]
 
 
 def rsqrt(x: Var) -> Var:
-    """``1 / sqrt(x)``, elementwise. Example: ``inv_std = rg.rsqrt(var + 1e-5)``."""
+    """``1 / sqrt(x)``, elementwise.
+
+    Args:
+        x: A float Var (any shape).
+
+    Returns:
+        A Var of ``x``'s shape and dtype.
+
+    Example:
+        ```python
+        import numpy as np
+        import retrograd as rg
+
+        main = rg.Program()
+        with rg.program_guard(main):
+            x = rg.data("x", [3])
+            y = rg.rsqrt(x)
+        xv = np.array([1., 4., 0.25], "float32")
+        (out,) = rg.Executor().run(main, feed={"x": xv}, fetch_list=[y])
+        assert np.allclose(out, [1.0, 0.5, 2.0])
+        ```
+    """
     return append_op("Rsqrt", [x])[0]
 
 

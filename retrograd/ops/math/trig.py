@@ -24,20 +24,52 @@ lowers("Cos")(elementwise("Cos"))
 
 
 def sin(x: Var) -> Var:
-    """Sine of ``x`` (radians), elementwise; float inputs.
+    """Sine of ``x`` (radians), elementwise.
 
-    Example::
+    Args:
+        x: A float Var (any shape).
 
-        y = rg.sin(x)          # dy/dx = cos(x)
+    Returns:
+        A Var of ``x``'s shape and dtype.
+
+    Example:
+        ```python
+        import numpy as np
+        import retrograd as rg
+
+        main = rg.Program()
+        with rg.program_guard(main):
+            x = rg.data("x", [3])
+            y = rg.sin(x)
+        xv = np.array([0., np.pi / 2, np.pi], "float32")
+        (out,) = rg.Executor().run(main, feed={"x": xv}, fetch_list=[y])
+        assert np.allclose(out, np.sin(xv))
+        ```
     """
     return append_op("Sin", [x])[0]
 
 
 def cos(x: Var) -> Var:
-    """Cosine of ``x`` (radians), elementwise; float inputs.
+    """Cosine of ``x`` (radians), elementwise.
 
-    Example::
+    Args:
+        x: A float Var (any shape).
 
-        c = rg.cos(angle)
+    Returns:
+        A Var of ``x``'s shape and dtype.
+
+    Example:
+        ```python
+        import numpy as np
+        import retrograd as rg
+
+        main = rg.Program()
+        with rg.program_guard(main):
+            x = rg.data("x", [3])
+            y = rg.cos(x)
+        xv = np.array([0., np.pi / 2, np.pi], "float32")
+        (out,) = rg.Executor().run(main, feed={"x": xv}, fetch_list=[y])
+        assert np.allclose(out, np.cos(xv))
+        ```
     """
     return append_op("Cos", [x])[0]

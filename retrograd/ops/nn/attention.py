@@ -417,17 +417,37 @@ def scaled_dot_product_attention(q: Var, k: Var, v: Var, mask=None, causal: bool
                                  scale: float | None = None) -> Var:
     """``softmax(scale * q @ k^T + mask) @ v``, like ``torch.nn.functional.scaled_dot_product_attention``.
 
-    q ``[..., L, E]``, k ``[..., S, E]``, v ``[..., S, Ev]`` -> ``[..., L, Ev]``
-    (leading axes broadcast). ``mask`` broadcasts to ``[..., L, S]``: bool
-    (True = attend) or float of q's dtype (added to the scores; ``-inf``
-    masks). ``causal=True`` masks the keys after each query (``s > l``).
-    ``scale`` defaults to ``1/sqrt(E)``. A row with every key masked gives
-    zeros (never NaN), and a zero gradient.
+    Leading axes broadcast. A row with every key masked gives zeros (never
+    NaN), and a zero gradient. The torch backend runs torch's fused attention.
 
-    Example::
+    Args:
+        q: The queries ``[..., L, E]``.
+        k: The keys ``[..., S, E]``.
+        v: The values ``[..., S, Ev]``.
+        mask: None, or a mask broadcasting to ``[..., L, S]``: bool (True =
+            attend) or float of q's dtype (added to the scores; ``-inf`` masks).
+        causal: Mask the keys after each query (``s > l``).
+        scale: The scores' scale; ``1/sqrt(E)`` by default.
 
-        q = rg.data("q", [-1, 4, 16, 8]); k = rg.data("k", [-1, 4, 16, 8]); v = rg.data("v", [-1, 4, 16, 8])
-        out = rg.scaled_dot_product_attention(q, k, v, causal=True)        # [N, 4, 16, 8]
+    Returns:
+        A Var ``[..., L, Ev]``.
+
+    Example:
+        ```python
+        import numpy as np
+        import retrograd as rg
+
+        main = rg.Program()
+        with rg.program_guard(main):
+            q = rg.data("q", [-1, 2, 3, 4])                # [N, heads, L, E]
+            k = rg.data("k", [-1, 2, 3, 4])
+            v = rg.data("v", [-1, 2, 3, 4])
+            out = rg.scaled_dot_product_attention(q, k, v, causal=True)     # [N, 2, 3, 4]
+        vv = np.random.rand(1, 2, 3, 4).astype("float32")
+        feed = {"q": np.zeros((1, 2, 3, 4), "float32"), "k": np.zeros((1, 2, 3, 4), "float32"), "v": vv}
+        (o,) = rg.Executor().run(main, feed=feed, fetch_list=[out])
+        assert np.allclose(o[0, :, 0], vv[0, :, 0]) and np.allclose(o[0, :, 2], vv[0].mean(axis=1), atol=1e-6)
+        ```
     """
     for name, x in (("q", q), ("k", k), ("v", v)):
         if not isinstance(x, Var):

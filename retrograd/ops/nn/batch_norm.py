@@ -273,16 +273,43 @@ def batch_norm(x: Var, running_mean: Var, running_var: Var, weight: Var | None =
     """Normalize ``x [N, C]`` or ``[N, C, ...]`` per channel, as ``torch.nn.functional.batch_norm``.
 
     In training, with the batch's mean and (biased) variance, and the running
-    statistics (``[C]``, persistable) are updated in place when the program runs:
+    statistics are updated in place when the program runs:
     ``running = (1 - momentum) * running + momentum * batch`` (unbiased variance
     for ``running_var``). Otherwise (``training=False``, or in a program from
     ``clone(for_test=True)``) with the running statistics, which nothing writes.
-    ``weight`` and ``bias`` are ``[C]`` or None. ``rg.layers.batch_norm`` creates
-    all four.
+    ``rg.layers.batch_norm`` creates all four Vars.
 
-    Example::
+    Args:
+        x: A float Var ``[N, C]`` or ``[N, C, ...]``.
+        running_mean: The persistable running mean ``[C]``.
+        running_var: The persistable running variance ``[C]``.
+        weight: ``[C]``, or None.
+        bias: ``[C]``, or None.
+        training: Use (and update) the batch statistics.
+        momentum: The running statistics' update rate.
+        eps: Added to the variance.
 
-        y = rg.batch_norm(x, bn_mean, bn_var, w, b)     # x [N, C, H, W]
+    Returns:
+        A Var of ``x``'s shape.
+
+    Example:
+        ```python
+        import numpy as np
+        import retrograd as rg
+
+        main, startup = rg.Program(), rg.Program()
+        with rg.program_guard(main, startup):
+            x = rg.data("x", [-1, 2])
+            mean = rg.create_parameter("bn.mean", [2], init=0.0, trainable=False)
+            var = rg.create_parameter("bn.var", [2], init=1.0, trainable=False)
+            y = rg.batch_norm(x, mean, var)
+        exe = rg.Executor()
+        exe.run(startup)
+        xv = np.array([[1.0, 10.0], [3.0, 30.0]], "float32")
+        (out,) = exe.run(main, feed={"x": xv}, fetch_list=[y])
+        assert np.allclose(out, [[-1.0, -1.0], [1.0, 1.0]], atol=1e-3)
+        assert np.allclose(exe.scope.get("bn.var"), [0.9 + 0.1 * 2.0, 0.9 + 0.1 * 200.0])   # unbiased
+        ```
     """
     momentum = as_float(momentum, "batch_norm: momentum")
     if not 0.0 <= momentum <= 1.0:

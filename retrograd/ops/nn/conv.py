@@ -329,38 +329,84 @@ def _conv_nd(nd: int, what: str, x, w, b, stride, padding, dilation, groups) -> 
 
 
 def conv1d(x: Var, w: Var, b: Var | None = None, stride=1, padding=0, dilation=1, groups=1) -> Var:
-    """1-d convolution (cross-correlation, as ``torch.nn.functional.conv1d``) of ``x [N, C, W]``
-    with ``w [F, C/groups, k]`` plus ``b [F]``: ``[N, F, W_out]``.
+    """1-d convolution (cross-correlation, as ``torch.nn.functional.conv1d``) of ``x [N, C, W]``.
 
-    ``stride`` and ``dilation`` are ints; ``padding`` is an int (both sides), a
-    ``(left, right)`` pair, "valid" or "same" (stride 1).
     ``W_out = (W + left + right - dilation * (k - 1) - 1) // stride + 1``.
 
-    Example::
+    Args:
+        x: A float Var ``[N, C, W]``.
+        w: The filters ``[F, C/groups, k]``.
+        b: The bias ``[F]``, or None.
+        stride: An int.
+        padding: An int (both sides), a ``(left, right)`` pair, ``"valid"`` or
+            ``"same"`` (stride 1).
+        dilation: An int.
+        groups: Split channels and filters into that many independent convolutions.
 
-        x = rg.data("x", [-1, 4, 32])
-        w = rg.create_parameter("w", [8, 4, 3])
-        y = rg.conv1d(x, w, padding=1)               # [?, 8, 32]
+    Returns:
+        A Var ``[N, F, W_out]``.
+
+    Raises:
+        ShapeError: Channel counts that do not match, a ``groups`` not dividing
+            them, or a kernel larger than the padded input.
+
+    Example:
+        ```python
+        import numpy as np
+        import retrograd as rg
+
+        main = rg.Program()
+        with rg.program_guard(main):
+            x = rg.data("x", [-1, 1, 5])
+            w = rg.data("w", [1, 1, 3])
+            y = rg.conv1d(x, w, padding=1)                 # [?, 1, 5]
+        xv = np.arange(5, dtype="float32").reshape(1, 1, 5)
+        (out,) = rg.Executor().run(main, feed={"x": xv, "w": np.ones((1, 1, 3), "float32")}, fetch_list=[y])
+        assert out.tolist() == [[[1.0, 3.0, 6.0, 9.0, 7.0]]]       # moving sums of 3
+        ```
     """
     return _conv_nd(1, "conv1d", x, w, b, stride, padding, dilation, groups)
 
 
 def conv2d(x: Var, w: Var, b: Var | None = None, stride=1, padding=0, dilation=1, groups=1) -> Var:
-    """2-d convolution (cross-correlation, as ``torch.nn.functional.conv2d``) of ``x [N, C, H, W]``
-    with ``w [F, C/groups, kh, kw]`` plus ``b [F]``: ``[N, F, H_out, W_out]``.
+    """2-d convolution (cross-correlation, as ``torch.nn.functional.conv2d``) of ``x [N, C, H, W]``.
 
-    ``stride`` and ``dilation``: an int or ``(sh, sw)``. ``padding``: an int,
-    ``(ph, pw)`` (both sides of each axis), ``((top, bottom), (left, right))``
-    or ``(top, bottom, left, right)``, "valid", or "same" (stride 1).
     ``groups`` splits channels and filters into that many independent
-    convolutions (``groups == C``: depthwise). Channel counts that do not
-    match, a ``groups`` not dividing them, or a kernel larger than the padded
-    input are a ``ShapeError`` naming both shapes.
+    convolutions (``groups == C``: depthwise).
 
-    Example::
+    Args:
+        x: A float Var ``[N, C, H, W]``.
+        w: The filters ``[F, C/groups, kh, kw]``.
+        b: The bias ``[F]``, or None.
+        stride: An int or ``(sh, sw)``.
+        padding: An int, ``(ph, pw)`` (both sides of each axis),
+            ``((top, bottom), (left, right))`` or ``(top, bottom, left, right)``,
+            ``"valid"``, or ``"same"`` (stride 1).
+        dilation: An int or ``(dh, dw)``.
+        groups: The number of groups.
 
-        x = rg.data("x", [-1, 3, 32, 32])
-        w = rg.create_parameter("w", [16, 3, 3, 3])
-        y = rg.conv2d(x, w, stride=2, padding=1)     # [?, 16, 16, 16]
+    Returns:
+        A Var ``[N, F, H_out, W_out]``.
+
+    Raises:
+        ShapeError: Channel counts that do not match, a ``groups`` not dividing
+            them, or a kernel larger than the padded input (naming both shapes).
+
+    Example:
+        ```python
+        import numpy as np
+        import retrograd as rg
+
+        main = rg.Program()
+        with rg.program_guard(main):
+            x = rg.data("x", [-1, 3, 8, 8])
+            w = rg.data("w", [4, 3, 3, 3])
+            b = rg.data("b", [4])
+            y = rg.conv2d(x, w, b, stride=2, padding=1)    # [?, 4, 4, 4]
+        feed = {"x": np.ones((2, 3, 8, 8), "float32"), "w": np.ones((4, 3, 3, 3), "float32"),
+                "b": np.zeros(4, "float32")}
+        (out,) = rg.Executor().run(main, feed=feed, fetch_list=[y])
+        assert out.shape == (2, 4, 4, 4) and out[0, 0, 1, 1] == 27.0 and out[0, 0, 0, 0] == 12.0
+        ```
     """
     return _conv_nd(2, "conv2d", x, w, b, stride, padding, dilation, groups)

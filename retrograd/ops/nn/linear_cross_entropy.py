@@ -144,18 +144,39 @@ def _linear_cross_entropy_grad(k, *ins):
 def linear_cross_entropy(h: Var, w: Var, b: Var | None, labels: Var, chunk_rows: int | None = None) -> Var:
     """Per-row ``softmax_cross_entropy(h @ w + b, labels)`` without materialising all the logits.
 
-    ``h [..., H]``, ``w [H, V]``, ``b [V]`` or None, int64 ``labels [...]``;
-    returns the loss ``[...]``. Forward and backward run ``chunk_rows`` rows
-    at a time (None: as many rows as make about 32 MB of logits, 256 at least), so the peak
-    holds one chunk's ``[chunk_rows, V]`` logits instead of ``[N, V]``; the
-    backward makes each chunk's logits again. Gradients flow to ``h``, ``w``
-    and ``b`` (first order).
+    Forward and backward run ``chunk_rows`` rows at a time, so the peak holds
+    one chunk's ``[chunk_rows, V]`` logits instead of ``[N, V]``; the backward
+    makes each chunk's logits again. Gradients flow to ``h``, ``w`` and ``b``
+    (first order).
 
-    Example::
+    Args:
+        h: A float Var ``[..., H]`` (the last hidden layer).
+        w: The output weights ``[H, V]``.
+        b: The output bias ``[V]``, or None.
+        labels: int64 ``[...]``.
+        chunk_rows: Rows per chunk; None: as many rows as make about 32 MB of
+            logits, 256 at least.
 
-        h = rg.data("h", [-1, 512])                      # the last hidden layer
-        w = rg.create_parameter("head.w", [512, 32768])
-        loss = rg.mean(rg.linear_cross_entropy(h, w, None, labels))
+    Returns:
+        The loss per row ``[...]``.
+
+    Example:
+        ```python
+        import numpy as np
+        import retrograd as rg
+
+        main = rg.Program()
+        with rg.program_guard(main):
+            h = rg.data("h", [-1, 4])
+            w = rg.data("w", [4, 10])
+            labels = rg.data("labels", [-1], dtype="int64")
+            loss = rg.linear_cross_entropy(h, w, None, labels, chunk_rows=2)
+            reference = rg.softmax_cross_entropy(h @ w, labels)
+        feed = {"h": np.random.rand(5, 4).astype("float32"), "w": np.random.rand(4, 10).astype("float32"),
+                "labels": np.array([0, 1, 2, 3, 9])}
+        a, b = rg.Executor().run(main, feed=feed, fetch_list=[loss, reference])
+        assert np.allclose(a, b, atol=1e-5)
+        ```
     """
     for name, var in (("h", h), ("w", w), ("labels", labels)) + ((("b", b),) if b is not None else ()):
         if not isinstance(var, Var):

@@ -51,13 +51,32 @@ def _bce_with_logits_onnx(g):
 
 
 def binary_cross_entropy_with_logits(logits: Var, targets: Var) -> Var:
-    """Per element ``-(t * log sigmoid(x) + (1 - t) * log(1 - sigmoid(x)))``, computed stably
-    (``torch.nn.functional.binary_cross_entropy_with_logits(..., reduction="none")``);
-    ``targets`` (probabilities, same shape) get a gradient too.
+    """Per element ``-(t * log sigmoid(x) + (1 - t) * log(1 - sigmoid(x)))``, computed stably.
 
-    Example::
+    As ``torch.nn.functional.binary_cross_entropy_with_logits(..., reduction="none")``;
+    ``targets`` get a gradient too.
 
-        loss = rg.mean(rg.binary_cross_entropy_with_logits(logits, labels))
+    Args:
+        logits: A float Var.
+        targets: Probabilities of the same shape.
+
+    Returns:
+        The loss per element, of ``logits``' shape.
+
+    Example:
+        ```python
+        import numpy as np
+        import retrograd as rg
+
+        main = rg.Program()
+        with rg.program_guard(main):
+            logits = rg.data("logits", [3])
+            labels = rg.data("labels", [3])
+            loss = rg.binary_cross_entropy_with_logits(logits, labels)
+        feed = {"logits": np.array([0.0, 100.0, -100.0], "float32"), "labels": np.array([1.0, 1.0, 1.0], "float32")}
+        (out,) = rg.Executor().run(main, feed=feed, fetch_list=[loss])
+        assert np.allclose(out, [np.log(2.0), 0.0, 100.0])     # no overflow
+        ```
     """
     return append_op("BinaryCrossEntropyWithLogits", [logits, targets], name="bce")[0]
 
@@ -99,12 +118,31 @@ def _nll_loss_onnx(g):
 
 
 def nll_loss(log_probs: Var, labels: Var) -> Var:
-    """Per example ``-log_probs[i, labels[i]]`` for ``log_probs [N, C]`` and integer ``labels [N]``
-    (``torch.nn.functional.nll_loss(..., reduction="none")``); a label outside ``[0, C)``
-    fails the run with an ExecutionError naming the op.
+    """Per example ``-log_probs[i, labels[i]]``, as ``torch.nn.functional.nll_loss(..., reduction="none")``.
 
-    Example::
+    Args:
+        log_probs: A float Var ``[N, C]``.
+        labels: Integer labels ``[N]`` in ``[0, C)``.
 
-        loss = rg.mean(rg.nll_loss(rg.log_softmax(logits), labels))
+    Returns:
+        The loss per example ``[N]``.
+
+    Raises:
+        ExecutionError: A label outside ``[0, C)`` (at run time, naming the op).
+
+    Example:
+        ```python
+        import numpy as np
+        import retrograd as rg
+
+        main = rg.Program()
+        with rg.program_guard(main):
+            logits = rg.data("logits", [-1, 3])
+            labels = rg.data("labels", [-1], dtype="int64")
+            loss = rg.mean(rg.nll_loss(rg.log_softmax(logits), labels))
+        feed = {"logits": np.zeros((2, 3), "float32"), "labels": np.array([0, 2])}
+        (out,) = rg.Executor().run(main, feed=feed, fetch_list=[loss])
+        assert np.isclose(out, np.log(3.0))
+        ```
     """
     return append_op("NLLLoss", [log_probs, labels], name="nll")[0]

@@ -123,13 +123,33 @@ def _layer_norm_formula_onnx(g, x: str, weight, bias, dtype: str) -> list[str]:
 
 
 def layer_norm(x: Var, weight: Var | None = None, bias: Var | None = None, eps: float = 1e-5) -> Var:
-    """Normalize ``x [..., D]`` over its last axis: ``(x - mean) / sqrt(var + eps) * weight + bias``
-    (biased variance; ``torch.nn.functional.layer_norm(x, [D], weight, bias, eps)``).
-    ``weight`` and ``bias`` are ``[D]`` or None.
+    """Normalize ``x [..., D]`` over its last axis: ``(x - mean) / sqrt(var + eps) * weight + bias``.
 
-    Example::
+    The variance is the biased one, as ``torch.nn.functional.layer_norm(x, [D], weight, bias, eps)``.
 
-        h = rg.layer_norm(x, w, b)          # x [N, L, D], w and b [D]
+    Args:
+        x: A float Var ``[..., D]``.
+        weight: ``[D]``, or None.
+        bias: ``[D]``, or None.
+        eps: Added to the variance.
+
+    Returns:
+        A Var of ``x``'s shape.
+
+    Example:
+        ```python
+        import numpy as np
+        import retrograd as rg
+
+        main = rg.Program()
+        with rg.program_guard(main):
+            x = rg.data("x", [-1, 4])
+            w = rg.data("w", [4])
+            h = rg.layer_norm(x, w, eps=0.0)
+        xv = np.array([[1.0, 2.0, 3.0, 4.0]], "float32")
+        (out,) = rg.Executor().run(main, feed={"x": xv, "w": np.full(4, 2.0, "float32")}, fetch_list=[h])
+        assert np.allclose(out, 2.0 * (xv - 2.5) / np.sqrt(1.25))
+        ```
     """
     ins = [x] + [p for p in (weight, bias) if p is not None]
     attrs = {"eps": as_float(eps, "layer_norm: eps"), "has_weight": weight is not None,
@@ -280,12 +300,30 @@ def _rms_norm_onnx(g):
 
 
 def rms_norm(x: Var, weight: Var | None = None, eps: float = 1e-6) -> Var:
-    """``x / sqrt(mean(x^2) + eps) * weight`` over the last axis of ``x [..., D]``
-    (``torch.nn.functional.rms_norm(x, [D], weight, eps)``); ``weight`` is ``[D]`` or None.
+    """``x / sqrt(mean(x^2) + eps) * weight`` over the last axis of ``x [..., D]``.
 
-    Example::
+    As ``torch.nn.functional.rms_norm(x, [D], weight, eps)``.
 
-        h = rg.rms_norm(x, w)               # x [N, L, D], w [D]
+    Args:
+        x: A float Var ``[..., D]``.
+        weight: ``[D]``, or None.
+        eps: Added to the mean square.
+
+    Returns:
+        A Var of ``x``'s shape.
+
+    Example:
+        ```python
+        import numpy as np
+        import retrograd as rg
+
+        main = rg.Program()
+        with rg.program_guard(main):
+            x = rg.data("x", [-1, 2])
+            h = rg.rms_norm(x, eps=0.0)
+        (out,) = rg.Executor().run(main, feed={"x": np.array([[3.0, 4.0]], "float32")}, fetch_list=[h])
+        assert np.allclose(out, np.array([[3.0, 4.0]]) / np.sqrt(12.5))
+        ```
     """
     ins = [x] + ([weight] if weight is not None else [])
     y, rstd = append_op("RMSNorm", ins, {"eps": as_float(eps, "rms_norm: eps")}, name="rms_norm")

@@ -210,24 +210,60 @@ def _pool2d(op_type: str, what: str, x, kernel_size, stride, padding):
 def max_pool2d(x: Var, kernel_size, stride=None, padding=0) -> Var:
     """Maximum over ``kernel_size`` windows of ``x [N, C, H, W]`` (``torch.nn.functional.max_pool2d``).
 
-    ``stride`` defaults to ``kernel_size``; ``padding`` (an int or ``(ph, pw)``,
-    at most half the kernel) pads with -inf. The gradient goes to one maximal
-    element per window: the first in the window's row-major order when several
-    tie.
+    The gradient goes to one maximal element per window: the first in the
+    window's row-major order when several tie.
 
-    Example::
+    Args:
+        x: A float Var ``[N, C, H, W]``.
+        kernel_size: An int or ``(kh, kw)``.
+        stride: An int or a pair; ``kernel_size`` by default.
+        padding: An int or ``(ph, pw)``, at most half the kernel; pads with -inf.
 
-        h = rg.max_pool2d(h, 2)                      # [N, C, 32, 32] -> [N, C, 16, 16]
+    Returns:
+        A Var ``[N, C, H_out, W_out]``.
+
+    Example:
+        ```python
+        import numpy as np
+        import retrograd as rg
+
+        main = rg.Program()
+        with rg.program_guard(main):
+            x = rg.data("x", [-1, 1, 4, 4])
+            h = rg.max_pool2d(x, 2)                        # [N, C, 4, 4] -> [N, C, 2, 2]
+        xv = np.arange(16, dtype="float32").reshape(1, 1, 4, 4)
+        (out,) = rg.Executor().run(main, feed={"x": xv}, fetch_list=[h])
+        assert out.tolist() == [[[[5.0, 7.0], [13.0, 15.0]]]]
+        ```
     """
     return _pool2d("MaxPool", "max_pool2d", x, kernel_size, stride, padding)[0]
 
 
 def avg_pool2d(x: Var, kernel_size, stride=None, padding=0) -> Var:
-    """Mean over ``kernel_size`` windows of ``x [N, C, H, W]`` (``torch.nn.functional.avg_pool2d``
-    with its default ``count_include_pad=True``: padded zeros count in the divisor).
+    """Mean over ``kernel_size`` windows of ``x [N, C, H, W]`` (``torch.nn.functional.avg_pool2d``).
 
-    Example::
+    As torch's default ``count_include_pad=True``: padded zeros count in the divisor.
 
-        h = rg.avg_pool2d(h, 3, stride=1, padding=1)  # same spatial size
+    Args:
+        x: A float Var ``[N, C, H, W]``.
+        kernel_size: An int or ``(kh, kw)``.
+        stride: An int or a pair; ``kernel_size`` by default.
+        padding: An int or ``(ph, pw)``: zeros on both sides.
+
+    Returns:
+        A Var ``[N, C, H_out, W_out]``.
+
+    Example:
+        ```python
+        import numpy as np
+        import retrograd as rg
+
+        main = rg.Program()
+        with rg.program_guard(main):
+            x = rg.data("x", [-1, 1, 3, 3])
+            same = rg.avg_pool2d(x, 3, stride=1, padding=1)    # same spatial size
+        (out,) = rg.Executor().run(main, feed={"x": np.ones((1, 1, 3, 3), "float32")}, fetch_list=[same])
+        assert out.shape == (1, 1, 3, 3) and np.isclose(out[0, 0, 1, 1], 1.0) and np.isclose(out[0, 0, 0, 0], 4 / 9)
+        ```
     """
     return _pool2d("AvgPool", "avg_pool2d", x, kernel_size, stride, padding)[0]

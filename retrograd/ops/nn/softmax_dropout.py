@@ -68,9 +68,26 @@ def _log_softmax_onnx(g):
 def softmax(x: Var, axis: int = -1) -> Var:
     """``exp(x) / sum(exp(x), axis)``, computed without overflow.
 
-    Example::
+    Args:
+        x: A float Var.
+        axis: The axis that sums to one (the last by default).
 
-        probs = rg.softmax(logits)               # over the last axis
+    Returns:
+        A Var of ``x``'s shape and dtype.
+
+    Example:
+        ```python
+        import numpy as np
+        import retrograd as rg
+
+        main = rg.Program()
+        with rg.program_guard(main):
+            logits = rg.data("logits", [-1, 3])
+            probs = rg.softmax(logits)                 # over the last axis
+        lv = np.array([[0.0, 0.0, 0.0], [1000.0, 0.0, 0.0]], "float32")
+        (out,) = rg.Executor().run(main, feed={"logits": lv}, fetch_list=[probs])
+        assert np.allclose(out, [[1 / 3, 1 / 3, 1 / 3], [1.0, 0.0, 0.0]])
+        ```
     """
     return append_op("Softmax", [x], {"axis": as_int(axis, "softmax: axis")})[0]
 
@@ -78,9 +95,25 @@ def softmax(x: Var, axis: int = -1) -> Var:
 def log_softmax(x: Var, axis: int = -1) -> Var:
     """``x - log(sum(exp(x), axis))``, computed without overflow.
 
-    Example::
+    Args:
+        x: A float Var.
+        axis: The axis to normalise over (the last by default).
 
-        logp = rg.log_softmax(logits)
+    Returns:
+        A Var of ``x``'s shape and dtype.
+
+    Example:
+        ```python
+        import numpy as np
+        import retrograd as rg
+
+        main = rg.Program()
+        with rg.program_guard(main):
+            logits = rg.data("logits", [-1, 2])
+            logp = rg.log_softmax(logits)
+        (out,) = rg.Executor().run(main, feed={"logits": np.zeros((1, 2), "float32")}, fetch_list=[logp])
+        assert np.allclose(out, np.log(0.5))
+        ```
     """
     return append_op("LogSoftmax", [x], {"axis": as_int(axis, "log_softmax: axis")})[0]
 
@@ -142,11 +175,32 @@ def _one_hot_onnx(g):
 
 
 def one_hot(labels: Var, depth: int, dtype: str = "float32") -> Var:
-    """``labels [...]`` as one-hot rows ``[..., depth]``; a label outside ``[0, depth)`` fails the run.
+    """Integer ``labels [...]`` as one-hot rows ``[..., depth]``.
 
-    Example::
+    Args:
+        labels: An integer Var of any shape, entries in ``[0, depth)``.
+        depth: The number of classes (>= 1).
+        dtype: The result's dtype (``"float32"`` by default).
 
-        targets = rg.one_hot(labels, 10)
+    Returns:
+        A Var ``labels.shape + [depth]``.
+
+    Raises:
+        ProgramError: ``depth`` is below 1.
+        ExecutionError: A label lies outside ``[0, depth)`` (at run time).
+
+    Example:
+        ```python
+        import numpy as np
+        import retrograd as rg
+
+        main = rg.Program()
+        with rg.program_guard(main):
+            labels = rg.data("labels", [-1], dtype="int64")
+            targets = rg.one_hot(labels, 3)
+        (out,) = rg.Executor().run(main, feed={"labels": np.array([2, 0])}, fetch_list=[targets])
+        assert out.tolist() == [[0.0, 0.0, 1.0], [1.0, 0.0, 0.0]]
+        ```
     """
     if int(depth) < 1:
         raise ProgramError(f"one_hot of '{labels.name}': depth must be >= 1, got {depth}")
@@ -277,14 +331,32 @@ def softmax_cross_entropy_grad(logits: Var, labels: Var, dloss: Var) -> Var:
 
 
 def softmax_cross_entropy(logits: Var, labels: Var) -> Var:
-    """Per-example loss ``-log softmax(logits)[label]``: logits ``[..., C]`` (float),
-    integer labels ``[...]`` in ``[0, C)``; returns ``[...]``. Labels get no gradient.
+    """Per-example loss ``-log softmax(logits)[label]``.
 
-    Example::
+    Labels get no gradient. Labels shaped ``[..., 1]`` (PaddlePaddle's layout)
+    are squeezed to ``[...]``.
 
-        loss = rg.mean(rg.softmax_cross_entropy(logits, labels))   # logits [N, C], labels [N]
+    Args:
+        logits: A float Var ``[..., C]``.
+        labels: An integer Var ``[...]`` with entries in ``[0, C)``.
 
-    Labels shaped ``[..., 1]`` (PaddlePaddle's layout) are squeezed to ``[...]``.
+    Returns:
+        The loss per example, ``[...]`` (reduce it with ``rg.mean``).
+
+    Example:
+        ```python
+        import numpy as np
+        import retrograd as rg
+
+        main = rg.Program()
+        with rg.program_guard(main):
+            logits = rg.data("logits", [-1, 3])
+            labels = rg.data("labels", [-1], dtype="int64")
+            loss = rg.mean(rg.softmax_cross_entropy(logits, labels))   # logits [N, C], labels [N]
+        feed = {"logits": np.zeros((2, 3), "float32"), "labels": np.array([0, 2])}
+        (out,) = rg.Executor().run(main, feed=feed, fetch_list=[loss])
+        assert np.isclose(out, np.log(3.0))
+        ```
     """
     if (isinstance(labels, Var) and isinstance(logits, Var) and labels.ndim == logits.ndim >= 2
             and labels.shape[-1] == 1 and logits.shape[-1] != 1):
@@ -335,7 +407,7 @@ def _dropout_onnx(g):
 
 
 def dropout(x: Var, p: float, seed: int | None = None) -> Var:
-    """Zero each element with probability ``p`` and scale the rest by ``1/(1-p)``.
+    """Zero each element with probability ``p`` and scale the rest by ``1/(1-p)`` (inverted dropout).
 
     The mask is drawn anew on every run of the program (from ``seed``, by
     default one taken from the program, and the run's id); the backward pass
@@ -344,11 +416,31 @@ def dropout(x: Var, p: float, seed: int | None = None) -> Var:
     iteration (time step), and recomputing that iteration in the backward
     draws the same one. For one mask shared by all time steps (variational
     dropout), apply dropout to a tensor of ones outside the loop and multiply
-    by it inside.
+    by it inside. ``main.clone(for_test=True)`` makes it the identity.
 
-    Example::
+    Args:
+        x: A float Var.
+        p: The probability of zeroing an element, in ``[0, 1)``.
+        seed: The op's seed; by default the program's next seed.
 
-        h = rg.dropout(h, 0.1)
+    Returns:
+        A Var of ``x``'s shape and dtype.
+
+    Raises:
+        ProgramError: ``p`` is outside ``[0, 1)``.
+
+    Example:
+        ```python
+        import numpy as np
+        import retrograd as rg
+
+        main = rg.Program()
+        with rg.program_guard(main):
+            x = rg.data("x", [-1, 1000])
+            h = rg.dropout(x, 0.5)
+        (out,) = rg.Executor().run(main, feed={"x": np.ones((1, 1000), "float32")}, fetch_list=[h])
+        assert set(np.unique(out)) <= {0.0, 2.0} and 300 < (out == 0).sum() < 700
+        ```
     """
     p = float(p)
     if not 0.0 <= p < 1.0:

@@ -118,11 +118,30 @@ def _decayed_onnx(g, param: str, grad: str) -> str:
 def sgd_update(param: Var, grad: Var, lr, weight_decay: float = 0.0) -> Var:
     """Append ``param -= lr * grad`` (in place: the op's output is ``param``).
 
-    ``lr`` is a float, or a float ``[1]`` Var (a learning-rate schedule's).
+    Args:
+        param: The parameter.
+        grad: Its gradient.
+        lr: A float, or a float ``[1]`` Var (a learning-rate schedule's).
+        weight_decay: L2 added to the gradient.
 
-    Example::
+    Returns:
+        ``param``.
 
-        sgd_update(w, w_grad, lr=0.1)
+    Example:
+        ```python
+        import numpy as np
+        import retrograd as rg
+
+        main, startup = rg.Program(), rg.Program()
+        with rg.program_guard(main, startup):
+            w = rg.create_parameter("w", [2], init=[1.0, -1.0])
+            g = rg.constant([1.0, -2.0], dtype="float32")
+            rg.optim.sgd_update(w, g, lr=0.1)
+        exe = rg.Executor()
+        exe.run(startup)
+        exe.run(main)
+        assert np.allclose(exe.scope.get("w"), [0.9, -0.8])
+        ```
     """
     return append_op("SGDUpdate", _with_rate([param, grad], lr),
                      {"lr": _rate_attr(lr), "weight_decay": float(weight_decay)}, outputs=[param])[0]
@@ -156,9 +175,36 @@ def momentum_update(param: Var, grad: Var, velocity: Var, lr, momentum: float,
                     nesterov: bool = False, weight_decay: float = 0.0) -> Var:
     """Append the momentum update of ``param`` and its ``velocity`` (both in place).
 
-    Example::
+    ``v = momentum * v + g``; ``p -= lr * v`` (``p -= lr * (g + momentum * v)`` with ``nesterov``).
 
-        momentum_update(w, w_grad, w_velocity, lr=0.1, momentum=0.9)
+    Args:
+        param: The parameter.
+        grad: Its gradient.
+        velocity: Its velocity state (``create_state``).
+        lr: A float, or a float ``[1]`` Var.
+        momentum: The momentum factor.
+        nesterov: Nesterov momentum.
+        weight_decay: L2 added to the gradient.
+
+    Returns:
+        ``param``.
+
+    Example:
+        ```python
+        import numpy as np
+        import retrograd as rg
+
+        main, startup = rg.Program(), rg.Program()
+        with rg.program_guard(main, startup):
+            w = rg.create_parameter("w", [2], init=[1.0, -1.0])
+            g = rg.constant([1.0, -2.0], dtype="float32")
+            v = rg.optim.create_state("w.velocity", [2])
+            rg.optim.momentum_update(w, g, v, lr=0.1, momentum=0.9)
+        exe = rg.Executor()
+        exe.run(startup)
+        exe.run(main)
+        assert np.allclose(exe.scope.get("w"), [0.9, -0.8]) and np.allclose(exe.scope.get("w.velocity"), [1.0, -2.0])
+        ```
     """
     attrs = {"lr": _rate_attr(lr), "momentum": float(momentum), "nesterov": bool(nesterov),
              "weight_decay": float(weight_decay)}
@@ -254,9 +300,40 @@ def adam_update(param: Var, grad: Var, moment1: Var, moment2: Var, step: Var, lr
     ``decoupled=True`` is AdamW: the decay multiplies the parameter by ``1 - lr * wd``
     instead of adding ``wd * p`` to the gradient.
 
-    Example::
+    Args:
+        param: The parameter.
+        grad: Its gradient.
+        moment1: The first moment state.
+        moment2: The second moment state.
+        step: The int64 ``[1]`` count of updates.
+        lr: A float, or a float ``[1]`` Var.
+        beta1: The first moment's decay.
+        beta2: The second moment's decay.
+        eps: Added to the denominator.
+        weight_decay: The decay rate.
+        decoupled: AdamW's decoupled decay.
 
-        adam_update(w, w_grad, m, v, t, lr=1e-3)
+    Returns:
+        ``param``.
+
+    Example:
+        ```python
+        import numpy as np
+        import retrograd as rg
+
+        main, startup = rg.Program(), rg.Program()
+        with rg.program_guard(main, startup):
+            w = rg.create_parameter("w", [2], init=[1.0, -1.0])
+            g = rg.constant([1.0, -2.0], dtype="float32")
+            m = rg.optim.create_state("w.m", [2])
+            v = rg.optim.create_state("w.v", [2])
+            t = rg.optim.create_state("w.t", [1], "int64")
+            rg.optim.adam_update(w, g, m, v, t, lr=0.01)
+        exe = rg.Executor()
+        exe.run(startup)
+        exe.run(main)
+        assert np.allclose(exe.scope.get("w"), [0.99, -0.99])       # the first step moves by lr * sign(g)
+        ```
     """
     attrs = {"lr": _rate_attr(lr), "beta1": float(beta1), "beta2": float(beta2), "eps": float(eps),
              "weight_decay": float(weight_decay)}
@@ -334,11 +411,38 @@ def rmsprop_update(param: Var, grad: Var, square_avg: Var, lr, alpha: float = 0.
                    grad_avg: Var | None = None, weight_decay: float = 0.0) -> Var:
     """Append one RMSProp update (``torch.optim.RMSprop``) of ``param`` and its state (in place).
 
-    ``momentum_buf`` is needed when ``momentum > 0``, ``grad_avg`` when ``centered``.
+    Args:
+        param: The parameter.
+        grad: Its gradient.
+        square_avg: The running average of squared gradients.
+        lr: A float, or a float ``[1]`` Var.
+        alpha: The average's decay.
+        eps: Added to the denominator.
+        momentum: The momentum factor (needs ``momentum_buf`` when > 0).
+        centered: Divide by the estimated variance (needs ``grad_avg``).
+        momentum_buf: The momentum buffer state, or None.
+        grad_avg: The running average of gradients, or None.
+        weight_decay: L2 added to the gradient.
 
-    Example::
+    Returns:
+        ``param``.
 
-        rmsprop_update(w, w_grad, w_square_avg, lr=1e-2)
+    Example:
+        ```python
+        import numpy as np
+        import retrograd as rg
+
+        main, startup = rg.Program(), rg.Program()
+        with rg.program_guard(main, startup):
+            w = rg.create_parameter("w", [2], init=[1.0, -1.0])
+            g = rg.constant([1.0, -2.0], dtype="float32")
+            s = rg.optim.create_state("w.square_avg", [2])
+            rg.optim.rmsprop_update(w, g, s, lr=0.01, alpha=0.99)
+        exe = rg.Executor()
+        exe.run(startup)
+        exe.run(main)
+        assert np.allclose(exe.scope.get("w"), [0.9, -0.9], atol=1e-5)   # lr * g / sqrt(0.01 * g * g)
+        ```
     """
     state = [square_avg] + ([momentum_buf] if momentum > 0 else []) + ([grad_avg] if centered else [])
     if any(s is None for s in state):
@@ -393,9 +497,38 @@ def adagrad_update(param: Var, grad: Var, total: Var, step: Var, lr, eps: float 
                    lr_decay: float = 0.0, weight_decay: float = 0.0) -> Var:
     """Append one Adagrad update (``torch.optim.Adagrad``) of ``param``, its sum of squares and step.
 
-    Example::
+    ``s += g^2``; ``p -= lr / (1 + (t-1) lr_decay) * g / (sqrt(s) + eps)``.
 
-        adagrad_update(w, w_grad, w_sum, w_step, lr=1e-2)
+    Args:
+        param: The parameter.
+        grad: Its gradient.
+        total: The sum of squared gradients state.
+        step: The int64 ``[1]`` count of updates.
+        lr: A float, or a float ``[1]`` Var.
+        eps: Added to the denominator.
+        lr_decay: The rate's decay per step.
+        weight_decay: L2 added to the gradient.
+
+    Returns:
+        ``param``.
+
+    Example:
+        ```python
+        import numpy as np
+        import retrograd as rg
+
+        main, startup = rg.Program(), rg.Program()
+        with rg.program_guard(main, startup):
+            w = rg.create_parameter("w", [2], init=[1.0, -1.0])
+            g = rg.constant([1.0, -2.0], dtype="float32")
+            s = rg.optim.create_state("w.sum", [2])
+            t = rg.optim.create_state("w.step", [1], "int64")
+            rg.optim.adagrad_update(w, g, s, t, lr=0.1)
+        exe = rg.Executor()
+        exe.run(startup)
+        exe.run(main)
+        assert np.allclose(exe.scope.get("w"), [0.9, -0.9])
+        ```
     """
     attrs = {"lr": _rate_attr(lr), "eps": float(eps), "lr_decay": float(lr_decay),
              "weight_decay": float(weight_decay)}
@@ -426,9 +559,25 @@ def _increment_onnx(g):
 def increment(counter: Var) -> Var:
     """Append ``counter += 1`` (in place), e.g. to count training steps in the program.
 
-    Example::
+    Args:
+        counter: A persistable Var (``create_state``).
 
-        steps = rg.optim.create_state("train.steps", [1], "int64")
-        rg.optim.increment(steps)
+    Returns:
+        ``counter`` (the op's output is the counter itself).
+
+    Example:
+        ```python
+        import retrograd as rg
+
+        main, startup = rg.Program(), rg.Program()
+        with rg.program_guard(main, startup):
+            steps = rg.optim.create_state("train.steps", [1], "int64")
+            rg.optim.increment(steps)
+        exe = rg.Executor()
+        exe.run(startup)
+        exe.run(main)
+        exe.run(main)
+        assert exe.scope.get("train.steps")[0] == 2
+        ```
     """
     return append_op("Increment", [counter], outputs=[counter])[0]

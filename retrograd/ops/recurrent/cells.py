@@ -239,13 +239,35 @@ def lstm_unit(gates: Var, c_prev: Var, forget_bias: float = 0.0,
     """One fused LSTM step: ``(h, c)`` from pre-activation gates ``[N, 4H]`` (order i, f, g, o).
 
     ``c = sig(f + forget_bias) * c_prev + sig(i) * tanh(g)``, ``h = sig(o) * tanh(c)``.
-    ``h_gates`` (the recurrent half ``h_prev @ w_hh``, the same shape as ``gates``) is
-    added to ``gates`` inside the op: one op fewer per step forward, and no
-    broadcast-undoing ``SumTo`` per step in the backward.
 
-    Example::
+    Args:
+        gates: The pre-activation gates ``[N, 4H]``.
+        c_prev: The previous cell state ``[N, H]``.
+        forget_bias: Added to the forget gate's input.
+        h_gates: The recurrent half ``h_prev @ w_hh`` (``gates``' shape), added to
+            ``gates`` inside the op: one op fewer per step forward, and no
+            broadcast-undoing ``SumTo`` per step in the backward.
 
-        h, c = rg.lstm_unit(x_proj_t, c_prev, forget_bias=1.0, h_gates=rg.matmul(h_prev, w_hh))
+    Returns:
+        ``(h, c)``, each ``[N, H]``.
+
+    Example:
+        ```python
+        import numpy as np
+        import retrograd as rg
+
+        main = rg.Program()
+        with rg.program_guard(main):
+            gates = rg.data("gates", [-1, 4])              # H = 1
+            c_prev = rg.data("c_prev", [-1, 1])
+            h, c = rg.lstm_unit(gates, c_prev, forget_bias=1.0)
+        gv = np.array([[0.5, -0.5, 0.2, 1.0]], "float32")
+        cv = np.array([[2.0]], "float32")
+        hv, c_new = rg.Executor().run(main, feed={"gates": gv, "c_prev": cv}, fetch_list=[h, c])
+        sig = lambda z: 1 / (1 + np.exp(-z))
+        expected_c = sig(-0.5 + 1.0) * 2.0 + sig(0.5) * np.tanh(0.2)
+        assert np.allclose(c_new, expected_c) and np.allclose(hv, sig(1.0) * np.tanh(expected_c))
+        ```
     """
     ins = [gates, c_prev] + ([h_gates] if h_gates is not None else [])
     h, c, _ = append_op("LSTMUnit", ins, {"forget_bias": float(forget_bias)}, name="lstm_unit")
@@ -413,13 +435,35 @@ def _gru_activations_onnx(g):
 def gru_unit(xproj: Var, hproj: Var, h_prev: Var) -> Var:
     """One fused GRU step (gate order r, z, n, as ``torch.nn.GRU``).
 
-    ``xproj = x @ w_ih + b_ih`` and ``hproj = h_prev @ w_hh + b_hh`` are both
-    ``[N, 3H]``; returns ``h = (1 - z) * n + z * h_prev`` with
-    ``n = tanh(x_n + r * h_n)``.
+    Returns ``h = (1 - z) * n + z * h_prev`` with ``n = tanh(x_n + r * h_n)``.
 
-    Example::
+    Args:
+        xproj: ``x @ w_ih + b_ih``, ``[N, 3H]``.
+        hproj: ``h_prev @ w_hh + b_hh``, ``[N, 3H]``.
+        h_prev: The previous state ``[N, H]``.
 
-        h = rg.gru_unit(x_proj_t, rg.matmul(h_prev, w_hh) + b_hh, h_prev)
+    Returns:
+        The new state ``[N, H]``.
+
+    Example:
+        ```python
+        import numpy as np
+        import retrograd as rg
+
+        main = rg.Program()
+        with rg.program_guard(main):
+            xproj = rg.data("xproj", [-1, 3])              # H = 1
+            hproj = rg.data("hproj", [-1, 3])
+            h_prev = rg.data("h_prev", [-1, 1])
+            h = rg.gru_unit(xproj, hproj, h_prev)
+        feed = {"xproj": np.array([[0.1, 0.2, 0.3]], "float32"), "hproj": np.array([[0.4, -0.2, 0.5]], "float32"),
+                "h_prev": np.array([[1.0]], "float32")}
+        (out,) = rg.Executor().run(main, feed=feed, fetch_list=[h])
+        sig = lambda z: 1 / (1 + np.exp(-z))
+        r, z = sig(0.1 + 0.4), sig(0.2 - 0.2)
+        n = np.tanh(0.3 + r * 0.5)
+        assert np.allclose(out, (1 - z) * n + z * 1.0)
+        ```
     """
     return append_op("GRUUnit", [xproj, hproj, h_prev], name="gru_unit")[0]
 
@@ -576,13 +620,36 @@ def _seq_linear_onnx(g):
 
 
 def seq_linear(x: Var, w: Var, b: Var | None = None, transpose_w: bool = False) -> Var:
-    """``x @ w (+ b)`` over the last axis of ``x [..., D]`` as one GEMM, whatever the leading
-    axes (a ``[T, N, D]`` sequence is one ``[T*N, D] x [D, K]`` product; its weight
-    gradient is one GEMM too).
+    """``x @ w (+ b)`` over the last axis of ``x [..., D]`` as one GEMM, whatever the leading axes.
 
-    Example::
+    A ``[T, N, D]`` sequence is one ``[T*N, D] x [D, K]`` product; its weight
+    gradient is one GEMM too.
 
-        x_proj = rg.seq_linear(x, w_ih, b)       # x [T, N, D], w_ih [D, 4H] -> [T, N, 4H]
+    Args:
+        x: A float Var ``[..., D]``.
+        w: The weights ``[D, K]`` (``[K, D]`` with ``transpose_w``).
+        b: The bias ``[K]``, or None.
+        transpose_w: Multiply by ``w``'s transpose.
+
+    Returns:
+        A Var ``[..., K]``.
+
+    Example:
+        ```python
+        import numpy as np
+        import retrograd as rg
+
+        main = rg.Program()
+        with rg.program_guard(main):
+            x = rg.data("x", [-1, -1, 3])                  # [T, N, D]
+            w = rg.data("w", [3, 8])
+            b = rg.data("b", [8])
+            x_proj = rg.seq_linear(x, w, b)                # [T, N, 8]
+        feed = {"x": np.random.rand(4, 2, 3).astype("float32"), "w": np.random.rand(3, 8).astype("float32"),
+                "b": np.ones(8, "float32")}
+        (out,) = rg.Executor().run(main, feed=feed, fetch_list=[x_proj])
+        assert np.allclose(out, feed["x"] @ feed["w"] + feed["b"], atol=1e-6)
+        ```
     """
     inputs = [x, w] if b is None else [x, w, b]
     return append_op("SeqLinear", inputs, {"transpose_w": bool(transpose_w)}, name="seq_linear")[0]

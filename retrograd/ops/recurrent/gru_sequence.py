@@ -186,14 +186,40 @@ def gru_sequence(x: Var, w_ih: Var, w_hh: Var, b_ih: Var | None, b_hh: Var | Non
     """A whole one-direction GRU layer as one op: ``(h_all [T,N,H], h_last [N,H])``.
 
     The math of ``layers.gru`` and ``torch.nn.GRU`` (gate order r, z, n;
-    ``n = tanh(x W_n + b_in + r * (h U_n + b_hn))``); ``b_ih`` and ``b_hh`` are
-    both given or both None; ``reverse=True`` reads right to left. Runs the
-    backend's fused kernel (cuDNN on torch CUDA) where there is one, else one
-    general loop that is faster than the step-by-step recurrence.
+    ``n = tanh(x W_n + b_in + r * (h U_n + b_hn))``). Runs the backend's fused
+    kernel (cuDNN on torch CUDA) where there is one, else one general loop that
+    is faster than the step-by-step recurrence.
 
-    Example::
+    Args:
+        x: The input ``[T, N, D]``.
+        w_ih: ``[D, 3H]``.
+        w_hh: ``[H, 3H]``.
+        b_ih: ``[3H]``, or None (both biases given or both None).
+        b_hh: ``[3H]``, or None.
+        h0: The initial state ``[N, H]``.
+        reverse: Read right to left.
 
-        h_all, h_last = rg.gru_sequence(x, w_ih, w_hh, b_ih, b_hh, h0)
+    Returns:
+        ``(h_all, h_last)``.
+
+    Example:
+        ```python
+        import numpy as np
+        import retrograd as rg
+
+        main, startup = rg.Program(), rg.Program()
+        with rg.program_guard(main, startup):
+            x = rg.data("x", [-1, -1, 3])
+            h0 = rg.data("h0", [-1, 4])
+            steps, _ = rg.layers.gru(x, 4, h0=h0, name="g", fused=False)   # the recurrence
+            p = {n: main.global_block().var(f"g.{n}") for n in ("w_ih", "w_hh", "b_ih", "b_hh")}
+            h_all, h_last = rg.gru_sequence(x, p["w_ih"], p["w_hh"], p["b_ih"], p["b_hh"], h0)
+        exe = rg.Executor()
+        exe.run(startup)
+        feed = {"x": np.random.rand(5, 2, 3).astype("float32"), "h0": np.zeros((2, 4), "float32")}
+        a, b = exe.run(main, feed=feed, fetch_list=[steps, h_all])
+        assert np.allclose(a, b, atol=1e-6)
+        ```
     """
     if (b_ih is None) != (b_hh is None):
         raise ShapeError("gru_sequence: give both b_ih and b_hh, or neither")

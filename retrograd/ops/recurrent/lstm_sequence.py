@@ -239,14 +239,45 @@ def lstm_sequence(x: Var, w_ih: Var, w_hh: Var, b: Var | None, h0: Var, c0: Var,
     """A whole one-direction LSTM layer as one op: ``(h_all [T,N,H], h_last, c_all [T,N,H], c_last)``.
 
     The math of ``layers.lstm`` (gate order i, f, g, o, ``forget_bias`` added to
-    f); ``reverse=True`` reads right to left. Runs the backend's fused kernel
-    (oneDNN on torch CPU, float32) where there is one. ``keep="cells"`` keeps
-    only each step's cell state for the backward, which makes the step's gate
-    activations again (``layers.lstm(recompute="steps")``; general kernels).
+    f). Runs the backend's fused kernel (oneDNN on torch CPU, float32) where
+    there is one.
 
-    Example::
+    Args:
+        x: The input ``[T, N, D]``.
+        w_ih: ``[D, 4H]``.
+        w_hh: ``[H, 4H]``.
+        b: ``[4H]``, or None.
+        h0: The initial hidden state ``[N, H]``.
+        c0: The initial cell state ``[N, H]``.
+        forget_bias: Added to the forget gate's input.
+        reverse: Read right to left.
+        keep: ``"all"``, or ``"cells"``: keep only each step's cell state for the
+            backward, which makes the step's gate activations again
+            (``layers.lstm(recompute="steps")``; general kernels).
 
-        h_all, h_last, c_all, c_last = rg.lstm_sequence(x, w_ih, w_hh, b, h0, c0)
+    Returns:
+        ``(h_all, h_last, c_all, c_last)``.
+
+    Example:
+        ```python
+        import numpy as np
+        import retrograd as rg
+
+        main, startup = rg.Program(), rg.Program()
+        with rg.program_guard(main, startup):
+            x = rg.data("x", [-1, -1, 3])
+            h0 = rg.data("h0", [-1, 4])
+            c0 = rg.data("c0", [-1, 4])
+            steps, _, _, _ = rg.layers.lstm(x, 4, h0=h0, c0=c0, name="l", fused=False)   # the recurrence
+            p = {n: main.global_block().var(f"l.{n}") for n in ("w_ih", "w_hh", "b")}
+            h_all, h_last, c_all, c_last = rg.lstm_sequence(x, p["w_ih"], p["w_hh"], p["b"], h0, c0)
+        exe = rg.Executor()
+        exe.run(startup)
+        feed = {"x": np.random.rand(5, 2, 3).astype("float32"), "h0": np.zeros((2, 4), "float32"),
+                "c0": np.zeros((2, 4), "float32")}
+        a, b = exe.run(main, feed=feed, fetch_list=[steps, h_all])
+        assert np.allclose(a, b, atol=1e-6)
+        ```
     """
     if keep not in ("all", "cells"):
         raise ShapeError(f"lstm_sequence: keep must be 'all' or 'cells', got {keep!r}")

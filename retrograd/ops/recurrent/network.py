@@ -312,36 +312,66 @@ def recurrent(step_fn: Callable[[list[Var], list[Var]], Sequence[Var]], inputs, 
               forward_only: bool = False, name: str | None = None, reverse: bool = False):
     """Run ``step_fn`` over time; return ``(all_states, last_states)`` in the order of ``initial_states``.
 
-    ``inputs`` are sequences ``[T, N, ...]``; ``step_fn(x_t_list, state_list)``
-    is called once, to build the step block, with one ``[N, ...]`` Var per
-    input (the time step's slice) and per state (the previous state), and
-    returns the new states. It may read any variable of the enclosing blocks
-    (parameters, encoder outputs); their gradients accumulate across steps.
-    ``all_states[i]`` is ``[T, N, ...]`` (the state after each step),
-    ``last_states[i]`` is ``[N, ...]``. With ``seq_lengths`` (int64 ``[N]``) an
-    example's state stops changing after its length. ``outputs_with_grads``
-    lists which of ``[all_0, last_0, all_1, last_1, ...]`` receive gradient
-    (None: all). ``recompute="steps"`` stores only the states and recomputes
-    each step's intermediates in the backward; ``forward_only=True`` forbids
-    a gradient and keeps nothing per step.
+    ``step_fn(x_t_list, state_list)`` is called once, to build the step block,
+    with one ``[N, ...]`` Var per input (the time step's slice) and per state
+    (the previous state), and returns the new states. It may read any variable
+    of the enclosing blocks (parameters, encoder outputs); their gradients
+    accumulate across steps. With ``seq_lengths`` an example's state stops
+    changing after its length.
 
     Per-step outputs that are not states (PaddlePaddle's ``step_output``):
     ``step_fn`` returns ``(new_states, outputs)``, two lists; the result is
     then ``(all_states, last_states, all_outputs)``, each output stacked to
     ``[T, N, ...]`` (its sizes after the batch axis must be known when the
     step is built; past an example's length it repeats its last value, as the
-    states do). ``reverse=True`` runs right to left: step t reads
-    ``x[T-1-t]`` (with ``seq_lengths``, each example's own steps reversed),
-    ``all_*[t]`` is the value after reading ``x[t]`` and ``last_states`` the
-    value after ``x[0]``.
+    states do).
 
-    Example::
+    Args:
+        step_fn: ``step_fn(x_t_list, state_list) -> new_state_list`` (or
+            ``(new_states, outputs)``).
+        inputs: A sequence Var ``[T, N, ...]`` or a list of them.
+        initial_states: A Var ``[N, ...]`` or a list of them.
+        seq_lengths: None, or int64 ``[N]``: each example's length.
+        outputs_with_grads: Which of ``[all_0, last_0, all_1, last_1, ...]``
+            receive gradient (None: all).
+        recompute: None (store what the backward needs), ``"steps"`` (store the
+            states, recompute each step's intermediates) or an int: a budget in
+            bytes for the values kept for the backward (binomial checkpointing
+            over time steps).
+        forward_only: Forbid a gradient and keep nothing per step.
+        name: A prefix for the op's variable names.
+        reverse: Run right to left: step t reads ``x[T-1-t]`` (with
+            ``seq_lengths``, each example's own steps reversed), ``all_*[t]`` is
+            the value after reading ``x[t]`` and ``last_states`` the value after
+            ``x[0]``.
 
-        x = rg.data("x", [-1, -1, 8])                 # [T, N, D]
-        h0 = rg.data("h0", [-1, 16])
-        w = rg.create_parameter("rnn.w", [8, 16]); u = rg.create_parameter("rnn.u", [16, 16])
-        (h_all,), (h_last,) = rg.recurrent(
-            lambda xs, hs: [rg.tanh(xs[0] @ w + hs[0] @ u)], [x], [h0])
+    Returns:
+        ``(all_states, last_states)``: lists with ``[T, N, ...]`` and
+        ``[N, ...]`` Vars per state (plus ``all_outputs`` with step outputs).
+
+    Raises:
+        ProgramError: No input or no initial state, a non-Var among them, a bad
+            ``recompute``, or batch sizes that disagree.
+
+    Example:
+        ```python
+        import numpy as np
+        import retrograd as rg
+
+        main, startup = rg.Program(), rg.Program()
+        with rg.program_guard(main, startup):
+            x = rg.data("x", [-1, -1, 3])              # [T, N, D]
+            h0 = rg.data("h0", [-1, 4])
+            w = rg.create_parameter("rnn.w", [3, 4])
+            u = rg.create_parameter("rnn.u", [4, 4])
+            (h_all,), (h_last,) = rg.recurrent(lambda xs, hs: [rg.tanh(xs[0] @ w + hs[0] @ u)], [x], [h0])
+            grads = rg.append_backward(rg.mean(h_all))
+        exe = rg.Executor()
+        exe.run(startup)
+        feed = {"x": np.ones((5, 2, 3), "float32"), "h0": np.zeros((2, 4), "float32")}
+        all_v, last_v = exe.run(main, feed=feed, fetch_list=[h_all, h_last])
+        assert all_v.shape == (5, 2, 4) and np.array_equal(all_v[-1], last_v)
+        ```
     """
     inputs, initial_states = _as_list(inputs), _as_list(initial_states)
     _check_recompute(recompute)
@@ -406,27 +436,57 @@ def recurrent_net(cell_net: Block, inputs, initial_cell_inputs, links, timestep=
                   seq_lengths: Var | None = None) -> list[Var]:
     """Caffe2's ``recurrent_net`` over a cell block; returns ``[out_all, out_last, ...]`` per cell input.
 
-    ``cell_net`` is a block built by the caller (a child of the block the
-    op goes into), declaring its per-step inputs and previous states as
-    Vars no op writes. ``inputs=[(input_t, seq)]`` binds each step input to a
-    ``[T, N, ...]`` sequence, ``initial_cell_inputs=[(cell_in, init)]`` gives
-    each state's initial value, ``links={cell_in: cell_out}`` says which cell
-    value becomes the next step's ``cell_in``. ``timestep`` names the cell's
-    step counter (int64, bound to t). As in Caffe2, only the outputs listed
-    in ``outputs_with_grads`` (positions in the returned list) receive
-    gradient; the default ``None`` means all of them (Caffe2's ``(0,)``
-    silently drops a loss on ``out_last``; pass it explicitly for that
-    behaviour). ``recompute_blobs_on_backward`` names cell values recomputed in
-    the backward instead of stored. Names may be given as Vars or strings.
+    ``cell_net`` is a block built by the caller (a child of the block the op
+    goes into), declaring its per-step inputs and previous states as Vars no op
+    writes. As in Caffe2, only the outputs listed in ``outputs_with_grads``
+    (positions in the returned list) receive gradient; the default ``None``
+    means all of them (Caffe2's ``(0,)`` silently drops a loss on
+    ``out_last``; pass it explicitly for that behaviour). Names may be given as
+    Vars or strings.
 
-    Example::
+    Args:
+        cell_net: The cell block (``program.create_block(parent)``).
+        inputs: ``[(input_t, seq)]``: binds each step input to a ``[T, N, ...]`` sequence.
+        initial_cell_inputs: ``[(cell_in, init)]``: each state's initial value.
+        links: ``{cell_in: cell_out}``: which cell value becomes the next step's ``cell_in``.
+        timestep: The cell's step counter (int64, bound to t), or None.
+        scope: A prefix for the output names.
+        outputs_with_grads: Positions in the returned list that receive gradient.
+        recompute_blobs_on_backward: Cell values recomputed in the backward
+            instead of stored.
+        forward_only: Forbid a gradient and keep nothing per step.
+        seq_lengths: None, or int64 ``[N]``.
 
-        cell = main.create_block(rg.default_main_program().global_block())
-        with rg.block_guard(cell):
-            x_t = cell.create_var("x_t", [-1, 8]); h_prev = cell.create_var("h_prev", [-1, 16])
-            h = rg.tanh(x_t @ w + h_prev @ u)
-        h_all, h_last = rg.recurrent_net(cell, inputs=[(x_t, x)], initial_cell_inputs=[(h_prev, h0)],
-                                         links={h_prev: h})
+    Returns:
+        ``[out_all, out_last, ...]``: ``[T, N, ...]`` and ``[N, ...]`` per state.
+
+    Raises:
+        ProgramError: ``cell_net`` is not a sub-block, or the bindings name
+            values of the wrong block or lack a link.
+
+    Example:
+        ```python
+        import numpy as np
+        import retrograd as rg
+
+        main, startup = rg.Program(), rg.Program()
+        with rg.program_guard(main, startup):
+            x = rg.data("x", [-1, -1, 3])
+            h0 = rg.data("h0", [-1, 4])
+            w = rg.create_parameter("w", [3, 4])
+            cell = main.create_block(main.global_block())
+            with rg.block_guard(cell):
+                x_t = cell.create_var("x_t", [-1, 3])
+                h_prev = cell.create_var("h_prev", [-1, 4])
+                h = rg.tanh(x_t @ w + h_prev)
+            h_all, h_last = rg.recurrent_net(cell, inputs=[(x_t, x)], initial_cell_inputs=[(h_prev, h0)],
+                                             links={h_prev: h})
+        exe = rg.Executor()
+        exe.run(startup)
+        feed = {"x": np.ones((6, 2, 3), "float32"), "h0": np.zeros((2, 4), "float32")}
+        all_v, last_v = exe.run(main, feed=feed, fetch_list=[h_all, h_last])
+        assert all_v.shape == (6, 2, 4) and np.array_equal(all_v[-1], last_v)
+        ```
     """
     if not isinstance(cell_net, Block) or cell_net.parent is None:
         raise ProgramError("recurrent_net: cell_net must be a sub-block (program.create_block(parent)) "

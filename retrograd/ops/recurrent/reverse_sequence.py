@@ -52,10 +52,28 @@ def _reverse_sequence_onnx(g):
 
 
 def reverse_sequence(x: Var, lengths: Var | None = None) -> Var:
-    """``x [T, N, ...]`` with each example's first ``lengths[n]`` steps reversed (all T without).
+    """``x [T, N, ...]`` with each example's first ``lengths[n]`` steps reversed.
 
-    Example::
+    Args:
+        x: A sequence Var ``[T, N, ...]``.
+        lengths: int64 ``[N]``, or None to reverse all T steps.
 
-        backwards = rg.reverse_sequence(x, lengths)     # then rg.recurrent over it
+    Returns:
+        A Var of ``x``'s shape (steps past an example's length stay where they are).
+
+    Example:
+        ```python
+        import numpy as np
+        import retrograd as rg
+
+        main = rg.Program()
+        with rg.program_guard(main):
+            x = rg.data("x", [-1, 2])                      # [T, N]
+            lengths = rg.data("lengths", [2], dtype="int64")
+            backwards = rg.reverse_sequence(x, lengths)    # then rg.recurrent over it
+        xv = np.array([[1, 10], [2, 20], [3, 30]], "float32")
+        (out,) = rg.Executor().run(main, feed={"x": xv, "lengths": np.array([3, 2])}, fetch_list=[backwards])
+        assert out.tolist() == [[3, 20], [2, 10], [1, 30]]
+        ```
     """
     return append_op("ReverseSequence", [x] + ([lengths] if lengths is not None else []))[0]

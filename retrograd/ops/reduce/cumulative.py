@@ -50,11 +50,30 @@ def _cumsum_onnx(g):
 
 
 def cumsum(x: Var, axis: int, reverse: bool = False) -> Var:
-    """Running sums along ``axis`` (``reverse``: from the end, ``out[i] = sum(x[i:])``).
+    """Running sums of ``x`` along ``axis``.
 
-    Example::
+    Args:
+        x: A numeric Var.
+        axis: The axis to accumulate along.
+        reverse: From the end: ``out[i] = sum(x[i:])``.
 
-        positions = rg.cumsum(mask_as_int, axis=1)
+    Returns:
+        A Var of ``x``'s shape and dtype.
+
+    Example:
+        ```python
+        import numpy as np
+        import retrograd as rg
+
+        main = rg.Program()
+        with rg.program_guard(main):
+            x = rg.data("x", [-1, 3])
+            forward = rg.cumsum(x, axis=1)
+            backward = rg.cumsum(x, axis=1, reverse=True)
+        xv = np.array([[1.0, 2.0, 3.0]], "float32")
+        f, b = rg.Executor().run(main, feed={"x": xv}, fetch_list=[forward, backward])
+        assert f.tolist() == [[1.0, 3.0, 6.0]] and b.tolist() == [[6.0, 5.0, 3.0]]
+        ```
     """
     return append_op("CumSum", [x], {"axis": as_int(axis, "cumsum: axis"), "reverse": bool(reverse)})[0]
 
@@ -111,11 +130,29 @@ def _cumprod_onnx(g):
 
 
 def cumprod(x: Var, axis: int, reverse: bool = False) -> Var:
-    """Running products along ``axis`` (``reverse``: from the end). The gradient is exact
-    where ``x`` holds zeros (no division by them).
+    """Running products of ``x`` along ``axis``.
 
-    Example::
+    The gradient is exact where ``x`` holds zeros (no division by them).
 
-        survival = rg.cumprod(1.0 - hazard, axis=1)
+    Args:
+        x: A numeric Var.
+        axis: The axis to accumulate along.
+        reverse: From the end: ``out[i] = prod(x[i:])``.
+
+    Returns:
+        A Var of ``x``'s shape and dtype.
+
+    Example:
+        ```python
+        import numpy as np
+        import retrograd as rg
+
+        main = rg.Program()
+        with rg.program_guard(main):
+            hazard = rg.data("hazard", [-1, 3])
+            survival = rg.cumprod(1.0 - hazard, axis=1)
+        (out,) = rg.Executor().run(main, feed={"hazard": np.array([[0.5, 0.5, 0.0]], "float32")}, fetch_list=[survival])
+        assert out.tolist() == [[0.5, 0.25, 0.25]]
+        ```
     """
     return append_op("CumProd", [x], {"axis": as_int(axis, "cumprod: axis"), "reverse": bool(reverse)})[0]

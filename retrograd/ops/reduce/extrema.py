@@ -88,25 +88,66 @@ lowers("Min")(_extreme_onnx("ReduceMin"))
 
 
 def max(x: Var, axis=None, keepdims: bool = False) -> Var:
-    """The largest element over ``axis`` (None: all axes; an int or a list).
+    """The largest element of ``x`` over ``axis``.
 
     Ties: the gradient goes to one element, the first maximal one in row-major
     order over the reduced axes (the one ``argmax`` picks), not split among them.
-    An empty reduced axis fails the run (``ExecutionError``).
 
-    Example::
+    Args:
+        x: A numeric Var.
+        axis: None (all axes), an int or a list of ints.
+        keepdims: Keep the reduced axes with size 1.
 
-        top = rg.max(scores, axis=1)                  # [N, C] -> [N]
+    Returns:
+        A Var of ``x``'s dtype without (or with size-1) reduced axes.
+
+    Raises:
+        ExecutionError: A reduced axis is empty (at run time).
+
+    Example:
+        ```python
+        import numpy as np
+        import retrograd as rg
+
+        main = rg.Program()
+        with rg.program_guard(main):
+            scores = rg.data("scores", [-1, 3], dtype="float64", stop_gradient=False)
+            top = rg.max(scores, axis=1)                   # [N, C] -> [N]
+            (d,) = rg.gradients(rg.sum(top), scores)
+        sv = np.array([[1.0, 5.0, 5.0], [0.0, -1.0, 2.0]])
+        t, dv = rg.Executor().run(main, feed={"scores": sv}, fetch_list=[top, d])
+        assert t.tolist() == [5.0, 2.0] and dv.tolist() == [[0, 1, 0], [0, 0, 1]]   # ties: the first
+        ```
     """
     return append_op("Max", [x], {"axis": axis_attr(axis), "keepdims": bool(keepdims)})[0]
 
 
 def min(x: Var, axis=None, keepdims: bool = False) -> Var:
-    """The smallest element over ``axis``; ties as ``rg.max`` (the first minimal element).
+    """The smallest element of ``x`` over ``axis``; ties as ``rg.max`` (the first minimal element).
 
-    Example::
+    Args:
+        x: A numeric Var.
+        axis: None (all axes), an int or a list of ints.
+        keepdims: Keep the reduced axes with size 1.
 
-        low = rg.min(x, axis=[0, 1], keepdims=True)
+    Returns:
+        A Var of ``x``'s dtype without (or with size-1) reduced axes.
+
+    Raises:
+        ExecutionError: A reduced axis is empty (at run time).
+
+    Example:
+        ```python
+        import numpy as np
+        import retrograd as rg
+
+        main = rg.Program()
+        with rg.program_guard(main):
+            x = rg.data("x", [2, 2])
+            low = rg.min(x, axis=[0, 1], keepdims=True)
+        (out,) = rg.Executor().run(main, feed={"x": np.array([[3.0, 1.0], [2.0, 4.0]], "float32")}, fetch_list=[low])
+        assert out.shape == (1, 1) and out[0, 0] == 1.0
+        ```
     """
     return append_op("Min", [x], {"axis": axis_attr(axis), "keepdims": bool(keepdims)})[0]
 
@@ -229,22 +270,56 @@ def _arg_axis(axis, x: Var):
 
 
 def argmax(x: Var, axis=-1, keepdims: bool = False) -> Var:
-    """int64 index of the largest element along ``axis`` (None: of the flattened ``x``); the
-    first one on ties, as NumPy and PyTorch.
+    """The int64 index of the largest element along ``axis``; the first one on ties, as NumPy and PyTorch.
 
-    Example::
+    Args:
+        x: A numeric Var.
+        axis: An int, or None for the index into the flattened ``x``.
+        keepdims: Keep the reduced axis with size 1.
 
-        predicted = rg.argmax(logits, axis=-1)       # [N, C] -> int64 [N]
+    Returns:
+        An int64 Var.
+
+    Example:
+        ```python
+        import numpy as np
+        import retrograd as rg
+
+        main = rg.Program()
+        with rg.program_guard(main):
+            logits = rg.data("logits", [-1, 3])
+            predicted = rg.argmax(logits, axis=-1)         # [N, C] -> int64 [N]
+        lv = np.array([[0.1, 0.7, 0.2], [0.5, 0.5, 0.0]], "float32")
+        (out,) = rg.Executor().run(main, feed={"logits": lv}, fetch_list=[predicted])
+        assert out.tolist() == [1, 0]
+        ```
     """
     return append_op("ArgMax", [x], {"axis": _arg_axis(axis, x), "keepdims": bool(keepdims)})[0]
 
 
 def argmin(x: Var, axis=-1, keepdims: bool = False) -> Var:
-    """int64 index of the smallest element along ``axis``; the first one on ties.
+    """The int64 index of the smallest element along ``axis``; the first one on ties.
 
-    Example::
+    Args:
+        x: A numeric Var.
+        axis: An int, or None for the index into the flattened ``x``.
+        keepdims: Keep the reduced axis with size 1.
 
-        nearest = rg.argmin(distances, axis=1)
+    Returns:
+        An int64 Var.
+
+    Example:
+        ```python
+        import numpy as np
+        import retrograd as rg
+
+        main = rg.Program()
+        with rg.program_guard(main):
+            distances = rg.data("d", [-1, 3])
+            nearest = rg.argmin(distances, axis=1)
+        (out,) = rg.Executor().run(main, feed={"d": np.array([[3.0, 1.0, 2.0]], "float32")}, fetch_list=[nearest])
+        assert out.tolist() == [1]
+        ```
     """
     return append_op("ArgMin", [x], {"axis": _arg_axis(axis, x), "keepdims": bool(keepdims)})[0]
 
@@ -394,14 +469,36 @@ def _k_in_range_onnx(g, count: str, size: str) -> str:
 
 
 def topk(x: Var, k, axis: int = -1):
-    """``(values, indices)``: the ``k`` largest entries of ``x`` along ``axis``, largest first
-    (equal values in index order), and their int64 positions. ``k`` is an int or an int64 0-d
-    Var (then the output's size along ``axis`` is known only at run time); a ``k`` larger than
-    the axis is a ``ShapeError`` when built, or an ``ExecutionError`` when run.
+    """The ``k`` largest entries of ``x`` along ``axis`` and their int64 positions.
 
-    Example::
+    Largest first; equal values in index order.
 
-        values, ids = rg.topk(logits, 5)             # [N, C] -> [N, 5], int64 [N, 5]
+    Args:
+        x: A numeric Var.
+        k: An int, or an int64 0-d Var (then the output's size along ``axis``
+            is known only at run time).
+        axis: The axis to search.
+
+    Returns:
+        ``(values, indices)``.
+
+    Raises:
+        ShapeError: ``k`` is larger than the axis (when built).
+        ExecutionError: ``k`` is larger than the axis (when run, for a Var ``k``).
+
+    Example:
+        ```python
+        import numpy as np
+        import retrograd as rg
+
+        main = rg.Program()
+        with rg.program_guard(main):
+            logits = rg.data("logits", [-1, 4])
+            values, ids = rg.topk(logits, 2)               # [N, C] -> [N, 2], int64 [N, 2]
+        lv = np.array([[0.1, 0.9, 0.5, 0.9]], "float32")
+        v, i = rg.Executor().run(main, feed={"logits": lv}, fetch_list=[values, ids])
+        assert np.allclose(v, [[0.9, 0.9]]) and i.tolist() == [[1, 3]]
+        ```
     """
     axis = as_int(axis, "topk: axis")
     if isinstance(k, Var):

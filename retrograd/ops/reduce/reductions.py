@@ -90,18 +90,61 @@ def _axis_attr(axis):
 
 
 def sum(x: Var, axis=None, keepdims: bool = False) -> Var:
-    """Sum over ``axis`` (None: all axes; an int or a list).
+    """Sum of ``x`` over ``axis``.
 
-    Example::
+    Args:
+        x: A numeric Var.
+        axis: None (all axes), an int or a list of ints; negative counts from the end.
+        keepdims: Keep the reduced axes with size 1.
 
-        total = rg.sum(x)                      # scalar
-        rows = rg.sum(x, axis=1, keepdims=True)
+    Returns:
+        A Var of ``x``'s dtype without (or with size-1) reduced axes; a scalar
+        (shape ``[]``) for ``axis=None`` without ``keepdims``.
+
+    Example:
+        ```python
+        import numpy as np
+        import retrograd as rg
+
+        main = rg.Program()
+        with rg.program_guard(main):
+            x = rg.data("x", [2, 3])
+            total = rg.sum(x)                          # scalar
+            rows = rg.sum(x, axis=1, keepdims=True)    # [2, 1]
+        xv = np.arange(6, dtype="float32").reshape(2, 3)
+        t, r = rg.Executor().run(main, feed={"x": xv}, fetch_list=[total, rows])
+        assert t == 15.0 and r.tolist() == [[3.0], [12.0]]
+        ```
     """
     return append_op("Sum", [x], {"axis": _axis_attr(axis), "keepdims": bool(keepdims)})[0]
 
 
 def mean(x: Var, axis=None, keepdims: bool = False) -> Var:
-    """Mean over ``axis`` (None: all axes). Example: ``loss = rg.mean(err * err)``."""
+    """Mean of ``x`` over ``axis``.
+
+    Args:
+        x: A float Var.
+        axis: None (all axes), an int or a list of ints.
+        keepdims: Keep the reduced axes with size 1.
+
+    Returns:
+        A Var of ``x``'s dtype without (or with size-1) reduced axes.
+
+    Example:
+        ```python
+        import numpy as np
+        import retrograd as rg
+
+        main = rg.Program()
+        with rg.program_guard(main):
+            err = rg.data("err", [-1, 2])
+            loss = rg.mean(err * err)
+            per_row = rg.mean(err, axis=-1)
+        ev = np.array([[1.0, 3.0], [2.0, 2.0]], "float32")
+        l, m = rg.Executor().run(main, feed={"err": ev}, fetch_list=[loss, per_row])
+        assert l == 4.5 and m.tolist() == [2.0, 2.0]
+        ```
+    """
     return append_op("Mean", [x], {"axis": _axis_attr(axis), "keepdims": bool(keepdims)})[0]
 
 
@@ -154,12 +197,31 @@ def _logsumexp_onnx(g):
 
 
 def logsumexp(x: Var, axis=None, keepdims: bool = False) -> Var:
-    """``log(sum(exp(x), axis))`` computed stably (shifted by the maximum), as torch.logsumexp;
-    its gradient is the softmax of ``x`` over ``axis``.
+    """``log(sum(exp(x), axis))``, computed stably (shifted by the maximum), as ``torch.logsumexp``.
 
-    Example::
+    Its gradient is the softmax of ``x`` over ``axis``.
 
-        log_z = rg.logsumexp(logits, axis=-1)       # [N, C] -> [N]
+    Args:
+        x: A float Var.
+        axis: None (all axes), an int or a list of ints.
+        keepdims: Keep the reduced axes with size 1.
+
+    Returns:
+        A Var of ``x``'s dtype with the reduced axes removed (or kept with size 1).
+
+    Example:
+        ```python
+        import numpy as np
+        import retrograd as rg
+
+        main = rg.Program()
+        with rg.program_guard(main):
+            logits = rg.data("logits", [-1, 3])
+            log_z = rg.logsumexp(logits, axis=-1)      # [N, C] -> [N]
+        lv = np.array([[1000.0, 1000.0, 1000.0]], "float32")     # no overflow
+        (out,) = rg.Executor().run(main, feed={"logits": lv}, fetch_list=[log_z])
+        assert np.allclose(out, 1000.0 + np.log(3.0))
+        ```
     """
     return append_op("LogSumExp", [x], {"axis": _axis_attr(axis), "keepdims": bool(keepdims)})[0]
 
@@ -199,12 +261,34 @@ def _prod_onnx(g):
 
 
 def prod(x: Var, axis=None, keepdims: bool = False) -> Var:
-    """Product over ``axis`` (None: all axes). Its gradient is exact with zeros in ``x`` (the
-    product of the other elements, never a division by a zero); so is its second derivative,
-    except in a slice holding two or more zeros (there the second derivative is taken as 0).
+    """Product of ``x`` over ``axis``.
 
-    Example::
+    Its gradient is exact with zeros in ``x`` (the product of the other
+    elements, never a division by a zero); so is its second derivative, except
+    in a slice holding two or more zeros (there the second derivative is taken
+    as 0).
 
-        volume = rg.prod(sides, axis=-1)
+    Args:
+        x: A numeric Var.
+        axis: None (all axes), an int or a list of ints.
+        keepdims: Keep the reduced axes with size 1.
+
+    Returns:
+        A Var of ``x``'s dtype with the reduced axes removed (or kept with size 1).
+
+    Example:
+        ```python
+        import numpy as np
+        import retrograd as rg
+
+        main = rg.Program()
+        with rg.program_guard(main):
+            sides = rg.data("sides", [-1, 3], dtype="float64", stop_gradient=False)
+            volume = rg.prod(sides, axis=-1)
+            (dsides,) = rg.gradients(rg.sum(volume), sides)
+        sv = np.array([[2.0, 3.0, 4.0], [0.0, 5.0, 6.0]])
+        v, d = rg.Executor().run(main, feed={"sides": sv}, fetch_list=[volume, dsides])
+        assert v.tolist() == [24.0, 0.0] and d[1].tolist() == [30.0, 0.0, 0.0]
+        ```
     """
     return append_op("Prod", [x], {"axis": _axis_attr(axis), "keepdims": bool(keepdims)})[0]
