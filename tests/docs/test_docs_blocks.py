@@ -6,8 +6,8 @@
   ``torch.cuda.is_available()``, or ``mpiexec`` on the PATH).
 * A ```text block right after a Python block is the output it prints: it is compared line by
   line (trailing spaces ignored).
-* A ```bash block whose commands all start with ``retrograd `` runs each command as
-  ``python -m retrograd ...``; other shell blocks (``pip install``, ``mpiexec``, ``mkdocs``)
+* A ```bash block whose commands all start with ``retrograd `` runs each command through
+  ``retrograd.cli.main`` (the ``retrograd`` script's entry point) in this process; other shell blocks (``pip install``, ``mpiexec``, ``mkdocs``)
   are not run here.
 * The blocks of one page run in order in one temporary directory (a page may write a file that
   a later block reads), each under a time limit.
@@ -168,12 +168,23 @@ def _run_python(block: Block, run: PageRun) -> tuple[str, str]:
 
 
 def _run_shell(block: Block, run: PageRun) -> tuple[str, str]:
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
+    """Each ``retrograd ...`` command through ``retrograd.cli.main`` in this process (what the
+    installed ``retrograd`` script calls), with the block's time limit."""
+    from retrograd.cli import main
     for args in _retrograd_commands(block):
-        done = subprocess.run([sys.executable, "-m", "retrograd", *args], cwd=run.tmp, env=env,
-                              capture_output=True, text=True, timeout=60)
-        if done.returncode != 0:
-            return "fail", f"retrograd {shlex.join(args)} exited {done.returncode}:\n{done.stdout[-2000:]}{done.stderr[-3000:]}"
+        out = io.StringIO()
+        old = signal.signal(signal.SIGALRM, _alarm)
+        signal.alarm(2 * BLOCK_SECONDS)
+        try:
+            with contextlib.redirect_stdout(out), contextlib.redirect_stderr(out):
+                status = main(args)
+        except SystemExit as e:
+            status = e.code
+        finally:
+            signal.alarm(0)
+            signal.signal(signal.SIGALRM, old)
+        if status not in (0, None):
+            return "fail", f"retrograd {shlex.join(args)} exited {status}:\n{out.getvalue()[-3000:]}"
     return "ok", ""
 
 
