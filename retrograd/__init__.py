@@ -1,17 +1,21 @@
 """retrograd: define-then-run deep learning whose backward pass is a program.
 
-Example::
+Example:
+    Build a program, let an optimizer append the backward pass and the updates,
+    then run one training step:
 
-    import retrograd as rg
-    main, startup = rg.Program(), rg.Program()
-    with rg.program_guard(main, startup):
-        x = rg.data("x", [-1, 8])
-        h = rg.layers.fc(x, 16, act="tanh", name="fc1")
-        loss = rg.mean(h * h)
-        params_grads = rg.append_backward(loss)
-    exe = rg.Executor()
-    exe.run(startup)
-    loss_v, = exe.run(main, feed={"x": xb}, fetch_list=[loss])
+        import numpy as np
+        import retrograd as rg
+        main, startup = rg.Program(), rg.Program()
+        with rg.program_guard(main, startup):
+            x = rg.data("x", [-1, 8])
+            h = rg.layers.fc(x, 16, act="tanh", name="fc1")
+            loss = rg.mean(h * h)
+            rg.optim.SGD(0.1).minimize(loss)
+        exe = rg.Executor()
+        exe.run(startup)
+        xb = np.random.rand(4, 8).astype("float32")
+        loss_v, = exe.run(main, feed={"x": xb}, fetch_list=[loss])
 """
 from .errors import BackendError, ExecutionError, FeedError, ProgramError, RetrogradError, ShapeError
 from .ir import (Block, Op, Program, Var, block_guard, default_main_program,
