@@ -7,8 +7,9 @@
 * A ```text block right after a Python block is the output it prints: it is compared line by
   line (trailing spaces ignored).
 * A ```bash block whose commands all start with ``retrograd `` runs each command through
-  ``retrograd.cli.main`` (the ``retrograd`` script's entry point) in this process; other shell blocks (``pip install``, ``mpiexec``, ``mkdocs``)
-  are not run here.
+  ``retrograd.cli.main`` (the ``retrograd`` script's entry point) in this process, unless its
+  first line is ``# not run in CI: <why>`` (it then skips with that reason); other shell
+  blocks (``pip install``, ``mpiexec``, ``mkdocs``) are not run here.
 * The blocks of one page run in order in one temporary directory (a page may write a file that
   a later block reads), each under a time limit.
 * ``mkdocs build --strict`` builds the site into a temporary directory when mkdocs is installed.
@@ -105,6 +106,8 @@ def _retrograd_commands(block: Block) -> list[list[str]] | None:
 def _missing(block: Block) -> str | None:
     """Why a block cannot run here (its ``# requires:`` line), or None."""
     for line in block.header():
+        if line.startswith("# not run in CI:"):
+            return line[2:]
         if not line.startswith("# requires:"):
             continue
         for need in (w.strip() for w in line.split(":", 1)[1].split(",")):
