@@ -251,3 +251,16 @@ def test_site_builds_strict(tmp_path):
                           cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     assert (tmp_path / "site" / "reference" / "layers" / "index.html").is_file()
+
+
+def test_every_public_name_has_an_api_reference_entry():
+    """Each function and class of ``rg.__all__`` and each public subpackage is rendered by a
+    ``::: retrograd.<name>`` line of docs/reference/ (a new op needs a line on its family's page)."""
+    import types
+
+    import retrograd as rg
+    text = "\n".join(p.read_text(encoding="utf-8") for p in (ROOT / "docs" / "reference").glob("*.md"))
+    entries = set(re.findall(r"^::: retrograd\.([\w.]+)", text, re.M))
+    missing = [n for n in rg.__all__ if n not in entries
+               and (isinstance(getattr(rg, n), (type, types.FunctionType, types.ModuleType)) or callable(getattr(rg, n)))]
+    assert not missing, f"public names without an API reference entry (add `::: retrograd.<name>` to a page of docs/reference/): {missing}"
