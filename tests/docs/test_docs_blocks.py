@@ -264,3 +264,11 @@ def test_every_public_name_has_an_api_reference_entry():
     missing = [n for n in rg.__all__ if n not in entries
                and (isinstance(getattr(rg, n), (type, types.FunctionType, types.ModuleType)) or callable(getattr(rg, n)))]
     assert not missing, f"public names without an API reference entry (add `::: retrograd.<name>` to a page of docs/reference/): {missing}"
+
+
+def test_readme_links_point_at_files():
+    """The README's relative links (the docs pages, examples) name files of the repository."""
+    links = re.findall(r"\]\(([^)#:]+)(?:#[^)]*)?\)", (ROOT / "README.md").read_text(encoding="utf-8"))
+    assert links, "the README links to no page"
+    missing = [link for link in links if not (ROOT / link).exists()]
+    assert not missing, f"README links to files that do not exist: {missing}"
