@@ -40,11 +40,11 @@ from . import passes  # noqa: E402  (whole-program rewrites: rg.passes.optimize_
 # `dir(rg)` and `from retrograd import *` give the API: the classes and functions imported above
 # (the op builders are whatever retrograd/ops/__init__.py exports) and the public subpackages.
 # The ops package's modules (math, loop_grad, ...), which `from .ops import *` brought along,
-# are dropped here; every module stays importable under its own name (retrograd.ops.math).
+# are dropped here; every module stays importable under its own name (retrograd.ops.math.elementwise).
 import types as _types  # noqa: E402
 
 _SUBPACKAGES = ("backends", "distributed", "layers", "memory", "onnx", "optim", "passes", "testing")
-_UNLISTED = ("autodiff", "backend", "errors", "io", "ir", "ops", "runtime")   # kept, not listed
+_UNLISTED = ("autodiff", "errors", "io", "ir", "ops", "runtime")   # kept, not listed
 for _name, _value in list(globals().items()):
     if isinstance(_value, _types.ModuleType) and not _name.startswith("_") \
             and _name not in _SUBPACKAGES + _UNLISTED:

@@ -30,6 +30,11 @@ def dtype_name(dtype) -> str:
     return str(dtype).rsplit(".", 1)[-1]
 
 
+def dtype_of(xp, name) -> object:
+    """The namespace's dtype object for a dtype name ("float32", ...) or any backend's dtype."""
+    return getattr(xp, dtype_name(name))
+
+
 def _shifted(xp, x, axis: int):
     """``x`` minus its maximum along ``axis``: every exp of it is <= 1. An empty ``axis`` has no
     maximum (NumPy and torch raise): nothing to shift, and the softmax of nothing is empty, as
@@ -43,7 +48,7 @@ class Backend:
     """One array library on one device. Subclasses fill in the library-specific methods."""
 
     name = "?"
-    engine = None         # a factory ``engine(executor)`` for backends that run whole programs
+    runs_whole_programs = False   # True: an engine registered for the name runs programs (runtime/engines.py)
     has_graphs = False    # whether ``capture_graph`` works (CUDA devices)
     # dtypes whose LSTM layers this backend runs as one vendor kernel (``LSTMSequence``): the
     # executor then fuses step-by-step LSTM recurrences (``passes.fuse_recurrent_cells``)

@@ -11,7 +11,7 @@ from __future__ import annotations
 from contextlib import contextmanager
 from typing import Iterator
 
-from .program import Block, Op, Program
+from .program import Block, Op, Program, provides
 
 
 class _BuildState:
@@ -81,6 +81,7 @@ def block_guard(block: Block) -> Iterator[Block]:
         _state.block_stack.pop()
 
 
+@provides
 def current_block() -> Block:
     if _state.block_stack:
         return _state.block_stack[-1]

@@ -34,6 +34,16 @@ def register_for_test_pass(fn: Callable[["Program"], None]) -> Callable[["Progra
     _FOR_TEST_PASS["pass"] = fn
     return fn
 
+# The IR's modules that build on this one (the printer, JSON, the builder context) hand their
+# functions over when ``ir/__init__`` imports them, so this module imports none of them.
+_SERVICES: dict[str, Callable] = {}
+
+
+def provides(fn: Callable) -> Callable:
+    """Register ``fn`` under its name for the methods below (a decorator for those modules)."""
+    _SERVICES[fn.__name__] = fn
+    return fn
+
 # Blocks inside blocks: passes, the printer and the executor walk nested blocks
 # recursively, so loading and verifying refuse deeper nesting than this.
 MAX_BLOCK_DEPTH = 64
@@ -320,8 +330,7 @@ class Program:
         Example: ``cell = main.create_block()`` (a cell block for ``rg.recurrent_net``).
         """
         if parent is None:
-            from .builder import current_block   # builder imports this module
-            parent = current_block()
+            parent = _SERVICES["current_block"]()
             if parent.program is not self:
                 parent = self.global_block()
         block = Block(self, len(self.blocks), parent.idx)
@@ -353,8 +362,7 @@ class Program:
         return [var for var in self.global_block().vars.values() if var.is_parameter]
 
     def __str__(self) -> str:
-        from .printer import format_program
-        return format_program(self)
+        return _SERVICES["format_program"](self)
 
     def to_string(self, locations: bool = False) -> str:
         """The program as text (``str(program)``); ``locations=True`` ends each op's line
@@ -364,19 +372,16 @@ class Program:
 
             print(main.to_string(locations=True))
         """
-        from .printer import format_program
-        return format_program(self, locations=locations)
+        return _SERVICES["format_program"](self, locations=locations)
 
     def to_json(self) -> str:
         """The program as JSON text; ``Program.from_json`` restores it exactly."""
-        from .serialize import program_to_json
-        return program_to_json(self)
+        return _SERVICES["program_to_json"](self)
 
     @staticmethod
     def from_json(text: str) -> "Program":
         """Load a program saved by ``to_json`` (never executes code); it is verified."""
-        from .serialize import program_from_json
-        return program_from_json(text)
+        return _SERVICES["program_from_json"](text)
 
     def clone(self, for_test: bool = False) -> "Program":
         """A deep copy (through the JSON form, so nothing is shared).

@@ -1,7 +1,7 @@
 """The planned peak of a run: the executor's liveness replayed on sizes instead of arrays.
 
-``planned_peak`` compiles the block the way the executor does (the same
-``compile_block``: the same ops skipped, the same values dying after the same
+``planned_peak`` follows the liveness the executor's plans follow (both read
+``ir.analysis.lifetimes``: the same ops skipped, the same values dying after the same
 op) and walks it adding and removing bytes, as ``MemoryMeter`` would. What a
 looping op holds while it runs (states tensors, checkpoints, one step's
 values, time-batched buffers, its budget) comes from a per-op model
@@ -15,24 +15,21 @@ so the planned peak bounds the measured one from above for the shapes given.
 from __future__ import annotations
 
 import math
-from types import SimpleNamespace
 from typing import Callable, Mapping
 
 import numpy as np
 
 from ..errors import ProgramError
-from ..ir.analysis import op_reads
+from ..ir.analysis import lifetimes, op_reads
 from ..ir.program import Block, Var
-from ..ops.recurrent_grad import TimeBatches
-from ..ops.recurrent_steps import is_budget
-from ..runtime.plan import compile_block
-from .rnn_budget import SCHEDULE_LEN, batched_bytes, batched_rows, checkpoint_plan
+from ..ops.recurrent.network_grad import TimeBatches
+from ..ops.recurrent.steps import is_budget
+from .loops.rnn_budget import SCHEDULE_LEN, batched_bytes, batched_rows, checkpoint_plan
 from .shape_reads import stand_in_names
-from .step_rows import input_row_ops, output_row_ops, row_bytes, rows_batchable, rows_chunk
+from .loops.step_rows import (input_row_ops, output_row_ops, row_bytes, rows_batchable, rows_chunk)
 from .sizes import Shapes, resolve_shapes
 
 
-_NO_BACKEND = SimpleNamespace(xp=np, name="planning")
 
 
 class Sizer:
@@ -312,15 +309,15 @@ def planned_peak(block: Block, keep, feed_shapes: Mapping | None = None, shapes:
     """
     shapes = shapes if shapes is not None else resolve_shapes(block, feed_shapes)
     sizer = Sizer(block, shapes, live)
-    plan = compile_block(block, frozenset(keep), _NO_BACKEND, None)   # liveness only: no kernel runs
-    held_now: dict[str, int] = {name: sizer.of(name) for name in plan.free_reads}
+    timed = lifetimes(block, frozenset(keep))      # what the executor's plan follows
+    held_now: dict[str, int] = {name: sizer.of(name) for name in timed.free_reads}
     sizer.live = held_now
     total = peak = sum(held_now.values())
-    for step in plan.steps:
+    for step in timed.ops:
         sizer.dying = frozenset(step.dead)
-        held, outs = _holds(sizer, step.op, step.k.live_outputs)
+        held, outs = _holds(sizer, step.op, step.live_outputs)
         peak = max(peak, total + held + sum(outs))
-        for name, size in zip(step.outputs, outs):
+        for name, size in zip(step.op.outputs, outs):
             total += size - held_now.get(name, 0)
             held_now[name] = size
         for name in step.dead:

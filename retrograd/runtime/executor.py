@@ -18,6 +18,7 @@ from .finite import first_non_finite, non_finite_error
 from .graphs import GraphRunner
 from .malloc import keep_freed_memory
 from .plan import Plan, compile_block
+from .engines import engine_for
 from .scope import Scope
 from .threads import BlasThreads
 from .stats import MemoryMeter, RunStats
@@ -121,7 +122,7 @@ class Executor:
         elif scope.backend is None:
             scope.backend = self.backend
         self.scope = scope
-        self._engine = self.backend.engine(self) if self.backend.engine is not None else None
+        self._engine = engine_for(self)
         self.last_stats = RunStats()
         self._run = RunContext(self)
         self._plans: dict[tuple, Plan] = {}
