@@ -49,7 +49,8 @@ class Block:
 
     @property
     def id(self) -> str:
-        return f"{self.page.relative_to(ROOT)}:{self.line}"
+        page = self.page.relative_to(ROOT) if self.page.is_relative_to(ROOT) else self.page
+        return f"{page}:{self.line}"
 
     def header(self) -> list[str]:
         return [ln.strip() for ln in self.code.splitlines()[:2]]
@@ -272,3 +273,22 @@ def test_readme_links_point_at_files():
     assert links, "the README links to no page"
     missing = [link for link in links if not (ROOT / link).exists()]
     assert not missing, f"README links to files that do not exist: {missing}"
+
+
+def test_the_collector_continues_skips_and_checks_output(tmp_path):
+    """The rules above on a page of its own: `# continues` shares the namespace, a wrong text
+    block fails, `# requires:` skips with the reason, a failing `retrograd` command fails."""
+    page = tmp_path / "page.md"
+    page.write_text("\n".join([
+        "```python", "a = 20", "print(a + 1)", "```", "", "```text", "21", "```", "",
+        "```python", "# continues", "print(a * 2)", "```", "", "```text", "41", "```", "",
+        "```python", "# requires: no_such_module_for_docs", "import no_such_module_for_docs", "```", "",
+        "```bash", "retrograd show no-such-file.json", "```", "",
+        "```bash", "pip install nothing-runs-here", "```", ""]), encoding="utf-8")
+    blocks = runnable(page)
+    assert [b.lang for b in blocks] == ["python", "python", "python", "bash"]
+    outcomes = [_run_upto(b, tmp_path) for b in blocks]
+    assert outcomes[0] == ("ok", "")
+    assert outcomes[1][0] == "fail" and "--- printed\n40" in outcomes[1][1]
+    assert outcomes[2] == ("skip", "needs no_such_module_for_docs")
+    assert outcomes[3][0] == "fail" and "no-such-file.json" in outcomes[3][1]
