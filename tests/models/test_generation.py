@@ -154,7 +154,7 @@ def test_the_program_is_one_while_loop_with_a_fixed_top_k_option():
 def test_readme_generation_example_runs_as_printed():
     import re
     from pathlib import Path
-    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    readme = "\n".join(p.read_text() for p in sorted((Path(__file__).resolve().parents[2] / "docs").rglob("*.md")))   # docs/ pages
     block = next(b for b in re.findall(r"```python\n(.*?)```", readme, re.S)
                  if "rg.categorical(logits / 0.8, seed=seed)" in b)
     env: dict = {"__name__": "readme"}

@@ -82,9 +82,7 @@ def test_recurrent_example_with_lengths(ort_check):
 def _onnx_section_code() -> list[str]:
     import pathlib
     import re
-    text = (pathlib.Path(__file__).parents[2] / "README.md").read_text()
-    section = text[text.index("## ONNX export"):]
-    section = section[:section.index("\n## ", 3)]
+    section = (pathlib.Path(__file__).parents[2] / "docs" / "tutorials" / "onnx.md").read_text()
     return re.findall(r"```python\n(.*?)```", section, re.S)
 
 

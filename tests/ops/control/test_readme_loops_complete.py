@@ -10,7 +10,7 @@ import pytest
 
 torch = pytest.importorskip("torch", reason="the references are PyTorch Python loops")
 
-README = (Path(__file__).resolve().parents[3] / "README.md").read_text()
+README = "\n".join(p.read_text() for p in sorted((Path(__file__).resolve().parents[3] / "docs").rglob("*.md")))   # docs/ (moved from the README)
 
 
 def _block(marker: str) -> dict:
