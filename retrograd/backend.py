@@ -16,7 +16,8 @@ __all__ = ["dtype_of", "dtype_name", "is_numpy", "to_numpy", "from_numpy", "rand
 
 def dtype_of(xp, name) -> object:
     """The namespace's dtype object for a dtype name ("float32", ...) or any backend's dtype."""
-    return getattr(xp, dtype_name(name))
+    found = getattr(xp, dtype_name(name), None)
+    return found if found is not None else backend_for_namespace(xp).dtype_of(name)
 
 
 def is_numpy(xp) -> bool:

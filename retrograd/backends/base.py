@@ -67,6 +67,11 @@ class Backend:
         """The namespace's dtype for a dtype name ("float32", ...) or any library's dtype."""
         return getattr(self.xp, dtype_name(name))
 
+    def kernel_for(self, kernel, op, block):
+        """The function that runs ``op`` here: its kernel, or the kernel wrapped where this
+        backend computes a dtype by another (NumPy's bfloat16 and float16 in float32)."""
+        return kernel
+
     # -- transfers (library-specific) ------------------------------------------------
     def owns(self, array) -> bool:
         """True for an array of this backend's library (on any device)."""

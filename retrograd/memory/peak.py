@@ -32,7 +32,7 @@ from .step_rows import input_row_ops, output_row_ops, row_bytes, rows_batchable,
 from .sizes import Shapes, resolve_shapes
 
 
-_NO_BACKEND = SimpleNamespace(xp=np, name="planning")
+_NO_BACKEND = SimpleNamespace(xp=np, name="planning", kernel_for=lambda kernel, op, block: kernel)
 
 
 class Sizer:

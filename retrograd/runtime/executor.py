@@ -12,6 +12,7 @@ import numpy as np
 from ..backends import Backend, backend_for_namespace, dtype_name, get_backend
 from ..errors import (BackendError, ExecutionError, FeedDeviceError, FeedError, ProgramError, RetrogradError,
                       kernel_failure)
+from ..ir.dtypes import FLOAT_DTYPES
 from ..ir.program import Block, Program, Var
 from ..passes.fuse_recurrent import fuse_recurrent_cells, has_recurrences
 from .finite import first_non_finite, non_finite_error
@@ -432,10 +433,10 @@ def _fetch_name(item, block: Block) -> str:
 
 
 # The one rule for a fed (or scope) value whose dtype is not the declared one: it is cast when
-# the cast keeps its kind and cannot change an integer -- float64 <-> float32 (rounded to the
-# declared precision), int32 -> int64 -- and refused with a FeedError naming both dtypes
-# otherwise (float -> int, int -> float, anything <-> bool, int64 -> int32).
-FEED_CASTS = frozenset({("float64", "float32"), ("float32", "float64"), ("int32", "int64")})
+# the cast keeps its kind and cannot change an integer -- float to float (float64, float32,
+# bfloat16, float16: rounded to the declared precision), int32 -> int64 -- and refused with a
+# FeedError naming both dtypes otherwise (float -> int, int -> float, anything <-> bool, int64 -> int32).
+FEED_CASTS = frozenset({(a, b) for a in FLOAT_DTYPES for b in FLOAT_DTYPES if a != b} | {("int32", "int64")})
 
 
 def check_cast(what: str, name: str, dtype: str, declared: str) -> None:
@@ -447,7 +448,7 @@ def check_cast(what: str, name: str, dtype: str, declared: str) -> None:
     """
     if dtype != declared and (dtype, declared) not in FEED_CASTS:
         raise FeedError(f"{what} '{name}' has dtype {dtype}, the program declares {declared}; only "
-                        "float64 <-> float32 and int32 -> int64 are cast, so convert it first "
+                        "float <-> float and int32 -> int64 are cast, so convert it first "
                         f"(.astype('{declared}')) if that is what you mean")
 
 

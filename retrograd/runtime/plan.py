@@ -75,7 +75,7 @@ def compile_block(block: Block, keep: frozenset[str], backend, run) -> Plan:
                      if last_read.get(n, -1) <= i and n not in keep and not _persistable(block, n))
         live = frozenset(j for j, n in enumerate(op.outputs) if n not in dead)
         opdef = get_op_def(op.type)
-        steps.append(Step(opdef.kernel, KernelCtx(backend, op, run, live), tuple(op.inputs), tuple(op.outputs),
+        steps.append(Step(backend.kernel_for(opdef.kernel, op, block), KernelCtx(backend, op, run, live), tuple(op.inputs), tuple(op.outputs),
                           dead, op, i))
     writes = list(dict.fromkeys(n for op in ops for n in op.outputs if _persistable(block, n)))
     return Plan(block, steps, free_reads_of_ops(ops), keep, writes)
