@@ -29,7 +29,9 @@ def export(program: Program, path, fetch_list: Sequence, scope=None, opset: int 
     ``If`` stays ``If``; ``While``, ``Scan``, ``RecurrentNetwork`` and their gradients become
     ``Loop``s; zero iterations and any batch size work.
     An op or attribute without an ONNX form raises ``rg.BackendError`` naming
-    the op and its block, before anything is written.
+    the op and its block, before anything is written; so does, for a program
+    with bfloat16 or float16 values, an op onnxruntime (where installed) has
+    no kernel for in its dtype.
 
     Example::
 
@@ -41,7 +43,7 @@ def export(program: Program, path, fetch_list: Sequence, scope=None, opset: int 
         import onnx  # noqa: F401
     except ImportError:
         raise BackendError(f"ONNX export needs the onnx package: {INSTALL_HINT}") from None
-    from .model import build_model, check
+    from .model import build_model, check, check_runnable
     if not isinstance(program, Program):
         raise ProgramError(f"rg.onnx.export needs a Program, got {type(program).__name__}")
     if isinstance(fetch_list, (Var, str)):
@@ -49,6 +51,7 @@ def export(program: Program, path, fetch_list: Sequence, scope=None, opset: int 
     fetch = [_fetch_name(item, program) for item in (fetch_list or [])]
     built = build_model(program, fetch, scope=scope, opset=opset)
     check(built.model)
+    check_runnable(built.model, program)
     if path is not None:
         onnx.save(built.model, str(path))
     return built.model
