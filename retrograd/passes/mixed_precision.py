@@ -67,7 +67,7 @@ class _Rewrite:
             target = self._target(op)
             if target is not None:
                 self._cast_inputs(op, lambda d: target if is_float(d) and d != target else None)
-                self._retype_outputs(op)
+            self._retype_outputs(op)        # its inputs' dtypes may have changed upstream
 
     def _target(self, op: Op) -> str | None:
         """The float dtype ``op`` computes in (None: leave its inputs as they are)."""

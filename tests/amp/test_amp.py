@@ -272,3 +272,18 @@ def test_decorate_rejects_bad_arguments():
         rg.amp.decorate(rg.optim.SGD(0.1), dtype="float16", growth_interval=0)
     with pytest.raises(rg.ProgramError, match="wraps an rg.optim optimizer"):
         rg.amp.decorate("adam")
+
+
+def test_ops_after_a_low_op_take_its_dtype_regression():
+    """An op whose float inputs all share one dtype is not cast, but its outputs still follow the
+    inputs' new dtype (a Transpose of a bfloat16 product was left declared float32)."""
+    main, startup = rg.Program(), rg.Program()
+    with rg.program_guard(main, startup):
+        x = rg.data("x", [-1, 8])
+        t = rg.transpose(x @ rg.create_parameter("w", [8, 4]), [1, 0])
+    rg.passes.cast_to_low_precision(main, "bfloat16", rg.amp.LOW, rg.amp.FLOAT32)
+    assert t.dtype == "bfloat16"
+    exe = rg.Executor()
+    exe.run(startup)
+    value, = exe.run(main, feed={"x": np.ones((2, 8), np.float32)}, fetch_list=[t])
+    assert value.dtype.name == "bfloat16" and value.shape == (4, 2)
