@@ -37,6 +37,7 @@ def test_bf16_and_fp16_reach_float32s_held_out_loss(model):
     fp32 = _held_out_after_training(cfg, "fp32", backend)
     for precision in ("bf16", "fp16"):
         low = _held_out_after_training(cfg, precision, backend)
+        print(f"{model} {precision}: held-out {low:.4f}, fp32 {fp32:.4f} ({(low - fp32) / fp32:+.2%})")
         assert abs(low - fp32) <= 0.02 * fp32, f"{model} {precision}: held-out {low:.4f} vs fp32 {fp32:.4f}"
     assert fp32 < np.log(len(charlm.BUILTIN_VOCAB)) - 0.5     # it did learn something
 
