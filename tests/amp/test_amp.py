@@ -14,6 +14,7 @@ import pytest
 
 import retrograd as rg
 from retrograd.backends import to_numpy
+from retrograd.ir.verify import verify_program
 
 torch = pytest.importorskip("torch", reason="the reference values come from torch.autocast (pip install torch)")
 pytest.importorskip("ml_dtypes", reason="NumPy's bfloat16 is ml_dtypes' (pip install ml_dtypes)")
@@ -91,6 +92,7 @@ def test_values_and_gradients_match_torch_autocast(backend, dtype):
 @pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
 def test_low_ops_compute_in_dtype_and_float32_ops_in_float32(dtype):
     main, *_ = _build(dtype)
+    verify_program(main)
     block = main.global_block()
     forward = block.ops[:next(i for i, op in enumerate(block.ops) if op.type in ("FillLike", "ScaleLoss"))]
     for op in forward:
