@@ -65,7 +65,10 @@ class Backend:
     # -- dtypes ------------------------------------------------------------------
     def dtype_of(self, name) -> object:
         """The namespace's dtype for a dtype name ("float32", ...) or any library's dtype."""
-        return getattr(self.xp, dtype_name(name))
+        found = getattr(self.xp, dtype_name(name), None)
+        if found is None:      # CuPy and most Array API namespaces have no bfloat16
+            raise BackendError(f'backend "{self.name}" has no dtype {dtype_name(name)}')
+        return found
 
     def kernel_for(self, kernel, op, block):
         """The function that runs ``op`` here: its kernel, or the kernel wrapped where this

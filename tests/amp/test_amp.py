@@ -289,3 +289,22 @@ def test_ops_after_a_low_op_take_its_dtype_regression():
     exe.run(startup)
     value, = exe.run(main, feed={"x": np.ones((2, 8), np.float32)}, fetch_list=[t])
     assert value.dtype.name == "bfloat16" and value.shape == (4, 2)
+
+
+def test_onnx_export_has_cast_nodes_and_names_ops_onnxruntime_lacks(tmp_path):
+    onnx = pytest.importorskip("onnx", reason="ONNX export needs onnx (pip install onnx onnxruntime)")
+    ort = pytest.importorskip("onnxruntime", reason="the exported model runs in onnxruntime")
+    xb, yb = _data()
+    main, startup, logits, loss, _, _ = _build("float16", loss_scale=None)
+    test = main.clone(for_test=True)
+    exe = rg.Executor()
+    exe.run(startup)
+    expected, = exe.run(test, feed={"x": xb, "y": yb}, fetch_list=[logits.name])
+    model = rg.onnx.export(test, tmp_path / "m.onnx", fetch_list=[logits.name], scope=exe.scope)
+    casts = [n for n in model.graph.node if n.op_type == "Cast"]
+    assert any(a.i == onnx.TensorProto.FLOAT16 for n in casts for a in n.attribute if a.name == "to")
+    got, = ort.InferenceSession(str(tmp_path / "m.onnx")).run(None, {"x": xb})
+    np.testing.assert_allclose(got, expected, rtol=1e-3, atol=1e-3)
+    main, startup, logits, *_ = _build("bfloat16")
+    with pytest.raises(rg.BackendError, match=r"MatMul.*no onnxruntime kernel for bfloat16"):
+        rg.onnx.export(main.clone(for_test=True), tmp_path / "b.onnx", fetch_list=[logits.name])
