@@ -18,9 +18,11 @@ Paddle's form), so the casts are ops one can print, save and export::
 Outputs keep their names and take the dtype the op's shape rule gives for
 the new inputs. Values stay as they were where a change would reach what the
 pass does not rewrite: ops with sub-blocks (loops, branches, recurrences)
-compute in float32 as written, with their operands and the outer values their
-blocks read cast back to the declared dtype; ops that write a persistable or
-one of their own inputs (in-place updates, running statistics) are left alone.
+compute as written, reading their operands and the outer values their blocks
+read at the declared dtype (the low value's producer writes ``<name>.<dtype>``
+and a Cast back writes ``<name>``); ops that write a persistable or
+one of their own inputs (in-place updates, running statistics) read theirs
+through casts to the declared dtype.
 Nothing outside block 0 changes. The op-type lists are arguments: the
 policy lives in ``rg.amp`` (``LOW``, ``FLOAT32``).
 """
@@ -29,6 +31,7 @@ from __future__ import annotations
 import functools
 from typing import Iterable
 
+from ..errors import ProgramError
 from ..ir.analysis import free_reads
 from ..ir.dtypes import canonical, is_float, is_low_float, promote
 from ..ir.program import Block, Op, Program
@@ -44,7 +47,7 @@ def cast_to_low_precision(program: Program, dtype: str, low: Iterable[str], floa
     """
     dtype = canonical(dtype)
     if not is_low_float(dtype):
-        raise ValueError(f"cast_to_low_precision: dtype must be bfloat16 or float16, got {dtype}")
+        raise ProgramError(f"cast_to_low_precision: dtype must be bfloat16 or float16, got {dtype}")
     rewrite = _Rewrite(program.global_block(), dtype, frozenset(low), frozenset(float32))
     for op in list(rewrite.block.ops):
         rewrite.op(op)
@@ -63,7 +66,10 @@ class _Rewrite:
     def op(self, op: Op) -> None:
         if op.sub_blocks():
             self._as_declared(op)
-        elif not self._in_place(op):
+        elif self._in_place(op):
+            for i, name in enumerate(op.inputs):
+                self._restore(op, i, name)
+        else:
             target = self._target(op)
             if target is not None:
                 self._cast_inputs(op, lambda d: target if is_float(d) and d != target else None)
@@ -81,11 +87,9 @@ class _Rewrite:
 
     def _as_declared(self, op: Op) -> None:
         """An op with sub-blocks reads its operands and the outer values its blocks read at the
-        dtypes they were declared with."""
-        for i, name in enumerate(op.inputs):
-            self._restore(op, i, name)
-        outer = {n for sub in op.sub_blocks() for n in free_reads(sub)}
-        for name in outer:
+        dtypes they were declared with, under their own names (it binds them by name)."""
+        names = dict.fromkeys([*op.inputs, *(n for sub in op.sub_blocks() for n in free_reads(sub))])
+        for name in names:
             if name in self.declared and self._dtype(name) != self.declared[name]:
                 self._rename_producer(name)
 
@@ -104,7 +108,8 @@ class _Rewrite:
         producer.outputs[producer.outputs.index(name)] = low_name
         position = producer.index()
         for later in self.block.ops[position + 1:]:
-            later.inputs[:] = [low_name if n == name else n for n in later.inputs]
+            if not later.sub_blocks():
+                later.inputs[:] = [low_name if n == name else n for n in later.inputs]
         var.dtype = self.declared[name]
         self.block.insert_op(position + 1, Op("Cast", [low_name], [name], {"dtype": var.dtype}))
         self.added += 1

@@ -17,7 +17,7 @@ from retrograd.backends import to_numpy
 from retrograd.ir.verify import verify_program
 
 torch = pytest.importorskip("torch", reason="the reference values come from torch.autocast (pip install torch)")
-pytest.importorskip("ml_dtypes", reason="NumPy's bfloat16 is ml_dtypes' (pip install ml_dtypes)")
+ml_dtypes = pytest.importorskip("ml_dtypes", reason="NumPy's bfloat16 is ml_dtypes' (pip install ml_dtypes)")
 
 pytestmark = pytest.mark.engine     # these tests also run on the onnxruntime engine
 
@@ -308,3 +308,31 @@ def test_onnx_export_has_cast_nodes_and_names_ops_onnxruntime_lacks(tmp_path):
     main, startup, logits, *_ = _build("bfloat16")
     with pytest.raises(rg.BackendError, match=r"MatMul.*no onnxruntime kernel for bfloat16"):
         rg.onnx.export(main.clone(for_test=True), tmp_path / "b.onnx", fetch_list=[logits.name])
+
+
+def test_loops_and_batch_norm_read_their_declared_dtypes(backend):
+    """A while_loop reading a bfloat16 product from outside, and batch_norm (which writes its
+    running statistics in place), get the values at the dtype they were built with."""
+    if backend.name == "onnxruntime":
+        pytest.skip("onnxruntime has no bfloat16 MatMul on the CPU")
+    main, startup = rg.Program(), rg.Program()
+    with rg.program_guard(main, startup):
+        x = rg.data("x", [4, 8])
+        h = x @ rg.create_parameter("w", [8, 8])
+        normed = rg.layers.batch_norm(h, name="bn")
+        i0 = rg.constant(0)
+        _, total = rg.while_loop(lambda i, acc: i < 3, lambda i, acc: (i + 1, acc + h), [i0, normed * 0.0])
+        loss = rg.mean(total) + rg.mean(normed * normed)
+        rg.amp.decorate(rg.optim.SGD(0.1), "bfloat16").minimize(loss)
+    assert h.dtype == "float32" and any(v.dtype == "bfloat16" for v in main.global_block().vars.values())
+    verify_program(main)
+    exe = backend.executor()
+    exe.run(startup)
+    w = to_numpy(exe.scope.get("w")).copy()
+    xb = np.random.default_rng(0).standard_normal((4, 8)).astype(np.float32)
+    loss_v, = exe.run(main, feed={"x": xb}, fetch_list=[loss])
+    product = (xb.astype(ml_dtypes.bfloat16).astype(np.float32) @ w.astype(ml_dtypes.bfloat16).astype(np.float32))
+    product = product.astype(ml_dtypes.bfloat16).astype(np.float32)
+    normed = (product - product.mean(0)) / np.sqrt(product.var(0) + 1e-5)
+    np.testing.assert_allclose(loss_v, 3 * product.mean() + (normed * normed).mean(), rtol=1e-5, atol=1e-5)
+    assert to_numpy(exe.scope.get("bn.mean")).dtype == np.float32
