@@ -76,6 +76,14 @@ def torch_step(precision: str):
     return step
 
 
+def _cpu_name() -> str:
+    try:
+        lines = Path("/proc/cpuinfo").read_text().splitlines()
+    except OSError:
+        return platform.machine()
+    return next((ln.split(":", 1)[1].strip() for ln in lines if ln.startswith("model name")), platform.machine())
+
+
 def _flags() -> str:
     try:
         words = set(Path("/proc/cpuinfo").read_text().split())
@@ -141,12 +149,12 @@ def _write(table: str, args, load_before, load_after) -> None:
     import torch
     path = Path(__file__).parent / "results" / "amp.md"
     path.parent.mkdir(exist_ok=True)
-    cpu = platform.processor() or platform.machine()
+    cpu = _cpu_name()
     path.write_text(f"""# Mixed precision (`rg.amp`): steps/s, bf16 / fp16 against fp32 and torch.autocast
 
 Command: `python benchmarks/amp.py --rounds {args.rounds} --steps {args.steps} --write`
 Model: MLP {D} -> {H} -> {H} -> {V} (gelu), softmax cross-entropy, AdamW, batch {B}; one thread.
-Machine: 2-core AMD EPYC ({cpu}), shared with other jobs; no native bfloat16 or float16
+Machine: {cpu}, {os.cpu_count()} cores, shared with other jobs; no native bfloat16 or float16
 arithmetic in NumPy; torch's oneDNN uses what the CPU has (flags below).
 Date: {datetime.date.today().isoformat()}; torch {torch.__version__}, numpy {np.__version__}.
 Load average before / after: {' '.join(f'{v:.2f}' for v in load_before)} / {' '.join(f'{v:.2f}' for v in load_after)}.
