@@ -2,7 +2,10 @@
 
 ``minimize(loss)`` is, in order:
 
-1. ``rg.passes.cast_to_low_precision`` over the forward built so far (the
+1. ``rg.passes.fuse_linear_bias`` (``fc``'s product and bias add as one
+   ``SeqLinear``, whose bias joins the low-precision product as in torch's
+   ``linear`` under autocast), then
+   ``rg.passes.cast_to_low_precision`` over the forward built so far (the
    lists ``LOW`` and ``FLOAT32`` plus the decorator's ``custom_low`` /
    ``custom_float32``): parameters stay float32, each is cast once per step
    where a low-precision op reads it;
@@ -26,6 +29,7 @@ from ..ir.program import Op, Program, Var
 from ..ops.registry import append_op
 from ..ops.tensor import cast, reshape
 from ..optim import Optimizer, create_state
+from ..passes.fuse_bias import fuse_linear_bias
 from ..passes.mixed_precision import cast_to_low_precision
 from . import ops
 
@@ -67,6 +71,7 @@ class MixedPrecisionOptimizer:
             raise ProgramError(f"minimize needs the loss Var, got {type(loss).__name__}")
         main = loss.block.program
         startup = startup_program if startup_program is not None else default_startup_program()
+        fuse_linear_bias(main)      # fc's product and bias as one SeqLinear, as torch's linear under autocast
         cast_to_low_precision(main, self.dtype, self.low, self.float32)
         with program_guard(main, startup):
             if loss.dtype != "float32":

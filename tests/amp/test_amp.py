@@ -51,10 +51,11 @@ def _build(dtype: str, optimizer=None, **decorate):
 def _torch_autocast(weights: dict, x, y, dtype: str):
     """The same MLP in torch under autocast: (logits, loss, {param: grad})."""
     t = {n: torch.tensor(v, requires_grad=True) for n, v in weights.items()}
+    linear = torch.nn.functional.linear      # fc: the product and its bias, as rg.amp's SeqLinear
     with torch.autocast("cpu", dtype=getattr(torch, dtype)):
-        h = torch.tanh(torch.tensor(x) @ t["fc1.w"] + t["fc1.b"])
+        h = torch.tanh(linear(torch.tensor(x), t["fc1.w"].T, t["fc1.b"]))
         h = torch.nn.functional.layer_norm(h, (32,), t["ln.w"], t["ln.b"])
-        logits = h @ t["fc2.w"] + t["fc2.b"]
+        logits = linear(h, t["fc2.w"].T, t["fc2.b"])
         loss = torch.nn.functional.cross_entropy(logits, torch.tensor(y))
     loss.backward()
     return logits, loss, {n: t[n].grad.numpy() for n in weights}
@@ -81,8 +82,8 @@ def test_values_and_gradients_match_torch_autocast(backend, dtype):
         return
     got = exe.run(main, feed={"x": xb, "y": yb}, fetch_list=fetch)
     ref_logits, ref_loss, ref_grads = _torch_autocast(weights, xb, yb, dtype)
-    assert ref_logits.dtype == torch.float32 and got[0].dtype == np.float32   # bias add: widest input
-    _close(got[0], ref_logits.detach().numpy(), dtype, "logits")
+    assert str(ref_logits.dtype) == f"torch.{dtype}" and got[0].dtype.name == dtype
+    _close(got[0], ref_logits.detach().float().numpy(), dtype, "logits")
     _close(got[1], ref_loss.detach().numpy(), dtype, "loss")
     for (param, grad), value in zip(params_grads, got[2:]):
         assert value.dtype == np.float32, f"{param.name}'s gradient is {value.dtype}"
@@ -97,13 +98,13 @@ def test_low_ops_compute_in_dtype_and_float32_ops_in_float32(dtype):
     forward = block.ops[:next(i for i, op in enumerate(block.ops) if op.type in ("FillLike", "ScaleLoss"))]
     for op in forward:
         dtypes = {block.var(n).dtype for n in op.inputs if block.var(n).dtype != "int64"}
-        if op.type == "MatMul":
+        if op.type in ("MatMul", "SeqLinear"):
             assert dtypes == {dtype} and block.var(op.outputs[0]).dtype == dtype
         if op.type in rg.amp.FLOAT32:
             assert dtypes == {"float32"}, f"{op.type} reads {dtypes}"
     # each parameter a low-precision op reads is cast once per step, in the forward
     casts = [op.inputs[0] for op in forward if op.type == "Cast"]
-    assert sorted(n for n in casts if n in PARAMS) == ["fc1.w", "fc2.w"]
+    assert sorted(n for n in casts if n in PARAMS) == ["fc1.b", "fc1.w", "fc2.b", "fc2.w"]
 
 
 def test_master_weights_and_optimizer_state_stay_float32(backend):
@@ -141,9 +142,7 @@ def test_overflow_skips_exactly_that_step_and_halves_the_scale(backend):
     exe.run(main, feed={"x": xb, "y": yb})
     before = _persistables(exe, main)
     assert before["amp.loss_scale"][0] == 2.0 ** 16 and before["amp.good_steps"][0] == 1
-    overflow = xb.copy()
-    overflow[0, 0] = 1e6            # float16's largest is 65504: the cast gives inf
-    finite, = exe.run(main, feed={"x": overflow, "y": yb}, fetch_list=[opt.finite])
+    finite, = exe.run(main, feed={"x": _non_finite(xb), "y": yb}, fetch_list=[opt.finite])
     assert not finite.any()
     after = _persistables(exe, main)
     for name, value in before.items():
@@ -156,6 +155,28 @@ def test_overflow_skips_exactly_that_step_and_halves_the_scale(backend):
     assert not np.array_equal(again["fc1.w"], after["fc1.w"])
     assert again["lr_schedule.step"][0] == after["lr_schedule.step"][0] + 1
     assert again["amp.loss_scale"][0] == 2.0 ** 15 and again["amp.good_steps"][0] == 1
+
+
+def _non_finite(xb):
+    """A batch whose gradients are not finite on every backend (a NaN feature)."""
+    bad = xb.copy()
+    bad[0, 0] = np.nan
+    return bad
+
+
+@pytest.mark.engine_skip("onnxruntime's CPU runs float16 graphs in float32 (it removes the Cast pairs "
+                         "its optimizer inserts), so float16 never overflows there")
+def test_a_float16_overflow_is_skipped_and_halves_the_scale(backend):
+    main, startup, _, loss, _, opt = _fp16_adam()
+    exe = backend.executor()
+    exe.run(startup)
+    before = _persistables(exe, main)
+    exe.scope.set("amp.loss_scale", np.array([2.0 ** 40], np.float32))   # gradients * 2**40 > 65504
+    xb, yb = _data()
+    finite, = exe.run(main, feed={"x": xb, "y": yb}, fetch_list=[opt.finite])
+    after = _persistables(exe, main)
+    assert not finite.any() and after["amp.loss_scale"][0] == 2.0 ** 39
+    assert all(np.array_equal(after[n], v) for n, v in before.items() if not n.startswith("amp."))
 
 
 def test_finite_steps_match_unscaled_float16_training(backend):
@@ -189,8 +210,7 @@ def test_growth_interval_finite_steps_double_the_scale(backend):
 
 def test_resume_continues_the_scale(backend, tmp_path):
     xb, yb = _data()
-    overflow = xb.copy()
-    overflow[0, 0] = 1e6
+    overflow = _non_finite(xb)
     feeds = [xb, overflow, xb, xb, overflow, xb]
     main, startup, *_ = _fp16_adam(growth_interval=2)
     straight = backend.executor()
@@ -230,7 +250,7 @@ def test_static_loss_scale_multiplies_the_loss(backend):
 
 
 def test_custom_lists_extend_the_defaults():
-    main, *_ = _build("bfloat16", custom_float32=["MatMul"])
+    main, *_ = _build("bfloat16", custom_float32=["MatMul", "SeqLinear"])
     block = main.global_block()
     assert all(block.var(n).dtype != "bfloat16" for op in block.ops for n in op.inputs)
     main, *_ = _build("bfloat16", custom_low=["Tanh"])
@@ -241,12 +261,13 @@ def test_custom_lists_extend_the_defaults():
 def test_print_json_round_trip_and_clone_for_test(backend):
     main, startup, logits, loss, _, _ = _build("float16")
     text = str(main)
-    assert "Cast(fc1.w; dtype='float16')" in text and "ScaleLoss(" in text and "UpdateLossScale(" in text
+    assert "Cast(fc1.w; dtype='float16')" in text and "SeqLinear(x.float16, fc1.w.float16, fc1.b.float16" in text \
+        and "ScaleLoss(" in text and "UpdateLossScale(" in text
     loaded = rg.Program.from_json(main.to_json())
     assert str(loaded) == text
     test = main.clone(for_test=True)
     types = [op.type for op in test.global_block().ops]
-    assert "Cast" in types and "MatMul" in types
+    assert "Cast" in types and "SeqLinear" in types
     assert not {"ScaleLoss", "AllFinite", "SelectUpdates", "UpdateLossScale", "AdamUpdate", "SGDUpdate"} & set(types)
     exe = backend.executor()
     exe.run(startup)
