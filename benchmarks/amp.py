@@ -164,11 +164,13 @@ Load average before / after: {' '.join(f'{v:.2f}' for v in load_before)} / {' '.
 The CPU flags: {_flags()}. NumPy has no bfloat16/float16 arithmetic: retrograd's NumPy
 backend widens each low-precision op to float32 and rounds its result, so the
 casts are extra passes and low precision is slower there. On the torch backend
-the products run in torch's own bfloat16/float16 kernels (oneDNN). retrograd's
-rewrite follows autocast's lists, but `rg.layers.fc` on 2-D input is a `MatMul`
-and a separate bias `Add`, which runs in float32 (the widest input), where
-torch's `linear` adds the bias inside the low-precision GEMM: the activations
-between layers stay float32 in retrograd, hence extra casts. GPU: unmeasured
+the products run in torch's own bfloat16/float16 kernels (oneDNN; this CPU has
+AMX-BF16). `rg.amp` makes `fc`'s product and bias one `SeqLinear` in the low
+dtype (as torch's `linear` under autocast) and keeps the activations between
+layers in it. float16 is slower than float32 for everyone here (no float16
+GEMM path in oneDNN on this CPU, plus loss scaling). The machine was loaded
+(see the load average): ratios from one interleaved run, +-30% between runs.
+GPU: unmeasured
 (no GPU was lent to this task); the goal there is bf16 >= 1.5x float32 and
 >= 1.0x torch.autocast eager.
 """)
