@@ -49,7 +49,7 @@ def float_same_as_first(ins: list[Var], attrs: dict):
 
 def require_float(var: Var, what: str = "input") -> None:
     if not is_float(var.dtype):
-        raise ShapeError(f"{what} '{var.name}' must be a float (float32, float64, bfloat16, float16), "
+        raise ShapeError(f"{what} '{var.name}' must be float32 or float64 (or bfloat16, float16), "
                          f"got {var.dtype}")
 
 
