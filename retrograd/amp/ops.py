@@ -19,9 +19,9 @@ from __future__ import annotations
 
 from ..errors import ShapeError
 from ..ir.program import Var
-from ..ops.lowering import lowers
-from ..ops.registry import append_op, defop
-from ..ops.tensor import reshape
+from ..ops.core.lowering import lowers
+from ..ops.core.registry import append_op, defop
+from ..ops.array.tensor import reshape
 
 
 def _all_finite_rule(ins: list[Var], attrs: dict):

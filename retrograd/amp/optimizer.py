@@ -26,8 +26,8 @@ from ..errors import ProgramError
 from ..ir.builder import default_startup_program, program_guard
 from ..ir.dtypes import canonical, is_low_float
 from ..ir.program import Op, Program, Var
-from ..ops.registry import append_op
-from ..ops.tensor import cast, reshape
+from ..ops.core.registry import append_op
+from ..ops.array.tensor import cast, reshape
 from ..optim import Optimizer, create_state
 from ..passes.fuse_bias import fuse_linear_bias
 from ..passes.mixed_precision import cast_to_low_precision

@@ -35,7 +35,7 @@ from ..errors import ProgramError
 from ..ir.analysis import free_reads
 from ..ir.dtypes import canonical, is_float, is_low_float, promote
 from ..ir.program import Block, Op, Program
-from ..ops.registry import infer_specs
+from ..ops.core.registry import infer_specs
 
 
 def cast_to_low_precision(program: Program, dtype: str, low: Iterable[str], float32: Iterable[str]) -> int:

@@ -11,8 +11,9 @@ import numpy as np
 import pytest
 
 import retrograd as rg
-from retrograd import charlm
-from retrograd.charlm import ModelConfig, batch_at, build_loss, build_training, held_out_batches, split_corpus
+from retrograd.models import charlm
+from retrograd.models.charlm import (ModelConfig, batch_at, build_loss, build_training,
+                                     held_out_batches, split_corpus)
 
 pytest.importorskip("ml_dtypes", reason="NumPy's bfloat16 is ml_dtypes' (pip install ml_dtypes)")
 
