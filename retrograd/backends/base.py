@@ -45,9 +45,6 @@ def dtype_name(dtype) -> str:
     return str(dtype).rsplit(".", 1)[-1]
 
 
-def dtype_of(xp, name) -> object:
-    """The namespace's dtype object for a dtype name ("float32", ...) or any backend's dtype."""
-    return getattr(xp, dtype_name(name))
 
 
 def _shifted(xp, x, axis: int):
@@ -124,7 +121,15 @@ class Backend:
             assert be.dtype_of("float32") == np.float32
             ```
         """
-        return getattr(self.xp, dtype_name(name))
+        found = getattr(self.xp, dtype_name(name), None)
+        if found is None:      # CuPy and most Array API namespaces have no bfloat16
+            raise BackendError(f'backend "{self.name}" has no dtype {dtype_name(name)}')
+        return found
+
+    def kernel_for(self, kernel, op, block):
+        """The function that runs ``op`` here: its kernel, or the kernel wrapped where this
+        backend computes a dtype by another (NumPy's bfloat16 and float16 in float32)."""
+        return kernel
 
     # -- transfers (library-specific) ------------------------------------------------
     def owns(self, array) -> bool:

@@ -21,6 +21,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..errors import BackendError
+from ..ir.dtypes import numpy_dtype
 from . import torch_attention
 from . import torch_cudnn_rnn
 from . import torch_fused_rnn
@@ -33,7 +34,11 @@ def is_array(array) -> bool:
 
 
 def array_to_numpy(array) -> np.ndarray:
-    return array.detach().cpu().numpy()
+    array = array.detach().cpu()
+    if dtype_name(array.dtype) == "bfloat16":     # NumPy's bfloat16 is ml_dtypes': the same bits
+        import torch
+        return array.view(torch.int16).numpy().view(numpy_dtype("bfloat16"))
+    return array.numpy()
 
 
 _ONEDNN_LSTM: dict[str, bool] = {}
@@ -191,10 +196,12 @@ class TorchBackend(Backend):
         array = np.asarray(array)
         if not array.flags.writeable or not array.flags.c_contiguous:
             array = np.array(array, order="C")   # torch wants writable memory it may share
+        if array.dtype.kind == "V" and array.dtype == numpy_dtype("bfloat16"):
+            return self.torch.from_numpy(array.view(np.int16)).view(self.torch.bfloat16).to(self.torch_device)
         return self.torch.from_numpy(array).to(self.torch_device)
 
     def to_numpy(self, array) -> np.ndarray:
-        return array.detach().cpu().numpy()
+        return array_to_numpy(array)
 
     def dtype_of(self, name) -> object:
         return getattr(self.torch, dtype_name(name))

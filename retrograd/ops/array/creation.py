@@ -6,10 +6,10 @@ from typing import Sequence
 
 import numpy as np
 
-from ...backends.base import dtype_of
+from ...backends import dtype_of
 from ...errors import ProgramError, ShapeError
 from ...ir.builder import current_block, default_main_program, default_startup_program
-from ...ir.dtypes import canonical, is_float
+from ...ir.dtypes import canonical, is_float, numpy_dtype
 from ...ir.program import Block, Op, Var, as_int, as_ints, as_list
 from ..core.registry import append_op, defop
 from ..core.lowering import lowers
@@ -36,7 +36,8 @@ def _constant(k):
     # Moved to the device once per plan, not per run: kernels never write into their inputs,
     # and a device graph cannot copy from the host while it is captured (runtime/graphs.py).
     if k.cached is None:
-        k.cached = k.xp.asarray(np.asarray(k.attrs["value"], dtype=k.attrs["dtype"]).reshape(k.attrs["shape"]))
+        array = np.asarray(k.attrs["value"], dtype=numpy_dtype(k.attrs["dtype"]))
+        k.cached = k.backend.from_numpy(array.reshape(k.attrs["shape"]))
     return k.cached
 
 

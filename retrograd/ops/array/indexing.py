@@ -22,7 +22,7 @@ from typing import Sequence
 
 import numpy as np
 
-from ...backends.base import dtype_name, dtype_of
+from ...backends import dtype_name, dtype_of
 from ...errors import ProgramError, ShapeError, kernel_failure
 from ...ir.location import here
 from ...ir.program import OPERATORS, Var, as_int

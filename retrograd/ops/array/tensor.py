@@ -13,7 +13,7 @@ import builtins
 import math
 from typing import Sequence
 
-from ...backends.base import dtype_name, dtype_of
+from ...backends import dtype_name, dtype_of
 from ...errors import ProgramError, ShapeError, kernel_failure
 from ...ir.dtypes import canonical, is_float
 from ...ir.program import Var, as_int, as_ints, as_list

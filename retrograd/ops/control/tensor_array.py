@@ -32,7 +32,7 @@ import threading
 import weakref
 from typing import Sequence
 
-from ...backends.base import dtype_of
+from ...backends import dtype_of
 from ...errors import ExecutionError, ProgramError, ShapeError
 from ...ir.dtypes import canonical
 from ...ir.program import Var

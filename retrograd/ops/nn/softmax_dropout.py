@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import math
 
-from ...backends.base import dtype_of
+from ...backends import dtype_of
 from ...errors import ProgramError, ShapeError
 from ...ir.builder import current_block
 from ...ir.dtypes import canonical
