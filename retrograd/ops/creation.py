@@ -49,26 +49,37 @@ def _constant_onnx(g):
 def constant(value, dtype=None, name: str | None = None) -> Var:
     """A constant Var holding ``value`` (a number or array).
 
+    Without ``dtype``: a Python float is float32 and a Python int int64; a
+    NumPy value keeps its float dtype whatever its rank (``np.float64(1.5)``,
+    ``np.array(1.5)`` and ``np.ones(3)`` are all float64) and NumPy integers
+    become int64. Lists follow NumPy's reading of them.
+
     Example::
 
         two = rg.constant(2.0)                    # float32 scalar
         ids = rg.constant([1, 2, 3])              # int64 vector
+        half = rg.constant(np.float64(0.5))       # float64 scalar
     """
     try:
         array = np.asarray(value)
     except (ValueError, TypeError) as exc:          # ragged nested lists, ...
         raise ProgramError(f"cannot make a constant of {type(value).__name__}: {exc}") from None
     if dtype is None:
-        dtype = _default_dtype(array)
+        dtype = "float32" if _is_python_float(value) else _default_dtype(array)
     dtype = canonical(dtype)
     array = array.astype(dtype)
     attrs = {"value": array.tolist(), "shape": list(array.shape), "dtype": dtype}
     return append_op("Constant", [], attrs, name=name or "const")[0]
 
 
+def _is_python_float(value) -> bool:
+    """A Python float (np.float64 subclasses float: it is a NumPy value, not a Python number)."""
+    return isinstance(value, float) and not isinstance(value, np.generic)
+
+
 def _default_dtype(array: np.ndarray) -> str:
     if array.dtype.kind == "f":
-        return "float32" if array.dtype == np.float64 and array.ndim == 0 else canonical(array.dtype)
+        return canonical(array.dtype)
     if array.dtype.kind in "iu":
         return "int64"
     if array.dtype.kind == "b":
@@ -82,10 +93,13 @@ def scalar_like(value, other: Var) -> Var:
     Such operands are "weakly typed", as Python scalars are in NumPy: floats
     follow the other operand's float dtype (``x_f32 + np.ones(8)`` is float32);
     integers stay int64 next to integer Vars and follow a float Var's dtype;
-    bools stay bool. A float array next to an integer Var keeps its own dtype.
+    bools stay bool. A NumPy float value (array or scalar, any rank) next to an integer Var
+    keeps its own dtype; a Python float there is float32.
     """
     if isinstance(value, Var):
         return value
+    if isinstance(value, np.generic) and not isinstance(value, np.bool_):
+        value = np.asarray(value)             # NumPy scalars: the rule of NumPy arrays, any rank
     if isinstance(value, np.ndarray):
         kind = value.dtype.kind
         if kind not in "biuf":

@@ -14,7 +14,7 @@ from ..errors import ProgramError, ShapeError
 from ..ir.builder import current_block
 from ..ir.dtypes import canonical
 from ..ir.program import Var, as_int
-from .creation import assign
+from .creation import assign, zeros_like
 from .math import exp
 from .reduce import sum as reduce_sum
 from .registry import append_op, defop
@@ -344,17 +344,21 @@ def dropout(x: Var, p: float, seed: int | None = None) -> Var:
     iteration (time step), and recomputing that iteration in the backward
     draws the same one. For one mask shared by all time steps (variational
     dropout), apply dropout to a tensor of ones outside the loop and multiply
-    by it inside.
+    by it inside. ``p=1`` drops everything: ``x * 0`` (zeros, NaN stays NaN,
+    a zero gradient), as ``torch.nn.functional.dropout`` and Paddle give.
 
     Example::
 
         h = rg.dropout(h, 0.1)
     """
     p = float(p)
-    if not 0.0 <= p < 1.0:
-        raise ProgramError(f"dropout of '{x.name}': p must be in [0, 1), got {p}")
+    if not 0.0 <= p <= 1.0:
+        raise ProgramError(f"dropout of '{x.name}': p must be in [0, 1], got {p}")
     if p == 0.0:
         return assign(x)
+    if p == 1.0:
+        require_float(x)
+        return x * zeros_like(x)
     if seed is None:
         seed = current_block().program.next_seed()
     out, mask = append_op("Dropout", [x], {"p": p, "seed": int(seed)})
