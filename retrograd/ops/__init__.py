@@ -25,7 +25,7 @@ from .batch_norm import batch_norm  # noqa: F401
 from .losses import binary_cross_entropy_with_logits, nll_loss  # noqa: F401
 from .lstm_sequence import lstm_sequence  # noqa: F401
 from .gru_sequence import gru_sequence  # noqa: F401
-from .indexing import getitem, scatter, update_slice  # noqa: F401
+from .indexing import gather_elements, getitem, scatter, scatter_elements, update_slice  # noqa: F401
 from .shape_ops import arange, broadcast_to, pad, stack, tile  # noqa: F401
 from .einsum import einsum  # noqa: F401
 from .conv import conv1d, conv2d  # noqa: F401

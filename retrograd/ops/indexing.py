@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import builtins
 import functools
+import math
 from typing import Sequence
 
 import numpy as np
@@ -30,7 +31,9 @@ from .creation import constant, zeros_like
 from .lowering import lowers
 from .math import where
 from .registry import append_op, defop
-from .tensor import check_ids, checked_ids_onnx, gather, transpose, unsqueeze
+from .shapes import normalize_axis
+from .tensor import (check_ids, checked_ids_onnx, from_end, gather, transpose, unsqueeze, wrap_ids,
+                     wrapped_ids_onnx)
 
 _py_slice = builtins.slice
 INT_DTYPES = ("int64", "int32")
@@ -541,7 +544,7 @@ def _last_writers(k, ids, n: int):
 def _scatter(k, x, ids, updates):
     """``x`` with rows ``ids`` replaced by (or, ``overwrite=False``, added to by) ``updates``."""
     xp, n = k.xp, x.shape[0]
-    ids = xp.reshape(check_ids(xp, ids, n, k=k), (-1,))
+    ids = xp.reshape(wrap_ids(xp, ids, n, k=k), (-1,))
     rows = xp.reshape(updates, (ids.shape[0],) + tuple(x.shape[1:]))
     if not k.attrs["overwrite"]:
         return x + k.backend.scatter_add_rows(x.shape, backend.dtype_name(x.dtype), ids, rows)
@@ -566,7 +569,7 @@ def _last_writers_onnx(g, ids: str, x: str) -> str:
 @lowers("Scatter")
 def _scatter_onnx(g):
     x, _, updates = g.ins
-    ids = checked_ids_onnx(g, 1, g.scalar_dim(x, 0))
+    ids = checked_ids_onnx(g, 1, g.scalar_dim(x, 0), negative=True)
     if not g.attrs["overwrite"]:
         index = g.node("Unsqueeze", [ids, g.const([-1], "int64")])
         return [g.node("ScatterND", [x, index, updates], reduction="add")]
@@ -594,6 +597,7 @@ def _last_writes(k, ids, x):
     flat = xp.reshape(ids, (-1,))
     if flat.shape[0] == 0:
         return xp.zeros(tuple(ids.shape), dtype=xp.bool)
+    flat = from_end(xp, flat, x.shape[0])              # checked by the Scatter
     last = _last_writers(k, flat, x.shape[0])
     mine = xp.arange(flat.shape[0], dtype=last.dtype)
     return xp.reshape(xp.take(last, flat) == mine, tuple(ids.shape))
@@ -602,6 +606,7 @@ def _last_writes(k, ids, x):
 @lowers("LastWrites")
 def _last_writes_onnx(g):
     ids = g.ins[0] if g.in_vars[0].dtype == "int64" else g.cast(g.ins[0], "int64")
+    ids = wrapped_ids_onnx(g, ids, g.scalar_dim(g.ins[1], 0))
     last = _last_writers_onnx(g, ids, g.ins[1])
     flat = g.node("Reshape", [ids, g.const([-1], "int64")])
     mine = g.node("Range", [g.const(0, "int64"), g.node("Squeeze", [g.shape(flat)]), g.const(1, "int64")])
@@ -609,24 +614,230 @@ def _last_writes_onnx(g):
     return [g.node("Reshape", [won, g.shape(ids)], allowzero=1)]
 
 
-def scatter(x: Var, ids: Var, updates, overwrite: bool = True) -> Var:
-    """``x`` with rows replaced: ``x[ids] = updates`` (``overwrite=False``: ``x[ids] += updates``).
+def scatter(x: Var, ids: Var, updates, overwrite: bool = True, axis: int = 0) -> Var:
+    """``x`` with slices along ``axis`` replaced: ``x[ids] = updates`` on axis 0
+    (``overwrite=False``: ``x[ids] += updates``, ``torch.index_add``).
 
-    ``ids`` (int64 or int32, any shape) pick rows of ``x`` (axis 0);
-    ``updates`` has shape ``ids.shape + x.shape[1:]``. An id outside
-    ``[0, x.shape[0])`` fails the run. With repeated ids, ``overwrite=True``
-    keeps the last update of a row (as NumPy's ``x[ids] = updates``) and
-    only that update receives a gradient; ``overwrite=False`` adds them all.
+    ``ids`` (int64 or int32, any shape) pick slices of ``x`` along ``axis``; a
+    negative id counts from the end, as in NumPy; one outside ``[-n, n)``
+    fails the run. ``updates`` has shape ``x.shape[:axis] + ids.shape +
+    x.shape[axis+1:]`` (``rg.gather``'s result). With repeated ids,
+    ``overwrite=True`` keeps the last update of a slice (as NumPy's
+    ``x[ids] = updates``) and only that update receives a gradient;
+    ``overwrite=False`` adds them all.
 
     Example::
 
         cache = rg.scatter(cache, slot_ids, new_rows)       # cache [S, D], ids [N], rows [N, D]
+        x = rg.scatter(x, [-1], col, axis=1)                # x [N, C], col [N, 1]: the last column
     """
     if not isinstance(ids, Var):
         ids = constant(np.asarray(ids), "int64")
     if not isinstance(updates, Var):
         updates = constant(np.asarray(updates), x.dtype)
-    return append_op("Scatter", [x, ids, updates], {"overwrite": bool(overwrite)})[0]
+    axis = normalize_axis(as_int(axis, "scatter: axis"), builtins.max(x.ndim, 1))
+    attrs = {"overwrite": bool(overwrite)}
+    if axis == 0:
+        return append_op("Scatter", [x, ids, updates], attrs)[0]
+    # Another axis: it and the updates' id axes moved to the front, scattered, moved back.
+    front = [axis] + [a for a in range(x.ndim) if a != axis]
+    r = ids.ndim
+    if updates.ndim != x.ndim - 1 + r:
+        raise ShapeError(f"scatter: updates must have shape x.shape[:axis] + ids.shape + x.shape[axis+1:] "
+                         f"(rank {x.ndim - 1 + r}), got '{updates.name}' {updates.type_str()}")
+    ids_first = list(range(axis, axis + r)) + list(range(axis)) + list(range(axis + r, updates.ndim))
+    out = append_op("Scatter", [transpose(x, front), ids, transpose(updates, ids_first)], attrs)[0]
+    return transpose(out, [front.index(a) for a in range(x.ndim)])
+
+
+# --- Element-wise gather and scatter along an axis (torch.gather / scatter / scatter_add) ------------
+#
+# ids have x's rank; out[i][j][k] = x[i][ids[i][j][k]][k] on axis 1 (GatherElements) and the
+# transpose, x[i][ids[i][j][k]][k] = updates[i][j][k] (ScatterElements). As in torch, ids may be
+# smaller than x on the other axes (they cover its leading corner). Negative ids count from the end
+# (ONNX's rule). With repeated ids, reduction="none" keeps the last update (the order of ids,
+# row-major), as Scatter does; every update's gradient is dy at the place it wrote (torch's rule).
+
+def _elements_rule(x: Var, ids: Var, axis: int, what: str) -> int:
+    if ids.dtype not in INT_DTYPES:
+        raise ShapeError(f"ids '{ids.name}' must be int64 or int32, got {ids.dtype}")
+    if x.ndim < 1 or ids.ndim != x.ndim:
+        raise ShapeError(f"{what} needs ids of x's rank ({x.ndim}, at least 1), got '{ids.name}' {ids.type_str()}")
+    axis = normalize_axis(axis, x.ndim)
+    for d, (n, m) in enumerate(zip(x.shape, ids.shape)):
+        if d != axis and n >= 0 and m > n:
+            raise ShapeError(f"ids '{ids.name}' {ids.type_str()} are larger than x {x.type_str()} on axis {d}")
+    return axis
+
+
+def _gather_elements_rule(ins, attrs):
+    x, ids = ins
+    _elements_rule(x, ids, attrs["axis"], "gather_elements")
+    return [(ids.shape, x.dtype)]
+
+
+def _check_corner(x_shape, ids_shape, axis: int) -> None:
+    """ValueError unless ``ids`` fit in ``x`` on every axis but ``axis`` (known only when run)."""
+    for d, (n, m) in enumerate(zip(x_shape, ids_shape)):
+        if d != axis and m > n:
+            raise ValueError(f"ids of shape {list(ids_shape)} are larger than x {list(x_shape)} on axis {d}")
+
+
+def _corner(x, ids_shape, axis: int):
+    """``x``'s leading corner of ``ids_shape`` on every axis but ``axis``."""
+    return x[tuple(_py_slice(None) if d == axis else _py_slice(0, m) for d, m in enumerate(ids_shape))]
+
+
+@defop("GatherElements", inputs=("x", "ids"), infer=_gather_elements_rule, nondiff=(1,),
+       grad=lambda g: [scatter_elements(zeros_like(g.x[0]), g.x[1], g.dy, g.attrs["axis"], "add"), None])
+def _gather_elements(k, x, ids):
+    """``out[..., i, ...] = x[..., ids[..., i, ...], ...]`` along ``axis`` (``torch.gather``)."""
+    xp, axis = k.xp, k.attrs["axis"] % x.ndim
+    _check_corner(x.shape, ids.shape, axis)
+    ids = wrap_ids(xp, ids, x.shape[axis], k=k)
+    picked = k.backend.take_along_axis(_corner(x, ids.shape, axis), xp.astype(ids, xp.int64), axis)
+    return xp.reshape(picked, tuple(ids.shape))
+
+
+def _fits_onnx_guard(g, x: str, ids: str, axis: int, others: list[int]) -> str:
+    """ONNX: a bool scalar, true when ``ids`` fit in ``x`` on the ``others`` axes (a guard node
+    fails the run with ``_check_corner``'s error where they do not)."""
+    fits = g.node("Less", [g.shape(x), g.shape(ids)])
+    failed = g.node("ReduceMax", [g.cast(g.node("Gather", [fits, g.const(others, "int64")], axis=0), "int64")],
+                    keepdims=0)
+    op = g.op
+
+    def verify(x_shape, ids_shape):
+        try:
+            _check_corner([int(d) for d in x_shape], [int(d) for d in ids_shape], axis)
+        except ValueError as exc:
+            raise kernel_failure(op.where(), exc) from None
+    return g.check(g.cast(failed, "bool"), "ids must fit in x", verify, [g.shape(x), g.shape(ids)])
+
+
+def _corner_onnx(g, x: str, ids: str, axis: int) -> str:
+    """ONNX: ``x``'s leading corner of ``ids``' shape on the other axes (guarded: they fit)."""
+    others = [d for d in range(g.in_vars[0].ndim) if d != axis]
+    if not others:
+        return x
+    ok = _fits_onnx_guard(g, x, ids, axis, others)
+    ends = g.node("Gather", [g.shape(ids), g.const(others, "int64")], axis=0)
+    corner = g.node("Slice", [x, g.const([0] * len(others), "int64"), ends, g.const(others, "int64")])
+    return g.node("Where", [ok, corner, corner])
+
+
+@lowers("GatherElements")
+def _gather_elements_onnx(g):
+    x, axis = g.ins[0], g.attrs["axis"] % g.ndim(0)
+    ids = checked_ids_onnx(g, 1, g.scalar_dim(x, axis), negative=True)
+    return [g.node("GatherElements", [_corner_onnx(g, x, ids, axis), ids], axis=axis)]
+
+
+def _scatter_elements_rule(ins, attrs):
+    x, ids, updates = ins
+    _elements_rule(x, ids, attrs["axis"], "scatter_elements")
+    if updates.dtype != x.dtype:
+        raise ShapeError(f"updates '{updates.name}' must have x's dtype {x.dtype}, got {updates.dtype}")
+    if updates.ndim != ids.ndim or any(a >= 0 and b >= 0 and a != b for a, b in zip(updates.shape, ids.shape)):
+        raise ShapeError(f"updates '{updates.name}' {updates.type_str()} must have the shape of ids {ids.type_str()}")
+    if attrs["reduction"] not in ("none", "add"):
+        raise ShapeError(f"reduction must be 'none' or 'add', got {attrs['reduction']!r}")
+    return [(x.shape, x.dtype)]
+
+
+def _scatter_elements_grad(g):
+    x, ids, updates = g.x
+    axis, reduction = g.attrs["axis"], g.attrs["reduction"]
+    dupdates = gather_elements(g.dy, ids, axis)
+    if reduction == "add":
+        return [g.dy, None, dupdates]
+    return [scatter_elements(g.dy, ids, zeros_like(updates), axis, "none"), None, dupdates]
+
+
+def _flat_positions(xp, ids, x_shape, axis: int):
+    """int64, shaped like ``ids``: the flat (row-major) position in ``x`` each entry addresses."""
+    flat = xp.astype(ids, xp.int64) * math.prod(x_shape[axis + 1:])
+    for d in range(len(x_shape)):
+        if d != axis:
+            along = xp.arange(ids.shape[d], dtype=xp.int64) * math.prod(x_shape[d + 1:])
+            flat = flat + xp.reshape(along, tuple(-1 if a == d else 1 for a in range(len(x_shape))))
+    return xp.reshape(flat, (-1,))
+
+
+@defop("ScatterElements", inputs=("x", "ids", "updates"), infer=_scatter_elements_rule, nondiff=(1,),
+       grad=_scatter_elements_grad)
+def _scatter_elements(k, x, ids, updates):
+    """``x`` with ``updates`` written (or added, ``reduction="add"``) at ``ids`` along ``axis``."""
+    xp, axis = k.xp, k.attrs["axis"] % x.ndim
+    _check_corner(x.shape, ids.shape, axis)
+    ids = wrap_ids(xp, ids, x.shape[axis], k=k)
+    size = math.prod(x.shape)
+    positions, values = _flat_positions(xp, ids, x.shape, axis), xp.reshape(updates, (-1,))
+    flat_x = xp.reshape(x, (size,))
+    if k.attrs["reduction"] == "add":
+        added = k.backend.scatter_add_rows((size,), backend.dtype_name(x.dtype), positions, values)
+        return xp.reshape(flat_x + added, tuple(x.shape))
+    if positions.shape[0] == 0:
+        return xp.asarray(x, copy=True)
+    last = _last_writers(k, positions, size)
+    hit = last >= 0
+    picked = xp.take(values, xp.where(hit, last, xp.zeros_like(last)))
+    return xp.reshape(xp.where(hit, picked, flat_x), tuple(x.shape))
+
+
+@lowers("ScatterElements")
+def _scatter_elements_onnx(g):
+    x, _, updates = g.ins
+    axis, reduction = g.attrs["axis"] % g.ndim(0), g.attrs["reduction"]
+    ids = checked_ids_onnx(g, 1, g.scalar_dim(x, axis), negative=True)
+    others = [d for d in range(g.in_vars[0].ndim) if d != axis]
+    if others:
+        ok = _fits_onnx_guard(g, x, ids, axis, others)
+        x = g.node("Where", [ok, x, x])
+    return [g.node("ScatterElements", [x, ids, updates], axis=axis, reduction=reduction)]
+
+
+def gather_elements(x: Var, ids, axis: int) -> Var:
+    """``torch.gather(x, axis, ids)`` (ONNX GatherElements, ``numpy.take_along_axis``):
+    ``out[i][j] = x[i][ids[i][j]]`` on axis 1, shaped like ``ids``.
+
+    ``ids`` (int64 or int32) have ``x``'s rank and may be smaller on the
+    other axes (they read ``x``'s leading corner there); a negative id counts
+    from the end, one outside ``[-n, n)`` fails the run. The gradient adds up
+    over repeated ids.
+
+    Example::
+
+        picked = rg.gather_elements(logits, labels[:, None], axis=1)   # [N, C] -> [N, 1]
+    """
+    if not isinstance(ids, Var):
+        ids = constant(np.asarray(ids), "int64")
+    return append_op("GatherElements", [x, ids], {"axis": as_int(axis, "gather_elements: axis")})[0]
+
+
+def scatter_elements(x: Var, ids, updates, axis: int, reduction: str = "none") -> Var:
+    """``x`` with ``updates`` written at ``ids`` along ``axis``: ``torch.scatter(x, axis, ids, updates)``,
+    or added there with ``reduction="add"`` (``torch.scatter_add``; ONNX ScatterElements).
+
+    ``updates`` has the shape of ``ids``, which have ``x``'s rank (smaller on
+    the other axes is allowed: they address ``x``'s leading corner). A
+    negative id counts from the end, one outside ``[-n, n)`` fails the run.
+    With repeated ids and ``reduction="none"`` the last update (in the
+    row-major order of ``ids``) wins. Gradients: ``x`` gets ``dy`` where it
+    was not overwritten, each update ``dy`` at the place it wrote.
+
+    Example::
+
+        counts = rg.scatter_elements(zeros, ids, ones, axis=1, reduction="add")   # a histogram per row
+    """
+    if reduction not in ("none", "add"):
+        raise ProgramError(f"scatter_elements: reduction must be 'none' or 'add', got {reduction!r}")
+    if not isinstance(ids, Var):
+        ids = constant(np.asarray(ids), "int64")
+    if not isinstance(updates, Var):
+        updates = constant(np.asarray(updates), x.dtype)
+    attrs = {"axis": as_int(axis, "scatter_elements: axis"), "reduction": reduction}
+    return append_op("ScatterElements", [x, ids, updates], attrs)[0]
 
 
 # --- update_slice / dynamic slice ------------------------------------------------------------
