@@ -36,27 +36,52 @@ def _along(xp, fn, x, axis: int, reverse: bool):
 
 # --- cumsum -----------------------------------------------------------------------------------------
 
-@defop("CumSum", infer=_cumulative_rule,
-       grad=lambda g: [cumsum(g.dy, g.attrs["axis"], reverse=not g.attrs["reverse"])])
+def _exclusive(xp, y, axis: int, reverse: bool):
+    """The inclusive running sums ``y`` shifted one place in the scan's direction, a zero in
+    front: each entry leaves itself out (ONNX CumSum's ``exclusive``)."""
+    n = y.shape[axis]
+    if n == 0:
+        return y
+    kept = tuple(slice(1, None) if (a == axis and reverse) else slice(0, n - 1) if a == axis else slice(None)
+                 for a in range(y.ndim))
+    zero = xp.zeros(tuple(1 if a == axis else d for a, d in enumerate(y.shape)), dtype=y.dtype)
+    return xp.concat([y[kept], zero] if reverse else [zero, y[kept]], axis=axis)
+
+
+def _cumsum_grad(g):
+    attrs = g.attrs
+    return [cumsum(g.dy, attrs["axis"], reverse=not attrs["reverse"], exclusive=attrs.get("exclusive", False))]
+
+
+@defop("CumSum", infer=_cumulative_rule, grad=_cumsum_grad)
 def _cumsum(k, x):
-    return _along(k.xp, k.backend.cumsum, x, k.attrs["axis"] % x.ndim, k.attrs["reverse"])
+    axis, reverse = k.attrs["axis"] % x.ndim, k.attrs["reverse"]
+    y = _along(k.xp, k.backend.cumsum, x, axis, reverse)
+    return _exclusive(k.xp, y, axis, reverse) if k.attrs.get("exclusive", False) else y
 
 
 @lowers("CumSum")
 def _cumsum_onnx(g):
     x = g.ins[0] if g.in_vars[0].dtype != "bool" else g.cast(g.ins[0], "int64")
     axis = g.const(g.attrs["axis"] % g.ndim(0), "int64")
-    return [g.node("CumSum", [x, axis], reverse=int(g.attrs["reverse"]))]
+    return [g.node("CumSum", [x, axis], reverse=int(g.attrs["reverse"]),
+                   exclusive=int(g.attrs.get("exclusive", False)))]
 
 
-def cumsum(x: Var, axis: int, reverse: bool = False) -> Var:
-    """Running sums along ``axis`` (``reverse``: from the end, ``out[i] = sum(x[i:])``).
+def cumsum(x: Var, axis: int, reverse: bool = False, exclusive: bool = False) -> Var:
+    """Running sums along ``axis`` (``reverse``: from the end, ``out[i] = sum(x[i:])``;
+    ``exclusive``: each entry leaves itself out, ``out[i] = sum(x[:i])``, ONNX CumSum's and
+    ``tf.math.cumsum``'s options).
 
     Example::
 
         positions = rg.cumsum(mask_as_int, axis=1)
+        offsets = rg.cumsum(lengths, axis=0, exclusive=True)   # [3, 1, 2] -> [0, 3, 4]
     """
-    return append_op("CumSum", [x], {"axis": as_int(axis, "cumsum: axis"), "reverse": bool(reverse)})[0]
+    attrs = {"axis": as_int(axis, "cumsum: axis"), "reverse": bool(reverse)}
+    if exclusive:
+        attrs["exclusive"] = True
+    return append_op("CumSum", [x], attrs)[0]
 
 
 # --- cumprod ----------------------------------------------------------------------------------------
@@ -110,12 +135,32 @@ def _cumprod_onnx(g):
                    else_branch=scan.finish(f"{g.op.outputs[0]}.scan", [(out, dtype, None)]))]
 
 
-def cumprod(x: Var, axis: int, reverse: bool = False) -> Var:
-    """Running products along ``axis`` (``reverse``: from the end). The gradient is exact
-    where ``x`` holds zeros (no division by them).
+def cumprod(x: Var, axis: int, reverse: bool = False, exclusive: bool = False) -> Var:
+    """Running products along ``axis`` (``reverse``: from the end; ``exclusive``: each entry
+    leaves itself out, ``out[i] = prod(x[:i])``, ``tf.math.cumprod``'s option). The gradient is
+    exact where ``x`` holds zeros (no division by them).
 
     Example::
 
         survival = rg.cumprod(1.0 - hazard, axis=1)
+        before = rg.cumprod(keep, axis=1, exclusive=True)      # [a, b, c] -> [1, a, a*b]
     """
-    return append_op("CumProd", [x], {"axis": as_int(axis, "cumprod: axis"), "reverse": bool(reverse)})[0]
+    axis = as_int(axis, "cumprod: axis")
+    if exclusive:             # the product of x shifted one place in, a 1 in front (Pad and a slice)
+        x = _shifted_in(x, axis, bool(reverse), 1)
+    return append_op("CumProd", [x], {"axis": axis, "reverse": bool(reverse)})[0]
+
+
+def _shifted_in(x: Var, axis: int, reverse: bool, value) -> Var:
+    """``x`` moved one place along ``axis`` in the scan's direction, ``value`` entering."""
+    from .shape_ops import pad
+    from .tensor import cast
+    if x.ndim == 0:
+        raise ShapeError(f"a cumulative op needs at least one axis, '{x.name}' is a scalar")
+    axis = normalize_axis(axis, x.ndim)
+    if x.dtype == "bool":
+        x = cast(x, "int64")
+    pads = [(0, 1) if (a == axis and reverse) else (1, 0) if a == axis else (0, 0) for a in range(x.ndim)]
+    kept = tuple(slice(1, None) if (a == axis and reverse) else slice(None, -1) if a == axis else slice(None)
+                 for a in range(x.ndim))
+    return pad(x, pads, value)[kept]

@@ -353,11 +353,15 @@ def _topk_grad(g):
 @defop("TopK", inputs=("x", "k?"), outputs=("values", "indices"), infer=_topk_rule, nondiff=(1,),
        grad=_topk_grad)
 def _topk(k, x, k_value=None):
-    """The ``k`` largest entries along ``axis``, largest first; equal values in index order."""
+    """The ``k`` largest entries along ``axis``, largest first (``largest=False``: the smallest,
+    smallest first); equal values in index order."""
     axis = k.attrs["axis"] % x.ndim
     count = k.attrs["k"] if k_value is None else int(k_value)
     check_k(count, x.shape[axis])
-    order = k.backend.sort_descending(x, axis)
+    if k.attrs.get("largest", True):
+        order = k.backend.sort_descending(x, axis)
+    else:
+        order = k.xp.astype(k.xp.argsort(x, axis=axis, stable=True), k.xp.int64)
     index = tuple(slice(0, count) if i == axis else slice(None) for i in range(x.ndim))
     indices = order[index]
     return k.backend.take_along_axis(x, indices, axis), indices
@@ -373,7 +377,8 @@ def _topk_onnx(g):
         count = g.const([g.attrs["k"]], "int64")
     if len(g.ins) > 1 or var.shape[axis] < 0:       # k may exceed the axis only at run time
         count = _k_in_range_onnx(g, count, g.dim(x, axis))
-    values, indices = g.nodes("TopK", [x, count], 2, axis=axis, largest=1, sorted=1)
+    largest = int(g.attrs.get("largest", True))
+    values, indices = g.nodes("TopK", [x, count], 2, axis=axis, largest=largest, sorted=1)
     return [values, indices]
 
 
@@ -393,20 +398,24 @@ def _k_in_range_onnx(g, count: str, size: str) -> str:
     return g.node("Where", [ok, count, count])
 
 
-def topk(x: Var, k, axis: int = -1):
+def topk(x: Var, k, axis: int = -1, largest: bool = True, sorted: bool = True):
     """``(values, indices)``: the ``k`` largest entries of ``x`` along ``axis``, largest first
-    (equal values in index order), and their int64 positions. ``k`` is an int or an int64 0-d
+    (equal values in index order), and their int64 positions (``torch.topk``, ONNX TopK).
+    ``largest=False`` gives the ``k`` smallest, smallest first. ``k`` is an int or an int64 0-d
     Var (then the output's size along ``axis`` is known only at run time); a ``k`` larger than
-    the axis is a ``ShapeError`` when built, or an ``ExecutionError`` when run.
+    the axis is a ``ShapeError`` when built, or an ``ExecutionError`` when run. ``sorted=False``
+    is accepted (torch leaves that order unspecified); the result is sorted all the same.
 
     Example::
 
         values, ids = rg.topk(logits, 5)             # [N, C] -> [N, 5], int64 [N, 5]
+        nearest, ids = rg.topk(distances, 3, largest=False)
     """
     axis = as_int(axis, "topk: axis")
+    attrs = {"axis": axis} if largest else {"axis": axis, "largest": False}
     if isinstance(k, Var):
-        return tuple(append_op("TopK", [x, k], {"k": None, "axis": axis}))
+        return tuple(append_op("TopK", [x, k], {"k": None, **attrs}))
     k = as_int(k, "topk: k")
     if k < 0:
         raise ProgramError(f"topk: k must be >= 0, got {k}")
-    return tuple(append_op("TopK", [x], {"k": k, "axis": axis}))
+    return tuple(append_op("TopK", [x], {"k": k, **attrs}))

@@ -85,3 +85,92 @@ def test_numpy_float64_scalar_constant_was_float32_while_1d_stayed_float64():
         assert (n * np.float64(1.5)).dtype == (n * np.array([1.5, 1.5, 1.5])).dtype == "float64"
         x = rg.data("x", [3])                                        # next to a float Var: the Var's
         assert (x * np.float64(1.5)).dtype == (x * np.ones(3)).dtype == "float32"
+
+
+# --- topk(largest=, sorted=) -----------------------------------------------------------------------
+
+@pytest.mark.parametrize("largest", [True, False])
+@pytest.mark.parametrize("axis", [-1, 0, 1])
+def test_topk_largest_and_smallest_match_torch_topk(axis, largest, backend):
+    x0 = np.random.default_rng(1).permutation(24).reshape(2, 3, 4) * 0.25 - 2.0      # distinct values
+    k = 2
+    got = run(backend, lambda x: rg.topk(x, k, axis=axis, largest=largest, sorted=True), {"x": x0})
+    t = torch.tensor(x0, requires_grad=True)
+    want = torch.topk(t, k, dim=axis, largest=largest, sorted=True)
+    np.testing.assert_array_equal(got[0], want.values.detach().numpy())
+    np.testing.assert_array_equal(got[1], want.indices.numpy())
+    np.testing.assert_allclose(got[2], torch_grad([want.values], t), rtol=1e-12)
+    ours = exported(lambda x: rg.topk(x, k, axis=axis, largest=largest), {"x": x0})
+    np.testing.assert_array_equal(ours[1], got[1])
+
+
+def test_topk_smallest_ties_go_to_the_lower_index_and_sorted_false_is_accepted(backend):
+    x0 = np.array([[3.0, 1.0, 2.0, 1.0, 1.0]])
+    values, ids = run(backend, lambda x: rg.topk(x, 3, largest=False, sorted=False), {"x": x0}, wrt=False)
+    assert values.tolist() == [[1.0, 1.0, 1.0]] and ids.tolist() == [[1, 3, 4]]
+    t = torch.topk(torch.tensor(x0), 3, largest=False, sorted=False)          # the same set as torch
+    assert sorted(t.indices[0].tolist()) == ids[0].tolist()
+
+
+def test_topk_smallest_with_a_run_time_k(backend):
+    x0 = np.array([[5.0, -1.0, 4.0, 0.0], [1.0, 2.0, 3.0, 4.0]])
+    main = rg.Program()
+    with rg.program_guard(main, rg.Program()):
+        x = rg.data("x", [2, 4], "float64")
+        k = rg.data("k", [], "int64")
+        values, ids = rg.topk(x, k, largest=False)
+    got = backend.executor().run(main, feed={"x": x0, "k": np.array(3)}, fetch_list=[values, ids])
+    want = torch.topk(torch.tensor(x0), 3, largest=False)
+    np.testing.assert_array_equal(got[0], want.values.numpy())
+    np.testing.assert_array_equal(got[1], want.indices.numpy())
+
+
+# --- cumsum / cumprod (exclusive=, reverse=) --------------------------------------------------------
+
+def torch_cumulative(fn, identity):
+    """torch's cumsum/cumprod with the options written out: flips for reverse, a shift for exclusive."""
+    def run_it(t, axis, reverse, exclusive):
+        if reverse:
+            t = torch.flip(t, [axis])
+        if exclusive:
+            first = torch.full_like(t.narrow(axis, 0, 1), identity)
+            t = torch.cat([first, t.narrow(axis, 0, t.shape[axis] - 1)], axis)
+        y = fn(t, axis)
+        return torch.flip(y, [axis]) if reverse else y
+    return run_it
+
+
+@pytest.mark.parametrize("name,identity", [("cumsum", 0.0), ("cumprod", 1.0)])
+@pytest.mark.parametrize("reverse", [False, True])
+@pytest.mark.parametrize("axis", [0, 1, -1])
+def test_cumulative_exclusive_and_reverse_match_torch(name, identity, axis, reverse, backend):
+    x0 = rand(3, 4, 2, seed=2)
+    x0[1, 2, 0] = 0.0                                       # cumprod's gradient through a zero
+    got = run(backend, lambda x: getattr(rg, name)(x, axis, reverse=reverse, exclusive=True), {"x": x0})
+    t = torch.tensor(x0, requires_grad=True)
+    want = torch_cumulative(getattr(torch, name), identity)(t, axis % 3, reverse, True)
+    np.testing.assert_allclose(got[0], want.detach().numpy(), rtol=1e-12, atol=1e-15)
+    np.testing.assert_allclose(got[1], torch_grad([want], t), rtol=1e-10, atol=1e-12)
+    ours = exported(lambda x: getattr(rg, name)(x, axis, reverse=reverse, exclusive=True), {"x": x0})
+    np.testing.assert_allclose(ours[0], got[0], rtol=1e-12, atol=1e-15)
+
+
+@pytest.mark.parametrize("name", ["cumsum", "cumprod"])
+def test_cumulative_exclusive_of_ints_and_bools_and_an_empty_axis(name, backend):
+    ints = np.array([[3, 1, 2], [2, 2, 2]])
+    main = rg.Program()
+    with rg.program_guard(main, rg.Program()):
+        a = rg.data("a", [2, 3], "int64")
+        b = rg.data("b", [2, 3], "bool")
+        e = rg.data("e", [2, 0], "float64")
+        fn = getattr(rg, name)
+        outs = [fn(a, 1, exclusive=True), fn(b, 1, reverse=True, exclusive=True), fn(e, 1, exclusive=True)]
+    got = backend.executor().run(main, feed={"a": ints, "b": ints > 1, "e": np.zeros((2, 0))}, fetch_list=outs)
+    np_fn = getattr(np, name)
+    identity = 0 if name == "cumsum" else 1
+    want_a = np.concatenate([np.full((2, 1), identity), np_fn(ints, 1)[:, :-1]], 1)
+    flipped = (ints > 1)[:, ::-1].astype(np.int64)
+    want_b = np.concatenate([np.full((2, 1), identity), np_fn(flipped, 1)[:, :-1]], 1)[:, ::-1]
+    assert got[0].tolist() == want_a.tolist() and got[0].dtype == np.int64
+    assert got[1].tolist() == want_b.tolist()
+    assert got[2].shape == (2, 0)
