@@ -1,4 +1,5 @@
-"""Normalization over the last axis: layer norm and RMS norm (batch norm: ``batch_norm.py``).
+"""Normalization over the last axis: layer norm and RMS norm (batch norm: ``batch_norm.py``);
+over several trailing axes (``normalized_ndim``) they fold those axes into one around the op.
 
 ``LayerNorm`` and ``RMSNorm`` keep their per-row statistics (``mean``,
 ``rstd = 1 / sqrt(var + eps)``, shaped ``[..., 1]`` as torch keeps them) for
@@ -9,13 +10,16 @@ so gradients of any order work.
 """
 from __future__ import annotations
 
+import math
+
 from ..errors import ShapeError
-from ..ir.program import Var, as_float
+from ..ir.program import Var, as_float, as_int
 from .lowering import lowers
 from .math import expand_as, sqrt, square
 from .reduce import mean as reduce_mean, sum as reduce_sum
 from .registry import append_op, defop
 from .shapes import require_float
+from .tensor import reshape, reshape_as
 
 
 def _check_params(x: Var, params: list[Var], what: str) -> None:
@@ -122,15 +126,61 @@ def _layer_norm_formula_onnx(g, x: str, weight, bias, dtype: str) -> list[str]:
     return [y, mean, rstd]
 
 
-def layer_norm(x: Var, weight: Var | None = None, bias: Var | None = None, eps: float = 1e-5) -> Var:
-    """Normalize ``x [..., D]`` over its last axis: ``(x - mean) / sqrt(var + eps) * weight + bias``
-    (biased variance; ``torch.nn.functional.layer_norm(x, [D], weight, bias, eps)``).
-    ``weight`` and ``bias`` are ``[D]`` or None.
+def _trailing_ndim(x: Var, params, normalized_ndim, what: str) -> int:
+    """How many trailing axes of ``x`` are normalised: ``normalized_ndim``, else the first
+    parameter's rank, else 1; the parameters must have those axes' shape."""
+    present = [p for p in params if p is not None]
+    nd = normalized_ndim if normalized_ndim is not None else present[0].ndim if present else 1
+    nd = as_int(nd, f"{what}: normalized_ndim")
+    if nd == 1 and x.ndim <= 1:
+        return nd                            # the op's own rule words what is wrong
+    if not 1 <= nd <= x.ndim:
+        raise ShapeError(f"{what}: normalized_ndim must be in [1, {x.ndim}] for '{x.name}' {x.type_str()}, got {nd}")
+    trailing = x.shape[x.ndim - nd:]
+    for p in present:
+        if p.ndim != nd or any(a >= 0 and b >= 0 and a != b for a, b in zip(p.shape, trailing)):
+            raise ShapeError(f"{what}: '{p.name}' {p.type_str()} must have the shape of the {nd} normalised "
+                             f"axes of '{x.name}' {x.type_str()}, {[d if d >= 0 else '?' for d in trailing]}")
+    return nd
+
+
+def _rows_of(x: Var, nd: int, what: str) -> Var:
+    """``x`` with its ``nd`` trailing axes folded into one (the axis the norm ops normalise)."""
+    lead, trailing = list(x.shape[:x.ndim - nd]), x.shape[x.ndim - nd:]
+    if all(d >= 0 for d in trailing):
+        size = math.prod(trailing)
+        return reshape(x, lead + [size] if lead.count(-1) <= 1 else [-1, size])
+    if all(d >= 0 for d in lead):
+        return reshape(x, lead + [-1])
+    raise ShapeError(f"{what}: normalising {nd} axes of '{x.name}' {x.type_str()} needs either the "
+                     "normalised axes or the others known when the program is built")
+
+
+def _over_trailing(norm, x: Var, params, nd: int, what: str) -> Var:
+    """``norm(x_rows, *param_rows)`` over ``nd`` trailing axes folded into one, then unfolded."""
+    if nd == 1:
+        return norm(x, *params)
+    folded = [None if p is None else reshape(p, [-1]) for p in params]
+    return reshape_as(norm(_rows_of(x, nd, what), *folded), x)
+
+
+def layer_norm(x: Var, weight: Var | None = None, bias: Var | None = None, eps: float = 1e-5,
+               normalized_ndim: int | None = None) -> Var:
+    """Normalize ``x`` over its trailing axes: ``(x - mean) / sqrt(var + eps) * weight + bias``
+    (biased variance; ``torch.nn.functional.layer_norm(x, x.shape[-n:], weight, bias, eps)``).
+    ``n`` is ``normalized_ndim``, by default ``weight``'s rank (else ``bias``'s, else 1);
+    ``weight`` and ``bias`` have the shape of those axes, or are None.
 
     Example::
 
         h = rg.layer_norm(x, w, b)          # x [N, L, D], w and b [D]
+        h = rg.layer_norm(img, w2, b2)      # img [N, C, H, W], w2 and b2 [H, W]: over H and W
     """
+    nd = _trailing_ndim(x, (weight, bias), normalized_ndim, "layer_norm")
+    return _over_trailing(lambda *a: _layer_norm_op(*a, eps), x, (weight, bias), nd, "layer_norm")
+
+
+def _layer_norm_op(x: Var, weight: Var | None, bias: Var | None, eps: float) -> Var:
     ins = [x] + [p for p in (weight, bias) if p is not None]
     attrs = {"eps": as_float(eps, "layer_norm: eps"), "has_weight": weight is not None,
              "has_bias": bias is not None}
@@ -279,14 +329,21 @@ def _rms_norm_onnx(g):
     return [y, rstd]
 
 
-def rms_norm(x: Var, weight: Var | None = None, eps: float = 1e-6) -> Var:
-    """``x / sqrt(mean(x^2) + eps) * weight`` over the last axis of ``x [..., D]``
-    (``torch.nn.functional.rms_norm(x, [D], weight, eps)``); ``weight`` is ``[D]`` or None.
+def rms_norm(x: Var, weight: Var | None = None, eps: float = 1e-6, normalized_ndim: int | None = None) -> Var:
+    """``x / sqrt(mean(x^2) + eps) * weight`` over the trailing axes of ``x``
+    (``torch.nn.functional.rms_norm(x, x.shape[-n:], weight, eps)``): ``n`` is
+    ``normalized_ndim``, by default ``weight``'s rank (else 1); ``weight`` has the shape of
+    those axes, or is None.
 
     Example::
 
         h = rg.rms_norm(x, w)               # x [N, L, D], w [D]
     """
+    nd = _trailing_ndim(x, (weight,), normalized_ndim, "rms_norm")
+    return _over_trailing(lambda *a: _rms_norm_op(*a, eps), x, (weight,), nd, "rms_norm")
+
+
+def _rms_norm_op(x: Var, weight: Var | None, eps: float) -> Var:
     ins = [x] + ([weight] if weight is not None else [])
     y, rstd = append_op("RMSNorm", ins, {"eps": as_float(eps, "rms_norm: eps")}, name="rms_norm")
     rstd.stop_gradient = True                  # the gradient op recomputes it from x

@@ -47,7 +47,8 @@ def exported(build, feed):
         outs = list(outs) if isinstance(outs, (list, tuple)) else [outs]
     sess = ort.InferenceSession(rg.onnx.export(main, None, outs).SerializeToString(),
                                 providers=["CPUExecutionProvider"])
-    return sess.run([o.name for o in outs], feed)
+    names = {i.name for i in sess.get_inputs()}
+    return sess.run([o.name for o in outs], {n: v for n, v in feed.items() if n in names})
 
 
 def check(got, want, rtol=1e-12):

@@ -47,7 +47,8 @@ def exported(build, feed):
         outs = list(outs) if isinstance(outs, (list, tuple)) else [outs]
     sess = ort.InferenceSession(rg.onnx.export(main, None, outs).SerializeToString(),
                                 providers=["CPUExecutionProvider"])
-    return sess.run([o.name for o in outs], feed)
+    names = {i.name for i in sess.get_inputs()}
+    return sess.run([o.name for o in outs], {n: v for n, v in feed.items() if n in names})
 
 
 def rand(*shape, seed=0):
@@ -174,3 +175,68 @@ def test_cumulative_exclusive_of_ints_and_bools_and_an_empty_axis(name, backend)
     assert got[0].tolist() == want_a.tolist() and got[0].dtype == np.int64
     assert got[1].tolist() == want_b.tolist()
     assert got[2].shape == (2, 0)
+
+
+# --- layer_norm / rms_norm over several trailing axes (normalized_ndim) ---------------------------
+
+@pytest.mark.parametrize("nd", [1, 2, 3])
+@pytest.mark.parametrize("params", ["none", "weight", "both"])
+def test_layer_norm_over_trailing_axes_matches_torch(nd, params, backend):
+    x0 = rand(2, 3, 4, 5, seed=3)
+    shape = x0.shape[4 - nd:]
+    w0, b0 = 1.0 + 0.1 * rand(*shape, seed=4), 0.1 * rand(*shape, seed=5)
+    feed = {"x": x0, "w": w0, "b": b0}
+
+    def build(x, w, b):
+        if params == "none":
+            return rg.layer_norm(x, normalized_ndim=nd)
+        return rg.layer_norm(x, w, b if params == "both" else None)     # nd from weight's rank
+    got = run(backend, build, feed)
+    t = torch.tensor(x0, requires_grad=True)
+    want = torch.nn.functional.layer_norm(t, shape, None if params == "none" else torch.tensor(w0),
+                                          torch.tensor(b0) if params == "both" else None, 1e-5)
+    np.testing.assert_allclose(got[0], want.detach().numpy(), rtol=1e-10, atol=1e-12)
+    np.testing.assert_allclose(got[1], torch_grad([want], t), rtol=1e-8, atol=1e-10)
+    np.testing.assert_allclose(exported(build, feed)[0], got[0], rtol=1e-10, atol=1e-12)
+
+
+@pytest.mark.parametrize("nd", [1, 2])
+def test_rms_norm_over_trailing_axes_matches_torch(nd, backend):
+    x0 = rand(3, 4, 6, seed=6)
+    shape = x0.shape[3 - nd:]
+    w0 = 1.0 + 0.1 * rand(*shape, seed=7)
+    for with_weight in (True, False):
+        build = (lambda x, w: rg.rms_norm(x, w)) if with_weight else (lambda x, w: rg.rms_norm(x, normalized_ndim=nd))
+        got = run(backend, build, {"x": x0, "w": w0})
+        t = torch.tensor(x0, requires_grad=True)
+        want = torch.nn.functional.rms_norm(t, shape, torch.tensor(w0) if with_weight else None, 1e-6)
+        np.testing.assert_allclose(got[0], want.detach().numpy(), rtol=1e-10, atol=1e-12)
+        np.testing.assert_allclose(got[1], torch_grad([want], t), rtol=1e-8, atol=1e-10)
+
+
+def test_layer_norm_over_two_axes_with_a_run_time_batch_and_second_order(backend):
+    x0 = rand(5, 3, 4, seed=8)
+    main = rg.Program()
+    with rg.program_guard(main, rg.Program()):
+        x = rg.data("x", [-1, 3, 4], "float64", stop_gradient=False)
+        w = rg.data("w", [3, 4], "float64", stop_gradient=False)
+        y = rg.layer_norm(x, w)
+        dx, = rg.gradients(rg.sum(y * y * y), [x])
+        ddw, = rg.gradients(rg.sum(dx * dx), [w])
+    w0 = 1.0 + 0.1 * rand(3, 4, seed=9)
+    got = backend.executor().run(main, feed={"x": x0, "w": w0}, fetch_list=[y, ddw])
+    t, tw = torch.tensor(x0, requires_grad=True), torch.tensor(w0, requires_grad=True)
+    ty = torch.nn.functional.layer_norm(t, (3, 4), tw)
+    tdx, = torch.autograd.grad((ty ** 3).sum(), t, create_graph=True)
+    tddw, = torch.autograd.grad((tdx ** 2).sum(), tw)
+    np.testing.assert_allclose(got[0], ty.detach().numpy(), rtol=1e-10, atol=1e-12)
+    np.testing.assert_allclose(got[1], tddw.numpy(), rtol=1e-8, atol=1e-10)
+
+
+def test_norm_params_that_do_not_match_the_trailing_axes_are_a_shape_error():
+    with rg.program_guard(rg.Program(), rg.Program()):
+        x = rg.data("x", [2, 3, 4])
+        with pytest.raises(rg.ShapeError, match="normalised"):
+            rg.layer_norm(x, rg.data("w", [4, 3]))
+        with pytest.raises(rg.ShapeError, match="normalized_ndim"):
+            rg.rms_norm(x, normalized_ndim=4)
