@@ -132,8 +132,8 @@ def _trailing_ndim(x: Var, params, normalized_ndim, what: str) -> int:
     present = [p for p in params if p is not None]
     nd = normalized_ndim if normalized_ndim is not None else present[0].ndim if present else 1
     nd = as_int(nd, f"{what}: normalized_ndim")
-    if nd == 1 and x.ndim <= 1:
-        return nd                            # the op's own rule words what is wrong
+    if nd == 1:
+        return nd                            # one axis: the op's own rule checks x and the params
     if not 1 <= nd <= x.ndim:
         raise ShapeError(f"{what}: normalized_ndim must be in [1, {x.ndim}] for '{x.name}' {x.type_str()}, got {nd}")
     trailing = x.shape[x.ndim - nd:]
