@@ -32,6 +32,8 @@ import threading
 import weakref
 from typing import Sequence
 
+import numpy as np
+
 from .. import backend
 from ..errors import ExecutionError, ProgramError, ShapeError
 from ..ir.dtypes import canonical
@@ -344,6 +346,10 @@ def _as_index(i) -> Var:
     raise ProgramError(f"a TensorArray index must be an int or an integer scalar Var, got {i!r}")
 
 
+_VAR_FIELDS = frozenset(("block", "name", "shape", "dtype", "persistable", "trainable", "stop_gradient",
+                         "is_parameter", "is_data"))
+
+
 class TensorArray(Var):
     """A growable list of tensors of one dtype and element shape, as a value.
 
@@ -357,6 +363,16 @@ class TensorArray(Var):
     *element_shape]``. Reads, writes and stacks differentiate (to any order),
     also with run-time trip counts.
 
+    Without ``element_shape`` the first write (``write``, ``unstack``,
+    ``scatter``, ``split``) sets it; such an array must be written before it
+    becomes a loop var of ``while_loop``/``scan`` or a branch result (their
+    variables need a rank when built). TF's TensorArray API is here too:
+    ``unstack(x)`` (the rows of ``x`` as elements), ``scatter(ids, x)`` (row
+    ``j`` of ``x`` at element ``ids[j]``, the array grown with zero elements
+    as needed), ``gather(ids)`` (elements stacked), ``concat()`` (elements
+    joined along their first axis) and ``split(x, lengths)`` (pieces of ``x``
+    as elements: equal lengths, since elements share one shape).
+
     Example::
 
         arr = rg.TensorArray(dtype="float64", element_shape=[3])
@@ -368,6 +384,9 @@ class TensorArray(Var):
     """
 
     def __init__(self, dtype="float32", element_shape=None):
+        if element_shape is None:          # no Var until the first write gives the element shape
+            self.__dict__.update(_unshaped_dtype=canonical(dtype), element_shape=None)
+            return
         if not isinstance(element_shape, (list, tuple)) or not all(
                 isinstance(d, int) and not isinstance(d, bool) and d >= -1 for d in element_shape):
             raise ProgramError(f"TensorArray: element_shape must be a list of sizes (-1 where unknown), "
@@ -377,6 +396,34 @@ class TensorArray(Var):
                         name="tensor_array")[0]
         self.__dict__.update(out.__dict__)
         self.element_shape = tuple(int(d) for d in element_shape)
+
+    def __getattr__(self, attr):
+        # Only reached for missing attributes: the Var fields of an array not written yet.
+        if attr in _VAR_FIELDS and "_unshaped_dtype" in self.__dict__:
+            raise ProgramError(f"a TensorArray({self.__dict__['_unshaped_dtype']}) without element_shape has "
+                               "no value until its first write (write, unstack, scatter, split): write it "
+                               "first, or pass element_shape=, before using it as a Var (a loop var of "
+                               "while_loop or scan, a branch result, an op input)")
+        raise AttributeError(f"'{type(self).__name__}' object has no attribute '{attr}'")
+
+    @property
+    def _unshaped(self) -> bool:
+        return "_unshaped_dtype" in self.__dict__
+
+    def _check_fits(self, element_shape, x: Var) -> None:
+        """ShapeError unless elements ``element_shape`` of ``x``'s dtype fit this array."""
+        if self._unshaped:
+            dtype, fits = self.__dict__["_unshaped_dtype"], True
+        else:
+            dtype, fits = self.dtype, shapes_compatible(self.shape[1:], tuple(element_shape))
+        if x.dtype != dtype or not fits:
+            shaped = "" if self._unshaped else f" shaped {list(self.shape[1:])}"
+            raise ShapeError(f"cannot write '{x.name}' {x.type_str()} into a TensorArray of {dtype} elements{shaped}")
+
+    def _shaped(self, element_shape, x: Var) -> "TensorArray":
+        """This array, created now with ``element_shape`` if it had none; ``x`` must fit it."""
+        self._check_fits(element_shape, x)
+        return TensorArray(self.__dict__["_unshaped_dtype"], list(element_shape)) if self._unshaped else self
 
     @classmethod
     def of(cls, var: Var, element_shape: Sequence[int] | None = None) -> "TensorArray":
@@ -388,7 +435,8 @@ class TensorArray(Var):
 
     def write(self, i, x: Var) -> "TensorArray":
         """A new array with element ``i`` set to ``x`` (``i == size()`` appends)."""
-        out = append_op("TensorArrayWrite", [self, _as_index(i), x], name="tensor_array")[0]
+        base = self._shaped(x.shape, x) if self._unshaped else self
+        out = append_op("TensorArrayWrite", [base, _as_index(i), x], name="tensor_array")[0]
         return TensorArray.of(out)
 
     def read(self, i) -> Var:
@@ -401,7 +449,87 @@ class TensorArray(Var):
 
     def size(self) -> Var:
         """The number of elements, an int64 scalar Var."""
+        if self._unshaped:
+            return constant(0, "int64")
         return dim(self, 0)
 
+    def unstack(self, x: Var) -> "TensorArray":
+        """An array whose elements are the rows of ``x`` (``tf.TensorArray.unstack``): its
+        ``stack()`` is ``x``; gradients flow to ``x`` directly."""
+        _check_rows(x, "unstack")
+        self._check_fits(x.shape[1:], x)
+        return TensorArray.of(x)
+
+    def scatter(self, ids, x: Var) -> "TensorArray":
+        """A new array with row ``j`` of ``x`` as element ``ids[j]`` (``tf.TensorArray.scatter``):
+        grown with zero elements up to ``max(ids) + 1`` where it is shorter; with repeated ids
+        the last row wins (``rg.scatter``)."""
+        from .extrema import max as reduce_max
+        from .indexing import scatter
+        from .tensor import concat
+        _check_rows(x, "scatter")
+        base = self._shaped(x.shape[1:], x)
+        ids = ids if isinstance(ids, Var) else constant(np.asarray(ids, dtype=np.int64), "int64")
+        if ids.ndim != 1 or ids.dtype not in ("int64", "int32"):
+            raise ShapeError(f"TensorArray.scatter: ids must be a 1-d int64 or int32 array, got {ids.type_str()}")
+        ids = cast_to_int64(ids)
+        end = reduce_max(concat([ids, constant([-1], "int64")])) + 1        # no ids: no growth
+        rows = maximum(base.size(), end)
+        grown = write_grad(base, rows, rows, base.size())     # zero-padded to ``rows`` rows (i = rows: none zeroed)
+        return TensorArray.of(scatter(grown, ids, x))
+
+    def gather(self, ids) -> Var:
+        """Elements ``ids`` stacked: ``[len(ids), *element_shape]`` (``tf.TensorArray.gather``)."""
+        from .tensor import gather
+        ids = ids if isinstance(ids, Var) else constant(np.asarray(ids, dtype=np.int64), "int64")
+        return gather(self.stack(), ids)
+
+    def concat(self) -> Var:
+        """The elements joined along their first axis: ``[size * n, *rest]`` for elements ``[n, *rest]``
+        (``tf.TensorArray.concat``)."""
+        from .tensor import reshape
+        shape = self.shape
+        if len(shape) < 2:
+            raise ShapeError(f"TensorArray.concat: elements must have an axis to join along, got {list(shape[1:])}")
+        if shape[0] >= 0 and shape[1] >= 0:
+            return reshape(self.stack(), [shape[0] * shape[1]] + list(shape[2:]))
+        if all(d >= 0 for d in shape[2:]):
+            return reshape(self.stack(), [-1] + list(shape[2:]))
+        raise ShapeError(f"TensorArray.concat: elements {list(shape[1:])} need their axes after the first "
+                         "known when the program is built")
+
+    def split(self, x: Var, lengths) -> "TensorArray":
+        """An array whose elements are the pieces of ``x`` along axis 0 of the given ``lengths``
+        (``tf.TensorArray.split``). Elements share one shape, so the lengths must be equal."""
+        from .tensor import reshape
+        lengths = [int(n) for n in np.asarray(lengths).reshape(-1)] if not isinstance(lengths, Var) else None
+        if lengths is None:
+            raise ProgramError("TensorArray.split: lengths must be ints (a list or a NumPy array), not a Var")
+        if not lengths or len(set(lengths)) != 1 or lengths[0] < 0:
+            raise ProgramError(f"TensorArray.split: the elements of a TensorArray share one shape, so the "
+                               f"lengths must be equal and >= 0 (at least one), got {lengths}")
+        _check_rows(x, "split")
+        if x.shape[0] >= 0 and x.shape[0] != sum(lengths):
+            raise ShapeError(f"TensorArray.split: lengths {lengths} sum to {sum(lengths)}, but '{x.name}' "
+                             f"{x.type_str()} has {x.shape[0]} rows")
+        rest = list(x.shape[1:])
+        if rest.count(-1) > 1:
+            raise ShapeError(f"TensorArray.split: '{x.name}' {x.type_str()} may have one unknown axis after the first")
+        pieces = reshape(x, [len(lengths), lengths[0]] + rest)
+        self._check_fits(pieces.shape[1:], pieces)
+        return TensorArray.of(pieces)
+
     def __repr__(self) -> str:
+        if self._unshaped:
+            return f"TensorArray({self.__dict__['_unshaped_dtype']}, element_shape unknown until written)"
         return f"TensorArray({self.name}: {self.dtype}[size, {', '.join(map(str, self.element_shape))}])"
+
+
+def _check_rows(x: Var, what: str) -> None:
+    if not isinstance(x, Var) or x.ndim < 1:
+        raise ShapeError(f"TensorArray.{what}: needs a Var with an axis of rows, got {x!r:.60}")
+
+
+def cast_to_int64(ids: Var) -> Var:
+    from .tensor import cast
+    return ids if ids.dtype == "int64" else cast(ids, "int64")
