@@ -127,11 +127,11 @@ class Backend:
         """``dw`` shaped like ``w_like`` (read for its shape)."""
         return windows.conv_weight_grad(self.xp, x, dy, tuple(w_like.shape), strides, pads, dilations, groups)
 
-    def max_pool(self, x, kernel, strides, pads):
+    def max_pool(self, x, kernel, strides, pads, dilations=None):
         """``(y, indices)``: window maxima and their flat indices into each ``(n, c)`` plane."""
-        return windows.max_pool(self.xp, x, kernel, strides, pads)
+        return windows.max_pool(self.xp, x, kernel, strides, pads, dilations)
 
-    def max_pool_grad(self, dy, indices, x_like, kernel, strides, pads):
+    def max_pool_grad(self, dy, indices, x_like, kernel, strides, pads, dilations=None):
         """``dy`` added into a zero ``x_like``-shaped array at ``indices`` (repeats accumulate);
         the window geometry is for backends whose routine checks it."""
         shape = tuple(x_like.shape)

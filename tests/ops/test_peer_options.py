@@ -240,3 +240,75 @@ def test_norm_params_that_do_not_match_the_trailing_axes_are_a_shape_error():
             rg.layer_norm(x, rg.data("w", [4, 3]))
         with pytest.raises(rg.ShapeError, match="normalized_ndim"):
             rg.rms_norm(x, normalized_ndim=4)
+
+
+# --- pooling: ceil_mode, count_include_pad, dilation ------------------------------------------------
+
+POOL_CASES = [  # kernel, stride, padding, H, W
+    (3, 2, 0, 8, 7), (3, 2, 1, 7, 8), (2, 2, 0, 5, 5), ((3, 2), (2, 3), (1, 0), 9, 8), (3, 3, 1, 6, 7),
+]
+
+
+@pytest.mark.parametrize("ceil_mode", [False, True])
+@pytest.mark.parametrize("count_include_pad", [True, False])
+@pytest.mark.parametrize("case", POOL_CASES, ids=[str(c) for c in POOL_CASES])
+def test_avg_pool2d_options_match_torch(case, count_include_pad, ceil_mode, backend):
+    kernel, stride, padding, h, w = case
+    x0 = rand(2, 3, h, w, seed=11)
+    build = lambda x: rg.avg_pool2d(x, kernel, stride, padding, count_include_pad=count_include_pad,  # noqa: E731
+                                    ceil_mode=ceil_mode)
+    got = run(backend, build, {"x": x0})
+    t = torch.tensor(x0, requires_grad=True)
+    want = torch.nn.functional.avg_pool2d(t, kernel, stride, padding, ceil_mode=ceil_mode,
+                                          count_include_pad=count_include_pad)
+    np.testing.assert_allclose(got[0], want.detach().numpy(), rtol=1e-12, atol=1e-14)
+    np.testing.assert_allclose(got[1], torch_grad([want], t), rtol=1e-10, atol=1e-12)
+    np.testing.assert_allclose(exported(build, {"x": x0})[0], got[0], rtol=1e-12, atol=1e-14)
+
+
+@pytest.mark.parametrize("ceil_mode", [False, True])
+@pytest.mark.parametrize("dilation", [1, 2, (2, 1)])
+@pytest.mark.parametrize("case", POOL_CASES, ids=[str(c) for c in POOL_CASES])
+def test_max_pool2d_options_match_torch(case, dilation, ceil_mode, backend):
+    kernel, stride, padding, h, w = case
+    x0 = np.random.default_rng(12).permutation(2 * 3 * h * w).reshape(2, 3, h, w) / 10.0   # no ties
+    build = lambda x: rg.max_pool2d(x, kernel, stride, padding, dilation=dilation, ceil_mode=ceil_mode)  # noqa: E731
+    got = run(backend, build, {"x": x0})
+    t = torch.tensor(x0, requires_grad=True)
+    want = torch.nn.functional.max_pool2d(t, kernel, stride, padding, dilation=dilation, ceil_mode=ceil_mode)
+    np.testing.assert_array_equal(got[0], want.detach().numpy())
+    np.testing.assert_allclose(got[1], torch_grad([want], t), rtol=1e-12, atol=1e-14)
+    np.testing.assert_array_equal(exported(build, {"x": x0})[0], got[0])
+
+
+def test_pool_options_second_order_and_float32_against_torch(backend):
+    x0 = rand(1, 2, 7, 6, seed=13)
+    main = rg.Program()
+    with rg.program_guard(main, rg.Program()):
+        x = rg.data("x", [-1, 2, 7, 6], "float64", stop_gradient=False)
+        x32 = rg.data("x32", [-1, 2, 7, 6], "float32")
+        y = rg.avg_pool2d(x * x, 3, 2, 1, count_include_pad=False, ceil_mode=True)
+        z = rg.max_pool2d(x * x, 3, 2, 1, dilation=2, ceil_mode=True)
+        dx, = rg.gradients(rg.sum(y * y) + rg.sum(z * y[:, :, :3, :3]), [x])
+        ddx, = rg.gradients(rg.sum(dx * dx), [x])
+        y32 = rg.avg_pool2d(x32, 3, 2, 1, count_include_pad=False, ceil_mode=True)
+    got = backend.executor().run(main, feed={"x": x0, "x32": x0.astype("float32")}, fetch_list=[ddx, y32])
+    t = torch.tensor(x0, requires_grad=True)
+    ty = torch.nn.functional.avg_pool2d(t * t, 3, 2, 1, ceil_mode=True, count_include_pad=False)
+    tz = torch.nn.functional.max_pool2d(t * t, 3, 2, 1, dilation=2, ceil_mode=True)
+    tdx, = torch.autograd.grad((ty * ty).sum() + (tz * ty[:, :, :3, :3]).sum(), t, create_graph=True)
+    tddx, = torch.autograd.grad((tdx * tdx).sum(), t)
+    np.testing.assert_allclose(got[0], tddx.numpy(), rtol=1e-9, atol=1e-11)
+    want32 = torch.nn.functional.avg_pool2d(torch.tensor(x0, dtype=torch.float32), 3, 2, 1, ceil_mode=True,
+                                            count_include_pad=False)
+    np.testing.assert_allclose(got[1], want32.numpy(), rtol=1e-5, atol=1e-6)
+
+
+def test_ceil_mode_needs_known_spatial_sizes():
+    with rg.program_guard(rg.Program(), rg.Program()):
+        x = rg.data("x", [1, 2, -1, 6])
+        with pytest.raises(rg.ProgramError, match="ceil_mode=True needs the spatial sizes"):
+            rg.max_pool2d(x, 2, ceil_mode=True)
+        with pytest.raises(rg.ProgramError, match="at most half"):
+            rg.max_pool2d(rg.data("y", [1, 2, 6, 6]), 3, padding=2, dilation=1)
+        rg.max_pool2d(rg.data("z", [1, 2, 9, 9]), 3, padding=2, dilation=2)    # half the dilated span
