@@ -193,3 +193,39 @@ def test_elements_bad_input_is_a_shape_error_when_built_and_an_execution_error_w
     with pytest.raises(rg.ExecutionError, match=r"GatherElements.*out of range \[-3, 3\)"):
         run(backend, lambda x, ids: rg.gather_elements(x, ids, 1), {"x": rand(2, 3), "ids": np.array([[3], [0]])},
             wrt=())
+
+
+# --- size 0 ---------------------------------------------------------------------------------------
+
+EMPTY_CASES = {   # name: (build, feed, the peer's result)
+    "gather-no-ids": (lambda x, i: rg.gather(x, i, axis=1), {"x": rand(2, 3), "i": np.zeros((0,), np.int64)},
+                      lambda x, i: torch.index_select(x, 1, i)),
+    "gather-empty-rows": (lambda x, i: rg.gather(x, i, axis=1), {"x": rand(0, 3), "i": np.array([2, -1])},
+                          lambda x, i: torch.index_select(x, 1, i % 3)),
+    "scatter-no-ids": (lambda x, i, u: rg.scatter(x, i, u, axis=1),
+                       {"x": rand(2, 3), "i": np.zeros((0,), np.int64), "u": rand(2, 0)},
+                       lambda x, i, u: x.index_copy(1, i, u)),
+    "gather-elements-empty": (lambda x, i: rg.gather_elements(x, i, 1),
+                              {"x": rand(2, 3), "i": np.zeros((2, 0), np.int64)},
+                              lambda x, i: torch.gather(x, 1, i)),
+    "gather-elements-empty-x": (lambda x, i: rg.gather_elements(x, i, 0),
+                                {"x": rand(0, 3), "i": np.zeros((0, 2), np.int64)},
+                                lambda x, i: torch.gather(x, 0, i)),
+    "scatter-elements-add-empty": (lambda x, i, u: rg.scatter_elements(x, i, u, 1, "add"),
+                                   {"x": rand(2, 3), "i": np.zeros((2, 0), np.int64), "u": rand(2, 0)},
+                                   lambda x, i, u: x.scatter_add(1, i, u)),
+    "scatter-elements-empty-x": (lambda x, i, u: rg.scatter_elements(x, i, u, 0),
+                                 {"x": rand(0, 4), "i": np.zeros((0, 4), np.int64), "u": rand(0, 4)},
+                                 lambda x, i, u: x.scatter(0, i, u)),
+}
+
+
+@pytest.mark.parametrize("case", sorted(EMPTY_CASES))
+def test_indexing_options_with_a_size_0_axis_give_torch_empty_result(case, backend):
+    build, feed, peer = EMPTY_CASES[case]
+    got = run(backend, build, feed, wrt=())
+    want = peer(*(torch.tensor(v) for v in feed.values()))
+    assert got[0].shape == tuple(want.shape)
+    np.testing.assert_array_equal(got[0], want.numpy())
+    ours = exported(build, feed)
+    assert ours[0].shape == tuple(want.shape)

@@ -312,3 +312,39 @@ def test_ceil_mode_needs_known_spatial_sizes():
         with pytest.raises(rg.ProgramError, match="at most half"):
             rg.max_pool2d(rg.data("y", [1, 2, 6, 6]), 3, padding=2, dilation=1)
         rg.max_pool2d(rg.data("z", [1, 2, 9, 9]), 3, padding=2, dilation=2)    # half the dilated span
+
+
+# --- size 0 ---------------------------------------------------------------------------------------
+
+EMPTY_CASES = {   # name: (build, x, the peer)
+    "topk-smallest-k0": (lambda x: rg.topk(x, 0, largest=False)[0], rand(2, 3),
+                         lambda t: torch.topk(t, 0, largest=False).values),
+    "topk-smallest-no-rows": (lambda x: rg.topk(x, 2, largest=False)[0], rand(0, 3),
+                              lambda t: torch.topk(t, 2, largest=False).values),
+    "cumsum-exclusive-no-rows": (lambda x: rg.cumsum(x, 1, exclusive=True), rand(0, 3),
+                                 lambda t: torch.cumsum(t, 1)),
+    "layer-norm-2-axes-no-batch": (lambda x: rg.layer_norm(x, normalized_ndim=2), rand(0, 3, 4),
+                                   lambda t: torch.nn.functional.layer_norm(t, (3, 4))),
+    "rms-norm-2-axes-no-batch": (lambda x: rg.rms_norm(x, normalized_ndim=2), rand(0, 3, 4),
+                                 lambda t: torch.nn.functional.rms_norm(t, (3, 4), eps=1e-6)),
+    "avg-pool-ceil-no-batch": (lambda x: rg.avg_pool2d(x, 3, 2, 1, count_include_pad=False, ceil_mode=True),
+                               rand(0, 2, 6, 6), lambda t: torch.nn.functional.avg_pool2d(
+                                   t, 3, 2, 1, ceil_mode=True, count_include_pad=False)),
+    "avg-pool-no-channels": (lambda x: rg.avg_pool2d(x, 2, count_include_pad=False, ceil_mode=True),
+                             rand(2, 0, 5, 5), lambda t: torch.zeros(2, 0, 3, 3, dtype=t.dtype)),  # torch refuses C=0
+    "dropout-p1-empty": (lambda x: rg.dropout(x, 1.0), rand(0, 3), lambda t: t * 0.0),
+    "tensor-array-unstack-empty": (lambda x: rg.TensorArray("float64").unstack(x).concat(), rand(0, 2, 3),
+                                   lambda t: t.reshape(0, 3)),
+    "tensor-array-scatter-no-ids": (lambda x: rg.TensorArray("float64").scatter(rg.constant(np.zeros(0, np.int64)),
+                                                                                x).stack(),
+                                    rand(0, 3), lambda t: t),
+}
+
+
+@pytest.mark.parametrize("case", sorted(EMPTY_CASES))
+def test_options_with_a_size_0_axis_give_torch_empty_result(case, backend):
+    build, x0, peer = EMPTY_CASES[case]
+    got = run(backend, build, {"x": x0}, wrt=False)
+    want = peer(torch.tensor(x0))
+    assert got[0].shape == tuple(want.shape)
+    np.testing.assert_array_equal(got[0], want.numpy())
