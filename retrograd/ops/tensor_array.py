@@ -371,7 +371,8 @@ class TensorArray(Var):
     ``j`` of ``x`` at element ``ids[j]``, the array grown with zero elements
     as needed), ``gather(ids)`` (elements stacked), ``concat()`` (elements
     joined along their first axis) and ``split(x, lengths)`` (pieces of ``x``
-    as elements: equal lengths, since elements share one shape).
+    as elements; unequal lengths give a ``RaggedTensorArray``: read and
+    concat, no stack).
 
     Example::
 
@@ -500,18 +501,22 @@ class TensorArray(Var):
 
     def split(self, x: Var, lengths) -> "TensorArray":
         """An array whose elements are the pieces of ``x`` along axis 0 of the given ``lengths``
-        (``tf.TensorArray.split``). Elements share one shape, so the lengths must be equal."""
+        (``tf.TensorArray.split``). With unequal lengths the pieces cannot share one stacked
+        value: the result is a ``RaggedTensorArray`` (``read(i)`` with an int, ``concat()``,
+        ``size()``; no ``stack``, as in TF)."""
         from .tensor import reshape
         lengths = [int(n) for n in np.asarray(lengths).reshape(-1)] if not isinstance(lengths, Var) else None
         if lengths is None:
             raise ProgramError("TensorArray.split: lengths must be ints (a list or a NumPy array), not a Var")
-        if not lengths or len(set(lengths)) != 1 or lengths[0] < 0:
-            raise ProgramError(f"TensorArray.split: the elements of a TensorArray share one shape, so the "
-                               f"lengths must be equal and >= 0 (at least one), got {lengths}")
+        if not lengths or min(lengths) < 0:
+            raise ProgramError(f"TensorArray.split: lengths must be ints >= 0 (at least one), got {lengths}")
         _check_rows(x, "split")
         if x.shape[0] >= 0 and x.shape[0] != sum(lengths):
             raise ShapeError(f"TensorArray.split: lengths {lengths} sum to {sum(lengths)}, but '{x.name}' "
                              f"{x.type_str()} has {x.shape[0]} rows")
+        if len(set(lengths)) != 1:
+            self._check_fits(x.shape if self._unshaped else self.shape[1:], x)
+            return RaggedTensorArray(x, lengths)
         rest = list(x.shape[1:])
         if rest.count(-1) > 1:
             raise ShapeError(f"TensorArray.split: '{x.name}' {x.type_str()} may have one unknown axis after the first")
@@ -523,6 +528,46 @@ class TensorArray(Var):
         if self._unshaped:
             return f"TensorArray({self.__dict__['_unshaped_dtype']}, element_shape unknown until written)"
         return f"TensorArray({self.name}: {self.dtype}[size, {', '.join(map(str, self.element_shape))}])"
+
+
+class RaggedTensorArray:
+    """The pieces of ``x`` along axis 0 of unequal ``lengths`` (``TensorArray.split``'s result
+    then): elements of different lengths have no stacked value, so this array reads its
+    elements (``read(i)``, ``i`` an int) as slices of ``x`` and ``concat()`` is ``x``.
+
+    Example::
+
+        pieces = rg.TensorArray("float32").split(x, [2, 3])   # x [5, D]
+        first, rest = pieces.read(0), pieces.read(1)           # [2, D], [3, D]
+    """
+
+    def __init__(self, x: Var, lengths: list[int]):
+        self.x, self.lengths, self.dtype = x, list(lengths), x.dtype
+        self.offsets = [sum(lengths[:i]) for i in range(len(lengths) + 1)]
+
+    def size(self) -> Var:
+        return constant(len(self.lengths), "int64")
+
+    def read(self, i) -> Var:
+        if not isinstance(i, (int, np.integer)) or isinstance(i, bool):
+            raise ProgramError(f"a RaggedTensorArray (lengths {self.lengths}) reads elements by int index, got {i!r}")
+        if not -len(self.lengths) <= i < len(self.lengths):
+            raise ProgramError(f"read at index {i} of a RaggedTensorArray of size {len(self.lengths)}")
+        i = int(i) % len(self.lengths)
+        return self.x[self.offsets[i]:self.offsets[i + 1]]
+
+    def concat(self) -> Var:
+        return self.x
+
+    def __getattr__(self, attr):
+        if attr in ("stack", "gather", "write", "scatter", "unstack", "split"):
+            raise ProgramError(f"the elements of this TensorArray have different lengths ({self.lengths}): "
+                               f"{attr} needs elements of one shape (TF's TensorArray refuses it too); "
+                               "read(i) and concat() work")
+        raise AttributeError(f"'RaggedTensorArray' object has no attribute '{attr}'")
+
+    def __repr__(self) -> str:
+        return f"RaggedTensorArray({self.x.name}: lengths {self.lengths})"
 
 
 def _check_rows(x: Var, what: str) -> None:

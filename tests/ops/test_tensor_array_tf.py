@@ -140,11 +140,28 @@ def test_an_unshaped_array_used_before_its_first_write_is_a_clear_program_error(
             rg.while_loop(lambda i, a: i < 3, lambda i, a: (i + 1, a), [rg.constant(0), arr])
         with pytest.raises(rg.ProgramError, match="no value until its first write"):
             arr.stack()
-        with pytest.raises(rg.ProgramError, match="lengths must be equal"):
-            arr.split(rg.data("x", [5, 2]), [2, 3])
+        with pytest.raises(rg.ProgramError, match="different lengths"):
+            arr.split(rg.data("x", [5, 2]), [2, 3]).stack()
+        with pytest.raises(rg.ShapeError, match="sum to 4"):
+            arr.split(rg.data("x4", [5, 2]), [2, 2])
         with pytest.raises(rg.ShapeError, match="cannot write"):
             arr.unstack(rg.data("d", [5, 2], "float64"))
         shaped = rg.TensorArray(dtype="float32", element_shape=[2])
         with pytest.raises(rg.ShapeError, match="cannot write"):
             shaped.scatter([0], rg.data("y", [1, 3]))
         assert arr.size().dtype == "int64"
+
+
+def test_split_with_unequal_lengths_reads_and_concats_as_tf(backend):
+    x5 = np.arange(10.0).reshape(5, 2) / 3.0
+
+    def build(x):
+        pieces = rg.TensorArray(dtype="float64").split(x * x, [2, 0, 3])
+        return [pieces.read(0), pieces.read(1), pieces.read(-1), pieces.concat(), pieces.size()]
+    got = run(backend, build, {"x": x5})
+    sq = x5 * x5
+    for ours, ref in zip(got, [sq[:2], sq[2:2], sq[2:], sq, 3]):       # tf.split's pieces, in NumPy
+        np.testing.assert_allclose(ours, ref, rtol=1e-15)
+    np.testing.assert_allclose(got[-1], torch_grad(lambda t: [(t * t)[:2], (t * t)[2:], t * t], x5), rtol=1e-12)
+    for e, g in zip(exported(build, {"x": x5}), got):
+        np.testing.assert_allclose(e, g, rtol=1e-15)
