@@ -314,7 +314,7 @@ def avg_pool2d(x: Var, kernel_size, stride=None, padding=0, count_include_pad: b
     _check_x(what, x)
     attrs = _pool2d_attrs(what, kernel_size, stride, padding)
     extra = _ceil_extra(what, x, attrs) if ceil_mode else [0, 0]
-    if count_include_pad and not any(extra):
+    if not any(extra) and (count_include_pad or not any(attrs["pads"])):     # every divisor is K
         return append_op("AvgPool", [x], attrs, name=what)[0]
     wide = _with_extra(attrs, extra)
     summed = append_op("AvgPool", [x], wide, name=what)[0]          # window sums / K
