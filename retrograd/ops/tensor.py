@@ -473,12 +473,17 @@ def check_ids(xp, ids, n: int, what: str = "id", k=None):
     checks = None if k is None else k.run.deferred_checks
     if checks is not None:
         checks.append((k.op, xp.min(ids), xp.max(ids), n, what))
-        # Operators with Python numbers, not clip: array_api_compat's CuPy clip indexes by a
-        # mask (a host read), and torch would copy its bounds from the host.
-        ids = ids * (ids >= 0)
-        return ids - (ids >= n) * (ids - (n - 1))
+        return _clipped(ids, n)
     check_id_range(int(xp.min(ids)), int(xp.max(ids)), n, what)
     return ids
+
+
+def _clipped(ids, n: int):
+    """``ids`` clipped into ``[0, n)`` on the device. Operators with Python numbers, not clip:
+    array_api_compat's CuPy clip indexes by a mask (a host read), and torch would copy its
+    bounds from the host."""
+    ids = ids * (ids >= 0)
+    return ids - (ids >= n) * (ids - (n - 1))
 
 
 def check_id_range(low: int, high: int, n: int, what: str = "id", negative: bool = False) -> None:
@@ -498,7 +503,8 @@ def wrap_ids(xp, ids, n: int, what: str = "id", k=None):
     if k is None or k.run.deferred_checks is None:
         check_id_range(int(xp.min(ids)), int(xp.max(ids)), n, what, negative=True)
         return from_end(xp, ids, n)
-    return check_ids(xp, from_end(xp, ids, n), n, what, k)
+    k.run.deferred_checks.append((k.op, xp.min(ids), xp.max(ids), n, what, True))    # checked after the replay
+    return _clipped(from_end(xp, ids, n), n)
 
 
 def from_end(xp, ids, n: int):
