@@ -347,7 +347,7 @@ class Backend:
         """
         return windows.conv_weight_grad(self.xp, x, dy, tuple(w_like.shape), strides, pads, dilations, groups)
 
-    def max_pool(self, x, kernel, strides, pads):
+    def max_pool(self, x, kernel, strides, pads, dilations=None):
         """Window maxima and their flat indices into each ``(n, c)`` plane.
 
         Args:
@@ -355,13 +355,14 @@ class Backend:
             kernel: The window per spatial axis.
             strides: The strides.
             pads: The paddings, in ONNX's order.
+            dilations: The spacing of a window's taps per spatial axis (None: 1).
 
         Returns:
             ``(y, indices)``.
         """
-        return windows.max_pool(self.xp, x, kernel, strides, pads)
+        return windows.max_pool(self.xp, x, kernel, strides, pads, dilations)
 
-    def max_pool_grad(self, dy, indices, x_like, kernel, strides, pads):
+    def max_pool_grad(self, dy, indices, x_like, kernel, strides, pads, dilations=None):
         """``dy`` added into a zero ``x_like``-shaped array at ``indices`` (repeats accumulate).
 
         The window geometry is for backends whose routine checks it.
@@ -373,6 +374,7 @@ class Backend:
             kernel: The window per spatial axis.
             strides: The strides.
             pads: The paddings, in ONNX's order.
+            dilations: The spacing of a window's taps per spatial axis (None: 1).
 
         Returns:
             ``dx``.

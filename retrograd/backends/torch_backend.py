@@ -358,16 +358,18 @@ class TorchBackend(Backend):
             dy, x, self._stand_in(w_like), None, list(strides), padding, list(dilations), False,
             [0] * len(strides), groups, [False, True, False])[1]
 
-    def max_pool(self, x, kernel, strides, pads):
+    def max_pool(self, x, kernel, strides, pads, dilations=None):
         if x.ndim != 4 or _asymmetric(pads):
-            return super().max_pool(x, kernel, strides, pads)
-        return self.torch.ops.aten.max_pool2d_with_indices(x, list(kernel), list(strides), list(pads[:2]))
+            return super().max_pool(x, kernel, strides, pads, dilations)
+        return self.torch.ops.aten.max_pool2d_with_indices(x, list(kernel), list(strides), list(pads[:2]),
+                                                           list(dilations or (1, 1)))
 
-    def max_pool_grad(self, dy, indices, x_like, kernel, strides, pads):
+    def max_pool_grad(self, dy, indices, x_like, kernel, strides, pads, dilations=None):
         if dy.ndim != 4 or _asymmetric(pads):
-            return super().max_pool_grad(dy, indices, x_like, kernel, strides, pads)
+            return super().max_pool_grad(dy, indices, x_like, kernel, strides, pads, dilations)
         return self.torch.ops.aten.max_pool2d_with_indices_backward(
-            dy, self._stand_in(x_like), list(kernel), list(strides), list(pads[:2]), [1, 1], False, indices)
+            dy, self._stand_in(x_like), list(kernel), list(strides), list(pads[:2]), list(dilations or (1, 1)),
+            False, indices)
 
     def max_pool_gather(self, v, indices):
         n, c = indices.shape[:2]
