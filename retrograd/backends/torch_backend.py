@@ -293,16 +293,24 @@ class TorchBackend(Backend):
         return int(self.torch.cuda.memory_allocated(self.torch_device))
 
     # -- normalization: torch's fused kernels (the ones torch.nn.LayerNorm / RMSNorm run) ----------
+    # ATen's kernels mishandle size 0 (a SIGFPE in native_batch_norm_backward on CPU): an empty
+    # operand takes the portable formulation, which gives the empty (or zero) result
     def layer_norm(self, x, weight, bias, eps: float):
+        if _empty(x):
+            return super().layer_norm(x, weight, bias, eps)
         return self.torch.native_layer_norm(x, [x.shape[-1]], weight, bias, eps)
 
     def layer_norm_backward(self, dy, x, mean, rstd, weight, want_weight: bool, want_bias: bool):
+        if _empty(x):
+            return super().layer_norm_backward(dy, x, mean, rstd, weight, want_weight, want_bias)
         # (callers want a weight's gradient only where there is a weight)
         bias = dy.new_empty(x.shape[-1:]) if want_bias else None     # read for its presence only
         return self.torch.ops.aten.native_layer_norm_backward(
             dy, x, [x.shape[-1]], mean, rstd, weight, bias, [True, want_weight, want_bias])
 
     def rms_norm(self, x, weight, eps: float):
+        if _empty(x):
+            return super().rms_norm(x, weight, eps)
         return self.torch.ops.aten._fused_rms_norm(x, [x.shape[-1]], weight, eps)
     # (rms_norm_backward: the generic one; torch 2.13 has _fused_rms_norm_backward for CUDA only)
 
@@ -312,10 +320,14 @@ class TorchBackend(Backend):
 
     def batch_norm(self, x, mean, var, weight, bias, eps: float):
         # evaluation mode with (mean, var) as the running statistics: one fused pass, nothing written
+        if _empty(x):
+            return super().batch_norm(x, mean, var, weight, bias, eps)
         return self.torch.native_batch_norm(x, weight, bias, mean, var, False, 0.0, eps)[0]
 
     def batch_norm_backward(self, dy, x, mean, var, weight, eps: float, training: bool,
                             want_weight: bool, want_bias: bool):
+        if _empty(x):
+            return super().batch_norm_backward(dy, x, mean, var, weight, eps, training, want_weight, want_bias)
         mask = [True, want_weight, want_bias]
         if training:     # torch reads the batch statistics as (mean, 1 / sqrt(var + eps))
             grads = self.torch.ops.aten.native_batch_norm_backward(
@@ -409,6 +421,11 @@ def _broadcast_einsum(torch, equation: str, operands):
         aligned = aligned.reshape([aligned.shape[own.index(c)] if c in own else 1 for c in order])
         product = aligned if product is None else product * aligned
     return product.sum(dim=list(range(len(output), len(order)))) if summed else product
+
+
+def _empty(*arrays) -> bool:
+    """Whether any of ``arrays`` has an axis of size 0 (vendor kernels are not called then)."""
+    return any(a is not None and a.numel() == 0 for a in arrays)
 
 
 def _asymmetric(pads) -> bool:

@@ -111,7 +111,9 @@ def _grad_rule(ins, attrs):
 
 def _scale(k, q) -> float:
     scale = k.attrs["scale"]
-    return 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
+    if scale is not None:
+        return scale
+    return 1.0 / math.sqrt(q.shape[-1]) if q.shape[-1] else 1.0     # E = 0: the scores are 0 anyway
 
 
 def causal_keep(xp, length: int, keys: int):

@@ -157,7 +157,30 @@ def _einsum(k, *xs):
 
 @lowers("Einsum")
 def _einsum_onnx(g):
-    return [g.node("Einsum", g.ins, equation=g.attrs["equation"])]
+    """ONNX Einsum, behind an If where an operand may be empty at run time: onnxruntime's kernel
+    dies (SIGFPE) on a size-0 letter, so an empty operand gives zeros of the output's shape."""
+    equation = g.attrs["equation"]
+    if all(d > 0 for v in g.in_vars for d in v.shape):
+        return [g.node("Einsum", g.ins, equation=equation)]
+    inputs, output = _split(equation)
+    dtype = g.out_vars[0].dtype
+    full = g.child()
+    result = full.node("Einsum", g.ins, equation=equation)
+    zeros = g.child()
+    filled = zeros.fill(zeros.node("Concat", [_onnx_letter_size(zeros, inputs, c) for c in output], axis=0)
+                        if output else zeros.const([], "int64"), 0, dtype)
+    sizes = [g.node("ReduceProd", [g.shape(x)], keepdims=1) for x in g.ins]
+    least = g.node("ReduceMin", [g.node("Concat", sizes, axis=0)], keepdims=0)
+    empty = g.node("Equal", [least, g.const(0, "int64")])
+    name = g.op.outputs[0]
+    return [g.node("If", [empty], then_branch=zeros.finish(f"{name}.empty", [(filled, dtype, None)]),
+                   else_branch=full.finish(f"{name}.full", [(result, dtype, None)]))]
+
+
+def _onnx_letter_size(g, inputs: list[str], letter: str) -> str:
+    """The run-time size of ``letter`` (int64 ``[1]``): its first operand's axis."""
+    i = next(i for i, subs in enumerate(inputs) if letter in subs)
+    return g.dim(g.ins[i], inputs[i].index(letter))
 
 
 def einsum(equation: str, *xs) -> Var:

@@ -1,0 +1,287 @@
+"""The size-0 sweep's table and its child process (``tests/ops/test_empty_axes.py`` drives it).
+
+Each ``Entry`` names an op, its inputs as letter shapes (``"ab,bc"``: the letters are axes,
+shared letters share a size) and a reference written in PyTorch (float64, autograd for the
+gradient). A case sets one letter to 0 (or 1); the program (the op, and the gradient of the sum
+of its float outputs with respect to its float inputs) runs on NumPy, torch, the onnxruntime
+engine and ``rg.onnx.export`` + onnxruntime, and each result must equal the reference: the
+empty (or zero) result PyTorch gives. Where PyTorch raises, every runner must raise a
+RetrogradError (no wrong answer, no crash).
+
+A vendor kernel that mishandles size 0 can kill the process (SIGFPE), so the cases run here, in
+a child: ``python tests/ops/empty_sweep.py`` reads op names on stdin, one a line, and answers
+each with one JSON line ``{"op": name, "failures": [...]}``; before each case it writes
+``{"case": ...}`` so that the parent names the case a crash happened in.
+"""
+from __future__ import annotations
+
+import json
+import sys
+import traceback
+import warnings
+from dataclasses import dataclass, field
+from typing import Callable
+
+import numpy as np
+
+SIZES = {"a": 2, "b": 3, "c": 4, "d": 5, "e": 2, "f": 3, "h": 2, "k": 3, "l": 4, "n": 3, "s": 5}
+
+
+@dataclass
+class Entry:
+    name: str
+    shapes: str                      # "ab,bc": one letter group per input ("" for a 0-d input)
+    build: Callable                  # (*Vars) -> Var | list[Var]
+    ref: Callable                    # (torch, *tensors) -> tensor | list[tensor]
+    ints: dict = field(default_factory=dict)   # input index -> (low, high): an int64 input
+    sizes: dict = field(default_factory=dict)  # letter sizes other than SIZES'
+    fixed: str = ""                  # letters not swept (a kernel size, a static channel count)
+    static: str = ""                 # letters declared with their size (others are -1)
+    grad: bool = True
+
+
+def _rg():
+    import retrograd as rg
+    return rg
+
+
+def _sdpa(t, q, k, v):
+    s = q @ k.transpose(-1, -2) / q.shape[-1] ** 0.5
+    return t.softmax(s, -1) @ v
+
+
+def _bn_eval(t, x, m, v):
+    shape = [1, -1] + [1] * (x.ndim - 2)
+    return (x - m.detach().reshape(shape)) / t.sqrt(v.detach().abs().reshape(shape) + 1e-5)
+
+
+def _entries() -> list[Entry]:
+    rg = _rg()
+    E = Entry
+    return [
+        E("exp", "ab", rg.exp, lambda t, x: t.exp(x)),
+        E("tanh", "abc", rg.tanh, lambda t, x: t.tanh(x)),
+        E("gelu", "ab", rg.gelu, lambda t, x: t.nn.functional.gelu(x)),
+        E("add_broadcast", "ab,b", rg.add, lambda t, x, y: x + y),
+        E("mul_broadcast", "abc,c", rg.mul, lambda t, x, y: x * y),
+        E("matmul", "ab,bc", rg.matmul, lambda t, x, y: x @ y),
+        E("matmul_batched", "abc,acd", rg.matmul, lambda t, x, y: x @ y),
+        E("einsum_contract", "ab,cb", lambda x, y: rg.einsum("ab,cb->ac", x, y),
+          lambda t, x, y: t.einsum("ab,cb->ac", x, y)),
+        E("einsum_batched", "bcd,bde",
+          lambda x, y: rg.einsum("bij,bjk->bik", x, y), lambda t, x, y: t.einsum("bij,bjk->bik", x, y)),
+        E("einsum_sum", "abc", lambda x: rg.einsum("abc->b", x), lambda t, x: t.einsum("abc->b", x)),
+        E("sum", "abc", lambda x: rg.sum(x, axis=1), lambda t, x: x.sum(1)),
+        E("sum_all", "ab", rg.sum, lambda t, x: x.sum()),
+        E("mean", "abc", lambda x: rg.mean(x, axis=1), lambda t, x: x.mean(1)),
+        E("max", "ab", lambda x: rg.max(x, axis=1), lambda t, x: x.amax(1)),
+        E("prod", "ab", lambda x: rg.prod(x, axis=0), lambda t, x: x.prod(0)),
+        E("logsumexp", "ab", lambda x: rg.logsumexp(x, axis=1), lambda t, x: t.logsumexp(x, 1)),
+        E("softmax", "ab", rg.softmax, lambda t, x: t.softmax(x, -1)),
+        E("log_softmax", "abc", rg.log_softmax, lambda t, x: t.log_softmax(x, -1)),
+        E("argmax", "ab", lambda x: rg.argmax(x, axis=0), lambda t, x: t.argmax(x, 0), grad=False),
+        E("cumsum_0", "ab", lambda x: rg.cumsum(x, 0), lambda t, x: t.cumsum(x, 0)),
+        E("cumsum_1", "ab", lambda x: rg.cumsum(x, 1), lambda t, x: t.cumsum(x, 1)),
+        E("cumprod_0", "ab", lambda x: rg.cumprod(x, 0), lambda t, x: t.cumprod(x, 0)),
+        E("cumprod_1", "ab", lambda x: rg.cumprod(x, 1), lambda t, x: t.cumprod(x, 1)),
+        E("topk", "ab", lambda x: rg.topk(x, 1)[0], lambda t, x: t.topk(x, 1, -1)[0]),
+        E("concat", "ab,cb", lambda x, y: rg.concat([x, y], 0), lambda t, x, y: t.cat([x, y], 0)),
+        E("stack", "ab,ab", lambda x, y: rg.stack([x, y], 1), lambda t, x, y: t.stack([x, y], 1)),
+        E("transpose", "abc", lambda x: rg.transpose(x, [2, 0, 1]), lambda t, x: x.permute(2, 0, 1)),
+        E("reshape", "abc", lambda x: rg.reshape(x, [-1]),
+          lambda t, x: x.reshape(-1)),
+        E("slice", "ab", lambda x: x[:-1, 1:], lambda t, x: x[:-1, 1:]),
+        E("gather", "ab,c", rg.gather, lambda t, x, i: x[i], ints={1: (0, 2)}, fixed="a"),
+        E("where", "ab,ab", lambda x, y: rg.where(x > y, x, y), lambda t, x, y: t.where(x > y, x, y)),
+        E("clip", "ab", lambda x: rg.clip(x, -0.5, 0.5), lambda t, x: t.clamp(x, -0.5, 0.5)),
+        E("pad", "ab", lambda x: rg.pad(x, [(1, 0), (0, 2)]), lambda t, x: t.nn.functional.pad(x, (0, 2, 1, 0))),
+        E("tile", "ab", lambda x: rg.tile(x, [2, 1]), lambda t, x: x.repeat(2, 1)),
+        E("layer_norm", "ab", rg.layer_norm, lambda t, x: t.nn.functional.layer_norm(x, x.shape[-1:])),
+        E("rms_norm", "ab", rg.rms_norm,
+          lambda t, x: x / t.sqrt((x * x).mean(-1, keepdim=True) + 1e-6)),
+        E("batch_norm_eval", "abc,b,b", lambda x, m, v: rg.batch_norm(x, m, rg.abs(v), training=False), _bn_eval,
+          static="b"),
+        E("conv1d", "abl,cbk", lambda x, w: rg.conv1d(x, w),
+          lambda t, x, w: t.nn.functional.conv1d(x, w), fixed="k", static="bck"),
+        E("conv2d", "abhl,cbkk", lambda x, w: rg.conv2d(x, w, padding=1),
+          lambda t, x, w: t.nn.functional.conv2d(x, w, padding=1), fixed="k", static="bck",
+          sizes={"h": 3}),
+        E("max_pool2d", "abhl", lambda x: rg.max_pool2d(x, 2),
+          lambda t, x: t.nn.functional.max_pool2d(x, 2), sizes={"h": 4}, static="b"),
+        E("avg_pool2d", "abhl", lambda x: rg.avg_pool2d(x, 2),
+          lambda t, x: t.nn.functional.avg_pool2d(x, 2), sizes={"h": 4}, static="b"),
+        E("attention", "abc,adc,adc", rg.scaled_dot_product_attention, _sdpa),
+        E("attention_heads", "eabc,eadc,eadc", rg.scaled_dot_product_attention, _sdpa),
+        E("softmax_cross_entropy", "ab,a", rg.softmax_cross_entropy,
+          lambda t, x, y: t.nn.functional.cross_entropy(x, y, reduction="none"), ints={1: (0, 3)},
+          fixed="b"),
+        E("nll_loss", "ab,a", rg.nll_loss,
+          lambda t, x, y: t.nn.functional.nll_loss(x, y, reduction="none"), ints={1: (0, 3)}, fixed="b"),
+        E("bce_with_logits", "ab,ab", rg.binary_cross_entropy_with_logits,
+          lambda t, x, y: t.nn.functional.binary_cross_entropy_with_logits(x, y, reduction="none")),
+        E("linear_cross_entropy", "ab,bc,c,a", lambda h, w, b, y: rg.linear_cross_entropy(h, w, b, y),
+          lambda t, h, w, b, y: t.nn.functional.cross_entropy(h @ w + b, y, reduction="none"),
+          ints={3: (0, 4)}, fixed="c", static="bc"),
+    ]
+
+
+ENTRIES = {e.name: e for e in _entries()} if __name__ == "__main__" else None
+
+
+def entry_names() -> list[str]:
+    """The table's op names, read without importing retrograd (for the parent's parametrize)."""
+    import ast
+    names = []
+    for node in ast.walk(ast.parse(open(__file__).read())):
+        if isinstance(node, ast.Call) and getattr(node.func, "id", None) == "E":
+            names.append(node.args[0].value)
+    return names
+
+
+# --- running one case ------------------------------------------------------------------------
+
+def cases(entry: Entry) -> list[dict]:
+    """The base sizes, then each swept letter at 0 and at 1."""
+    base = {**SIZES, **entry.sizes}
+    letters = sorted(set(entry.shapes.replace(",", "")) - set(entry.fixed))
+    out = [dict(base)]
+    for size in (0, 1):
+        for letter in letters:
+            out.append({**base, letter: size})
+    return out
+
+
+def _arrays(entry: Entry, sizes: dict, rng) -> list[np.ndarray]:
+    arrays = []
+    for i, group in enumerate(entry.shapes.split(",")):
+        shape = tuple(sizes[c] for c in group)
+        if i in entry.ints:
+            low, high = entry.ints[i]
+            arrays.append(rng.integers(low, high, size=shape).astype("int64"))
+        else:
+            arrays.append(rng.uniform(0.5, 1.5, size=shape).astype("float32")
+                          * rng.choice([-1.0, 1.0], size=shape).astype("float32"))
+    return arrays
+
+
+def _reference(entry: Entry, arrays):
+    """(outputs, gradients) from PyTorch float64 autograd, or the exception it raised."""
+    import torch
+    tensors = [torch.tensor(a, dtype=torch.float64, requires_grad=True) if a.dtype != np.int64
+               else torch.tensor(a) for a in arrays]
+    outs = entry.ref(torch, *tensors)
+    outs = list(outs) if isinstance(outs, (list, tuple)) else [outs]
+    floats = [t for t in tensors if t.is_floating_point()]
+    grads = []
+    if entry.grad:
+        total = sum(o.sum() for o in outs if o.is_floating_point())
+        grads = torch.autograd.grad(total, floats, allow_unused=True)
+        grads = [torch.zeros_like(x) if g is None else g for x, g in zip(floats, grads)]
+    return [o.detach().numpy() for o in outs], [g.numpy() for g in grads]
+
+
+def _program(entry: Entry, sizes: dict):
+    rg = _rg()
+    program = rg.Program()
+    with rg.program_guard(program, rg.Program()):
+        xs = []
+        for i, group in enumerate(entry.shapes.split(",")):
+            shape = [sizes[c] if c in entry.static else -1 for c in group]
+            dtype = "int64" if i in entry.ints else "float32"
+            xs.append(rg.data(f"x{i}", shape, dtype, stop_gradient=dtype == "int64"))
+        outs = entry.build(*xs)
+        outs = list(outs) if isinstance(outs, (list, tuple)) else [outs]
+        floats = [x for x in xs if x.dtype == "float32"]
+        grads = []
+        if entry.grad:
+            total = rg.add_n([rg.sum(o) for o in outs if o.dtype == "float32"])
+            grads = [g if g is not None else rg.zeros_like(x)
+                     for x, g in zip(floats, rg.gradients(total, floats))]
+    return program, [v.name for v in outs + grads]
+
+
+def _run_export(program, feed, fetch):
+    rg = _rg()
+    import onnxruntime as ort
+    model = rg.onnx.export(program, None, fetch)
+    sess = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    inputs = {i.name for i in sess.get_inputs()}
+    return sess.run(fetch, {k: v for k, v in feed.items() if k in inputs})
+
+
+def _runners():
+    rg = _rg()
+
+    def executor(backend):
+        def run(program, feed, fetch):
+            return rg.Executor(backend=backend).run(program, feed=feed, fetch_list=fetch)
+        return run
+    return {"numpy": executor("numpy"), "torch": executor("torch"),
+            "engine": executor("onnxruntime"), "export": _run_export}
+
+
+def _compare(got, want, what: str) -> str | None:
+    got = np.asarray(got)
+    if got.shape != want.shape:
+        return f"{what}: shape {got.shape}, torch {want.shape}"
+    if not np.allclose(got.astype("float64"), want, rtol=1e-4, atol=1e-5, equal_nan=True):
+        return f"{what}: values {got.ravel()[:6]}, torch {want.ravel()[:6]}"
+    return None
+
+
+def run_case(entry: Entry, sizes: dict, runners) -> list[str]:
+    rg = _rg()
+    rng = np.random.default_rng(0)
+    arrays = _arrays(entry, sizes, rng)
+    label = f"{entry.name} {entry.shapes} sizes {''.join(f'{c}={sizes[c]}' for c in sorted(set(entry.shapes) - {','}))}"
+    try:
+        outs, grads = _reference(entry, arrays)
+        wants = outs + grads
+    except (RuntimeError, IndexError, ValueError) as exc:
+        wants = exc
+    program, fetch = _program(entry, sizes)
+    feed = {f"x{i}": a for i, a in enumerate(arrays)}
+    failures = []
+    for name, run in runners.items():
+        try:
+            got = run(program, feed, fetch)
+        except rg.RetrogradError as exc:
+            if not isinstance(wants, Exception):
+                failures.append(f"{label} on {name}: {type(exc).__name__}: {str(exc)[:300]}")
+            continue
+        except Exception as exc:     # noqa: BLE001 - a foreign exception is what this sweep reports
+            if "retrograd.check." in str(exc) and isinstance(wants, Exception):
+                continue                 # an exported model's run-time check: the kernel's error
+            failures.append(f"{label} on {name}: foreign {type(exc).__name__}: {str(exc)[:300]}")
+            continue
+        if isinstance(wants, Exception):
+            failures.append(f"{label} on {name}: ran where torch raised {wants!r:.200}")
+            continue
+        for i, (g, w) in enumerate(zip(got, wants)):
+            what = f"output {i}" if i < len(outs) else f"gradient {i - len(outs)}"
+            problem = _compare(g, w, what)
+            if problem:
+                failures.append(f"{label} on {name}: {problem}")
+    return failures
+
+
+def main() -> None:
+    warnings.simplefilter("ignore")
+    import onnxruntime as ort
+    ort.set_default_logger_severity(4)
+    runners = _runners()
+    for line in sys.stdin:
+        name = line.strip()
+        entry = ENTRIES[name]
+        failures = []
+        for sizes in cases(entry):
+            print(json.dumps({"case": sizes}), flush=True)
+            try:
+                failures += run_case(entry, sizes, runners)
+            except Exception:        # noqa: BLE001 - building the case failed: report it
+                failures.append(f"{name} sizes {sizes}: {traceback.format_exc()[-800:]}")
+        print(json.dumps({"op": name, "failures": failures}), flush=True)
+
+
+if __name__ == "__main__":
+    main()
