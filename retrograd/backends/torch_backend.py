@@ -339,6 +339,8 @@ class TorchBackend(Backend):
         return tuple(grad if wanted else None for grad, wanted in zip(grads, mask))
     # -- sliding windows: torch's routines, ATen's explicit backward ops ----------------------------
     def conv(self, x, w, strides, pads, dilations, groups: int):
+        if _empty(x, w):      # torch refuses 0 filters, and gives [N, 0, ...] for 0 input channels
+            return super().conv(x, w, strides, pads, dilations, groups)
         x, padding = self._symmetric(x, pads)
         conv_nd = getattr(self.torch.nn.functional, f"conv{x.ndim - 2}d", None)
         if conv_nd is None:
@@ -346,6 +348,8 @@ class TorchBackend(Backend):
         return conv_nd(x, w, None, list(strides), padding, list(dilations), groups)
 
     def conv_input_grad(self, dy, w, x_like, strides, pads, dilations, groups: int):
+        if _empty(dy, w, x_like):
+            return super().conv_input_grad(dy, w, x_like, strides, pads, dilations, groups)
         nd, shape = len(strides), tuple(x_like.shape)
         asymmetric = _asymmetric(pads)
         padding = [0] * nd if asymmetric else list(pads[:nd])
@@ -358,18 +362,20 @@ class TorchBackend(Backend):
         return crop(dx, pads, shape[2:]) if asymmetric else dx
 
     def conv_weight_grad(self, x, dy, w_like, strides, pads, dilations, groups: int):
+        if _empty(x, dy, w_like):
+            return super().conv_weight_grad(x, dy, w_like, strides, pads, dilations, groups)
         x, padding = self._symmetric(x, pads)
         return self.torch.ops.aten.convolution_backward(
             dy, x, self._stand_in(w_like), None, list(strides), padding, list(dilations), False,
             [0] * len(strides), groups, [False, True, False])[1]
 
     def max_pool(self, x, kernel, strides, pads):
-        if x.ndim != 4 or _asymmetric(pads):
+        if x.ndim != 4 or _asymmetric(pads) or _empty(x):
             return super().max_pool(x, kernel, strides, pads)
         return self.torch.ops.aten.max_pool2d_with_indices(x, list(kernel), list(strides), list(pads[:2]))
 
     def max_pool_grad(self, dy, indices, x_like, kernel, strides, pads):
-        if dy.ndim != 4 or _asymmetric(pads):
+        if dy.ndim != 4 or _asymmetric(pads) or _empty(dy, x_like):
             return super().max_pool_grad(dy, indices, x_like, kernel, strides, pads)
         return self.torch.ops.aten.max_pool2d_with_indices_backward(
             dy, self._stand_in(x_like), list(kernel), list(strides), list(pads[:2]), [1, 1], False, indices)
@@ -380,13 +386,13 @@ class TorchBackend(Backend):
         return picked.reshape(indices.shape)
 
     def avg_pool(self, x, kernel, strides, pads):
-        if x.ndim != 4 or _asymmetric(pads):
+        if x.ndim != 4 or _asymmetric(pads) or _empty(x):
             return super().avg_pool(x, kernel, strides, pads)
         return self.torch.nn.functional.avg_pool2d(x, list(kernel), list(strides), list(pads[:2]),
                                                    ceil_mode=False, count_include_pad=True)
 
     def avg_pool_grad(self, dy, x_like, kernel, strides, pads):
-        if dy.ndim != 4 or _asymmetric(pads):
+        if dy.ndim != 4 or _asymmetric(pads) or _empty(dy, x_like):
             return super().avg_pool_grad(dy, x_like, kernel, strides, pads)
         return self.torch.ops.aten.avg_pool2d_backward(dy, self._stand_in(x_like), list(kernel), list(strides),
                                                        list(pads[:2]), False, True, None)

@@ -252,6 +252,8 @@ def _conv_weight_grad_onnx(g):
     w_var = g.in_vars[2]
     kernel = wo.static_kernel(g, w_var, "ConvWeightGrad")
     f, cg = w_var.shape[:2]
+    if 0 in w_var.shape:       # an empty weight's gradient (the MatMul below cannot form it)
+        return [g.fill(g.shape(w_like), 0, w_var.dtype)]
     pieces = wo.im2col(g, wo.pad(g, x, pads, w_var.dtype), kernel, strides, dilations)
     cols = wo.reshape(g, wo.stack_taps(g, pieces), [0, groups, cg * wo.prod(kernel), -1])
     dy = wo.reshape(g, dy, [0, groups, f // groups, -1])
