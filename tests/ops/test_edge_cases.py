@@ -1,0 +1,191 @@
+"""Regression tests for issue 32 (empty batches and edge shapes), one per item, on every backend
+(the onnxruntime engine included) and, where it applies, in an exported model run by onnxruntime.
+
+References: PyTorch (float64) where torch runs the case, NumPy written here otherwise.
+``tests/ops/test_empty_axes.py`` sweeps every op over each axis of size 0 in a child process;
+these pin the reported cases by name.
+"""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import retrograd as rg
+
+torch = pytest.importorskip("torch", reason="the references are PyTorch's")
+pytestmark = pytest.mark.engine
+
+
+def _run(backend, main, feed, fetch, startup=None):
+    exe = backend.executor()
+    if startup is not None:
+        exe.run(startup)
+    return exe, exe.run(main, feed=feed, fetch_list=fetch)
+
+
+def _exported(main, feed, fetch, scope=None):
+    """The program exported (parameters from ``scope``) and run by a plain onnxruntime session."""
+    ort = pytest.importorskip("onnxruntime")
+    model = rg.onnx.export(main, None, fetch, scope=scope)
+    sess = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    inputs = {i.name for i in sess.get_inputs()}
+    names = [f.name if isinstance(f, rg.Var) else f for f in fetch]
+    return sess.run(names, {k: v for k, v in feed.items() if k in inputs})
+
+
+def _rand(*shape):
+    return np.random.default_rng(0).standard_normal(shape).astype("float32")
+
+
+# --- item 1: torch's vendor kernels with an empty batch (they died with SIGFPE) ---------------
+
+def test_issue32_item1_attention_empty_batch(backend):
+    main = rg.Program()
+    with rg.program_guard(main, rg.Program()):
+        q = rg.data("q", [-1, 4, 8], stop_gradient=False)
+        out = rg.scaled_dot_product_attention(q, q, q)
+        dq, = rg.gradients(rg.sum(out), [q])
+    feed = {"q": np.zeros((0, 4, 8), "float32")}
+    _, (y, g) = _run(backend, main, feed, [out, dq])
+    assert y.shape == (0, 4, 8) and g.shape == (0, 4, 8)
+    assert [a.shape for a in _exported(main, feed, [out, dq])] == [(0, 4, 8), (0, 4, 8)]
+
+
+def test_issue32_item1_multi_head_attention_empty_batch(backend):
+    main, startup = rg.Program(), rg.Program()
+    with rg.program_guard(main, startup):
+        x = rg.data("x", [-1, 4, 8], stop_gradient=False)
+        out = rg.layers.multi_head_attention(x, num_heads=2, causal=True, name="att")
+        dx, = rg.gradients(rg.sum(out), [x])
+    feed = {"x": np.zeros((0, 4, 8), "float32")}
+    exe, (y, g) = _run(backend, main, feed, [out, dx], startup)
+    assert y.shape == (0, 4, 8) and g.shape == (0, 4, 8)
+
+
+def test_issue32_item1_batch_norm_eval_gradient_empty_batch(backend):
+    """batch_norm(training=False)'s gradient with N=0: empty dx, zero parameter gradients
+    (torch's autograd gives the same)."""
+    main = rg.Program()
+    with rg.program_guard(main, rg.Program()):
+        x = rg.data("x", [-1, 3, 2], stop_gradient=False)
+        w = rg.data("w", [3], stop_gradient=False)
+        mean, var = rg.data("m", [3]), rg.data("v", [3])
+        y = rg.batch_norm(x, mean, var, w, training=False)
+        dx, dw = rg.gradients(rg.sum(y * y), [x, w])
+    feed = {"x": np.zeros((0, 3, 2), "float32"), "w": _rand(3), "m": _rand(3), "v": np.ones(3, "float32")}
+    _, (gx, gw) = _run(backend, main, feed, [dx, dw])
+    tx = torch.zeros(0, 3, 2, dtype=torch.float64, requires_grad=True)
+    tw = torch.tensor(feed["w"], dtype=torch.float64, requires_grad=True)
+    ty = torch.nn.functional.batch_norm(tx, torch.tensor(feed["m"]).double(), torch.ones(3).double(), tw)
+    want_x, want_w = torch.autograd.grad((ty * ty).sum(), [tx, tw])
+    assert gx.shape == (0, 3, 2)
+    np.testing.assert_array_equal(gw, want_w.numpy())
+    assert [a.shape for a in _exported(main, feed, [dx, dw])] == [(0, 3, 2), (3,)]
+
+
+# --- item 2: onnxruntime's Einsum and the CumProd Scan with size 0 -----------------------------
+
+def test_issue32_item2_einsum_empty_contracted_letter(backend):
+    main = rg.Program()
+    with rg.program_guard(main, rg.Program()):
+        a, c = rg.data("a", [2, -1]), rg.data("c", [3, -1])
+        y = rg.einsum("ab,cb->ac", a, c)
+    feed = {"a": np.zeros((2, 0), "float32"), "c": np.zeros((3, 0), "float32")}
+    want = torch.einsum("ab,cb->ac", torch.zeros(2, 0), torch.zeros(3, 0)).numpy()     # zeros [2, 3]
+    _, (got,) = _run(backend, main, feed, [y])
+    np.testing.assert_array_equal(got, want)
+    np.testing.assert_array_equal(_exported(main, feed, [y])[0], want)
+
+
+def test_issue32_item2_einsum_gradient_empty_batch(backend):
+    main = rg.Program()
+    with rg.program_guard(main, rg.Program()):
+        a = rg.data("a", [-1, 2, 3], stop_gradient=False)
+        c = rg.data("c", [-1, 3, 4], stop_gradient=False)
+        y = rg.einsum("bij,bjk->bik", a, c)
+        da, dc = rg.gradients(rg.sum(y), [a, c])
+    feed = {"a": np.zeros((0, 2, 3), "float32"), "c": np.zeros((0, 3, 4), "float32")}
+    _, got = _run(backend, main, feed, [y, da, dc])
+    assert [g.shape for g in got] == [(0, 2, 4), (0, 2, 3), (0, 3, 4)]
+    assert [g.shape for g in _exported(main, feed, [y, da, dc])] == [(0, 2, 4), (0, 2, 3), (0, 3, 4)]
+
+
+@pytest.mark.parametrize("axis", [0, 1])
+def test_issue32_item2_cumprod_empty_rows(backend, axis):
+    main = rg.Program()
+    with rg.program_guard(main, rg.Program()):
+        x = rg.data("x", [-1, 3], stop_gradient=False)
+        y = rg.cumprod(x, axis)
+        dx, = rg.gradients(rg.sum(y), [x])
+    feed = {"x": np.zeros((0, 3), "float32")}
+    _, got = _run(backend, main, feed, [y, dx])
+    assert [g.shape for g in got] == [(0, 3), (0, 3)]
+    assert [g.shape for g in _exported(main, feed, [y, dx])] == [(0, 3), (0, 3)]
+
+
+# --- item 3: batch_norm in training needs more than one value per channel, everywhere ----------
+
+@pytest.mark.parametrize("rows", [0, 1])
+def test_issue32_item3_batch_norm_training_refuses_one_value_per_channel(backend, rows):
+    """torch's rule on every backend: N=1 (no spatial axes) and N=0 raise ExecutionError, and the
+    running statistics stay as they were (no NaN variance, no 0.9)."""
+    main, startup = rg.Program(), rg.Program()
+    with rg.program_guard(main, startup):
+        x = rg.data("x", [-1, 3])
+        y = rg.layers.batch_norm(x, name="bn")
+    exe = backend.executor()
+    exe.run(startup)
+    with pytest.raises(rg.ExecutionError, match="more than one value per channel"):
+        exe.run(main, feed={"x": _rand(rows, 3)}, fetch_list=[y])
+    with pytest.raises(ValueError, match="more than one value per channel"):
+        torch.nn.functional.batch_norm(torch.ones(1, 3), torch.zeros(3), torch.ones(3), training=True)
+    np.testing.assert_array_equal(np.asarray(exe.scope.get("bn.var")), np.ones(3, "float32"))
+    np.testing.assert_array_equal(np.asarray(exe.scope.get("bn.mean")), np.zeros(3, "float32"))
+
+
+def test_issue32_item3_batch_norm_exported_refuses_one_value_per_channel():
+    ort = pytest.importorskip("onnxruntime")
+    main, startup = rg.Program(), rg.Program()
+    with rg.program_guard(main, startup):
+        x = rg.data("x", [-1, 3])
+        y = rg.layers.batch_norm(x, name="bn")
+    exe = rg.Executor()
+    exe.run(startup)
+    with pytest.raises(Exception, match="more than one value per channel"):
+        _exported(main, {"x": _rand(1, 3)}, [y], scope=exe.scope)
+    got = _exported(main, {"x": _rand(4, 3)}, [y], scope=exe.scope)[0]
+    want = torch.nn.functional.batch_norm(torch.tensor(_rand(4, 3)), None, None, training=True).numpy()
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)
+    assert ort is not None
+
+
+# --- item 8: hidden size 0 and zero-size parameters ---------------------------------------------
+
+def test_issue32_item8_linear_cross_entropy_hidden_size_zero(backend):
+    """With no hidden features the logits are the bias: torch's cross entropy of b."""
+    main = rg.Program()
+    with rg.program_guard(main, rg.Program()):
+        h, w = rg.data("h", [-1, 0], stop_gradient=False), rg.data("w", [0, 4], stop_gradient=False)
+        b, labels = rg.data("b", [4], stop_gradient=False), rg.data("y", [-1], "int64")
+        loss = rg.linear_cross_entropy(h, w, b, labels)
+        db, = rg.gradients(rg.sum(loss), [b])
+    feed = {"h": np.zeros((3, 0), "float32"), "w": np.zeros((0, 4), "float32"), "b": _rand(4),
+            "y": np.array([0, 3, 1])}
+    tb = torch.tensor(feed["b"], dtype=torch.float64, requires_grad=True)
+    tl = torch.nn.functional.cross_entropy(tb.expand(3, 4), torch.tensor(feed["y"]), reduction="none")
+    want_db, = torch.autograd.grad(tl.sum(), [tb])
+    _, (got, got_db) = _run(backend, main, feed, [loss, db])
+    np.testing.assert_allclose(got, tl.detach().numpy(), rtol=1e-5)
+    np.testing.assert_allclose(got_db, want_db.numpy(), rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(_exported(main, feed, [loss])[0], tl.detach().numpy(), rtol=1e-5)
+
+
+def test_issue32_item8_zero_size_parameter(backend):
+    main, startup = rg.Program(), rg.Program()
+    with rg.program_guard(main, startup):
+        x = rg.data("x", [-1, 3])
+        w = rg.create_parameter("w", [3, 0])
+        y = rg.matmul(x, w)
+    exe, (got,) = _run(backend, main, {"x": _rand(2, 3)}, [y], startup)
+    assert got.shape == (2, 0)
+    assert np.asarray(exe.scope.get("w")).shape == (3, 0)
