@@ -137,7 +137,7 @@ def test_issue32_item3_batch_norm_training_refuses_one_value_per_channel(backend
     exe.run(startup)
     with pytest.raises(rg.ExecutionError, match="more than one value per channel"):
         exe.run(main, feed={"x": _rand(rows, 3)}, fetch_list=[y])
-    with pytest.raises(ValueError, match="more than one value per channel"):
+    with pytest.raises(ValueError, match="more than 1 value per channel"):
         torch.nn.functional.batch_norm(torch.ones(1, 3), torch.zeros(3), torch.ones(3), training=True)
     np.testing.assert_array_equal(np.asarray(exe.scope.get("bn.var")), np.ones(3, "float32"))
     np.testing.assert_array_equal(np.asarray(exe.scope.get("bn.mean")), np.zeros(3, "float32"))
