@@ -21,7 +21,7 @@ from .creation import constant, fill_like
 from .lowering import lowers
 from .math import equal
 from .registry import append_op, defop
-from .shape_ops import arange
+from .shape_ops import arange, broadcast_to
 from .tensor import cast, dim, unsqueeze
 
 LETTERS = string.ascii_letters
@@ -76,16 +76,20 @@ def normalize_equation(equation: str, shapes: Sequence[Sequence[int]]) -> str:
         output = dots + "".join(sorted(c for c in set(joined) if joined.count(c) == 1 and c not in dots))
     if len(set(output)) != len(output) or set(output) - set("".join(inputs)):
         raise ShapeError(f"einsum output {output!r} must name distinct letters of the inputs ({equation!r})")
-    letter_sizes(inputs, shapes, equation)
+    letter_sizes(inputs, shapes, equation, broadcast=dots)
     return ",".join(inputs) + "->" + output
 
 
-def letter_sizes(inputs: list[str], shapes, equation: str) -> dict[str, int]:
-    """Each letter's size (-1 when unknown); ShapeError when two known sizes differ."""
+def letter_sizes(inputs: list[str], shapes, equation: str, broadcast: str = "") -> dict[str, int]:
+    """Each letter's size (-1 when unknown); ShapeError when two known sizes differ (for the
+    letters in ``broadcast``, the ellipsis' axes, a size 1 broadcasts as NumPy's)."""
     sizes: dict[str, int] = {}
     for i, (subs, shape) in enumerate(zip(inputs, shapes)):
         for letter, d in zip(subs, shape):
             known = sizes.get(letter, -1)
+            if letter in broadcast and 1 in (d, known):
+                sizes[letter] = known if d == 1 else d
+                continue
             if d >= 0 and known >= 0 and d != known:
                 raise ShapeError(f"einsum {equation!r}: letter {letter!r} has size {known} and {d} "
                                  f"(operand {i})")
@@ -203,8 +207,31 @@ def einsum(equation: str, *xs) -> Var:
     like = next((x for x in operands if x is not None), None)
     operands = [x if x is not None else constant(v, like.dtype if like is not None else None)
                 for x, v in zip(operands, xs)]
+    operands = _broadcast_ellipsis(equation, operands)
     try:
         explicit = normalize_equation(equation, [v.shape for v in operands])
     except ShapeError:
         explicit = equation          # the shape rule raises it again, naming the op and the line
     return append_op("Einsum", operands, {"equation": explicit})[0]
+
+
+def _broadcast_ellipsis(equation, operands: list[Var]) -> list[Var]:
+    """The operands with the ellipsis' size-1 axes broadcast to the other operands' sizes
+    (``"...ij,...jk"`` with ``[2, 1, 3, 4]`` and ``[5, 4, 2]``: the 1 becomes 5), as NumPy,
+    torch and ONNX do; the Einsum op itself then sees equal sizes."""
+    if not isinstance(equation, str) or "..." not in equation:
+        return operands
+    try:
+        inputs, output = _split(equation)
+        inputs, _, dots = _expand_ellipses(inputs, output, [v.ndim for v in operands])
+    except ShapeError:
+        return operands          # the shape rule raises it, naming the op and the line
+    if len(inputs) != len(operands) or any(len(s) != v.ndim for s, v in zip(inputs, operands)):
+        return operands
+    target = {c: max((v.shape[s.index(c)] for s, v in zip(inputs, operands) if c in s), default=1)
+              for c in dots}
+    out = []
+    for subs, v in zip(inputs, operands):
+        shape = [target[c] if c in dots and d == 1 and target[c] > 1 else -1 for c, d in zip(subs, v.shape)]
+        out.append(broadcast_to(v, shape) if any(d > 0 for d in shape) else v)
+    return out

@@ -189,3 +189,24 @@ def test_issue32_item8_zero_size_parameter(backend):
     exe, (got,) = _run(backend, main, {"x": _rand(2, 3)}, [y], startup)
     assert got.shape == (2, 0)
     assert np.asarray(exe.scope.get("w")).shape == (3, 0)
+
+
+# --- item 4: einsum's ellipsis broadcasts size-1 axes ------------------------------------------
+
+def test_issue32_item4_einsum_ellipsis_broadcasts_size_one(backend):
+    main = rg.Program()
+    with rg.program_guard(main, rg.Program()):
+        a = rg.data("a", [2, 1, 3, 4], stop_gradient=False)
+        b = rg.data("b", [5, 4, 2], stop_gradient=False)
+        y = rg.einsum("...ij,...jk->...ik", a, b)
+        da, db = rg.gradients(rg.sum(y * y), [a, b])
+    feed = {"a": _rand(2, 1, 3, 4), "b": _rand(5, 4, 2) + 1.0}
+    ta, tb = (torch.tensor(feed[k], dtype=torch.float64, requires_grad=True) for k in "ab")
+    ty = torch.einsum("...ij,...jk->...ik", ta, tb)
+    want = [ty.detach().numpy(), *(g.numpy() for g in torch.autograd.grad((ty * ty).sum(), [ta, tb]))]
+    assert y.shape == (2, 5, 3, 2)
+    _, got = _run(backend, main, feed, [y, da, db])
+    for g, w in zip(got, want):
+        np.testing.assert_allclose(g, w, rtol=1e-4, atol=1e-4)
+    for g, w in zip(_exported(main, feed, [y, da, db]), want):
+        np.testing.assert_allclose(g, w, rtol=1e-4, atol=1e-4)
