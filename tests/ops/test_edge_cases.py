@@ -210,3 +210,23 @@ def test_issue32_item4_einsum_ellipsis_broadcasts_size_one(backend):
         np.testing.assert_allclose(g, w, rtol=1e-4, atol=1e-4)
     for g, w in zip(_exported(main, feed, [y, da, db]), want):
         np.testing.assert_allclose(g, w, rtol=1e-4, atol=1e-4)
+
+
+# --- item 6: clone(for_test=True) keeps a batch_norm whose output only the user fetches ----------
+
+def test_issue32_item6_for_test_keeps_unread_batch_norm(backend):
+    main, startup = rg.Program(), rg.Program()
+    with rg.program_guard(main, startup):
+        x = rg.data("x", [-1, 3])
+        y = rg.layers.batch_norm(x, name="bn")      # nothing reads y; BatchNormStats reads its stats
+    test = main.clone(for_test=True)
+    assert [op.type for op in test.global_block().ops] == ["BatchNorm"]
+    exe = backend.executor()
+    exe.run(startup)
+    feed = {"x": _rand(4, 3)}
+    got, = exe.run(test, feed=feed, fetch_list=[y])
+    want = torch.nn.functional.batch_norm(torch.tensor(feed["x"]), torch.zeros(3), torch.ones(3),
+                                          torch.ones(3), torch.zeros(3), training=False).numpy()
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+    np.testing.assert_array_equal(np.asarray(exe.scope.get("bn.var")), np.ones(3, "float32"))
+    np.testing.assert_allclose(_exported(test, feed, [y], scope=exe.scope)[0], want, rtol=1e-5, atol=1e-6)
