@@ -176,9 +176,9 @@ def _einsum_onnx(g):
     sizes = [g.node("ReduceProd", [g.shape(x)], keepdims=1) for x in g.ins]
     least = g.node("ReduceMin", [g.node("Concat", sizes, axis=0)], keepdims=0)
     empty = g.node("Equal", [least, g.const(0, "int64")])
-    name = g.op.outputs[0]
-    return [g.node("If", [empty], then_branch=zeros.finish(f"{name}.empty", [(filled, dtype, None)]),
-                   else_branch=full.finish(f"{name}.full", [(result, dtype, None)]))]
+    name, rank = g.op.outputs[0], [None] * len(output)     # (a rank: the If may be in a loop body)
+    return [g.node("If", [empty], then_branch=zeros.finish(f"{name}.empty", [(filled, dtype, rank)]),
+                   else_branch=full.finish(f"{name}.full", [(result, dtype, rank)]))]
 
 
 def _onnx_letter_size(g, inputs: list[str], letter: str) -> str:

@@ -230,3 +230,85 @@ def test_issue32_item6_for_test_keeps_unread_batch_norm(backend):
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
     np.testing.assert_array_equal(np.asarray(exe.scope.get("bn.var")), np.ones(3, "float32"))
     np.testing.assert_allclose(_exported(test, feed, [y], scope=exe.scope)[0], want, rtol=1e-5, atol=1e-6)
+
+
+# --- item 5: a scan of zero steps keeps its ys' run-time shapes ---------------------------------
+
+def test_issue32_item5_zero_step_scan_keeps_row_shape(backend):
+    """ys of a zero-step scan are [0, *the step's y shape] (here [0, N, 4] with N known only at
+    run time), as jax.lax.scan gives; a gradient through it is zero."""
+    main = rg.Program()
+    with rg.program_guard(main, rg.Program()):
+        xs = rg.data("xs", [-1, -1, 4])
+        h0 = rg.data("h0", [-1, 4], stop_gradient=False)
+        hT, ys = rg.scan(lambda h, x: (h * 2.0 + x, h + x), h0, xs)
+        dh0, = rg.gradients(rg.sum(hT) + rg.sum(ys), [h0])
+    feed = {"xs": np.zeros((0, 2, 4), "float32"), "h0": _rand(2, 4)}
+    _, (got_h, got_ys, got_d) = _run(backend, main, feed, [hT, ys, dh0])
+    assert got_ys.shape == (0, 2, 4)
+    np.testing.assert_array_equal(got_h, feed["h0"])
+    np.testing.assert_array_equal(got_d, np.ones((2, 4), "float32"))
+    assert _exported(main, feed, [ys])[0].shape == (0, 2, 4)
+    feed["xs"] = _rand(3, 2, 4)       # and with steps, the same program runs them
+    _, (got_h, got_ys, _) = _run(backend, main, feed, [hT, ys, dh0])
+    want = feed["h0"] * 2.0 + feed["xs"][0]
+    np.testing.assert_allclose(got_ys[1], want + feed["xs"][1], rtol=1e-6)
+
+
+# --- item 9: refusals that should work ------------------------------------------------------------
+
+def test_issue32_item9_cumprod_in_while_loop_body(backend):
+    main = rg.Program()
+    with rg.program_guard(main, rg.Program()):
+        x = rg.data("x", [-1, 3], stop_gradient=False)
+        _, acc = rg.while_loop(lambda i, a: i < 2, lambda i, a: (i + 1, a + rg.cumprod(a, 1)),
+                               [rg.constant(np.array(0)), x])
+        dx, = rg.gradients(rg.sum(acc), [x])
+    feed = {"x": _rand(4, 3)}
+    tx = torch.tensor(feed["x"], dtype=torch.float64, requires_grad=True)
+    ta = tx
+    for _ in range(2):
+        ta = ta + torch.cumprod(ta, 1)
+    want = [ta.detach().numpy(), torch.autograd.grad(ta.sum(), [tx])[0].numpy()]
+    _, got = _run(backend, main, feed, [acc, dx])
+    for g, w in zip(got, want):
+        np.testing.assert_allclose(g, w, rtol=1e-4, atol=1e-4)
+    for g, w in zip(_exported(main, feed, [acc, dx]), want):
+        np.testing.assert_allclose(g, w, rtol=1e-4, atol=1e-4)
+
+
+def test_issue32_item9_conv_and_pools_float64_empty_batch(backend):
+    """float64 conv forward, ConvWeightGrad, max_pool2d and avg_pool2d with a batch of 0: the
+    empty outputs and a zero weight gradient (torch's autograd gives the same)."""
+    main, startup = rg.Program(), rg.Program()
+    with rg.program_guard(main, startup):
+        x = rg.data("x", [-1, 2, 5, 5], "float64", stop_gradient=False)
+        w = rg.create_parameter("w", [3, 2, 3, 3], "float64")
+        y = rg.conv2d(x, w, padding=1)
+        loss = rg.sum(rg.max_pool2d(y, 2)) + rg.sum(rg.avg_pool2d(y, 2))
+        dx, dw = rg.gradients(loss, [x, w])
+    feed = {"x": np.zeros((0, 2, 5, 5))}
+    exe, got = _run(backend, main, feed, [y, dx, dw], startup)
+    assert [g.shape for g in got] == [(0, 3, 5, 5), (0, 2, 5, 5), (3, 2, 3, 3)]
+    np.testing.assert_array_equal(got[2], np.zeros((3, 2, 3, 3)))
+    exported = _exported(main, feed, [y, dx, dw], scope=exe.scope)
+    assert [g.shape for g in exported] == [(0, 3, 5, 5), (0, 2, 5, 5), (3, 2, 3, 3)]
+
+
+def test_issue32_item9_gradient_of_empty_slice_with_var_index(backend):
+    main = rg.Program()
+    with rg.program_guard(main, rg.Program()):
+        x = rg.data("x", [-1, 4], stop_gradient=False)
+        j = rg.data("j", [], "int64")
+        y = x[:-3, j]
+        dx, = rg.gradients(rg.sum(y * y), [x])
+    for rows in (2, 5):
+        feed = {"x": _rand(rows, 4), "j": np.array(1)}
+        tx = torch.tensor(feed["x"], dtype=torch.float64, requires_grad=True)
+        ty = tx[:-3, 1]
+        want = [ty.detach().numpy(), torch.autograd.grad((ty * ty).sum(), [tx])[0].numpy()]
+        _, got = _run(backend, main, feed, [y, dx])
+        for g, w in zip(got, want):
+            np.testing.assert_allclose(g, w, rtol=1e-5, atol=1e-6)
+        for g, w in zip(_exported(main, feed, [y, dx]), want):
+            np.testing.assert_allclose(g, w, rtol=1e-5, atol=1e-6)
