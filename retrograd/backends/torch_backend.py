@@ -359,7 +359,7 @@ class TorchBackend(Backend):
         dx = self.torch.ops.aten.convolution_backward(
             dy, stand_in, w, None, list(strides), padding, list(dilations), False,
             [0] * nd, groups, [True, False, False])[0]
-        return crop(dx, pads, shape[2:]) if asymmetric else dx
+        return crop(dx, pads, shape[2:], self.xp) if asymmetric else dx
 
     def conv_weight_grad(self, x, dy, w_like, strides, pads, dilations, groups: int):
         if _empty(x, dy, w_like):
