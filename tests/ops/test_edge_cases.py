@@ -343,3 +343,31 @@ def test_issue32_item7_padded_conv_measured_peak_within_budget(backend, padding)
     _, ref = _run(backend, ref_main, feed, ref_fetch, ref_startup)
     for g, w in zip(got, ref):          # gradients equal store-all's
         np.testing.assert_allclose(g, w, rtol=1e-5, atol=1e-5)
+
+
+# --- item 10: a TensorArray loop var of a while_loop with recompute= ----------------------------
+
+@pytest.mark.parametrize("budget", [300, 1 << 20])
+def test_issue32_item10_tensor_array_loop_var_with_recompute(backend, budget):
+    """The budgeted While recomputes from the initial loop vars where a loop var grows (no shared
+    checkpoint stack); values and gradients equal torch's."""
+    main = rg.Program()
+    with rg.program_guard(main, rg.Program()):
+        x = rg.data("x", [2, 3], stop_gradient=False)
+        arr = rg.TensorArray(dtype="float32", element_shape=[2, 3])
+        _, h, arr = rg.while_loop(lambda i, h, a: i < 4,
+                                  lambda i, h, a: (i + 1, rg.tanh(h * 1.5), a.write(i, h * h)),
+                                  [rg.constant(np.array(0)), x, arr], recompute=budget)
+        loss = rg.sum(arr.stack()) + rg.sum(h)
+        dx, = rg.gradients(loss, [x])
+    feed = {"x": _rand(2, 3)}
+    tx = torch.tensor(feed["x"], dtype=torch.float64, requires_grad=True)
+    th, rows = tx, []
+    for _ in range(4):
+        rows.append(th * th)
+        th = torch.tanh(th * 1.5)
+    tl = torch.stack(rows).sum() + th.sum()
+    want = [tl.detach().numpy(), torch.autograd.grad(tl, [tx])[0].numpy()]
+    _, got = _run(backend, main, feed, [loss, dx])
+    for g, w in zip(got, want):
+        np.testing.assert_allclose(g, w, rtol=1e-4, atol=1e-5)
