@@ -244,7 +244,8 @@ def _linear_cross_entropy_onnx(g):
 def _unpadded(g, stacked: str, rows: str, shape: str, width: list[int] = ()) -> str:
     """A Loop's stacked ``[count, chunk, *width]`` output as the first ``rows`` rows, in ``shape``."""
     total = g.node("ReduceProd", [g.node("Shape", [stacked], end=2)], keepdims=1)    # (width may be 0)
-    flat = g.node("Reshape", [stacked, g.node("Concat", [total, g.const(list(width), "int64")], axis=0)])
+    flat = g.node("Reshape", [stacked, g.node("Concat", [total, g.const(list(width), "int64")], axis=0)],
+                  allowzero=1)
     kept = g.node("Slice", [flat, g.const([0], "int64"), g.node("Unsqueeze", [rows, g.const([0], "int64")]),
                             g.const([0], "int64")])
     return g.node("Reshape", [kept, shape], allowzero=1)

@@ -124,5 +124,17 @@ def reshape(g, x: str, dims) -> str:
     return g.node("Reshape", [x, g.node("Concat", parts, axis=0)])
 
 
+def reshape_exact(g, x: str, dims) -> str:
+    """Reshape to ``dims``: ints (literal sizes, 0 included) or int64 ``[1]`` values; no size is
+    copied or inferred, so an empty tensor (a 0 channel count, an empty batch) reshapes too."""
+    parts = [g.const([d], "int64") if isinstance(d, int) else d for d in dims]
+    return g.node("Reshape", [x, g.node("Concat", parts, axis=0)], allowzero=1)
+
+
+def positions(g, x: str, first: int = 2) -> str:
+    """The number of positions of ``x``'s axes from ``first`` on, as an int64 ``[1]``."""
+    return g.node("ReduceProd", [g.node("Shape", [x], start=first)], keepdims=1)
+
+
 def prod(values) -> int:
     return math.prod(values)

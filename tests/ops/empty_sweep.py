@@ -160,6 +160,17 @@ def entry_names() -> list[str]:
     return names
 
 
+def entry_spec(name: str) -> dict:
+    """An entry's letter sizes and swept letters, read without importing retrograd."""
+    import ast
+    for node in ast.walk(ast.parse(open(__file__).read())):
+        if isinstance(node, ast.Call) and getattr(node.func, "id", None) == "E" and node.args[0].value == name:
+            kw = {k.arg: ast.literal_eval(k.value) for k in node.keywords if k.arg in ("sizes", "fixed")}
+            letters = set(node.args[1].value.replace(",", "")) - set(kw.get("fixed", ""))
+            return {"sizes": kw.get("sizes", {}), "swept": sorted(letters)}
+    raise KeyError(name)
+
+
 # --- running one case ------------------------------------------------------------------------
 
 def cases(entry: Entry) -> list[dict]:
@@ -173,7 +184,18 @@ def cases(entry: Entry) -> list[dict]:
     return out
 
 
-def _arrays(entry: Entry, sizes: dict, rng) -> list[np.ndarray]:
+@dataclass(frozen=True)
+class Variant:
+    """How a case is run: the float dtype, and the op wrapped in control flow (the fuzzer's
+    programs): ``"cond"`` (both branches compute it), ``"scan"`` (``steps`` copies stacked by a
+    scan whose body reads the inputs from outside), ``"while"`` (added ``steps`` more times)."""
+    dtype: str = "float32"
+    wrap: str = "none"
+    steps: int = 0
+    pred: bool = True
+
+
+def _arrays(entry: Entry, sizes: dict, rng, dtype: str = "float32") -> list[np.ndarray]:
     arrays = []
     for i, group in enumerate(entry.shapes.split(",")):
         shape = tuple(sizes[c] for c in group)
@@ -181,18 +203,23 @@ def _arrays(entry: Entry, sizes: dict, rng) -> list[np.ndarray]:
             low, high = entry.ints[i]
             arrays.append(rng.integers(low, high, size=shape).astype("int64"))
         else:
-            arrays.append(rng.uniform(0.5, 1.5, size=shape).astype("float32")
-                          * rng.choice([-1.0, 1.0], size=shape).astype("float32"))
+            arrays.append(rng.uniform(0.5, 1.5, size=shape).astype(dtype)
+                          * rng.choice([-1.0, 1.0], size=shape).astype(dtype))
     return arrays
 
 
-def _reference(entry: Entry, arrays):
+def _reference(entry: Entry, arrays, variant: Variant = Variant()):
     """(outputs, gradients) from PyTorch float64 autograd (it raises where torch refuses)."""
     import torch
     tensors = [torch.tensor(a, dtype=torch.float64, requires_grad=True) if a.dtype != np.int64
                else torch.tensor(a) for a in arrays]
     outs = entry.ref(torch, *tensors)
     outs = list(outs) if isinstance(outs, (list, tuple)) else [outs]
+    if variant.wrap == "scan":
+        outs = [torch.stack([outs[0]] * variant.steps) if variant.steps
+                else outs[0].new_zeros((0,) + tuple(outs[0].shape))]
+    elif variant.wrap == "while":
+        outs = [outs[0] * (variant.steps + 1)]
     floats = [t for t in tensors if t.is_floating_point()]
     grads = []
     if entry.grad:
@@ -202,21 +229,46 @@ def _reference(entry: Entry, arrays):
     return [o.detach().numpy() for o in outs], [g.numpy() for g in grads]
 
 
-def _program(entry: Entry, sizes: dict):
+def _wrapped(entry: Entry, xs, variant: Variant):
+    """The entry's outputs, built inside the variant's control flow."""
+    rg = _rg()
+    if variant.wrap == "cond":
+        return [rg.cond(rg.data("pred", [], "bool"), lambda: entry.build(*xs), lambda: entry.build(*xs))]
+    if variant.wrap == "scan":
+        steps = rg.data("steps", [-1, 1], variant.dtype)
+        _, ys = rg.scan(lambda c, _: (c, entry.build(*xs)), rg.fill([1], 0.0, variant.dtype), steps)
+        return [ys]
+    if variant.wrap == "while":
+        first = entry.build(*xs)
+        _, total = rg.while_loop(lambda i, acc: i < rg.data("count", [], "int64"),
+                                 lambda i, acc: (i + 1, acc + entry.build(*xs)),
+                                 [rg.constant(np.array(0)), first])
+        return [total]
+    outs = entry.build(*xs)
+    return list(outs) if isinstance(outs, (list, tuple)) else [outs]
+
+
+def variant_feed(variant: Variant) -> dict:
+    """The values a wrapped program reads besides the op's inputs."""
+    return {"cond": {"pred": np.array(variant.pred)},
+            "scan": {"steps": np.zeros((variant.steps, 1), variant.dtype)},
+            "while": {"count": np.array(variant.steps)}}.get(variant.wrap, {})
+
+
+def _program(entry: Entry, sizes: dict, variant: Variant = Variant()):
     rg = _rg()
     program = rg.Program()
     with rg.program_guard(program, rg.Program()):
         xs = []
         for i, group in enumerate(entry.shapes.split(",")):
             shape = [sizes[c] if c in entry.static else -1 for c in group]
-            dtype = "int64" if i in entry.ints else "float32"
+            dtype = "int64" if i in entry.ints else variant.dtype
             xs.append(rg.data(f"x{i}", shape, dtype, stop_gradient=dtype == "int64"))
-        outs = entry.build(*xs)
-        outs = list(outs) if isinstance(outs, (list, tuple)) else [outs]
-        floats = [x for x in xs if x.dtype == "float32"]
+        outs = _wrapped(entry, xs, variant)
+        floats = [x for x in xs if x.dtype == variant.dtype]
         grads = []
         if entry.grad:
-            total = rg.add_n([rg.sum(o) for o in outs if o.dtype == "float32"])
+            total = rg.add_n([rg.sum(o) for o in outs if o.dtype == variant.dtype])
             grads = [g if g is not None else rg.zeros_like(x)
                      for x, g in zip(floats, rg.gradients(total, floats))]
     return program, [v.name for v in outs + grads], len(outs)
@@ -246,23 +298,26 @@ def _compare(got, want, what: str) -> str | None:
     got = np.asarray(got)
     if got.shape != want.shape:
         return f"{what}: shape {got.shape}, torch {want.shape}"
-    if not np.allclose(got.astype("float64"), want, rtol=1e-4, atol=1e-5, equal_nan=True):
+    if not np.allclose(got.astype("float64"), want, rtol=1e-4, atol=1e-4, equal_nan=True):
         return f"{what}: values {got.ravel()[:6]}, torch {want.ravel()[:6]}"
     return None
 
 
-def run_case(entry: Entry, sizes: dict, runners) -> list[str]:
+def run_case(entry: Entry, sizes: dict, runners, variant: Variant = Variant(), seed: int = 0) -> list[str]:
     rg = _rg()
-    rng = np.random.default_rng(0)
-    arrays = _arrays(entry, sizes, rng)
+    rng = np.random.default_rng(seed)
+    arrays = _arrays(entry, sizes, rng, variant.dtype)
     label = f"{entry.name} {entry.shapes} sizes {''.join(f'{c}={sizes[c]}' for c in sorted(set(entry.shapes) - {','}))}"
+    if variant != Variant():
+        label += f" {variant}"
     try:
-        outs, grads = _reference(entry, arrays)
+        outs, grads = _reference(entry, arrays, variant)
         wants = outs + grads
     except (RuntimeError, IndexError, ValueError) as exc:
         wants = exc
-    program, fetch, n_out = _program(entry, sizes)
+    program, fetch, n_out = _program(entry, sizes, variant)
     feed = {f"x{i}": a for i, a in enumerate(arrays)}
+    feed.update(variant_feed(variant))
     failures, agreed = [], None
     for name, run in runners.items():
         try:
@@ -298,6 +353,13 @@ def main() -> None:
     runners = _runners()
     for line in sys.stdin:
         name = line.strip()
+        if name.startswith("{"):         # one fuzz case (benchmarks/fuzz_differential.py --ops)
+            case = json.loads(name)
+            print(json.dumps({"case": case}), flush=True)
+            failures = run_case(ENTRIES[case["op"]], case["sizes"], runners, Variant(**case["variant"]),
+                                case["seed"])
+            print(json.dumps({"op": case["op"], "failures": failures}), flush=True)
+            continue
         if name == CRASH:
             print(json.dumps({"case": {"a": 0}}), flush=True)
             os.kill(os.getpid(), signal.SIGFPE)
