@@ -371,3 +371,33 @@ def test_issue32_item10_tensor_array_loop_var_with_recompute(backend, budget):
     _, got = _run(backend, main, feed, [loss, dx])
     for g, w in zip(got, want):
         np.testing.assert_allclose(g, w, rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.engine_skip("the executor's measured peak (last_stats.peak_bytes)")
+def test_issue32_item10_memory_budget_plans_einsum_diagonal(backend):
+    """memory_budget plans a program whose gradient builds an einsum diagonal's identity from
+    run-time sizes (arange of a Dim): it names the least budget, not "pass feed_shapes", and
+    the run keeps to it with store-all's gradients (and torch's)."""
+    shapes = {"x": (8, 3)}
+
+    def build(budget):
+        main, startup = rg.Program(), rg.Program()
+        with rg.program_guard(main, startup):
+            x = rg.data("x", [-1, 3])
+            w = rg.create_parameter("w", [3, 3], init="ones")
+            h = rg.tanh(rg.matmul(x, w))
+            loss = rg.sum(rg.einsum("ii->i", rg.matmul(h, h, transpose_x=True))) + rg.sum(h)
+            grads = [g for _, g in rg.append_backward(loss, memory_budget=budget, feed_shapes=shapes)]
+        return main, startup, [loss] + grads
+    with pytest.raises(rg.ProgramError, match="least budget that fits is") as refused:
+        build(10)
+    least = int(str(refused.value).split("least budget that fits is ")[1].split()[0])
+    feed = {"x": _rand(*shapes["x"])}
+    main, startup, fetch = build(least)
+    exe, got = _run(backend, main, feed, fetch, startup)
+    assert exe.last_stats.peak_bytes <= least
+    tx, tw = torch.tensor(feed["x"]).double(), torch.ones(3, 3, dtype=torch.float64, requires_grad=True)
+    th = torch.tanh(tx @ tw)
+    tl = torch.einsum("ii->i", th.T @ th).sum() + th.sum()
+    np.testing.assert_allclose(got[0], tl.item(), rtol=1e-5)
+    np.testing.assert_allclose(got[1], torch.autograd.grad(tl, [tw])[0].numpy(), rtol=1e-4, atol=1e-5)
