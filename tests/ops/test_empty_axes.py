@@ -79,3 +79,18 @@ def test_sweep_reports_a_crash(child):
     failures = child.sweep(empty_sweep.CRASH)
     assert len(failures) == 1 and "the process died" in failures[0] and "'a': 0" in failures[0]
     assert child.sweep("exp") == []
+
+
+def test_random_op_programs_agree(child):
+    """The differential fuzzer's ``--ops`` programs (benchmarks/fuzz_differential.py), a few with
+    a fixed seed: random sizes (0, 1 or more on each axis), float32/float64, the op alone or in
+    cond / scan / while_loop, forward and gradient on every runner against PyTorch."""
+    import json
+    import random
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    import fuzz_differential
+    rng = random.Random(32)
+    failures = []
+    for _ in range(12):
+        failures += child.sweep(json.dumps(fuzz_differential._op_case(rng, empty_sweep)))
+    assert not failures, "\n".join(failures)
