@@ -401,3 +401,22 @@ def test_issue32_item10_memory_budget_plans_einsum_diagonal(backend):
     tl = torch.einsum("ii->i", th.T @ th).sum() + th.sum()
     np.testing.assert_allclose(got[0], tl.item(), rtol=1e-5)
     np.testing.assert_allclose(got[1], torch.autograd.grad(tl, [tw])[0].numpy(), rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.engine_skip("memory_budget is planned when the program is built")
+def test_issue32_item10_memory_budget_names_what_cannot_be_planned(backend):
+    """A TensorArray written by a while_loop has a length known only at run time: memory_budget
+    says so (and what to do), not "pass feed_shapes" when every feed shape was given."""
+    main, startup = rg.Program(), rg.Program()
+    with rg.program_guard(main, startup):
+        x = rg.data("x", [-1, 3])
+        h = rg.tanh(rg.matmul(x, rg.create_parameter("w", [3, 3])))
+        arr = rg.TensorArray(dtype="float32", element_shape=[-1, 3])
+        _, h, arr = rg.while_loop(lambda i, h, a: i < 3, lambda i, h, a: (i + 1, rg.tanh(h), a.write(i, h)),
+                                  [rg.constant(np.array(0)), h, arr])
+        loss = rg.sum(arr.stack()) + rg.sum(h)
+        with pytest.raises(rg.ProgramError) as refused:
+            rg.append_backward(loss, memory_budget=1 << 20, feed_shapes={"x": (8, 3)})
+    message = str(refused.value)
+    assert "cannot be planned" in message and "tensor_array" in message and "recompute=" in message
+    assert "pass feed_shapes" not in message
