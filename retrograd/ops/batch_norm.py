@@ -53,7 +53,7 @@ def _values_per_channel(x) -> int:
 def check_batch(shape) -> None:
     """The one rule on every backend (torch's): training needs more than one value per channel,
     so a batch of 0 (no statistics) and one value per channel (no variance) are refused."""
-    count = math.prod(int(d) for d in shape) // int(shape[1]) if int(shape[1]) else 0
+    count = math.prod(int(d) for i, d in enumerate(shape) if i != 1)     # values per channel
     if count < 2:
         raise ValueError(f"training needs more than one value per channel, got input shape "
                          f"{[int(d) for d in shape]}")

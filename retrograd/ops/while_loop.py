@@ -264,9 +264,10 @@ def _scan(k, count, *arrays):
 def _zero_step_stacks(k, stacked: list[int], bindings_of: Callable, xs) -> dict:
     """For a Scan of zero iterations, the empty stacks of the ys whose sizes only a step knows
     (declared -1, e.g. the batch of a row): one step runs on zero rows of the xs' row shapes, and
-    each y's stack is ``[0, *its shape]`` (``rg.scan``'s Scans, marked ``zero_step_shapes``; a
-    gradient's Scan reads its stacks for their values only where it ran). Where that step fails,
-    an ExecutionError names the scan and the y rather than an empty stack of a wrong shape."""
+    each y's stack is ``[0, *its shape]``. Only the Scans ``rg.scan`` builds are marked
+    ``zero_step_shapes``: a gradient's Scan body reads the forward's stacks, which have no rows to
+    run it on. Where that step fails, an ExecutionError names the scan and the y rather than an
+    empty stack of a wrong shape."""
     attrs, xp = k.attrs, k.xp
     body = attrs["body"]
     unknown = [j for j in stacked if any(d < 0 for d in body.var(attrs["ys"][j]).shape)]
