@@ -271,7 +271,7 @@ def _scale_onnx(g) -> str:
     dtype = g.in_vars[0].dtype
     if g.attrs["scale"] is not None:
         return g.const(g.attrs["scale"], dtype)
-    size = g.cast(g.dim(g.ins[0], -1), dtype)
+    size = g.node("Max", [g.cast(g.dim(g.ins[0], -1), dtype), g.const(1.0, dtype)])   # E = 0: as the kernel
     return g.node("Div", [g.const(1.0, dtype), g.node("Sqrt", [size])])
 
 
