@@ -20,6 +20,16 @@ every backend (``tests/autodiff/differential.py``) and is classified:
 * ``foreign``: an exception that is not a RetrogradError, or a failure inside onnxruntime
   (session build or run) where NumPy ran.
 
+``--ops`` fuzzes the op set of the size-0 sweep (``tests/ops/empty_sweep.py``: matmul and einsum,
+reductions, cumulative ops, indexing, norms, conv and pooling, attention, losses) instead: each
+program is one op with random sizes, every axis 0, 1 or more, float32 or float64, alone or inside
+``cond`` / ``scan`` (0 to 2 steps) / ``while_loop`` (0 to 2 more iterations), forward and
+gradient, on NumPy, torch, the engine and an exported model, against PyTorch float64 autograd.
+The programs run in a child process, started again when one dies: a ``crash`` is counted, with
+the case that caused it. Verdicts: ``agree`` (or every runner refused where torch refuses),
+``refused`` (a BackendError only), ``mismatch``, ``foreign`` (an exception that is not a
+RetrogradError), ``crash``.
+
 Failures are printed with the description and seed that reproduce them::
 
     python benchmarks/fuzz_differential.py --seconds 600
@@ -30,6 +40,7 @@ from __future__ import annotations
 
 import argparse
 import collections
+import json
 import random
 import sys
 import time
@@ -83,12 +94,76 @@ def run(seconds: float, seed: int, show: int) -> int:
     return failures
 
 
+OPS_KINDS = ("agree", "refused", "mismatch", "foreign", "crash")
+
+
+def _op_case(rng: random.Random, sweep) -> dict:
+    """One random op program of the sweep's table, described as the sweep's child reads it."""
+    entry = rng.choice(sweep.entry_names())
+    spec = sweep.entry_spec(entry)
+    sizes = dict(sweep.SIZES, **spec["sizes"])
+    for letter in spec["swept"]:
+        sizes[letter] = rng.choice([0, 1, sizes[letter], sizes[letter], rng.randint(2, 5)])
+    wrap = rng.choice(["none", "none", "cond", "scan", "while"])
+    variant = {"dtype": rng.choice(["float32", "float64"]), "wrap": wrap, "steps": rng.randint(0, 2),
+               "pred": rng.random() < 0.5}
+    return {"op": entry, "sizes": sizes, "variant": variant, "seed": rng.randrange(2**31)}
+
+
+def _verdict(failures: list[str]) -> str:
+    if not failures:
+        return "agree"
+    if any("process died" in f for f in failures):
+        return "crash"
+    if any("foreign" in f for f in failures):
+        return "foreign"
+    if all("BackendError" in f for f in failures):
+        return "refused"
+    return "mismatch"
+
+
+def run_ops(seconds: float, seed: int, show: int) -> int:
+    root = Path(__file__).resolve().parent.parent
+    sys.path.insert(0, str(root / "tests" / "ops"))
+    import empty_sweep as sweep
+    from test_empty_axes import Child
+    rng = random.Random(seed)
+    child = Child()
+    counts: collections.Counter = collections.Counter()
+    by_op: collections.Counter = collections.Counter()
+    failures = 0
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        case = _op_case(rng, sweep)
+        found = child.sweep(json.dumps(case))
+        kind = _verdict(found)
+        counts[kind] += 1
+        by_op[(kind, case["op"], case["variant"]["wrap"])] += 1
+        if kind not in ("agree", "refused"):
+            failures += 1
+            if failures <= show:
+                print(f"--- {kind}: {json.dumps(case)}\n" + "\n".join(f[:600] for f in found[:4]),
+                      file=sys.stderr, flush=True)
+    child.close()
+    total = sum(counts.values())
+    print(f"seconds: {seconds:.0f}  seed: {seed}  op programs: {total}  "
+          + "  ".join(f"{k}: {counts.get(k, 0)}" for k in OPS_KINDS))
+    for (outcome, op, wrap), count in sorted(by_op.items()):
+        if outcome != "agree":
+            print(f"  {outcome:<9} {op} ({wrap}): {count}")
+    return failures
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seconds", type=float, default=60.0)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--show", type=int, default=10, help="failures printed in full")
+    parser.add_argument("--ops", action="store_true",
+                        help="fuzz the size-0 sweep's op set (empty and size-1 axes, control flow)")
     args = parser.parse_args(argv)
+    if args.ops:
+        return 1 if run_ops(args.seconds, args.seed, args.show) else 0
     return 1 if run(args.seconds, args.seed, args.show) else 0
 
 

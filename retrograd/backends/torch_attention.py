@@ -14,7 +14,8 @@ general formulation runs (``fused_*`` return None):
   other ranks are reshaped (a mask with batch axes that do not match is
   expanded), a bool mask becomes ``0 / -inf``;
 * q, k and v must have one batch shape and one feature size (``E == Ev``);
-* no empty axis (an empty key axis crashes the process in torch 2.13);
+* no empty axis (an empty key axis, or an empty batch folded into the heads axis, crashes the
+  process with SIGFPE in torch 2.13): size 0 anywhere takes the general path;
 * fully masked rows: the kernel gives zeros and a logsumexp of 0, as the op
   does (checked by tests/ops/test_attention.py against the general path).
 """
@@ -37,7 +38,7 @@ def flash_ops(torch):
 def _fits(torch, q, k, v) -> bool:
     return (q.device.type == "cpu" and q.dtype in (torch.float32, torch.float64)
             and q.shape[:-2] == k.shape[:-2] == v.shape[:-2] and q.shape[-1] == v.shape[-1]
-            and min(q.shape[-2:]) > 0 and k.shape[-2] > 0)
+            and q.numel() > 0 and k.numel() > 0 and v.numel() > 0)
 
 
 def _batch4(batch) -> tuple[int, ...]:

@@ -300,16 +300,24 @@ class TorchBackend(Backend):
         return int(self.torch.cuda.memory_allocated(self.torch_device))
 
     # -- normalization: torch's fused kernels (the ones torch.nn.LayerNorm / RMSNorm run) ----------
+    # ATen's kernels mishandle size 0 (a SIGFPE in native_batch_norm_backward on CPU): an empty
+    # operand takes the portable formulation, which gives the empty (or zero) result
     def layer_norm(self, x, weight, bias, eps: float):
+        if _empty(x):
+            return super().layer_norm(x, weight, bias, eps)
         return self.torch.native_layer_norm(x, [x.shape[-1]], weight, bias, eps)
 
     def layer_norm_backward(self, dy, x, mean, rstd, weight, want_weight: bool, want_bias: bool):
+        if _empty(x):
+            return super().layer_norm_backward(dy, x, mean, rstd, weight, want_weight, want_bias)
         # (callers want a weight's gradient only where there is a weight)
         bias = dy.new_empty(x.shape[-1:]) if want_bias else None     # read for its presence only
         return self.torch.ops.aten.native_layer_norm_backward(
             dy, x, [x.shape[-1]], mean, rstd, weight, bias, [True, want_weight, want_bias])
 
     def rms_norm(self, x, weight, eps: float):
+        if _empty(x):
+            return super().rms_norm(x, weight, eps)
         return self.torch.ops.aten._fused_rms_norm(x, [x.shape[-1]], weight, eps)
     # (rms_norm_backward: the generic one; torch 2.13 has _fused_rms_norm_backward for CUDA only)
 
@@ -319,10 +327,14 @@ class TorchBackend(Backend):
 
     def batch_norm(self, x, mean, var, weight, bias, eps: float):
         # evaluation mode with (mean, var) as the running statistics: one fused pass, nothing written
+        if _empty(x):
+            return super().batch_norm(x, mean, var, weight, bias, eps)
         return self.torch.native_batch_norm(x, weight, bias, mean, var, False, 0.0, eps)[0]
 
     def batch_norm_backward(self, dy, x, mean, var, weight, eps: float, training: bool,
                             want_weight: bool, want_bias: bool):
+        if _empty(x):
+            return super().batch_norm_backward(dy, x, mean, var, weight, eps, training, want_weight, want_bias)
         mask = [True, want_weight, want_bias]
         if training:     # torch reads the batch statistics as (mean, 1 / sqrt(var + eps))
             grads = self.torch.ops.aten.native_batch_norm_backward(
@@ -334,6 +346,8 @@ class TorchBackend(Backend):
         return tuple(grad if wanted else None for grad, wanted in zip(grads, mask))
     # -- sliding windows: torch's routines, ATen's explicit backward ops ----------------------------
     def conv(self, x, w, strides, pads, dilations, groups: int):
+        if _empty(x, w):      # torch refuses 0 filters, and gives [N, 0, ...] for 0 input channels
+            return super().conv(x, w, strides, pads, dilations, groups)
         x, padding = self._symmetric(x, pads)
         conv_nd = getattr(self.torch.nn.functional, f"conv{x.ndim - 2}d", None)
         if conv_nd is None:
@@ -341,6 +355,8 @@ class TorchBackend(Backend):
         return conv_nd(x, w, None, list(strides), padding, list(dilations), groups)
 
     def conv_input_grad(self, dy, w, x_like, strides, pads, dilations, groups: int):
+        if _empty(dy, w, x_like):
+            return super().conv_input_grad(dy, w, x_like, strides, pads, dilations, groups)
         nd, shape = len(strides), tuple(x_like.shape)
         asymmetric = _asymmetric(pads)
         padding = [0] * nd if asymmetric else list(pads[:nd])
@@ -350,22 +366,24 @@ class TorchBackend(Backend):
         dx = self.torch.ops.aten.convolution_backward(
             dy, stand_in, w, None, list(strides), padding, list(dilations), False,
             [0] * nd, groups, [True, False, False])[0]
-        return crop(dx, pads, shape[2:]) if asymmetric else dx
+        return crop(dx, pads, shape[2:], self.xp) if asymmetric else dx
 
     def conv_weight_grad(self, x, dy, w_like, strides, pads, dilations, groups: int):
+        if _empty(x, dy, w_like):
+            return super().conv_weight_grad(x, dy, w_like, strides, pads, dilations, groups)
         x, padding = self._symmetric(x, pads)
         return self.torch.ops.aten.convolution_backward(
             dy, x, self._stand_in(w_like), None, list(strides), padding, list(dilations), False,
             [0] * len(strides), groups, [False, True, False])[1]
 
     def max_pool(self, x, kernel, strides, pads, dilations=None):
-        if x.ndim != 4 or _asymmetric(pads):
+        if x.ndim != 4 or _asymmetric(pads) or _empty(x):
             return super().max_pool(x, kernel, strides, pads, dilations)
         return self.torch.ops.aten.max_pool2d_with_indices(x, list(kernel), list(strides), list(pads[:2]),
                                                            list(dilations or (1, 1)))
 
     def max_pool_grad(self, dy, indices, x_like, kernel, strides, pads, dilations=None):
-        if dy.ndim != 4 or _asymmetric(pads):
+        if dy.ndim != 4 or _asymmetric(pads) or _empty(dy, x_like):
             return super().max_pool_grad(dy, indices, x_like, kernel, strides, pads, dilations)
         return self.torch.ops.aten.max_pool2d_with_indices_backward(
             dy, self._stand_in(x_like), list(kernel), list(strides), list(pads[:2]), list(dilations or (1, 1)),
@@ -377,13 +395,13 @@ class TorchBackend(Backend):
         return picked.reshape(indices.shape)
 
     def avg_pool(self, x, kernel, strides, pads):
-        if x.ndim != 4 or _asymmetric(pads):
+        if x.ndim != 4 or _asymmetric(pads) or _empty(x):
             return super().avg_pool(x, kernel, strides, pads)
         return self.torch.nn.functional.avg_pool2d(x, list(kernel), list(strides), list(pads[:2]),
                                                    ceil_mode=False, count_include_pad=True)
 
     def avg_pool_grad(self, dy, x_like, kernel, strides, pads):
-        if dy.ndim != 4 or _asymmetric(pads):
+        if dy.ndim != 4 or _asymmetric(pads) or _empty(dy, x_like):
             return super().avg_pool_grad(dy, x_like, kernel, strides, pads)
         return self.torch.ops.aten.avg_pool2d_backward(dy, self._stand_in(x_like), list(kernel), list(strides),
                                                        list(pads[:2]), False, True, None)
@@ -418,6 +436,11 @@ def _broadcast_einsum(torch, equation: str, operands):
         aligned = aligned.reshape([aligned.shape[own.index(c)] if c in own else 1 for c in order])
         product = aligned if product is None else product * aligned
     return product.sum(dim=list(range(len(output), len(order)))) if summed else product
+
+
+def _empty(*arrays) -> bool:
+    """Whether any of ``arrays`` has an axis of size 0 (vendor kernels are not called then)."""
+    return any(a is not None and a.numel() == 0 for a in arrays)
 
 
 def _asymmetric(pads) -> bool:

@@ -90,9 +90,13 @@ def col2im(xp, cols, padded_shape, kernel, strides, dilations, outs):
     return out
 
 
-def crop(x_pad, pads, sizes):
+def crop(x_pad, pads, sizes, xp=None):
+    """The unpadded part of ``x_pad``; with ``xp``, a copy where pads were cut: a view would keep
+    the whole padded buffer alive as long as the result, more than the memory plan (and a
+    ``memory_budget``) counts for it."""
     nd = len(sizes)
-    return x_pad[(slice(None), slice(None)) + tuple(slice(pads[i], pads[i] + sizes[i]) for i in range(nd))]
+    inner = x_pad[(slice(None), slice(None)) + tuple(slice(pads[i], pads[i] + sizes[i]) for i in range(nd))]
+    return xp.asarray(inner, copy=True) if xp is not None and any(pads) else inner
 
 
 def padded_shape(shape, pads):
@@ -123,7 +127,7 @@ def conv_input_grad(xp, dy, w, x_shape, strides, pads, dilations, groups: int):
     dcols = xp.matmul(_grouped_weight(xp, w, groups, transpose=True), dy)   # [N, G, C/G*K, P]
     dcols = xp.reshape(dcols, (n, x_shape[1], math.prod(kernel)) + outs)
     dx_pad = col2im(xp, dcols, padded_shape(x_shape, pads), kernel, strides, dilations, outs)
-    return crop(dx_pad, pads, x_shape[2:])
+    return crop(dx_pad, pads, x_shape[2:], xp)
 
 
 def conv_weight_grad(xp, x, dy, w_shape, strides, pads, dilations, groups: int):
@@ -219,4 +223,4 @@ def avg_pool_grad(xp, dy, x_shape, kernel, strides, pads):
     dx_pad = xp.zeros(padded_shape(x_shape, pads), dtype=dy.dtype)
     for index in tap_slices(kernel, strides, ones, outs):
         dx_pad[index] += share
-    return crop(dx_pad, pads, x_shape[2:])
+    return crop(dx_pad, pads, x_shape[2:], xp)

@@ -321,6 +321,7 @@ class _Search:
         self.least_a = max(self.loop_least, 1) if self.loop_least else max(self.tape_bytes, 1)
         self.most_a = max(self.model.store_all, self.loop_least) * 2 + 1
         self.peaks: dict[int, int | None] = {}
+        self.why: ProgramError | None = None      # why the last refused activation budget failed
 
     def _loop_least(self, block: Block) -> int:
         """The least budget a loop op can run with: one taped step (what its backward reads of one
@@ -339,8 +340,9 @@ class _Search:
             try:
                 self._configure(scratch, activation)
                 self.peaks[activation] = planned_peak(scratch.global_block(), self.keep, self.feed_shapes)
-            except ProgramError:
+            except ProgramError as exc:
                 self.peaks[activation] = None
+                self.why = exc          # what the least budget's refusal names
         return self.peaks[activation]
 
     def _configure(self, program: Program, activation: int) -> int:
@@ -381,7 +383,8 @@ class _Search:
         """The least budget that fits: the planned peak at the smallest activation budget."""
         peak = self.peak(self.least_a)
         if peak is None:
-            raise ProgramError(f"no recompute schedule of the backward of '{self.loss.name}' fits any budget")
+            raise ProgramError(f"no recompute schedule of the backward of '{self.loss.name}' fits any budget"
+                               + (f": {self.why}" if self.why is not None else ""))
         return peak
 
     def apply(self, program: Program, activation: int) -> int:

@@ -354,6 +354,21 @@ def planned_peak(block: Block, keep, feed_shapes: Mapping | None = None, shapes:
             total -= held_now.pop(name, 0)
     if exact and sizer.unknown:
         names = list(dict.fromkeys(sizer.unknown))
-        raise ProgramError(f"the sizes of {', '.join(names[:5])}{' ...' if len(names) > 5 else ''} depend on "
-                           "run-time shapes; pass feed_shapes={'x': (batch, ...)} for every fed value")
+        listed = f"{', '.join(names[:5])}{' ...' if len(names) > 5 else ''}"
+        unfed = _unresolved_feeds(block, shapes)
+        if unfed:
+            raise ProgramError(f"the sizes of {listed} depend on run-time shapes; pass feed_shapes="
+                               f"{{'{unfed[0]}': (batch, ...)}} for every fed value (missing: {', '.join(unfed)})")
+        raise ProgramError(f"the sizes of {listed} depend on run-time values that feed_shapes cannot give (a "
+                           "while_loop's trip count, a TensorArray's length): they cannot be planned; give "
+                           "such a loop its own recompute=<bytes>, or leave memory_budget out")
     return peak
+
+
+def _unresolved_feeds(block: Block, shapes) -> list[str]:
+    """The fed values (read, never written, not persistable) whose shapes still hold -1."""
+    written = {name for op in block.ops for name in op.outputs}
+    read = {name for op in block.ops for name in op.inputs}
+    return sorted(name for name in read - written
+                  if (var := block.find_var(name)) is not None and not var.persistable
+                  and any(d < 0 for d in shapes.get(name, var.shape)))

@@ -40,7 +40,9 @@ def resolve_shapes(block: Block, feed_shapes: Mapping[str, Sequence[int]] | None
             raise ProgramError(f"feed_shapes gives '{name}' the shape {list(shape)}, but it is declared "
                                f"{var.type_str()}")
         shapes[name] = shape
+    values: dict[str, int] = {}       # int scalars whose value the planner knows (a Dim's size)
     for op in block.ops:
+        _size_values(op, shapes, values)
         inferred = _infer(op, block, shapes)
         if inferred is not None:
             for name, shape in zip(op.outputs, inferred):
@@ -65,6 +67,21 @@ def _carried_shapes(op, block: Block, shapes: Shapes) -> None:
         declared = shapes.get(name, ())
         if any(d < 0 for d in declared) and tuple(declared) in resolved:
             shapes[name] = resolved[tuple(declared)]
+
+
+def _size_values(op, shapes: Shapes, values: dict[str, int]) -> None:
+    """Apply the op's ``size_values`` rule (registry.py): known int values of its outputs, and
+    shapes that follow from its inputs' values."""
+    rule = get_op_def(op.type).extra.get("size_values")
+    if rule is None:
+        return
+    out_shapes, out_values = rule([shapes.get(n, ()) for n in op.inputs], [values.get(n) for n in op.inputs],
+                                  op.attrs)
+    for name, value in zip(op.outputs, out_values or ()):
+        if value is not None:
+            values[name] = int(value)
+    for name, shape in zip(op.outputs, out_shapes or ()):
+        shapes[name] = tuple(shape)
 
 
 def _infer(op, block: Block, shapes: Shapes) -> list[tuple[int, ...]] | None:

@@ -67,7 +67,7 @@ def hash_bits(g, key: Sequence, shape: str, salt: int = 0) -> str:
     low = g.node("BitwiseAnd", [i, g.const(MASK, "int64")])
     high = g.node("Div", [i, g.const(1 << 32, "int64")])
     h = mix(g, _xor(g, _xor(g, mix(g, _xor(g, low, k0)), k1), high))
-    return g.node("Reshape", [h, shape])
+    return g.node("Reshape", [h, shape], allowzero=1)      # (a 0 in shape is a size, not a copy)
 
 
 # --- normal draws: Box-Muller with + - * / only, as backends/keyed_random.py ----------------------

@@ -26,7 +26,9 @@ stay; clone such a program before ``append_backward`` instead (its Vars are
 fetchable from the clone all the same).
 
 Ops registered ``test_mode=True`` (``Dropout``, ``BatchNorm``) get
-``attrs["is_test"] = True``; their kernels and lowerings read it.
+``attrs["is_test"] = True``; their kernels and lowerings read it. They are forward ops, so they
+stay even where only a training op reads them (a batch norm whose output nothing reads but whose
+statistics feed ``BatchNormStats``).
 """
 from __future__ import annotations
 
@@ -66,13 +68,19 @@ def _training_ops(block: Block) -> set[int]:
         for name in values:
             value_readers.setdefault(name, set()).add(j)
     for i in reversed(range(len(ops))):
-        if i in dropped:
+        if i in dropped or _has_test_mode(ops[i]):
             continue
         consumers = {j for name in ops[i].outputs for j in readers.get(name, ()) if j > i}
         fed = {j for name in ops[i].outputs for j in value_readers.get(name, ()) if j > i}
         if consumers and consumers <= dropped and (fed or _is_stand_in(ops[i])):
             dropped.add(i)
     return dropped
+
+
+def _has_test_mode(op: Op) -> bool:
+    """A forward op with an evaluation form (``BatchNorm``, ``Dropout``) stays even when only the
+    training ops read it (its running-statistics update): its own output stays fetchable."""
+    return get_op_def(op.type).extra.get("test_mode", False)
 
 
 def _is_stand_in(op: Op) -> bool:

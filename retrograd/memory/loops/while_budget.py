@@ -67,12 +67,16 @@ def forward_kernel(k, *arrays, condition_holds, check_stable):
     stride, kept = 1, []            # kept: (iteration, loop vars), iteration > 0
     carry_bytes = tape_bytes = capacity = 0
     shapes: list = [None] * len(ys)
+    # Loop vars that change shape (a TensorArray, shape_invariants) cannot share a checkpoint
+    # stack: the backward then recomputes from the initial loop vars, within the budget, counting
+    # the loop vars at their largest
+    ragged = bool(attrs.get("ragged"))
     iters = 0
     while True:
         stream = streams.stream(attrs, iters)    # random ops draw per iteration (ops/streams.py)
         if not condition_holds(k, consts, carries, iters, stream):
             break
-        if graded and iters and iters % stride == 0:
+        if graded and iters and iters % stride == 0 and not ragged:
             for value in carries:
                 meter.hold(value)
             kept.append((iters, list(carries)))
@@ -84,8 +88,11 @@ def forward_kernel(k, *arrays, condition_holds, check_stable):
                 kept = [e for e in kept if e[0] % stride == 0]
         values = run.run_block(attrs["body"], {**consts, **dict(zip(attrs["carry_binds"], carries))},
                                fetch if iters == 0 else fetch[:n], stream)
-        if graded:
+        if graded and not ragged:
             check_stable(op, arrays[:n], values[:n])
+        if graded and ragged and iters:
+            grown = _nbytes(values[:n])
+            tape_bytes, carry_bytes = tape_bytes + max(0, grown - carry_bytes), max(carry_bytes, grown)
         if graded and iters == 0:
             carry_bytes = _nbytes(carries)
             tape_bytes = _nbytes([v for v, f in zip(values[n:], full) if f]) + carry_bytes

@@ -21,7 +21,7 @@ from .creation import constant, fill_like
 from ..core.lowering import lowers
 from ..math.elementwise import equal
 from ..core.registry import append_op, defop
-from .shape_ops import arange
+from .shape_ops import arange, broadcast_to
 from .tensor import cast, dim, unsqueeze
 
 LETTERS = string.ascii_letters
@@ -76,16 +76,20 @@ def normalize_equation(equation: str, shapes: Sequence[Sequence[int]]) -> str:
         output = dots + "".join(sorted(c for c in set(joined) if joined.count(c) == 1 and c not in dots))
     if len(set(output)) != len(output) or set(output) - set("".join(inputs)):
         raise ShapeError(f"einsum output {output!r} must name distinct letters of the inputs ({equation!r})")
-    letter_sizes(inputs, shapes, equation)
+    letter_sizes(inputs, shapes, equation, broadcast=dots)
     return ",".join(inputs) + "->" + output
 
 
-def letter_sizes(inputs: list[str], shapes, equation: str) -> dict[str, int]:
-    """Each letter's size (-1 when unknown); ShapeError when two known sizes differ."""
+def letter_sizes(inputs: list[str], shapes, equation: str, broadcast: str = "") -> dict[str, int]:
+    """Each letter's size (-1 when unknown); ShapeError when two known sizes differ (for the
+    letters in ``broadcast``, the ellipsis' axes, a size 1 broadcasts as NumPy's)."""
     sizes: dict[str, int] = {}
     for i, (subs, shape) in enumerate(zip(inputs, shapes)):
         for letter, d in zip(subs, shape):
             known = sizes.get(letter, -1)
+            if letter in broadcast and 1 in (d, known):
+                sizes[letter] = known if d == 1 else d
+                continue
             if d >= 0 and known >= 0 and d != known:
                 raise ShapeError(f"einsum {equation!r}: letter {letter!r} has size {known} and {d} "
                                  f"(operand {i})")
@@ -157,7 +161,30 @@ def _einsum(k, *xs):
 
 @lowers("Einsum")
 def _einsum_onnx(g):
-    return [g.node("Einsum", g.ins, equation=g.attrs["equation"])]
+    """ONNX Einsum, behind an If where an operand may be empty at run time: onnxruntime's kernel
+    dies (SIGFPE) on a size-0 letter, so an empty operand gives zeros of the output's shape."""
+    equation = g.attrs["equation"]
+    if all(d > 0 for v in g.in_vars for d in v.shape):
+        return [g.node("Einsum", g.ins, equation=equation)]
+    inputs, output = _split(equation)
+    dtype = g.out_vars[0].dtype
+    full = g.child()
+    result = full.node("Einsum", g.ins, equation=equation)
+    zeros = g.child()
+    filled = zeros.fill(zeros.node("Concat", [_onnx_letter_size(zeros, inputs, c) for c in output], axis=0)
+                        if output else zeros.const([], "int64"), 0, dtype)
+    sizes = [g.node("ReduceProd", [g.shape(x)], keepdims=1) for x in g.ins]
+    least = g.node("ReduceMin", [g.node("Concat", sizes, axis=0)], keepdims=0)
+    empty = g.node("Equal", [least, g.const(0, "int64")])
+    name, rank = g.op.outputs[0], [None] * len(output)     # (a rank: the If may be in a loop body)
+    return [g.node("If", [empty], then_branch=zeros.finish(f"{name}.empty", [(filled, dtype, rank)]),
+                   else_branch=full.finish(f"{name}.full", [(result, dtype, rank)]))]
+
+
+def _onnx_letter_size(g, inputs: list[str], letter: str) -> str:
+    """The run-time size of ``letter`` (int64 ``[1]``): its first operand's axis."""
+    i = next(i for i, subs in enumerate(inputs) if letter in subs)
+    return g.dim(g.ins[i], inputs[i].index(letter))
 
 
 def einsum(equation: str, *xs) -> Var:
@@ -201,8 +228,31 @@ def einsum(equation: str, *xs) -> Var:
     like = next((x for x in operands if x is not None), None)
     operands = [x if x is not None else constant(v, like.dtype if like is not None else None)
                 for x, v in zip(operands, xs)]
+    operands = _broadcast_ellipsis(equation, operands)
     try:
         explicit = normalize_equation(equation, [v.shape for v in operands])
     except ShapeError:
         explicit = equation          # the shape rule raises it again, naming the op and the line
     return append_op("Einsum", operands, {"equation": explicit})[0]
+
+
+def _broadcast_ellipsis(equation, operands: list[Var]) -> list[Var]:
+    """The operands with the ellipsis' size-1 axes broadcast to the other operands' sizes
+    (``"...ij,...jk"`` with ``[2, 1, 3, 4]`` and ``[5, 4, 2]``: the 1 becomes 5), as NumPy,
+    torch and ONNX do; the Einsum op itself then sees equal sizes."""
+    if not isinstance(equation, str) or "..." not in equation:
+        return operands
+    try:
+        inputs, output = _split(equation)
+        inputs, _, dots = _expand_ellipses(inputs, output, [v.ndim for v in operands])
+    except ShapeError:
+        return operands          # the shape rule raises it, naming the op and the line
+    if len(inputs) != len(operands) or any(len(s) != v.ndim for s, v in zip(inputs, operands)):
+        return operands
+    target = {c: max((v.shape[s.index(c)] for s, v in zip(inputs, operands) if c in s), default=1)
+              for c in dots}
+    out = []
+    for subs, v in zip(inputs, operands):
+        shape = [target[c] if c in dots and d == 1 and target[c] > 1 else -1 for c, d in zip(subs, v.shape)]
+        out.append(broadcast_to(v, shape) if any(d > 0 for d in shape) else v)
+    return out

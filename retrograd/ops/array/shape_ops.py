@@ -418,7 +418,14 @@ def _bounds(attrs, values) -> tuple:
     return start, stop
 
 
-@defop("Arange", inputs=("bounds*",), infer=_arange_rule)
+def _arange_size_values(shapes, values, attrs):
+    if any(v is None for v in values):
+        return None, None
+    start, stop = _bounds(attrs, values)
+    return [(_range_length(start, stop, attrs["step"]),)], None
+
+
+@defop("Arange", inputs=("bounds*",), infer=_arange_rule, size_values=_arange_size_values)
 def _arange(k, *bounds):
     """``start, start + step, ...`` below ``stop`` (above, for a negative step), as numpy.arange."""
     start, stop = _bounds(k.attrs, bounds)

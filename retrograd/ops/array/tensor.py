@@ -978,7 +978,13 @@ def _dim_rule(ins, attrs):
     return [((), "int64")]
 
 
-@defop("Dim", infer=_dim_rule, nondiff=(0,), shape_only=(0,))
+def _dim_size_values(shapes, values, attrs):
+    shape = shapes[0]
+    size = shape[normalize_axis(attrs["axis"], len(shape))]
+    return None, [size if size >= 0 else None]
+
+
+@defop("Dim", infer=_dim_rule, nondiff=(0,), shape_only=(0,), size_values=_dim_size_values)
 def _dim(k, x):
     return k.xp.asarray(x.shape[normalize_axis(k.attrs["axis"], x.ndim)], dtype=dtype_of(k.xp, "int64"))
 

@@ -77,6 +77,8 @@ def _build_scan(where: str, count: Var, inits: list[Var], xs: list[Var], step: C
              "ys_full": [True] * len(ys), "reverse": bool(reverse)}
     if any(isinstance(v, TensorArray) for v in inits):   # carried arrays grow: each step's shapes kept
         attrs["ragged"] = True
+    if any(d < 0 for y in ys for d in y.shape):    # zero steps: one step on zero rows gives ys' sizes
+        attrs["zero_step_shapes"] = True
     attrs.update(streams.stream_attrs(body))    # a loop key when the step draws random numbers
     outs = append_op("Scan", [count] + inits + xs + [block.var(n) for n in reads], attrs, name="scan")
     finals = [TensorArray.of(v, init.element_shape) if isinstance(init, TensorArray) else v

@@ -255,8 +255,34 @@ def _scan(k, count, *arrays):
     for out in shaped.values():
         run.meter.release(out)
     computed = dict(zip(stacked, kept.stacks(reverse=attrs["reverse"])))
+    if n == 0 and attrs.get("zero_step_shapes"):
+        computed.update(_zero_step_stacks(k, stacked, bindings_of=lambda rows: {
+            **consts, **dict(zip(attrs["carry_binds"], carries)), **dict(zip(attrs["x_binds"], rows))}, xs=xs))
     computed.update(shaped)
     return as_outputs(list(carries) + or_stand_ins(k, c, len(likes), computed))
+
+
+def _zero_step_stacks(k, stacked: list[int], bindings_of: Callable, xs) -> dict:
+    """For a Scan of zero iterations, the empty stacks of the ys whose sizes only a step knows
+    (declared -1, e.g. the batch of a row): one step runs on zero rows of the xs' row shapes, and
+    each y's stack is ``[0, *its shape]``. Only the Scans ``rg.scan`` builds are marked
+    ``zero_step_shapes``: a gradient's Scan body reads the forward's stacks, which have no rows to
+    run it on. Where that step fails, an ExecutionError names the scan and the y rather than an
+    empty stack of a wrong shape."""
+    attrs, xp = k.attrs, k.xp
+    body = attrs["body"]
+    unknown = [j for j in stacked if any(d < 0 for d in body.var(attrs["ys"][j]).shape)]
+    if not unknown:
+        return {}
+    rows = [xp.zeros(tuple(x.shape[1:]), dtype=x.dtype) for x in xs]
+    names = [attrs["ys"][j] for j in unknown]
+    try:
+        values = k.run.run_block(body, bindings_of(rows), names, streams.stream(attrs, 0))
+    except ExecutionError as exc:
+        raise ExecutionError(f"{k.op.where()}: zero iterations, and the run-time shape of "
+                             f"{', '.join(repr(n) for n in names)} (declared with -1) comes only from a "
+                             f"step, which failed on zero rows: {type(exc).__name__}: {exc}") from exc
+    return {j: xp.zeros((0,) + tuple(v.shape), dtype=v.dtype) for j, v in zip(unknown, values)}
 
 
 def _row(stack, i: int, sizes):
@@ -302,7 +328,40 @@ def _scan_onnx(g):
             rank = g.in_vars[like].ndim
             tail = g.node("Sub", [g.shape(g.ins[like]), g.shape(stacks[j])])
             stacks[j] = g.node("Pad", [stacks[j], g.node("Concat", [g.const([0] * rank, "int64"), tail], axis=0)])
-    return outs[:c] + stacks
+    return outs[:c] + _zero_step_stacks_onnx(g, count, stacks)
+
+
+def _zero_step_stacks_onnx(g, count: str, stacks: list[str]) -> list[str]:
+    """The kernel's ``_zero_step_stacks``: behind an If on zero iterations, the stacks of the ys
+    whose sizes only a step knows are ``[0, *shape]`` of one step run on zero rows (a Loop of no
+    iterations would give 0 for those sizes)."""
+    a = g.attrs
+    c, s = len(a["carry_binds"]), len(a["x_binds"])
+    unknown = [j for j, like in enumerate(a["ys_like"])
+               if like is None and any(d < 0 for d in a["body"].var(a["ys"][j]).shape)]
+    if not unknown or not a.get("zero_step_shapes"):
+        return stacks
+    step = g.child()
+    step.stream(step.const(0, "int64"))
+    rows = [step.fill(step.node("Shape", [x], start=1), 0, var.dtype)
+            for x, var in zip(g.ins[1 + c:1 + c + s], g.in_vars[1 + c:1 + c + s])]
+    binds = {**dict(zip(a["carry_binds"], _carry_inits(g, range(1, 1 + c)))), **dict(zip(a["x_binds"], rows))}
+    values = step.lower(a["body"], binds, [a["ys"][j] for j in unknown])
+    empties, kept, types = [], g.child(), []
+    for j, value in zip(unknown, values):
+        empties.append(step.node("Slice", [step.node("Unsqueeze", [value, step.const([0], "int64")]),
+                                           step.const([0], "int64"), step.const([0], "int64"),
+                                           step.const([0], "int64")]))
+        types.append((g.out_vars[c + j].dtype, [None] * g.out_vars[c + j].ndim))
+    passed = [kept.node("Identity", [stacks[j]]) for j in unknown]
+    name = f"{g.op.outputs[c + unknown[0]]}.zero_steps"
+    chosen = g.nodes("If", [g.node("Equal", [count, g.const(0, "int64")])], len(unknown),
+                     then_branch=step.finish(name, [(v, *t) for v, t in zip(empties, types)]),
+                     else_branch=kept.finish(f"{name}.else", [(v, *t) for v, t in zip(passed, types)]))
+    out = list(stacks)
+    for j, value in zip(unknown, chosen):
+        out[j] = value
+    return out
 
 
 def _invariant_vars(block: Block, inits: list[Var], shape_invariants) -> list[Var]:

@@ -26,6 +26,9 @@ An op is defined once, in one place::
   ``batch_rows=(i, ...)`` marks one separable over the first axis only (the
   heads of attention, a layer norm); ``batch_broadcast=True`` lets its other
   inputs broadcast over that axis (an attention mask).
+  ``size_values=fn(shapes, values, attrs) -> (out shapes | None, out values | None)`` lets the
+  memory planner follow sizes through int scalars (``Dim`` gives an axis' size, ``Arange`` a
+  length from its bounds): ``values`` holds the known ints of the inputs (None where unknown).
 """
 from __future__ import annotations
 

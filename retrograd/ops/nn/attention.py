@@ -111,7 +111,9 @@ def _grad_rule(ins, attrs):
 
 def _scale(k, q) -> float:
     scale = k.attrs["scale"]
-    return 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
+    if scale is not None:
+        return scale
+    return 1.0 / math.sqrt(q.shape[-1]) if q.shape[-1] else 1.0     # E = 0: the scores are 0 anyway
 
 
 def causal_keep(xp, length: int, keys: int):
@@ -269,7 +271,7 @@ def _scale_onnx(g) -> str:
     dtype = g.in_vars[0].dtype
     if g.attrs["scale"] is not None:
         return g.const(g.attrs["scale"], dtype)
-    size = g.cast(g.dim(g.ins[0], -1), dtype)
+    size = g.node("Max", [g.cast(g.dim(g.ins[0], -1), dtype), g.const(1.0, dtype)])   # E = 0: as the kernel
     return g.node("Div", [g.const(1.0, dtype), g.node("Sqrt", [size])])
 
 

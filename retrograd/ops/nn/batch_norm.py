@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import math
 
-from ...errors import ProgramError, ShapeError
+from ...errors import ProgramError, ShapeError, kernel_failure
 from ...ir.program import Var, as_float
 from ..core.lowering import lowers
 from ..math.elementwise import expand_as, sqrt, square
@@ -50,6 +50,37 @@ def _values_per_channel(x) -> int:
     return math.prod(x.shape) // x.shape[1] if x.shape[1] else 0
 
 
+def check_batch(shape) -> None:
+    """The one rule on every backend (torch's): training needs more than one value per channel,
+    so a batch of 0 (no statistics) and one value per channel (no variance) are refused."""
+    count = math.prod(int(d) for i, d in enumerate(shape) if i != 1)     # values per channel
+    if count < 2:
+        raise ValueError(f"training needs more than one value per channel, got input shape "
+                         f"{[int(d) for d in shape]}")
+
+
+def _checked_batch_onnx(g, x: str) -> str:
+    """``x`` behind a guard node that fails the run where ``check_batch`` raises."""
+    var = g.in_vars[0]
+    if var.shape[0] >= 0 and all(d >= 0 for d in var.shape[2:]) and _values_per_channel_static(var) >= 2:
+        return x
+    dims = g.node("Concat", [g.node("Shape", [x], end=1), g.node("Shape", [x], start=2)], axis=0)
+    failed = g.node("Less", [g.node("ReduceProd", [dims], keepdims=0), g.const(2, "int64")])
+    where = g.op.where()
+
+    def verify(shape):
+        try:
+            check_batch(shape)
+        except ValueError as exc:
+            raise kernel_failure(where, exc) from None
+    ok = g.check(failed, "training needs more than one value per channel", verify, [g.shape(x)])
+    return g.node("Where", [ok, x, x])
+
+
+def _values_per_channel_static(var) -> int:
+    return math.prod([var.shape[0], *var.shape[2:]])
+
+
 def _uses_batch_stats(attrs) -> bool:
     return attrs["training"] and not attrs.get("is_test", False)
 
@@ -60,9 +91,7 @@ def _batch_norm(k, x, running_mean, running_var, *params):
     """Per channel ``(x - mean) / sqrt(var + eps) * weight + bias``; ``mean`` and ``var`` (biased)
     are the batch's in training, the running statistics otherwise, and are outputs too."""
     if _uses_batch_stats(k.attrs):
-        if _values_per_channel(x) < 2:
-            raise ValueError(f"training needs more than one value per channel, got input shape "
-                             f"{list(x.shape)}")
+        check_batch(x.shape)
         mean, var = k.backend.channel_stats(x)
     else:
         mean, var = running_mean, running_var
@@ -79,6 +108,7 @@ def _batch_norm_onnx(g):
     def per_channel(v):
         return g.node("Reshape", [v, shape])
     if _uses_batch_stats(g.attrs):
+        x = _checked_batch_onnx(g, x)
         axes = g.const(_channel_axes(ndim), "int64")
         mean = g.node("ReduceMean", [x, axes], keepdims=0)
         centred = g.node("Sub", [x, per_channel(mean)])

@@ -174,9 +174,11 @@ def _conv_general_onnx(g, x: str, w: str, w_var: Var) -> str:
     kernel = wo.static_kernel(g, w_var, "Conv")
     f, cg = w_var.shape[:2]
     pieces = wo.im2col(g, wo.pad(g, x, pads, w_var.dtype), kernel, strides, dilations)
-    cols = wo.reshape(g, wo.stack_taps(g, pieces), [0, groups, cg * wo.prod(kernel), -1])
-    y = g.node("MatMul", [wo.reshape(g, w, [groups, f // groups, -1]), cols])
-    return wo.reshape(g, y, [g.dim(x, 0), f, g.node("Shape", [pieces[0]], start=2)])
+    # (exact sizes: with 0 channels or filters no -1 can be inferred)
+    cols = wo.reshape_exact(g, wo.stack_taps(g, pieces), [g.dim(x, 0), groups, cg * wo.prod(kernel),
+                                                          wo.positions(g, pieces[0])])
+    y = g.node("MatMul", [wo.reshape_exact(g, w, [groups, f // groups, cg * wo.prod(kernel)]), cols])
+    return wo.reshape_exact(g, y, [g.dim(x, 0), f, g.node("Shape", [pieces[0]], start=2)])
 
 
 # --- ConvInputGrad: the transposed convolution --------------------------------------------------
@@ -204,9 +206,11 @@ def _conv_input_grad_onnx(g):
     w_var = g.in_vars[1]
     kernel = wo.static_kernel(g, w_var, "ConvInputGrad")
     f, cg = w_var.shape[:2]
-    wt = g.node("Transpose", [wo.reshape(g, w, [groups, f // groups, -1])], perm=[0, 2, 1])
-    dcols = g.node("MatMul", [wt, wo.reshape(g, dy, [0, groups, f // groups, -1])])   # [N, G, C/G*K, P]
-    dcols = wo.reshape(g, dcols, [0, cg * groups, wo.prod(kernel), g.node("Shape", [dy], start=2)])
+    wt = g.node("Transpose", [wo.reshape_exact(g, w, [groups, f // groups, cg * wo.prod(kernel)])],
+                perm=[0, 2, 1])
+    dcols = g.node("MatMul", [wt, wo.reshape_exact(g, dy, [g.dim(dy, 0), groups, f // groups,
+                                                           wo.positions(g, dy)])])   # [N, G, C/G*K, P]
+    dcols = wo.reshape_exact(g, dcols, [g.dim(dy, 0), cg * groups, wo.prod(kernel), g.node("Shape", [dy], start=2)])
     spread = wo.dilate(g, dcols, 3, strides)
     pieces = [g.node("Gather", [spread, g.const(t, "int64")], axis=2) for t in range(wo.prod(kernel))]
     return [wo.col2im(g, pieces, x_like, pads, kernel, dilations)]
@@ -252,9 +256,12 @@ def _conv_weight_grad_onnx(g):
     w_var = g.in_vars[2]
     kernel = wo.static_kernel(g, w_var, "ConvWeightGrad")
     f, cg = w_var.shape[:2]
+    if 0 in w_var.shape:       # an empty weight's gradient (the MatMul below cannot form it)
+        return [g.fill(g.shape(w_like), 0, w_var.dtype)]
     pieces = wo.im2col(g, wo.pad(g, x, pads, w_var.dtype), kernel, strides, dilations)
-    cols = wo.reshape(g, wo.stack_taps(g, pieces), [0, groups, cg * wo.prod(kernel), -1])
-    dy = wo.reshape(g, dy, [0, groups, f // groups, -1])
+    cols = wo.reshape_exact(g, wo.stack_taps(g, pieces), [g.dim(x, 0), groups, cg * wo.prod(kernel),
+                                                          wo.positions(g, pieces[0])])
+    dy = wo.reshape_exact(g, dy, [g.dim(dy, 0), groups, f // groups, wo.positions(g, dy)])
     dw = g.node("MatMul", [dy, g.node("Transpose", [cols], perm=[0, 1, 3, 2])])
     dw = g.node("ReduceSum", [dw, g.const([0], "int64")], keepdims=0)
     return [g.node("Reshape", [dw, g.shape(w_like)])]

@@ -59,7 +59,8 @@ def _chunks(n: int, size: int):
 
 
 def _flat(xp, h, labels):
-    return xp.reshape(h, (-1, h.shape[-1])), xp.reshape(labels, (-1,))
+    rows = math.prod(h.shape[:-1])           # (not -1: with hidden size 0, h has no elements)
+    return xp.reshape(h, (rows, h.shape[-1])), xp.reshape(labels, (rows,))
 
 
 def _chunk_logits(k, h_c, w, b):
@@ -196,7 +197,7 @@ def linear_cross_entropy(h: Var, w: Var, b: Var | None, labels: Var, chunk_rows:
 def _padded_rows(g, value: str, rows: str, padded: str, width: list[int]) -> str:
     """``value`` reshaped to ``[rows, *width]`` and padded with zero rows to ``padded`` rows."""
     flat = g.node("Reshape", [value, g.node("Concat", [g.node("Unsqueeze", [rows, g.const([0], "int64")]),
-                                                       g.const(width, "int64")], axis=0)]) \
+                                                       g.const(width, "int64")], axis=0)], allowzero=1) \
         if width else g.node("Reshape", [value, g.node("Unsqueeze", [rows, g.const([0], "int64")])])
     extra = g.node("Sub", [padded, rows])
     pads = g.node("Concat", [g.const([0] * (1 + len(width)), "int64"),
@@ -263,7 +264,9 @@ def _linear_cross_entropy_onnx(g):
 
 def _unpadded(g, stacked: str, rows: str, shape: str, width: list[int] = ()) -> str:
     """A Loop's stacked ``[count, chunk, *width]`` output as the first ``rows`` rows, in ``shape``."""
-    flat = g.node("Reshape", [stacked, g.const([-1, *width], "int64")])
+    total = g.node("ReduceProd", [g.node("Shape", [stacked], end=2)], keepdims=1)    # (width may be 0)
+    flat = g.node("Reshape", [stacked, g.node("Concat", [total, g.const(list(width), "int64")], axis=0)],
+                  allowzero=1)
     kept = g.node("Slice", [flat, g.const([0], "int64"), g.node("Unsqueeze", [rows, g.const([0], "int64")]),
                             g.const([0], "int64")])
     return g.node("Reshape", [kept, shape], allowzero=1)

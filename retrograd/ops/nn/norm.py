@@ -101,11 +101,11 @@ def split_params(attrs, params):
 @lowers("LayerNorm")
 def _layer_norm_onnx(g):
     """ONNX LayerNormalization for float32; onnxruntime's keeps float64 statistics in float32,
-    so float64 takes the formula."""
+    so float64 takes the formula, as does a last axis that may be empty (onnxruntime refuses it)."""
     x = g.ins[0]
     weight, bias = split_params(g.attrs, g.ins[1:])
     dtype = g.in_vars[0].dtype
-    if dtype != "float32":
+    if dtype != "float32" or g.in_vars[0].shape[-1] <= 0:
         return _layer_norm_formula_onnx(g, x, weight, bias, dtype)
     if weight is None:
         weight = g.fill(g.dim(x, -1), 1, dtype)

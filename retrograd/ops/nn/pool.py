@@ -116,8 +116,8 @@ def _max_pool_grad(k, dy, indices, x_like):
 @lowers("MaxPoolGrad")
 def _max_pool_grad_onnx(g):
     dy, indices, x_like = g.ins
-    planes = g.node("Concat", [g.node("Shape", [x_like], end=2), g.const([-1], "int64")], axis=0)
-    zeros = g.fill(g.node("Shape", [g.node("Reshape", [x_like, planes])]), 0, g.out_vars[0].dtype)
+    plane = g.node("ReduceProd", [g.node("Shape", [x_like], start=2)], keepdims=1)
+    zeros = g.fill(g.node("Concat", [g.node("Shape", [x_like], end=2), plane], axis=0), 0, g.out_vars[0].dtype)
     rows = [wo.reshape(g, v, [0, 0, -1]) for v in (indices, dy)]
     summed = g.node("ScatterElements", [zeros, *rows], axis=2, reduction="add")
     return [g.node("Reshape", [summed, g.shape(x_like)])]

@@ -68,7 +68,8 @@ def dilate(g, t: str, first_axis: int, strides) -> str:
         gaps = [0] * (rank + 1) * 2
         gaps[rank + 1 + axis + 1] = s - 1
         t = g.node("Pad", [t, g.const(gaps, "int64")])
-        merged = g.node("Concat", [g.node("Shape", [t], end=axis), g.const([-1], "int64"),
+        spread = g.node("Mul", [g.node("Shape", [t], start=axis, end=axis + 1), g.const([s], "int64")])
+        merged = g.node("Concat", [g.node("Shape", [t], end=axis), spread,
                                    g.node("Shape", [t], start=axis + 2)], axis=0)
         t = g.node("Reshape", [t, merged])
         t = g.node("Slice", [t, g.const([0], "int64"), g.const([1 - s], "int64"), g.const([axis], "int64")])
@@ -105,11 +106,34 @@ def static_kernel(g, w_var, what: str) -> tuple[int, ...]:
 
 
 def reshape(g, x: str, dims) -> str:
-    """Reshape to ``dims``: ints (0 copies the input's size there, -1 is inferred) or int64 values."""
+    """Reshape to ``dims``: ints (0 copies the input's size there, -1 is inferred) or int64 values.
+
+    ONNX cannot infer -1 when the tensor is empty, so -1 after leading copies is computed: the
+    product of the input's remaining sizes over the other (positive) dims."""
     if all(isinstance(d, int) for d in dims):
-        return g.node("Reshape", [x, g.const(list(dims), "int64")])
+        copies = next((i for i, d in enumerate(dims) if d != 0), len(dims))
+        rest = dims[copies:]
+        if rest.count(-1) != 1 or any(d <= 0 for d in rest if d != -1):
+            return g.node("Reshape", [x, g.const(list(dims), "int64")])
+        known = prod([d for d in rest if d != -1])
+        inferred = g.node("Div", [g.node("ReduceProd", [g.node("Shape", [x], start=copies)], keepdims=1),
+                                  g.const([known], "int64")])
+        dims = [g.node("Shape", [x], start=i, end=i + 1) for i in range(copies)] + \
+            [inferred if d == -1 else d for d in rest]
     parts = [g.const([d], "int64") if isinstance(d, int) else d for d in dims]
     return g.node("Reshape", [x, g.node("Concat", parts, axis=0)])
+
+
+def reshape_exact(g, x: str, dims) -> str:
+    """Reshape to ``dims``: ints (literal sizes, 0 included) or int64 ``[1]`` values; no size is
+    copied or inferred, so an empty tensor (a 0 channel count, an empty batch) reshapes too."""
+    parts = [g.const([d], "int64") if isinstance(d, int) else d for d in dims]
+    return g.node("Reshape", [x, g.node("Concat", parts, axis=0)], allowzero=1)
+
+
+def positions(g, x: str, first: int = 2) -> str:
+    """The number of positions of ``x``'s axes from ``first`` on, as an int64 ``[1]``."""
+    return g.node("ReduceProd", [g.node("Shape", [x], start=first)], keepdims=1)
 
 
 def prod(values) -> int:

@@ -131,7 +131,7 @@ def _cumprod(k, x):
 @lowers("CumProd")
 def _cumprod_onnx(g):
     """A Scan over the axis carrying the running product (ONNX has no CumProd), behind an If
-    for an empty axis (onnxruntime's Scan cannot run zero iterations)."""
+    for an empty x (onnxruntime's Scan cannot run zero iterations nor over empty slices)."""
     x, var = g.ins[0], g.in_vars[0]
     dtype = "int64" if var.dtype == "bool" else var.dtype
     if var.dtype == "bool":
@@ -145,15 +145,18 @@ def _cumprod_onnx(g):
     item = body.input("item", dtype)
     running = body.node("Mul", [carry, item])
     direction = [int(g.attrs["reverse"])]
+    row = [None] * (var.ndim - 1)
     _, out = scan.nodes("Scan", [ones, x], 2, num_scan_inputs=1, scan_input_axes=[axis],
                         scan_output_axes=[axis], scan_input_directions=direction,
                         scan_output_directions=direction,
-                        body=body.finish(f"{g.op.outputs[0]}.step", [(running, dtype, None), (running, dtype, None)]))
+                        body=body.finish(f"{g.op.outputs[0]}.step", [(running, dtype, row), (running, dtype, row)]))
     empty = g.child()
     copy = empty.node("Identity", [x])
-    is_empty = g.node("Equal", [g.scalar_dim(x, axis), g.const(0, "int64")])
-    return [g.node("If", [is_empty], then_branch=empty.finish(f"{g.op.outputs[0]}.empty", [(copy, dtype, None)]),
-                   else_branch=scan.finish(f"{g.op.outputs[0]}.scan", [(out, dtype, None)]))]
+    # (any empty axis, not only the scanned one: onnxruntime's Scan over empty slices dies with SIGFPE)
+    is_empty = g.node("Equal", [g.node("ReduceProd", [g.shape(x)], keepdims=0), g.const(0, "int64")])
+    rank = [None] * var.ndim      # (a branch's outputs need a rank inside a loop body)
+    return [g.node("If", [is_empty], then_branch=empty.finish(f"{g.op.outputs[0]}.empty", [(copy, dtype, rank)]),
+                   else_branch=scan.finish(f"{g.op.outputs[0]}.scan", [(out, dtype, rank)]))]
 
 
 def cumprod(x: Var, axis: int, reverse: bool = False, exclusive: bool = False) -> Var:

@@ -194,7 +194,8 @@ def _first_extreme_mask_onnx(g):
     perm = _moved_last(var.ndim, axes)
     moved = g.node("Transpose", [x], perm=perm)
     kept = g.node("Shape", [moved], start=0, end=var.ndim - len(axes))
-    rows = g.node("Reshape", [moved, g.node("Concat", [kept, g.const([-1], "int64")], axis=0)])
+    count = g.node("ReduceProd", [g.node("Shape", [moved], start=var.ndim - len(axes))], keepdims=1)
+    rows = g.node("Reshape", [moved, g.node("Concat", [kept, count], axis=0)])     # (no -1: x may be empty)
     pick = g.node("ArgMax" if g.attrs["mode"] == "Max" else "ArgMin", [rows], axis=-1, keepdims=1,
                   select_last_index=0)
     count = g.scalar_dim(rows, -1)
