@@ -11,6 +11,8 @@ FLOAT_DTYPES = ("float32", "float64")
 
 def canonical(dtype) -> str:
     """Return the dtype's name as retrograd spells it ("float32", ...)."""
+    if isinstance(dtype, str) and dtype in DTYPES:      # already spelled so (most calls: no NumPy lookup)
+        return dtype
     try:
         name = np.dtype(dtype).name
     except (TypeError, ValueError, KeyError) as exc:
