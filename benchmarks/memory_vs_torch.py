@@ -332,6 +332,19 @@ def sweep(model: str, args) -> list[dict]:
     return rows
 
 
+def rows_from_logs(paths: list[str]) -> list[dict]:
+    """The points printed by earlier sweeps (a later line of the same point replaces an error)."""
+    points: dict = {}
+    for path in paths:
+        for line in Path(path).read_text().splitlines():
+            if line.startswith("{") and '"side"' in line:
+                r = json.loads(line)
+                key = (r["model"], r["side"], r["fraction"])
+                if key not in points or "error" in points[key] or "error" not in r:
+                    points[key] = r
+    return list(points.values())
+
+
 def table(rows: list[dict]) -> list[str]:
     """One markdown table: both sides per fraction, ratios to each side's own store-all (f = 1)."""
     base = {(r["model"], r["side"]): r for r in rows if r["fraction"] == 1.0 and "error" not in r}
@@ -408,6 +421,8 @@ def main() -> None:
     parser.add_argument("--no-torch", action="store_true", help="retrograd's front only")
     parser.add_argument("--timeout", type=int, default=900, help="seconds per point")
     parser.add_argument("--out", default=None, help="write PREFIX.md, PREFIX.json and PREFIX.png")
+    parser.add_argument("--from-log", nargs="+", default=None, help="make the table and plot from the "
+                        "JSON lines of earlier runs' output (a later line of the same point wins)")
     parser.add_argument("--worker", choices=("retrograd", "torch"), help=argparse.SUPPRESS)
     parser.add_argument("--fraction", type=float, default=1.0, help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -421,8 +436,10 @@ def main() -> None:
     load0 = os.getloadavg()
     started = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
     rows = []
-    for model in args.models.split(","):
+    for model in args.models.split(",") if args.from_log is None else []:
         rows += sweep(model, args)
+    if args.from_log is not None:
+        rows = rows_from_logs(args.from_log)
     load1 = os.getloadavg()
     import torch
     head = [f"command: PYTHONPATH=. python benchmarks/memory_vs_torch.py {' '.join(sys.argv[1:])}",
