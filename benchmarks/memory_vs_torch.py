@@ -333,14 +333,14 @@ def sweep(model: str, args) -> list[dict]:
 
 
 def rows_from_logs(paths: list[str]) -> list[dict]:
-    """The points printed by earlier sweeps (a later line of the same point replaces an error)."""
+    """The points printed by earlier sweeps (a later line of the same point wins, unless an error)."""
     points: dict = {}
     for path in paths:
         for line in Path(path).read_text().splitlines():
             if line.startswith("{") and '"side"' in line:
                 r = json.loads(line)
                 key = (r["model"], r["side"], r["fraction"])
-                if key not in points or "error" in points[key] or "error" not in r:
+                if key not in points or "error" not in r:
                     points[key] = r
     return list(points.values())
 
@@ -422,7 +422,7 @@ def main() -> None:
     parser.add_argument("--timeout", type=int, default=900, help="seconds per point")
     parser.add_argument("--out", default=None, help="write PREFIX.md, PREFIX.json and PREFIX.png")
     parser.add_argument("--from-log", nargs="+", default=None, help="make the table and plot from the "
-                        "JSON lines of earlier runs' output (a later line of the same point wins)")
+                        "JSON lines of earlier runs' output (a later line of the same point wins, unless an error)")
     parser.add_argument("--worker", choices=("retrograd", "torch"), help=argparse.SUPPRESS)
     parser.add_argument("--fraction", type=float, default=1.0, help=argparse.SUPPRESS)
     args = parser.parse_args()
