@@ -5,11 +5,11 @@ against step time) for the same models, each point in a fresh process.
 Models (float32, one thread on both sides, the training step's forward and backward with the
 gradients of every parameter; no optimizer update):
 
-* ``tfm``: the transformer LM of ``retrograd train --model transformer`` (``charlm.build_net``:
+* ``tfm``: the transformer LM of ``retrograd train --model transformer`` (``models/charlm.build_net``:
   token + learned position embeddings, pre-norm GPT-2 blocks, a final layer norm and the output
   layer, mean cross-entropy), 4 blocks, D=256, 4 heads, context T=256, batch 16, V=96;
   ``--small``: 2 blocks, D=128, T=128, batch 8.
-* ``lstm``: the LSTM LM of ``retrograd train`` (``charlm.build_net``: embedding 64, one
+* ``lstm``: the LSTM LM of ``retrograd train`` (``models/charlm.build_net``: embedding 64, one
   ``layers.lstm`` of 128, the output layer over every step), T=128, batch 32, V=96
   (``--small``: T=64, batch 16). The torch model writes the same cell as a loop over time
   steps (``torch.compile`` unrolls it; ``torch.nn.LSTM`` would run as one opaque oneDNN call
@@ -132,7 +132,7 @@ def measure(step, steps: int) -> dict:
 def rg_program(model: str, size: Size, budget: int | None):
     """The training step's program (forward, loss, backward) of ``retrograd train --model model``."""
     import retrograd as rg
-    from retrograd.charlm import ModelConfig, build_net
+    from retrograd.models.charlm import ModelConfig, build_net
     cfg = ModelConfig(model="transformer" if model == "tfm" else "lstm", hidden=size.hidden,
                       layers=size.layers, embed=size.embed, heads=size.heads)
     main, startup = rg.Program(random_seed=0), rg.Program(random_seed=0)

@@ -1,8 +1,13 @@
 """retrograd: define-then-run deep learning whose backward pass is a program.
 
-Example::
+Build a program of ops over named variables, let ``append_backward`` write
+the backward pass as more ops into it, and run it with an ``Executor``.
 
+Example:
+    ```python
+    import numpy as np
     import retrograd as rg
+
     main, startup = rg.Program(), rg.Program()
     with rg.program_guard(main, startup):
         x = rg.data("x", [-1, 8])
@@ -11,7 +16,10 @@ Example::
         params_grads = rg.append_backward(loss)
     exe = rg.Executor()
     exe.run(startup)
-    loss_v, = exe.run(main, feed={"x": xb}, fetch_list=[loss])
+    xb = np.random.default_rng(0).normal(size=(4, 8)).astype("float32")
+    (loss_v,) = exe.run(main, feed={"x": xb}, fetch_list=[loss])
+    print(main)                                    # the forward and the backward, one op per line
+    ```
 """
 from .errors import BackendError, ExecutionError, FeedError, ProgramError, RetrogradError, ShapeError
 from .ir import (Block, Op, Program, Var, block_guard, default_main_program,
@@ -36,11 +44,11 @@ from . import passes  # noqa: E402  (whole-program rewrites: rg.passes.optimize_
 # `dir(rg)` and `from retrograd import *` give the API: the classes and functions imported above
 # (the op builders are whatever retrograd/ops/__init__.py exports) and the public subpackages.
 # The ops package's modules (math, loop_grad, ...), which `from .ops import *` brought along,
-# are dropped here; every module stays importable under its own name (retrograd.ops.math).
+# are dropped here; every module stays importable under its own name (retrograd.ops.math.elementwise).
 import types as _types  # noqa: E402
 
 _SUBPACKAGES = ("backends", "distributed", "layers", "memory", "onnx", "optim", "passes", "testing")
-_UNLISTED = ("autodiff", "backend", "errors", "io", "ir", "ops", "runtime")   # kept, not listed
+_UNLISTED = ("autodiff", "errors", "io", "ir", "ops", "runtime")   # kept, not listed
 for _name, _value in list(globals().items()):
     if isinstance(_value, _types.ModuleType) and not _name.startswith("_") \
             and _name not in _SUBPACKAGES + _UNLISTED:

@@ -44,7 +44,19 @@ from .runtime.scope import Scope
 
 
 class ParamFileError(FeedError):
-    """A parameter file is missing, unreadable, or does not fit the program or scope."""
+    """A parameter file is missing, unreadable, or does not fit the program or scope.
+
+    Example:
+        ```python
+        import numpy as np
+        import retrograd as rg
+
+        try:
+            rg.read_params("no/such/file.npz")
+        except rg.ParamFileError as exc:
+            print(exc)
+        ```
+    """
 
 
 def persistable_vars(program: Program) -> list[Var]:
@@ -57,11 +69,34 @@ def save_params(scope: Scope, path: str | os.PathLike, program: Program) -> Path
     """Write ``program``'s persistable values from ``scope`` to ``path`` (``.npz``), atomically.
 
     Saves parameters and optimizer state (velocities, moments, step counts),
-    so ``load_params`` resumes training exactly. Returns the path written.
+    so ``load_params`` resumes training exactly.
 
-    Example::
+    Args:
+        scope: The Scope holding the values (``exe.scope``).
+        path: The file to write.
+        program: The program whose persistable Vars are saved.
 
-        rg.save_params(exe.scope, "ckpt.npz", main)
+    Returns:
+        The path written.
+
+    Example:
+        ```python
+        import os
+        import tempfile
+
+        import numpy as np
+        import retrograd as rg
+
+        main, startup = rg.Program(), rg.Program()
+        with rg.program_guard(main, startup):
+            loss = rg.mean(rg.layers.fc(rg.data("x", [-1, 3]), 2, name="fc"))
+            rg.optim.Adam(1e-3).minimize(loss)
+        exe = rg.Executor()
+        exe.run(startup)
+        path = os.path.join(tempfile.mkdtemp(), "ckpt.npz")
+        rg.save_params(exe.scope, path, main)
+        assert "fc.w" in rg.read_params(path) and "fc.w.moment1" in rg.read_params(path)
+        ```
     """
     path = Path(path)
     arrays = {}
@@ -163,12 +198,36 @@ def _write_npz(file, arrays: dict[str, np.ndarray]) -> None:
 
 
 def read_params(path: str | os.PathLike) -> dict[str, np.ndarray]:
-    """Every array stored in a parameter file, by name; ParamFileError if it is not one.
+    """Every array stored in a parameter file, by name.
 
-    Example::
+    Args:
+        path: A file written by ``save_params``.
 
-        for name, value in rg.read_params("ckpt.npz").items():
+    Returns:
+        A dict of name -> NumPy array.
+
+    Raises:
+        ParamFileError: The file is missing or not a parameter file.
+
+    Example:
+        ```python
+        import os
+        import tempfile
+
+        import numpy as np
+        import retrograd as rg
+
+        main, startup = rg.Program(), rg.Program()
+        with rg.program_guard(main, startup):
+            loss = rg.mean(rg.layers.fc(rg.data("x", [-1, 3]), 2, name="fc"))
+            rg.optim.Adam(1e-3).minimize(loss)
+        exe = rg.Executor()
+        exe.run(startup)
+        path = os.path.join(tempfile.mkdtemp(), "ckpt.npz")
+        rg.save_params(exe.scope, path, main)
+        for name, value in rg.read_params(path).items():
             print(name, value.shape, value.dtype)
+        ```
     """
     return _read_npz(Path(path), lambda name, shape, dtype: None, {})
 
@@ -268,17 +327,46 @@ def load_params(scope: Scope, path: str | os.PathLike, program: Program | None =
                 strict: bool = False) -> list[str]:
     """Load a file written by ``save_params`` into ``scope``; return the names loaded.
 
-    With ``program``, every persistable Var of the program must be in the
-    file with its declared shape and dtype (``strict=True`` also rejects
-    entries the program lacks). Without it, each entry must match the shape
-    and dtype of any value the scope already holds under that name. On a
-    mismatch, ParamFileError lists what does not match and the scope is left
-    unchanged.
+    On a mismatch, ParamFileError lists what does not match and the scope is
+    left unchanged.
 
-    Example::
+    Args:
+        scope: The Scope to load into.
+        path: The file.
+        program: When given, every persistable Var of the program must be in
+            the file with its declared shape and dtype. Without it, each entry
+            must match the shape and dtype of any value the scope already holds
+            under that name.
+        strict: Also reject entries the program lacks.
 
+    Returns:
+        The names loaded.
+
+    Raises:
+        ParamFileError: The file is missing, unreadable, or does not fit.
+
+    Example:
+        ```python
+        import os
+        import tempfile
+
+        import numpy as np
+        import retrograd as rg
+
+        main, startup = rg.Program(), rg.Program()
+        with rg.program_guard(main, startup):
+            loss = rg.mean(rg.layers.fc(rg.data("x", [-1, 3]), 2, name="fc"))
+            rg.optim.Adam(1e-3).minimize(loss)
+        exe = rg.Executor()
         exe.run(startup)
-        rg.load_params(exe.scope, "ckpt.npz", main)
+        path = os.path.join(tempfile.mkdtemp(), "ckpt.npz")
+        rg.save_params(exe.scope, path, main)
+        saved = exe.scope.get("fc.w").copy()
+        exe.scope.set("fc.w", np.zeros_like(saved))
+        exe.run(startup)                                   # then restore the checkpoint over it
+        loaded = rg.load_params(exe.scope, path, main)
+        assert "fc.w" in loaded and np.array_equal(exe.scope.get("fc.w"), saved)
+        ```
     """
     misfits: dict[str, str] = {}
     arrays = _read_npz(Path(path), _header_check(scope, program), misfits)

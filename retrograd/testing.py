@@ -17,18 +17,37 @@ from .errors import RetrogradError
 from .ir.builder import program_guard
 from .ir.dtypes import is_float
 from .ir.program import Program, Var
-from .ops import creation, math as ops_math, reduce as ops_reduce
+from .ops.array import creation
+from .ops.math import elementwise as ops_math
+from .ops.reduce import reductions as ops_reduce
 from .runtime import Executor
 
 __all__ = ["build_program", "check_gradients", "GradientCheckError", "started_executor"]
 
 
 def build_program(fn: Callable[[], object], seed: int = 0) -> tuple[Program, Program, object]:
-    """Build ``fn()`` into a fresh (main, startup) pair and verify it; return (main, startup, fn's result).
+    """Build ``fn()`` into a fresh (main, startup) pair and verify it.
 
-    Example::
+    Args:
+        fn: A function of no arguments that builds ops (with the rg builders).
+        seed: The main program's ``random_seed``.
+
+    Returns:
+        ``(main, startup, fn's result)``.
+
+    Raises:
+        ProgramError: The built program fails verification.
+
+    Example:
+        ```python
+        import numpy as np
+        import retrograd as rg
 
         main, startup, y = rg.testing.build_program(lambda: rg.tanh(rg.data("x", [-1, 3])))
+        exe = rg.testing.started_executor(startup)
+        (out,) = exe.run(main, feed={"x": np.zeros((2, 3), "float32")}, fetch_list=[y])
+        assert out.shape == (2, 3)
+        ```
     """
     from .ir.verify import verify_program
     main, startup = Program(random_seed=seed), Program()
@@ -39,12 +58,24 @@ def build_program(fn: Callable[[], object], seed: int = 0) -> tuple[Program, Pro
 
 
 def started_executor(startup: Program) -> Executor:
-    """A new Executor that has run ``startup`` (parameters initialised).
+    """A new Executor (NumPy backend) that has run ``startup`` (parameters initialised).
 
-    Example::
+    Args:
+        startup: The startup program.
 
+    Returns:
+        The Executor.
+
+    Example:
+        ```python
+        import numpy as np
+        import retrograd as rg
+
+        main, startup, y = rg.testing.build_program(lambda: rg.layers.fc(rg.data("x", [-1, 3]), 2, name="fc"))
         exe = rg.testing.started_executor(startup)
-        y, = exe.run(main, feed={"x": xb}, fetch_list=[out])
+        assert exe.scope.get("fc.w").shape == (3, 2)
+        (out,) = exe.run(main, feed={"x": np.ones((1, 3), "float32")}, fetch_list=[y])
+        ```
     """
     exe = Executor()
     exe.run(startup)
@@ -52,7 +83,20 @@ def started_executor(startup: Program) -> Executor:
 
 
 class GradientCheckError(RetrogradError):
-    """Analytic and numeric gradients disagree beyond the tolerance."""
+    """Analytic and numeric gradients disagree beyond the tolerance (the message names the element).
+
+    Example:
+        ```python
+        import numpy as np
+        import retrograd as rg
+
+        wrong = rg.custom_gradient(lambda x: x * x, lambda xs, ys, dys: [dys[0] * xs[0]])   # not 2x
+        try:
+            rg.testing.check_gradients(lambda x: wrong(x), {"x": np.array([1.0, 2.0])})
+        except rg.testing.GradientCheckError as exc:
+            print(exc)
+        ```
+    """
 
 
 def check_gradients(fn: Callable[..., Var | list[Var]],
@@ -63,25 +107,48 @@ def check_gradients(fn: Callable[..., Var | list[Var]],
                     device: str | None = None) -> dict[str, float]:
     """Compare analytic and numeric gradients of ``fn``; return the worst relative error per input.
 
-    ``fn`` receives one Var per entry of ``inputs`` (a dict of name -> array,
-    or a list of arrays named after ``fn``'s parameters; float inputs become
-    float64 Vars; integer inputs keep their dtype and are not differentiated)
-    and returns a Var or a list of Vars. The error reported per input is the
-    worst elementwise relative error ``|analytic - numeric| / max(|analytic|,
-    |numeric|, floor)`` (the floor, ``max(1e-3 * max|numeric|, atol)``, keeps
-    near-zero entries from dominating); right gradients report about 1e-8.
-    The check fails where ``|analytic - numeric| > atol + rtol * |numeric|``,
-    and the exception names the element. Random ops
-    (dropout) draw the same values in every run of the check. ``feeds`` are
-    extra values for data Vars that ``fn`` declares itself. ``backend`` and
-    ``device`` choose where the program runs (``rg.Executor(backend=, device=)``).
+    ``fn`` builds its outputs over float64 inputs; they are projected onto
+    fixed random directions (so every element of the Jacobian matters), the
+    analytic gradient comes from ``rg.gradients`` and is compared with central
+    finite differences. The error reported per input is the worst elementwise
+    relative error ``|analytic - numeric| / max(|analytic|, |numeric|, floor)``
+    (the floor, ``max(1e-3 * max|numeric|, atol)``, keeps near-zero entries from
+    dominating); right gradients report about 1e-8. The check fails where
+    ``|analytic - numeric| > atol + rtol * |numeric|``. Random ops (dropout)
+    draw the same values in every run of the check.
 
-    Example::
+    Args:
+        fn: Receives one Var per entry of ``inputs`` and returns a Var or a list of Vars.
+        inputs: A dict of name -> array, or a list of arrays named after
+            ``fn``'s parameters; float inputs become float64 Vars; integer inputs
+            keep their dtype and are not differentiated.
+        wrt: The inputs to check (every float input by default).
+        eps: The finite-difference step.
+        rtol: The relative tolerance.
+        atol: The absolute tolerance.
+        seed: The seed of the projection directions.
+        raise_on_failure: Raise GradientCheckError on a failure (else only report).
+        feeds: Extra values for data Vars that ``fn`` declares itself.
+        backend: Where the program runs (``rg.Executor(backend=)``).
+        device: The device (``rg.Executor(device=)``).
 
+    Returns:
+        A dict of input name -> worst relative error.
+
+    Raises:
+        GradientCheckError: A gradient is off beyond the tolerance (naming the element).
+
+    Example:
+        ```python
+        import numpy as np
+        import retrograd as rg
+
+        rng = np.random.default_rng(0)
         report = rg.testing.check_gradients(
             lambda x, w: rg.tanh(x @ w),
-            {"x": np.random.randn(3, 4), "w": np.random.randn(4, 2)})
-        # {'x': 2.1e-10, 'w': 8.7e-11}
+            {"x": rng.normal(size=(3, 4)), "w": rng.normal(size=(4, 2))})
+        assert set(report) == {"x", "w"} and max(report.values()) < 1e-6
+        ```
     """
     if isinstance(inputs, np.ndarray):
         inputs = [inputs]

@@ -19,9 +19,9 @@ from ..errors import ProgramError, ShapeError
 from ..ir.location import here
 from ..ir.dtypes import is_float
 from ..ir.program import Block, Op, Var
-from ..ops.creation import constant, fill_like, zeros_like
-from ..ops.math import add_n
-from ..ops.registry import get_op_def, make_grad_ops, register_backward_builder
+from ..ops.array.creation import constant, fill_like, zeros_like
+from ..ops.math.elementwise import add_n
+from ..ops.core.registry import get_op_def, make_grad_ops, register_backward_builder
 from ..ir.analysis import op_reads
 from ..ir.builder import block_guard, capture_ops
 from .rewrites import backward_rewrite
@@ -359,10 +359,10 @@ def gradients(targets, inputs, target_gradients=None, no_grad_set=None, stop_gra
     """Gradients of ``targets`` with respect to ``inputs`` (None where unreachable).
 
     Each target is seeded by its entry in ``target_gradients`` (ones when
-    absent; each must have its target's shape, else ShapeError), so
-    non-scalar targets give vector-Jacobian products. Works on any
+    absent), so non-scalar targets give vector-Jacobian products. Works on any
     variables, data included, and can be called repeatedly (double backward:
-    differentiate a gradient again).
+    differentiate a gradient again). The gradient ops are appended to the
+    targets' block.
 
     As ``tf.gradients``: ``stop_gradients`` (Vars) are held constant, so no
     gradient flows through them to what they were computed from (an input
@@ -371,15 +371,43 @@ def gradients(targets, inputs, target_gradients=None, no_grad_set=None, stop_gra
     instead of None. ``no_grad_set`` names variables that get no gradient at
     all.
 
-    Example::
+    Args:
+        targets: A Var or a list of Vars to differentiate.
+        inputs: A Var or a list of Vars (or names) to differentiate with respect to.
+        target_gradients: Seeds, one per target (None entries mean ones); each
+            must have its target's shape.
+        no_grad_set: Vars or names that get no gradient.
+        stop_gradients: Vars held constant.
+        unconnected: ``"none"`` (default) or ``"zero"``, for inputs the targets
+            do not depend on.
 
-        x = rg.data("x", [3], dtype="float64")
-        y = rg.sum(x * x * x)
-        dx, = rg.gradients(y, x)                 # 3 x^2
-        ddx, = rg.gradients(rg.sum(dx), x)       # 6 x
-        b = x * 2.0
-        da, db = rg.gradients(rg.sum(x + b), [x, b], stop_gradients=[b])   # 1 and 1, not 3
-        dz, = rg.gradients(rg.sum(x), [rg.data("z", [2])], unconnected="zero")   # zeros([2])
+    Returns:
+        A list with one gradient Var (or None) per input.
+
+    Raises:
+        ShapeError: A target gradient does not have its target's shape.
+        ProgramError: No target Vars, a bad ``unconnected``, or as many seeds as
+            targets not given.
+
+    Example:
+        ```python
+        import numpy as np
+        import retrograd as rg
+
+        main = rg.Program()
+        with rg.program_guard(main):
+            x = rg.data("x", [3], dtype="float64")
+            y = rg.sum(x * x * x)
+            (dx,) = rg.gradients(y, x)                 # 3 x^2
+            (ddx,) = rg.gradients(rg.sum(dx), x)       # 6 x
+            b = x * 2.0
+            da, db = rg.gradients(rg.sum(x + b), [x, b], stop_gradients=[b])   # 1 and 1, not 3
+            (dz,) = rg.gradients(rg.sum(x), [rg.data("z", [2])], unconnected="zero")   # zeros([2])
+        xv = np.array([1.0, 2.0, 3.0])
+        outs = rg.Executor().run(main, feed={"x": xv, "z": np.ones(2, "float32")}, fetch_list=[dx, ddx, da, dz])
+        assert np.allclose(outs[0], 3 * xv**2) and np.allclose(outs[1], 6 * xv)
+        assert np.allclose(outs[2], 1.0) and list(outs[3]) == [0.0, 0.0]
+        ```
     """
     targets = _as_list(targets)
     if not targets or not all(isinstance(t, Var) for t in targets):
@@ -465,28 +493,57 @@ def append_backward(loss: Var, parameter_list=None, no_grad_set=None, callbacks=
 
     Only ops on a path from the parameters to ``loss`` get gradient ops;
     ``stop_gradient`` variables, integer/bool values and ``no_grad_set`` block
-    the flow. Each callback is called as ``cb(block, context)`` after every
-    gradient op appended (``context`` maps gradient names to forward Vars and
-    holds the op under ``"__current_op__"``). Parameters that the loss does
-    not depend on are left out of the result; a loss that no trainable
-    parameter reaches raises ProgramError naming it, unless
-    ``parameter_list=[]`` asked for no parameter.
+    the flow. Parameters that the loss does not depend on are left out of the
+    result. The backward is ordinary ops: ``print(main)`` shows it.
 
-    ``checkpoints`` (Vars, names or ``"auto"``) keep only those forward values
-    and recompute the rest in the backward. ``memory_budget`` (bytes) bounds
-    the peak of a run of the whole training step instead: the memory package
-    chooses checkpoints and the budgets of loops and recurrent ops to fit it
-    for the shapes in ``feed_shapes`` ({name: shape}, needed where declared
-    shapes hold -1), and raises ProgramError naming the least budget that fits
-    when it cannot (``retrograd/memory/budget.py``). ``memory_reserve`` is what
-    the caller adds after the backward within the same budget (an optimizer's
-    state and updates: ``minimize`` passes it).
+    ``checkpoints`` keep only those forward values and recompute the rest in
+    the backward. ``memory_budget`` bounds the peak of a run of the whole
+    training step instead: the memory package chooses checkpoints and the
+    budgets of loops and recurrent ops to fit it for the shapes in
+    ``feed_shapes`` (``retrograd/memory/budget.py``).
 
-    Example::
+    Args:
+        loss: A scalar Var (shape ``[]`` or all ones).
+        parameter_list: The parameters (Vars or names) to differentiate with
+            respect to; all trainable parameters by default; ``[]`` asks for none.
+        no_grad_set: Vars or names that get no gradient.
+        callbacks: Callables ``cb(block, context)`` called after every gradient
+            op appended (``context`` maps gradient names to forward Vars and
+            holds the op under ``"__current_op__"``).
+        checkpoints: Vars, names or ``"auto"``: recompute between them.
+        memory_budget: A bound in bytes on the training step's peak.
+        feed_shapes: ``{name: shape}`` for the budget, needed where declared
+            shapes hold -1.
+        memory_reserve: What the caller adds after the backward within the same
+            budget (an optimizer's state and updates: ``minimize`` passes it).
 
-        loss = rg.mean(rg.square(rg.layers.fc(x, 1, name="fc") - y))
-        for param, grad in rg.append_backward(loss):
-            print(param.name, grad.name)
+    Returns:
+        ``[(param, grad)]`` pairs of Vars.
+
+    Raises:
+        ProgramError: ``loss`` is not scalar, no trainable parameter reaches it
+            (unless ``parameter_list=[]``), both ``checkpoints`` and
+            ``memory_budget`` are given, or no plan fits the budget (the message
+            names the least budget that fits).
+
+    Example:
+        ```python
+        import numpy as np
+        import retrograd as rg
+
+        main, startup = rg.Program(), rg.Program()
+        with rg.program_guard(main, startup):
+            x = rg.data("x", [-1, 3])
+            y = rg.data("y", [-1, 1])
+            loss = rg.mean(rg.square(rg.layers.fc(x, 1, name="fc") - y))
+            params_grads = rg.append_backward(loss)
+        assert [(p.name, g.name) for p, g in params_grads][0][0] == "fc.w"
+        exe = rg.Executor()
+        exe.run(startup)
+        feed = {"x": np.ones((4, 3), "float32"), "y": np.zeros((4, 1), "float32")}
+        loss_v, dw = exe.run(main, feed=feed, fetch_list=[loss, params_grads[0][1]])
+        assert dw.shape == (3, 1)
+        ```
     """
     if not isinstance(loss, Var):
         raise ProgramError(f"append_backward needs the loss Var, got {type(loss).__name__}")

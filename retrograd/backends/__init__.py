@@ -15,11 +15,15 @@ standard lacks, each written once per library in its own module:
 Random draws are keyed and computed with integer ops on the device
 (``keyed_random``): every backend draws the same numbers for the same key.
 
-Example::
+Example:
+    ```python
+    import numpy as np
+    import retrograd as rg
 
-    be = get_backend("torch", "cpu")
+    be = rg.backends.get_backend("numpy", "cpu")        # or ("torch", "cpu"), ("torch", "cuda")
     t = be.from_numpy(np.ones(3, "float32"))
-    be.to_numpy(be.xp.exp(t))
+    assert np.allclose(be.to_numpy(be.xp.exp(t)), np.e)
+    ```
 """
 from __future__ import annotations
 
@@ -45,11 +49,28 @@ BACKENDS = {
 
 
 def get_backend(name: str = "numpy", device: str | None = None) -> Backend:
-    """The backend ``name`` on ``device``; BackendError for an unknown one or a missing library.
+    """The backend ``name`` on ``device``.
 
-    Example::
+    Args:
+        name: ``"numpy"`` (default), ``"torch"``, ``"cupy"`` or ``"onnxruntime"``.
+        device: ``"cpu"``, ``"cuda"``, ``"cuda:N"``, or None for the backend's default.
 
-        be = rg.backends.get_backend("torch", "cpu")
+    Returns:
+        A ``Backend``.
+
+    Raises:
+        BackendError: An unknown backend, a device it cannot use, or a missing
+            library (naming the pip extra).
+
+    Example:
+        ```python
+        import numpy as np
+        import retrograd as rg
+
+        be = rg.backends.get_backend("numpy")
+        t = be.from_numpy(np.ones(3, "float32"))
+        assert be.name == "numpy" and be.device == "cpu" and np.isclose(be.to_numpy(be.xp.exp(t))[0], np.e)
+        ```
     """
     cls = BACKENDS.get(name) if isinstance(name, str) else None
     if cls is None:
@@ -63,10 +84,26 @@ def get_backend(name: str = "numpy", device: str | None = None) -> Backend:
 def backend_for_namespace(xp, device: str | None = None) -> Backend:
     """The backend of an array namespace given as ``Executor(xp=...)``.
 
-    Example::
+    NumPy, torch and CuPy (plain or through ``array_api_compat``) get their own
+    backends; any other namespace runs on the host through a generic backend.
 
-        import torch
-        rg.backends.backend_for_namespace(torch).name     # "torch"
+    Args:
+        xp: An array namespace (``numpy``, ``torch``, ``array_api_strict``...).
+        device: The device, or None.
+
+    Returns:
+        A ``Backend``.
+
+    Raises:
+        BackendError: A host-only namespace asked for another device.
+
+    Example:
+        ```python
+        import numpy as np
+        import retrograd as rg
+
+        assert rg.backends.backend_for_namespace(np).name == "numpy"
+        ```
     """
     if xp is np:
         return get_backend("numpy", device)
@@ -86,11 +123,24 @@ _ARRAY_MODULES = (numpy_backend, torch_backend, cupy_backend)
 
 
 def to_numpy(array) -> np.ndarray:
-    """A NumPy array (a view where the array is on the host) of any backend's array.
+    """A NumPy array of any backend's array (a view where the array is on the host).
 
-    Example::
+    Args:
+        array: A NumPy, torch, CuPy or other array (DLPack or array-like).
 
-        w = rg.backends.to_numpy(exe.scope.get("fc.w"))
+    Returns:
+        A NumPy array.
+
+    Example:
+        ```python
+        import numpy as np
+        import retrograd as rg
+
+        exe = rg.Executor()
+        exe.scope.set("w", np.ones((2, 2), "float32"))
+        w = rg.backends.to_numpy(exe.scope.get("w"))
+        assert isinstance(w, np.ndarray) and w.shape == (2, 2)
+        ```
     """
     for module in _ARRAY_MODULES:
         if module.is_array(array):

@@ -1,8 +1,9 @@
 """The "onnxruntime" name: host arrays, programs run whole by the onnxruntime engine.
 
-Kernels are not used: ``Executor.run`` hands each program to
-``retrograd.onnx.engine.OnnxRuntimeEngine`` (``Backend.engine``), which exports
-it to ONNX and runs it. Values in the scope stay NumPy arrays (host memory),
+Kernels are not used: ``Executor.run`` hands each program to the engine registered for
+this name (``retrograd.onnx.engine.OnnxRuntimeEngine`` registers itself with
+``retrograd.runtime.engines``), which exports it to ONNX and runs it; the engine checks
+``device`` when the executor makes it. Values in the scope stay NumPy arrays (host memory),
 also with ``device="cuda"``, where onnxruntime-gpu's CUDA provider computes.
 """
 from __future__ import annotations
@@ -13,6 +14,7 @@ from .numpy_backend import NumpyBackend
 
 class OnnxRuntimeBackend(NumpyBackend):
     name = "onnxruntime"
+    runs_whole_programs = True
 
     def __init__(self, device: str | None = None):
         try:
@@ -22,14 +24,4 @@ class OnnxRuntimeBackend(NumpyBackend):
             raise BackendError(f'backend "onnxruntime" needs onnx and onnxruntime: '
                                f'pip install "retrograd[onnx]" ({exc})') from None
         super().__init__()
-        self.engine = _engine_class()
-        self.engine_device = self.engine.check_device(device)   # "cuda" needs onnxruntime-gpu
-
-
-def _engine_class():
-    """``retrograd.onnx.engine.OnnxRuntimeEngine``, imported only when this backend is asked for."""
-    from importlib import import_module
-    try:
-        return import_module("retrograd.onnx.engine").OnnxRuntimeEngine
-    except (ImportError, AttributeError) as exc:
-        raise BackendError(f'backend "onnxruntime" is unavailable: its engine failed to import ({exc})') from None
+        self.engine_device = device      # read by the engine, which knows the providers

@@ -1,7 +1,7 @@
 """Special functions the Array API lacks, written with its elementwise operations.
 
 ``erf`` is computed as (the same algorithm as the ONNX lowering of ``Erf`` in
-float64, ``retrograd/ops/special.py``):
+float64, ``retrograd/ops/math/special.py``):
 
 * ``|x| < 3``: ``2/sqrt(pi) exp(-x^2) sum_n 2^n x^(2n+1) / (1*3*...*(2n+1))``,
   a series of positive terms (no cancellation), 50 terms;

@@ -1,22 +1,27 @@
 """Data parallelism over MPI (mpi4py): the same program on every rank, gradients averaged.
 
-Example (``mpiexec -n 4 python train.py``)::
-
-    import retrograd as rg
-    rank, size = rg.distributed.rank(), rg.distributed.world_size()
-    with rg.program_guard(main, startup):
-        loss = ...
-        opt = rg.distributed.DataParallel(rg.optim.Adam(1e-3))
-        params_grads = opt.minimize(loss)      # backward, AllReduce (mean over ranks), updates
-    exe = rg.Executor()
-    exe.run(startup)                           # every rank starts from rank 0's parameters
-    for xb in batches:
-        exe.run(main, feed={"x": rg.distributed.shard(xb)})   # each rank its 1/size of the batch
-
 Without ``mpiexec`` (or without mpi4py) ``rank()`` is 0, ``world_size()`` 1
 and the same code runs in one process. Importing this package starts MPI
 only under a launcher that started several processes, so that from then on
 an uncaught exception on one rank stops them all.
+
+Example:
+    ```python
+    import numpy as np
+    import retrograd as rg
+
+    rank, size = rg.distributed.rank(), rg.distributed.world_size()   # mpiexec -n 4 python train.py
+    main, startup = rg.Program(), rg.Program()
+    with rg.program_guard(main, startup):
+        x = rg.data("x", [-1, 3])
+        loss = rg.mean(rg.square(rg.layers.fc(x, 1, name="fc")))
+        opt = rg.distributed.DataParallel(rg.optim.Adam(1e-3))
+        params_grads = opt.minimize(loss)      # backward, AllReduce (mean over ranks), updates
+    exe = rg.Executor()
+    exe.run(startup)                           # every rank starts from rank 0's parameters
+    for xb in [np.ones((8, 3), "float32")] * 2:
+        exe.run(main, feed={"x": rg.distributed.shard(xb)})   # each rank its 1/size of the batch
+    ```
 """
 from ..errors import FeedError
 from .comm import abort_all_ranks, launcher_size, start_under_launcher
@@ -28,13 +33,27 @@ from .ops import all_reduce, broadcast
 def rank() -> int:
     """This process's rank in ``MPI.COMM_WORLD`` (0 in a single process).
 
-    Raises ``rg.BackendError`` when a launcher started several processes but
-    mpi4py is missing.
+    Returns:
+        The rank.
 
-    Example::
+    Raises:
+        BackendError: A launcher started several processes but mpi4py is missing.
 
-        if rg.distributed.rank() == 0:
-            rg.save_params(exe.scope, "model.npz", main)
+    Example:
+        ```python
+        import os
+        import tempfile
+
+        import retrograd as rg
+
+        main, startup = rg.Program(), rg.Program()
+        with rg.program_guard(main, startup):
+            rg.layers.fc(rg.data("x", [-1, 3]), 2, name="fc")
+        exe = rg.Executor()
+        exe.run(startup)
+        if rg.distributed.rank() == 0:                     # one rank writes the checkpoint
+            rg.save_params(exe.scope, os.path.join(tempfile.mkdtemp(), "model.npz"), main)
+        ```
     """
     return _world().rank
 
@@ -42,9 +61,18 @@ def rank() -> int:
 def world_size() -> int:
     """The number of ranks in ``MPI.COMM_WORLD`` (1 in a single process).
 
-    Example::
+    Returns:
+        The number of ranks.
 
-        shard = batch[rg.distributed.rank()::rg.distributed.world_size()]
+    Example:
+        ```python
+        import numpy as np
+        import retrograd as rg
+
+        batch = np.arange(8)
+        mine = batch[rg.distributed.rank()::rg.distributed.world_size()]
+        assert rg.distributed.world_size() >= 1 and len(mine) == 8 // rg.distributed.world_size()
+        ```
     """
     return _world().size
 
@@ -55,9 +83,25 @@ def shard(array, axis: int = 0):
     The size along ``axis`` must divide by ``world_size()``: equal shards keep
     the mean of the ranks' mean losses equal to the whole batch's mean loss.
 
-    Example::
+    Args:
+        array: A NumPy array (or anything with ``shape`` and slicing).
+        axis: The axis to split.
 
-        feed = {"x": rg.distributed.shard(xb), "y": rg.distributed.shard(yb)}
+    Returns:
+        This rank's block.
+
+    Raises:
+        FeedError: The size along ``axis`` does not divide by ``world_size()``.
+
+    Example:
+        ```python
+        import numpy as np
+        import retrograd as rg
+
+        xb = np.arange(12).reshape(6, 2)
+        mine = rg.distributed.shard(xb)
+        assert len(mine) == 6 // rg.distributed.world_size()
+        ```
     """
     size, index = world_size(), rank()
     count = array.shape[axis]

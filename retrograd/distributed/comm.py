@@ -101,11 +101,21 @@ def start_under_launcher() -> None:
 
 
 def launcher_size() -> int:
-    """How many processes a launcher says it started (1 when none did).
+    """How many processes a launcher (``mpiexec``, ``srun``...) says it started; 1 when none did.
 
-    Example::
+    Read from the launcher's environment variables; never starts MPI.
 
-        if rg.distributed.launcher_size() > 1:     # started by mpiexec -n 2 ...
+    Returns:
+        The number of processes.
+
+    Example:
+        ```python
+        import numpy as np
+        import retrograd as rg
+
+        if rg.distributed.launcher_size() > 1:       # started by mpiexec -n 2 ...
+            print("rank", rg.distributed.rank(), "of", rg.distributed.world_size())
+        ```
     """
     for name in LAUNCHER_SIZE_VARS:
         value = os.environ.get(name, "").strip()
@@ -152,18 +162,33 @@ def _with_abort_on_error(comm: MPIComm) -> MPIComm:
 
 
 def abort_all_ranks(code: int = 1, message: str | None = None) -> None:
-    """Print ``message`` to stderr (one write, ``[rank r]`` first on ranks other than 0), then,
-    when this process is one of several ranks, stop them all (``MPI_Abort``) with ``code``;
-    in a single process, return after printing (the caller ends as usual).
+    """Print ``message`` to stderr, then stop every rank when there are several.
 
-    For a program that reports its own errors: ranks still waiting in a
-    collective for this one would otherwise hang. Never starts MPI.
+    One write, ``[rank r]`` first on ranks other than 0; then, when this process
+    is one of several ranks, ``MPI_Abort`` with ``code``; in a single process,
+    return after printing (the caller ends as usual). For a program that
+    reports its own errors: ranks still waiting in a collective for this one
+    would otherwise hang. Never starts MPI.
 
-    Example::
+    Args:
+        code: The exit status for ``MPI_Abort``.
+        message: What to print, or None.
 
-        except rg.RetrogradError as exc:
-            rg.distributed.abort_all_ranks(2, f"train.py: {exc}")
-            return 2
+    Example:
+        ```python
+        import numpy as np
+        import retrograd as rg
+
+        def train() -> int:
+            try:
+                raise rg.FeedError("feed 'x' is missing")
+            except rg.RetrogradError as exc:
+                rg.distributed.abort_all_ranks(2, f"train.py: {exc}")
+                return 2
+
+
+        assert train() == 2                                # one process: printed, then returned
+        ```
     """
     several = _world is not None and _world.size > 1
     if message is not None:

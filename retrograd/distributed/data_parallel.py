@@ -28,12 +28,34 @@ class DataParallel:
     Feed each rank its own equal-sized shard of the batch: with a mean loss,
     the averaged gradients are those of the whole batch, so after any number
     of steps every rank holds the parameters one process would have trained
-    on the whole batch.
+    on the whole batch. ``minimize`` also makes the startup program broadcast
+    rank 0's initial values. In one process (no ``mpiexec``) the collectives return their inputs, so the
+    same code runs on one rank or many (``mpiexec -n 4 python train.py``).
 
-    Example::
+    Args:
+        optimizer: An ``rg.optim`` optimizer.
 
-        opt = rg.distributed.DataParallel(rg.optim.Adam(1e-3, clip_norm=5.0))
-        params_grads = opt.minimize(loss)      # [(param, gradient averaged over the ranks)]
+    Raises:
+        ProgramError: ``optimizer`` is not an ``rg.optim.Optimizer``.
+
+    Example:
+        ```python
+        import numpy as np
+        import retrograd as rg
+
+        main, startup = rg.Program(), rg.Program()
+        with rg.program_guard(main, startup):
+            x = rg.data("x", [-1, 3])
+            loss = rg.mean(rg.square(rg.layers.fc(x, 1, name="fc")))
+            opt = rg.distributed.DataParallel(rg.optim.Adam(1e-2, clip_norm=5.0))
+            params_grads = opt.minimize(loss)      # [(param, gradient averaged over the ranks)]
+        exe = rg.Executor()
+        exe.run(startup)                           # every rank starts from rank 0's parameters
+        xb = np.ones((8, 3), "float32")
+        for _ in range(3):
+            exe.run(main, feed={"x": rg.distributed.shard(xb)})   # each rank its 1/size of the batch
+        assert opt.grad_norm is not None
+        ```
     """
 
     def __init__(self, optimizer: Optimizer):
@@ -44,18 +66,37 @@ class DataParallel:
 
     @property
     def grad_norm(self) -> Var | None:
-        """The global norm of the averaged gradients before clipping (with ``clip_norm``)."""
+        """The global norm of the averaged gradients before clipping (with ``clip_norm``), else None."""
         return self.optimizer.grad_norm
 
     def minimize(self, loss: Var, parameter_list=None, no_grad_set=None, checkpoints=None, *,
                  startup_program: Program | None = None, **backward_options) -> list[tuple[Var, Var]]:
         """Backward, one ``AllReduce`` of all gradients, updates; return ``[(param, averaged grad)]``.
 
-        Takes what the wrapped optimizer's ``minimize`` takes.
+        Args:
+            loss: The scalar loss Var.
+            parameter_list: The parameters to train (all trainable ones by default).
+            no_grad_set: Vars or names that get no gradient.
+            checkpoints: Passed to ``rg.append_backward``.
+            startup_program: The startup program (the current one by default).
+            **backward_options: Other ``rg.append_backward`` keywords.
 
-        Example::
+        Returns:
+            ``[(param, gradient averaged over the ranks)]``.
 
-            params_grads = rg.distributed.DataParallel(rg.optim.SGD(0.1)).minimize(loss)
+        Example:
+            ```python
+            import numpy as np
+            import retrograd as rg
+
+            main, startup = rg.Program(), rg.Program()
+            with rg.program_guard(main, startup):
+                x = rg.data("x", [-1, 3])
+                loss = rg.mean(rg.square(rg.layers.fc(x, 1, name="fc")))
+                params_grads = rg.distributed.DataParallel(rg.optim.SGD(0.1)).minimize(loss)
+            assert "AllReduce" in [op.type for op in main.global_block().ops]
+            assert "Broadcast" in [op.type for op in startup.global_block().ops]
+            ```
         """
         startup = startup_program if startup_program is not None else default_startup_program()
         params_grads = self.optimizer.backward(loss, parameter_list, no_grad_set, checkpoints,
@@ -67,9 +108,33 @@ class DataParallel:
                         startup_program: Program | None = None) -> list[tuple[Var, Var]]:
         """Average the gradients over the ranks, then clip and update as the optimizer does.
 
-        Example::
+        Args:
+            params_grads: ``[(param, grad)]`` pairs.
+            main_program: The program to append to (the parameters' by default).
+            startup_program: The startup program (the current one by default).
 
-            opt.apply_gradients(rg.append_backward(loss))
+        Returns:
+            ``[(param, averaged grad)]``.
+
+        Raises:
+            ProgramError: ``params_grads`` is empty.
+
+        Example:
+            ```python
+            import numpy as np
+            import retrograd as rg
+
+            main, startup = rg.Program(), rg.Program()
+            with rg.program_guard(main, startup):
+                x = rg.data("x", [-1, 3])
+                loss = rg.mean(rg.square(rg.layers.fc(x, 1, name="fc")))
+                opt = rg.distributed.DataParallel(rg.optim.SGD(0.1))
+                averaged = opt.apply_gradients(rg.append_backward(loss))
+            exe = rg.Executor()
+            exe.run(startup)
+            exe.run(main, feed={"x": np.ones((4, 3), "float32")})
+            assert [p.name for p, _ in averaged] == ["fc.w", "fc.b"]
+            ```
         """
         if not params_grads:
             raise ProgramError("nothing to optimize: the loss depends on no trainable parameter")
@@ -85,9 +150,30 @@ class DataParallel:
 def average_gradients(params_grads: Sequence[tuple[Var, Var]]) -> list[tuple[Var, Var]]:
     """``[(param, mean of grad over the ranks)]``: one ``AllReduce`` op over all the gradients.
 
-    Example::
+    In one process (no ``mpiexec``) the collectives return their inputs, so the
+    same code runs on one rank or many (``mpiexec -n 4 python train.py``).
 
-        params_grads = rg.distributed.average_gradients(rg.append_backward(loss))
+    Args:
+        params_grads: ``[(param, grad)]`` pairs.
+
+    Returns:
+        ``[(param, averaged grad)]``.
+
+    Example:
+        ```python
+        import numpy as np
+        import retrograd as rg
+
+        main, startup = rg.Program(), rg.Program()
+        with rg.program_guard(main, startup):
+            x = rg.data("x", [-1, 3])
+            loss = rg.mean(rg.square(rg.layers.fc(x, 1, name="fc")))
+            params_grads = rg.distributed.average_gradients(rg.append_backward(loss))
+        exe = rg.Executor()
+        exe.run(startup)
+        (g,) = exe.run(main, feed={"x": np.ones((4, 3), "float32")}, fetch_list=[params_grads[0][1]])
+        assert g.shape == (3, 1)
+        ```
     """
     means = all_reduce([g for _, g in params_grads], "mean")
     return [(param, mean) for (param, _), mean in zip(params_grads, means)]
@@ -96,9 +182,24 @@ def average_gradients(params_grads: Sequence[tuple[Var, Var]]) -> list[tuple[Var
 def broadcast_initial_values(startup: Program) -> None:
     """Append a ``Broadcast`` from rank 0 of every persistable value ``startup`` writes.
 
-    Example::
+    Args:
+        startup: The startup program.
 
-        rg.distributed.broadcast_initial_values(startup)   # every rank starts from rank 0's
+    Raises:
+        ProgramError: The startup program initialises nothing.
+
+    Example:
+        ```python
+        import numpy as np
+        import retrograd as rg
+
+        main, startup = rg.Program(), rg.Program()
+        with rg.program_guard(main, startup):
+            x = rg.data("x", [-1, 3])
+            loss = rg.mean(rg.square(rg.layers.fc(x, 1, name="fc")))
+        rg.distributed.broadcast_initial_values(startup)   # every rank starts from rank 0's values
+        assert startup.global_block().ops[-1].type == "Broadcast"
+        ```
     """
     block = startup.global_block()
     written: dict[str, Var] = {}

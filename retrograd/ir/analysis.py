@@ -1,6 +1,8 @@
 """Read-only questions about blocks that several passes ask."""
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from .program import Block, Op
 
 
@@ -66,3 +68,58 @@ def _declared_below(sub: Block, outer: Block | None):
 def producers(block: Block) -> dict[str, int]:
     """For each name written in the block, the index of the last op writing it."""
     return {name: i for i, op in enumerate(block.ops) for name in op.outputs}
+
+
+@dataclass(frozen=True)
+class OpLifetime:
+    op: Op
+    index: int                     # position among the ops that run
+    dead: tuple[str, ...]          # values to drop once the op has run
+    live_outputs: frozenset[int]   # positions of outputs something reads later, fetches or keeps
+
+
+@dataclass(frozen=True)
+class Lifetimes:
+    """When each value of a run of a block dies: what the executor's plan and the memory
+    planner both follow (the same ops skipped, the same values freed after the same op)."""
+    ops: list[OpLifetime]
+    free_reads: list[str]          # values the block needs from outside (feeds, scope, bindings)
+    persistable_writes: list[str]  # written back to the scope after a run
+
+
+def lifetimes(block: Block, keep: frozenset[str]) -> Lifetimes:
+    """Ops a run fetching ``keep`` needs, and when each value dies: after the last op that
+    reads it (sub-block reads count), or as it is written when nothing reads it, unless it is
+    kept or persistable."""
+    ops = needed_ops(block, keep)
+    reads = [op_reads(op) for op in ops]
+    last_read: dict[str, int] = {}
+    for i, names in enumerate(reads):
+        for name in names:
+            last_read[name] = i
+    timed = []
+    for i, op in enumerate(ops):
+        candidates = dict.fromkeys(list(reads[i]) + list(op.outputs))
+        dead = tuple(n for n in candidates
+                     if last_read.get(n, -1) <= i and n not in keep and not _persistable(block, n))
+        live = frozenset(j for j, n in enumerate(op.outputs) if n not in dead)
+        timed.append(OpLifetime(op, i, dead, live))
+    writes = list(dict.fromkeys(n for op in ops for n in op.outputs if _persistable(block, n)))
+    return Lifetimes(timed, free_reads_of_ops(ops), writes)
+
+
+def needed_ops(block: Block, keep: frozenset[str]) -> list[Op]:
+    """Ops whose results are fetched or persist (directly or through later ops): the rest are skipped."""
+    needed = set(keep)
+    kept = []
+    for op in reversed(block.ops):
+        if any(n in needed or _persistable(block, n) for n in op.outputs):
+            kept.append(op)
+            needed.update(op_reads(op))
+    kept.reverse()
+    return kept
+
+
+def _persistable(block: Block, name: str) -> bool:
+    var = block.find_var(name)
+    return var is not None and var.persistable

@@ -11,7 +11,7 @@ from __future__ import annotations
 from contextlib import contextmanager
 from typing import Iterator
 
-from .program import Block, Op, Program
+from .program import Block, Op, Program, provides
 
 
 class _BuildState:
@@ -28,9 +28,17 @@ _state = _BuildState()
 def default_main_program() -> Program:
     """The program ops are being added to: ``program_guard``'s main, else a global one.
 
-    Example::
+    Returns:
+        The current main Program.
 
-        main = rg.default_main_program()           # inside rg.program_guard(main, startup)
+    Example:
+        ```python
+        import retrograd as rg
+
+        main = rg.Program()
+        with rg.program_guard(main):
+            assert rg.default_main_program() is main
+        ```
     """
     return _state.main
 
@@ -38,22 +46,51 @@ def default_main_program() -> Program:
 def default_startup_program() -> Program:
     """The program parameter initialisers go to: ``program_guard``'s startup, else a global one.
 
-    Example::
+    Returns:
+        The current startup Program.
 
-        startup = rg.default_startup_program()     # where create_parameter puts initialisers
+    Example:
+        ```python
+        import retrograd as rg
+
+        main, startup = rg.Program(), rg.Program()
+        with rg.program_guard(main, startup):
+            assert rg.default_startup_program() is startup
+            rg.create_parameter("w", [2])              # its initialiser goes to startup
+        assert len(startup.global_block().ops) == 1
+        ```
     """
     return _state.startup
 
 
 @contextmanager
 def program_guard(main: Program, startup: Program | None = None) -> Iterator[None]:
-    """Build into ``main`` (and put parameter initialisers into ``startup``).
+    """Build into ``main`` (and put parameter initialisers into ``startup``) inside the ``with`` body.
 
-    Example::
+    Args:
+        main: The program the builders append ops to.
+        startup: The program ``create_parameter`` (and layers) put initialisers
+            into; when None, the current startup program stays.
+
+    Returns:
+        A context manager; the previous programs come back when it exits.
+
+    Example:
+        ```python
+        import numpy as np
+        import retrograd as rg
 
         main, startup = rg.Program(), rg.Program()
         with rg.program_guard(main, startup):
             x = rg.data("x", [-1, 8])
+            h = rg.layers.fc(x, 16, act="tanh", name="fc1")
+            loss = rg.mean(h * h)
+            params_grads = rg.append_backward(loss)
+        exe = rg.Executor()
+        exe.run(startup)
+        (loss_v,) = exe.run(main, feed={"x": np.ones((4, 8), "float32")}, fetch_list=[loss])
+        assert loss_v >= 0.0
+        ```
     """
     saved = (_state.main, _state.startup, _state.block_stack)
     _state.main = main
@@ -67,12 +104,26 @@ def program_guard(main: Program, startup: Program | None = None) -> Iterator[Non
 
 @contextmanager
 def block_guard(block: Block) -> Iterator[Block]:
-    """Make ``block`` the current block while the body runs.
+    """Make ``block`` the current block while the ``with`` body runs (build a sub-block by hand).
 
-    Example::
+    Args:
+        block: The block new ops go to.
 
-        with rg.block_guard(body):
-            y = rg.tanh(x)                         # an op of ``body``
+    Returns:
+        A context manager yielding ``block``.
+
+    Example:
+        ```python
+        import retrograd as rg
+
+        main = rg.Program()
+        with rg.program_guard(main):
+            x = rg.data("x", [2])
+            body = main.create_block()
+            with rg.block_guard(body):
+                y = rg.tanh(x)                         # an op of ``body``
+        assert body.ops[0].type == "Tanh" and not main.global_block().ops
+        ```
     """
     _state.block_stack.append(block)
     try:
@@ -81,6 +132,7 @@ def block_guard(block: Block) -> Iterator[Block]:
         _state.block_stack.pop()
 
 
+@provides
 def current_block() -> Block:
     if _state.block_stack:
         return _state.block_stack[-1]

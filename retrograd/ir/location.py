@@ -3,7 +3,7 @@
 Error messages name this place (``Op.where()``), so a fault found at run
 time points at the user's line, not at retrograd's insides. The place is the
 first stack frame outside the retrograd package (and outside the
-``contextlib``/``functools`` glue between them); ``retrograd/charlm.py`` counts
+``contextlib``/``functools`` glue between them); ``retrograd/models/charlm.py`` counts
 as user code, since it is where the ``retrograd train`` model is built.
 
 Recording costs a short walk of ``sys._getframe`` links with a cached
@@ -22,7 +22,7 @@ from typing import Iterator
 
 _PACKAGE = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
 # The model of ``retrograd train`` is user code of the library, built here.
-_USER_MODULES_INSIDE = {os.path.join(_PACKAGE, "charlm.py")}
+_USER_MODULES_INSIDE = {os.path.join(_PACKAGE, "models", "charlm.py")}
 _GLUE = {os.path.abspath(contextlib.__file__), os.path.abspath(functools.__file__)}
 
 # filename -> display text, or None for frames to skip; filled lazily, never large.

@@ -21,13 +21,14 @@ from __future__ import annotations
 
 from typing import Any
 
-from .program import Block, Op, Program
+from .program import Block, Op, Program, provides
 
 _INDENT = "  "
 _MAX_LIST_VALUES = 8  # longer lists (constant tables, ...) print as their size
 _MAX_NESTED_DEPTH = 2 * 32  # indentation of the deepest block printed inline (32 levels)
 
 
+@provides
 def format_program(program: Program, locations: bool = False) -> str:
     """The whole program as text; ``print(program)`` shows the same.
 

@@ -34,6 +34,16 @@ def register_for_test_pass(fn: Callable[["Program"], None]) -> Callable[["Progra
     _FOR_TEST_PASS["pass"] = fn
     return fn
 
+# The IR's modules that build on this one (the printer, JSON, the builder context) hand their
+# functions over when ``ir/__init__`` imports them, so this module imports none of them.
+_SERVICES: dict[str, Callable] = {}
+
+
+def provides(fn: Callable) -> Callable:
+    """Register ``fn`` under its name for the methods below (a decorator for those modules)."""
+    _SERVICES[fn.__name__] = fn
+    return fn
+
 # Blocks inside blocks: passes, the printer and the executor walk nested blocks
 # recursively, so loading and verifying refuse deeper nesting than this.
 MAX_BLOCK_DEPTH = 64
@@ -75,12 +85,41 @@ def _format_shape(shape: tuple[int, ...]) -> str:
 
 
 class Var:
-    """A named, typed value in a block. Build them with ``rg.data``, ops, layers.
+    """A named, typed value in a block: build them with ``rg.data``, ops and layers.
 
-    Example::
+    A Var has a ``name``, a ``shape`` (a tuple of ints, ``-1`` where known only
+    at run time), a ``dtype`` and flags (``persistable``, ``trainable``,
+    ``stop_gradient``, ``is_parameter``, ``is_data``). Python operators build ops:
+    ``+ - * / // % ** @``, unary ``-``, ``< <= > >=`` (with Python numbers and
+    NumPy arrays on either side), ``x[...]`` (``rg.getitem``) and ``x.T``; ``==``
+    is identity, so Vars stay hashable (use ``rg.equal``). A Var has no truth
+    value and cannot be iterated while the program is built (ProgramError: use
+    ``rg.cond`` / ``rg.while_loop``, or index it).
 
-        x = rg.data("x", [-1, 8])      # batch size known only at run time
-        y = rg.tanh(x * 2.0 + 1.0)     # operators build ops
+    Args:
+        block: The block that declares it (use ``Block.create_var`` or the builders).
+        name: Its name, unique in the program.
+        shape: Its shape; ``-1`` for a dimension known only at run time.
+        dtype: ``"float32"`` (default), ``"float64"``, ``"int64"``, ``"int32"``, ``"bool"``...
+        persistable: Lives in the executor's scope across runs (parameters, state).
+        trainable: ``append_backward`` differentiates with respect to it by default.
+        stop_gradient: No gradient flows into it.
+        is_parameter: Made by ``rg.create_parameter``.
+        is_data: Made by ``rg.data`` (fed at run time).
+
+    Example:
+        ```python
+        import numpy as np
+        import retrograd as rg
+
+        main = rg.Program()
+        with rg.program_guard(main):
+            x = rg.data("x", [-1, 8])                  # batch size known only at run time
+            y = rg.tanh(x * 2.0 + 1.0)[:, :2]          # operators build ops
+        assert x.shape == (-1, 8) and y.dtype == "float32"
+        (out,) = rg.Executor().run(main, feed={"x": np.zeros((3, 8), "float32")}, fetch_list=[y])
+        assert out.shape == (3, 2) and np.allclose(out, np.tanh(1.0))
+        ```
     """
 
     # Let ``numpy_scalar * var`` reach Var.__rmul__ instead of NumPy broadcasting.
@@ -102,9 +141,24 @@ class Var:
 
     @property
     def ndim(self) -> int:
+        """The number of dimensions (``len(shape)``)."""
         return len(self.shape)
 
     def type_str(self) -> str:
+        """The dtype and shape as text, ``?`` for unknown dimensions.
+
+        Returns:
+            A string such as ``"float32[?, 8]"``.
+
+        Example:
+            ```python
+            import retrograd as rg
+
+            with rg.program_guard(rg.Program()):
+                x = rg.data("x", [-1, 8])
+            assert x.type_str() == "float32[?, 8]"
+            ```
+        """
         return f"{self.dtype}{_format_shape(self.shape)}"
 
     def __repr__(self) -> str:
@@ -151,15 +205,35 @@ class Var:
 
     @property
     def T(self) -> "Var":
-        """The axes reversed (``x.T`` of a matrix is its transpose)."""
+        """The Var with its axes reversed (``x.T`` of a matrix is its transpose)."""
         return OPERATORS["transpose"](self)
 
 
 class Op:
-    """One operator: ``outputs = type(inputs; attrs)``; names refer to Vars.
+    """One operator: ``outputs = type(inputs; attrs)``; inputs and outputs are Var names.
 
-    ``location`` is where user code built it (``"train.py:42"``, or None when
-    unknown); by default it is recorded from the call stack at construction.
+    Ops are usually appended by the builders (``rg.add``, layers); build one
+    yourself to extend a program by hand (``Block.append_op``).
+
+    Args:
+        type: The registered op type, CamelCase (``"MatMul"``).
+        inputs: The input Var names, in the op's positional order.
+        outputs: The output Var names.
+        attrs: Attributes (ints, floats, strings, bools, lists, sub-blocks).
+        location: Where user code built it (``"train.py:42"``) or None; by
+            default recorded from the call stack now.
+
+    Example:
+        ```python
+        import retrograd as rg
+
+        main = rg.Program()
+        with rg.program_guard(main):
+            x = rg.data("x", [2, 3])
+            y = rg.exp(x)
+        op = main.global_block().ops[0]
+        assert op.type == "Exp" and op.inputs == ["x"] and op.outputs == [y.name]
+        ```
     """
 
     def __init__(self, type: str, inputs, outputs, attrs: dict[str, Any] | None = None,
@@ -172,7 +246,23 @@ class Op:
         self.location: str | None = here() if location is _RECORD else location
 
     def sub_blocks(self) -> list["Block"]:
-        """The sub-blocks this op's attributes reference, in attribute order."""
+        """The sub-blocks this op's attributes reference, in attribute order.
+
+        Returns:
+            A list of Blocks (empty for ops without sub-blocks).
+
+        Example:
+            ```python
+            import retrograd as rg
+
+            main = rg.Program()
+            with rg.program_guard(main):
+                x = rg.data("x", [2])
+                y = rg.cond(rg.sum(x) > 0.0, lambda: x * 2.0, lambda: -x)
+            if_op = main.global_block().ops[-1]
+            assert if_op.type == "If" and len(if_op.sub_blocks()) == 2
+            ```
+        """
         found = []
         for value in self.attrs.values():
             if isinstance(value, Block):
@@ -182,7 +272,22 @@ class Op:
         return found
 
     def index(self) -> int:
-        """Position of this op in its block (-1 if not yet placed)."""
+        """The position of this op in its block (-1 if not placed yet).
+
+        Returns:
+            The index into ``op.block.ops``, or -1.
+
+        Example:
+            ```python
+            import retrograd as rg
+
+            main = rg.Program()
+            with rg.program_guard(main):
+                x = rg.data("x", [2])
+                y = rg.exp(rg.tanh(x))
+            assert [op.index() for op in main.global_block().ops] == [0, 1]
+            ```
+        """
         if self.block is None:
             return -1
         for i, op in enumerate(self.block.ops):
@@ -191,9 +296,22 @@ class Op:
         return -1
 
     def where(self) -> str:
-        """'train.py:42: op #3 MatMul in block 0' — used by every error message about this op.
+        """Where the op is, for error messages: ``'train.py:42: op #3 MatMul in block 0'``.
 
         The user's line comes first, as in a compiler's message, when it is known.
+
+        Returns:
+            The description, as text.
+
+        Example:
+            ```python
+            import retrograd as rg
+
+            main = rg.Program()
+            with rg.program_guard(main):
+                y = rg.exp(rg.data("x", [2]))
+            assert main.global_block().ops[0].where().endswith("op #0 Exp in block 0")
+            ```
         """
         block = "?" if self.block is None else self.block.idx
         place = f"{self.location}: " if self.location else ""
@@ -204,7 +322,30 @@ class Op:
 
 
 class Block:
-    """An ordered list of ops over the variables it declares (and its ancestors')."""
+    """An ordered list of ops over the variables it declares (and its ancestors').
+
+    ``vars`` maps names to the Vars this block declares, ``ops`` lists its ops,
+    ``idx`` is its index in ``program.blocks`` and ``parent_idx`` its parent's
+    (-1 for the global block). A sub-block (a loop body, a branch) sees its
+    ancestors' variables.
+
+    Args:
+        program: The program it belongs to (use ``Program.create_block``).
+        idx: Its index in ``program.blocks``.
+        parent_idx: Its parent's index, -1 for the global block.
+
+    Example:
+        ```python
+        import retrograd as rg
+
+        main = rg.Program()
+        with rg.program_guard(main):
+            x = rg.data("x", [2])
+            y = rg.tanh(x)
+        block = main.global_block()
+        assert block.idx == 0 and "x" in block.vars and block.ops[0].type == "Tanh"
+        ```
+    """
 
     def __init__(self, program: "Program", idx: int, parent_idx: int = -1):
         self.program = program
@@ -215,21 +356,66 @@ class Block:
 
     @property
     def parent(self) -> "Block | None":
+        """The enclosing block, or None for the global block."""
         return None if self.parent_idx < 0 else self.program.blocks[self.parent_idx]
 
     def ancestors(self) -> Iterator["Block"]:
-        """This block, then its parent, up to the global block."""
+        """This block, then its parent, up to the global block.
+
+        Returns:
+            An iterator over Blocks.
+
+        Example:
+            ```python
+            import retrograd as rg
+
+            main = rg.Program()
+            body = main.create_block()                     # a sub-block of block 0
+            assert [b.idx for b in body.ancestors()] == [1, 0]
+            ```
+        """
         block: Block | None = self
         while block is not None:
             yield block
             block = block.parent
 
     def depth(self) -> int:
-        """How many blocks enclose this one: 0 for the global block."""
+        """How many blocks enclose this one: 0 for the global block.
+
+        Returns:
+            The nesting depth.
+
+        Example:
+            ```python
+            import retrograd as rg
+
+            main = rg.Program()
+            inner = main.create_block(main.create_block())
+            assert main.global_block().depth() == 0 and inner.depth() == 2
+            ```
+        """
         return sum(1 for _ in self.ancestors()) - 1
 
     def find_var(self, name: str) -> Var | None:
-        """The variable ``name`` as seen from this block (lexical lookup), or None."""
+        """The variable ``name`` as seen from this block (lexical lookup), or None.
+
+        Args:
+            name: The variable's name.
+
+        Returns:
+            The Var declared here or in the nearest ancestor, or None.
+
+        Example:
+            ```python
+            import retrograd as rg
+
+            main = rg.Program()
+            with rg.program_guard(main):
+                x = rg.data("x", [2])
+            body = main.create_block()
+            assert body.find_var("x") is x and body.find_var("nope") is None
+            ```
+        """
         var = self.vars.get(name)
         if var is not None:
             return var
@@ -240,23 +426,102 @@ class Block:
         return None
 
     def var(self, name: str) -> Var:
-        """The variable ``name`` as seen from this block; ProgramError if there is none."""
+        """The variable ``name`` as seen from this block.
+
+        Args:
+            name: The variable's name.
+
+        Returns:
+            The Var declared here or in the nearest ancestor.
+
+        Raises:
+            ProgramError: Neither this block nor an ancestor declares it.
+
+        Example:
+            ```python
+            import retrograd as rg
+
+            main = rg.Program()
+            with rg.program_guard(main):
+                x = rg.data("x", [2])
+            assert main.global_block().var("x") is x
+            ```
+        """
         var = self.find_var(name)
         if var is None:
             raise ProgramError(f"block {self.idx} has no variable '{name}' (nor do its ancestors)")
         return var
 
     def sees(self, var: Var) -> bool:
-        """True when ``var`` is declared in this block or one of its ancestors."""
+        """Whether ``var`` is declared in this block or one of its ancestors.
+
+        Args:
+            var: The Var to look for.
+
+        Returns:
+            True when an op of this block may read it.
+
+        Example:
+            ```python
+            import retrograd as rg
+
+            main = rg.Program()
+            with rg.program_guard(main):
+                x = rg.data("x", [2])
+            body = main.create_block()
+            inner = body.create_var("t", [2])
+            assert body.sees(x) and not main.global_block().sees(inner)
+            ```
+        """
         return any(block is var.block for block in self.ancestors())
 
     def home_of(self, var: Var) -> str:
-        """Where ``var`` lives, for errors about a Var this block cannot see: 'block 2', or
-        'block 0 of another program' (Vars of two programs mixed in one op)."""
+        """Where ``var`` lives, for errors about a Var this block cannot see.
+
+        Args:
+            var: The Var.
+
+        Returns:
+            ``'block 2'``, or ``'block 0 of another program'`` (Vars of two programs mixed).
+
+        Example:
+            ```python
+            import retrograd as rg
+
+            main, other = rg.Program(), rg.Program()
+            with rg.program_guard(other):
+                y = rg.data("y", [2])
+            assert main.global_block().home_of(y) == "block 0 of another program"
+            ```
+        """
         other = "" if var.block.program is self.program else " of another program"
         return f"block {var.block.idx}{other}"
 
     def create_var(self, name: str, shape, dtype="float32", **flags) -> Var:
+        """Declare a Var in this block without an op (an op's output, a loop state).
+
+        Args:
+            name: Its name, not yet used in this block.
+            shape: Its shape (``-1`` for run-time dimensions).
+            dtype: Its dtype (``"float32"`` by default).
+            **flags: ``persistable``, ``trainable``, ``stop_gradient``,
+                ``is_parameter``, ``is_data`` (see ``Var``).
+
+        Returns:
+            The new Var.
+
+        Raises:
+            ProgramError: The block already has a variable of that name.
+
+        Example:
+            ```python
+            import retrograd as rg
+
+            main = rg.Program()
+            v = main.global_block().create_var("state", [4], persistable=True)
+            assert v.persistable and main.global_block().vars["state"] is v
+            ```
+        """
         if name in self.vars:
             raise ProgramError(f"block {self.idx} already has a variable named '{name}'")
         var = Var(self, name, shape, dtype, **flags)
@@ -265,18 +530,82 @@ class Block:
         return var
 
     def append_op(self, op: Op) -> Op:
+        """Append ``op`` at the end of this block (and mark the program changed).
+
+        Args:
+            op: The Op; its input and output Vars must be visible from this block.
+
+        Returns:
+            The same Op, now placed.
+
+        Example:
+            ```python
+            import numpy as np
+            import retrograd as rg
+
+            main = rg.Program()
+            block = main.global_block()
+            x = block.create_var("x", [2], is_data=True)
+            y = block.create_var("y", [2])
+            block.append_op(rg.Op("Exp", ["x"], ["y"]))
+            (out,) = rg.Executor().run(main, feed={"x": np.zeros(2, "float32")}, fetch_list=[y])
+            assert list(out) == [1.0, 1.0]
+            ```
+        """
         op.block = self
         self.ops.append(op)
         self.program.bump()
         return op
 
     def insert_op(self, index: int, op: Op) -> Op:
+        """Insert ``op`` at position ``index`` of this block (and mark the program changed).
+
+        Args:
+            index: Where the op goes in ``block.ops``.
+            op: The Op.
+
+        Returns:
+            The same Op, now placed.
+
+        Example:
+            ```python
+            import retrograd as rg
+
+            main = rg.Program()
+            with rg.program_guard(main):
+                x = rg.data("x", [2])
+                y = rg.exp(x)
+            block = main.global_block()
+            t = block.create_var("t", [2])
+            block.insert_op(0, rg.Op("Tanh", ["x"], ["t"]))
+            assert [op.type for op in block.ops] == ["Tanh", "Exp"]
+            ```
+        """
         op.block = self
         self.ops.insert(index, op)
         self.program.bump()
         return op
 
     def remove_op(self, index: int) -> Op:
+        """Remove and return the op at ``index`` (and mark the program changed).
+
+        Args:
+            index: The op's position in ``block.ops``.
+
+        Returns:
+            The removed Op.
+
+        Example:
+            ```python
+            import retrograd as rg
+
+            main = rg.Program()
+            with rg.program_guard(main):
+                y = rg.exp(rg.tanh(rg.data("x", [2])))
+            removed = main.global_block().remove_op(1)
+            assert removed.type == "Exp" and len(main.global_block().ops) == 1
+            ```
+        """
         op = self.ops.pop(index)
         self.program.bump()
         return op
@@ -286,15 +615,32 @@ class Block:
 
 
 class Program:
-    """A whole program: ``blocks[0]`` is the global block.
+    """A whole program: a list of Blocks, ``blocks[0]`` being the global block.
 
-    Example::
+    Build into it with ``rg.program_guard``; ``print(program)`` shows it one op
+    per line with shapes; an ``Executor`` runs it. Parameter initialisers go to
+    a separate startup program.
+
+    Args:
+        random_seed: The seed its random initialisers and random ops derive
+            theirs from (with the build order), so a rebuilt program draws the
+            same numbers.
+
+    Example:
+        ```python
+        import numpy as np
+        import retrograd as rg
 
         main, startup = rg.Program(), rg.Program()
         with rg.program_guard(main, startup):
             x = rg.data("x", [-1, 4])
             y = rg.layers.fc(x, 2, name="fc")
-        print(main)
+        print(main)                                    # one op per line, with shapes
+        exe = rg.Executor()
+        exe.run(startup)
+        (out,) = exe.run(main, feed={"x": np.ones((3, 4), "float32")}, fetch_list=[y])
+        assert out.shape == (3, 2)
+        ```
     """
 
     def __init__(self, random_seed: int = 0):
@@ -308,25 +654,85 @@ class Program:
         self._seed_counter = 0
 
     def bump(self) -> None:
-        """Mark the program changed, so executors recompile their cached plans."""
+        """Mark the program changed, so executors recompile their cached plans.
+
+        Call it after editing ``block.ops`` or ``block.vars`` directly (the Block
+        methods call it for you).
+
+        Example:
+            ```python
+            import retrograd as rg
+
+            main = rg.Program()
+            before = main.version
+            main.bump()
+            assert main.version == before + 1
+            ```
+        """
         self.version += 1
 
     def global_block(self) -> Block:
+        """Block 0, the global block (``blocks[0]``).
+
+        Returns:
+            The global Block.
+
+        Example:
+            ```python
+            import retrograd as rg
+
+            main = rg.Program()
+            assert main.global_block() is main.blocks[0] and main.global_block().idx == 0
+            ```
+        """
         return self.blocks[0]
 
     def block(self, idx: int) -> Block:
+        """The block at index ``idx``.
+
+        Args:
+            idx: An index into ``program.blocks``.
+
+        Returns:
+            The Block.
+
+        Raises:
+            ProgramError: The program has no such block.
+
+        Example:
+            ```python
+            import retrograd as rg
+
+            main = rg.Program()
+            body = main.create_block()
+            assert main.block(1) is body
+            ```
+        """
         if not 0 <= idx < len(self.blocks):
             raise ProgramError(f"program has no block {idx} (it has {len(self.blocks)})")
         return self.blocks[idx]
 
     def create_block(self, parent: Block | None = None) -> Block:
-        """A new sub-block; ``parent`` defaults to the block being built (else the global block).
+        """A new sub-block (a cell block for ``rg.recurrent_net``, a body by hand).
 
-        Example: ``cell = main.create_block()`` (a cell block for ``rg.recurrent_net``).
+        Args:
+            parent: Its parent; by default the block being built (inside
+                ``rg.block_guard``), else the global block.
+
+        Returns:
+            The new Block, appended to ``program.blocks``.
+
+        Example:
+            ```python
+            import retrograd as rg
+
+            main = rg.Program()
+            cell = main.create_block()
+            assert cell.idx == 1 and cell.parent is main.global_block()
+            ```
         """
         if parent is None:
-            from .builder import current_block   # builder imports this module
-            parent = current_block()
+            parent = _SERVICES["current_block"]()
             if parent.program is not self:
                 parent = self.global_block()
         block = Block(self, len(self.blocks), parent.idx)
@@ -335,10 +741,44 @@ class Program:
         return block
 
     def has_name(self, name: str) -> bool:
+        """Whether any block of the program declares a variable ``name``.
+
+        Args:
+            name: The variable name.
+
+        Returns:
+            True when the name is taken.
+
+        Example:
+            ```python
+            import retrograd as rg
+
+            main = rg.Program()
+            with rg.program_guard(main):
+                rg.data("x", [2])
+            assert main.has_name("x") and not main.has_name("y")
+            ```
+        """
         return any(name in block.vars for block in self.blocks)
 
     def unique_name(self, prefix: str) -> str:
-        """A variable name not used anywhere in the program: ``prefix_N``."""
+        """A variable name not used anywhere in the program: ``prefix_N``.
+
+        Args:
+            prefix: The name's stem.
+
+        Returns:
+            The first free ``prefix_N`` (N counts per prefix).
+
+        Example:
+            ```python
+            import retrograd as rg
+
+            main = rg.Program()
+            a, b = main.unique_name("tmp"), main.unique_name("tmp")
+            assert (a, b) == ("tmp_0", "tmp_1")
+            ```
+        """
         while True:
             count = self._name_counts.get(prefix, 0)
             self._name_counts[prefix] = count + 1
@@ -347,41 +787,127 @@ class Program:
                 return name
 
     def next_seed(self) -> int:
-        """A reproducible seed for the next random op (depends on build order only)."""
+        """A reproducible seed for the next random op (it depends on the build order only).
+
+        Returns:
+            An int in ``[0, 2**31 - 1)`` derived from ``random_seed`` and a counter.
+
+        Example:
+            ```python
+            import retrograd as rg
+
+            a, b = rg.Program(random_seed=7), rg.Program(random_seed=7)
+            assert a.next_seed() == b.next_seed() and a.next_seed() != a.next_seed()
+            ```
+        """
         self._seed_counter += 1
         return (self.random_seed * 1_000_003 + self._seed_counter) % (2**31 - 1)
 
     def list_vars(self) -> list[Var]:
+        """Every variable of every block, block by block.
+
+        Returns:
+            A list of Vars.
+
+        Example:
+            ```python
+            import retrograd as rg
+
+            main = rg.Program()
+            with rg.program_guard(main):
+                y = rg.exp(rg.data("x", [2]))
+            assert [v.name for v in main.list_vars()] == ["x", y.name]
+            ```
+        """
         return [var for block in self.blocks for var in block.vars.values()]
 
     def all_parameters(self) -> list[Var]:
+        """The parameters (``rg.create_parameter``'s Vars) of the global block.
+
+        Returns:
+            A list of Vars, in creation order.
+
+        Example:
+            ```python
+            import retrograd as rg
+
+            main = rg.Program()
+            with rg.program_guard(main, rg.Program()):
+                rg.layers.fc(rg.data("x", [-1, 3]), 2, name="fc")
+            assert [p.name for p in main.all_parameters()] == ["fc.w", "fc.b"]
+            ```
+        """
         return [var for var in self.global_block().vars.values() if var.is_parameter]
 
     def __str__(self) -> str:
-        from .printer import format_program
-        return format_program(self)
+        return _SERVICES["format_program"](self)
 
     def to_string(self, locations: bool = False) -> str:
-        """The program as text (``str(program)``); ``locations=True`` ends each op's line
-        with ``# file:line`` where user code built it.
+        """The program as text (what ``str(program)`` gives).
 
-        Example::
+        Args:
+            locations: End each op's line with ``# file:line`` where user code built it.
 
-            print(main.to_string(locations=True))
+        Returns:
+            One op per line, with shapes and dtypes; sub-blocks nested.
+
+        Example:
+            ```python
+            import retrograd as rg
+
+            main = rg.Program()
+            with rg.program_guard(main):
+                y = rg.exp(rg.data("x", [2]))
+            text = main.to_string(locations=True)
+            assert "Exp" in text and "#" in text
+            ```
         """
-        from .printer import format_program
-        return format_program(self, locations=locations)
+        return _SERVICES["format_program"](self, locations=locations)
 
     def to_json(self) -> str:
-        """The program as JSON text; ``Program.from_json`` restores it exactly."""
-        from .serialize import program_to_json
-        return program_to_json(self)
+        """The program as JSON text; ``Program.from_json`` restores it exactly.
+
+        Returns:
+            The JSON text (no code, no pickle).
+
+        Example:
+            ```python
+            import json
+            import retrograd as rg
+
+            main = rg.Program()
+            with rg.program_guard(main):
+                y = rg.exp(rg.data("x", [2]))
+            assert isinstance(json.loads(main.to_json()), dict)
+            ```
+        """
+        return _SERVICES["program_to_json"](self)
 
     @staticmethod
     def from_json(text: str) -> "Program":
-        """Load a program saved by ``to_json`` (never executes code); it is verified."""
-        from .serialize import program_from_json
-        return program_from_json(text)
+        """Load a program saved by ``to_json``; loading never executes code, and the result is verified.
+
+        Args:
+            text: The JSON text.
+
+        Returns:
+            The Program.
+
+        Raises:
+            ProgramError: The text is not a valid program.
+
+        Example:
+            ```python
+            import retrograd as rg
+
+            main = rg.Program()
+            with rg.program_guard(main):
+                y = rg.exp(rg.data("x", [2]))
+            copy = rg.Program.from_json(main.to_json())
+            assert str(copy) == str(main)
+            ```
+        """
+        return _SERVICES["program_from_json"](text)
 
     def clone(self, for_test: bool = False) -> "Program":
         """A deep copy (through the JSON form, so nothing is shared).
@@ -395,10 +921,29 @@ class Program:
         statistics without writing them (ops registered ``test_mode=True`` get
         ``attrs["is_test"] = True``).
 
-        Example::
+        Args:
+            for_test: Make the evaluation form described above.
 
-            test_program = main.clone(for_test=True)
-            acc_v, = exe.run(test_program, feed={"x": xb, "y": yb}, fetch_list=[acc])
+        Returns:
+            The new Program.
+
+        Example:
+            ```python
+            import numpy as np
+            import retrograd as rg
+
+            main, startup = rg.Program(), rg.Program()
+            with rg.program_guard(main, startup):
+                x = rg.data("x", [-1, 4])
+                loss = rg.mean(rg.dropout(rg.layers.fc(x, 2, name="fc"), 0.5))
+                rg.optim.SGD(0.1).minimize(loss)
+            test_program = main.clone(for_test=True)       # no backward, no update, no dropout
+            exe = rg.Executor()
+            exe.run(startup)
+            w = exe.scope.get("fc.w").copy()
+            exe.run(test_program, feed={"x": np.ones((2, 4), "float32")}, fetch_list=[loss])
+            assert np.array_equal(exe.scope.get("fc.w"), w)
+            ```
         """
         copy = Program.from_json(self.to_json())
         copy.lineage = self.lineage | {self.serial}
@@ -409,10 +954,28 @@ class Program:
         return copy
 
     def owns(self, var: Var) -> bool:
-        """Whether ``var`` is a Var of this program or of one related to it by ``clone``
-        (its source, a clone of it, a clone of the same source). Executors and the ONNX
-        exporter check fetches and feed keys with it: a Var of an unrelated program would
-        bind by name to a different variable."""
+        """Whether ``var`` belongs to this program or one related to it by ``clone``.
+
+        Related means its source, a clone of it, or a clone of the same source.
+        Executors and the ONNX exporter check fetches and feed keys with it: a Var
+        of an unrelated program would bind by name to a different variable.
+
+        Args:
+            var: The Var.
+
+        Returns:
+            True when it may be fed to or fetched from this program.
+
+        Example:
+            ```python
+            import retrograd as rg
+
+            main, other = rg.Program(), rg.Program()
+            with rg.program_guard(main):
+                x = rg.data("x", [2])
+            assert main.clone().owns(x) and not other.owns(x)
+            ```
+        """
         other = var.block.program
         if other is self:
             return True

@@ -34,7 +34,7 @@ import numpy as np
 
 from ..errors import ProgramError
 from .dtypes import DTYPES
-from .program import MAX_BLOCK_DEPTH, Block, Op, Program
+from .program import MAX_BLOCK_DEPTH, Block, Op, Program, provides
 
 FORMAT = "retrograd.program"
 VERSION = 1
@@ -45,6 +45,7 @@ MAX_JSON_DEPTH = 100  # lists and objects inside each other; a program needs abo
 
 # --- Writing --------------------------------------------------------------------------
 
+@provides
 def program_to_json(program: Program, indent: int | None = None) -> str:
     """The program as JSON text; ``program_from_json`` restores it exactly.
 
@@ -118,6 +119,7 @@ def _encode(value: Any, where: str) -> Any:
 
 # --- Reading ------------------------------------------------------------------------------
 
+@provides
 def program_from_json(text: str | bytes) -> Program:
     """Rebuild a program saved by ``program_to_json``, then verify it.
 

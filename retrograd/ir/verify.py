@@ -13,7 +13,7 @@ Checks, in order, for each block:
    declared outputs (``-1`` matches any size).
 
 The IR knows no op types: checks 2 and 4 ask the ``OpSchema`` that the op
-registry (``retrograd/ops/registry.py``) hands to ``register_op_schema`` when
+registry (``retrograd/ops/core/registry.py``) hands to ``register_op_schema`` when
 it is imported.
 """
 from __future__ import annotations
@@ -41,7 +41,7 @@ _SCHEMA: dict[str, OpSchema] = {}
 
 
 def register_op_schema(schema: OpSchema) -> None:
-    """Called once by ``retrograd/ops/registry.py`` (the IR must not import the ops)."""
+    """Called once by ``retrograd/ops/core/registry.py`` (the IR must not import the ops)."""
     _SCHEMA["ops"] = schema
 
 

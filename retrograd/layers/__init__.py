@@ -1,9 +1,20 @@
 """Layers: thin builders over ops that create their parameters, named ``<name>.<param>``.
 
-Example::
+Example:
+    ```python
+    import numpy as np
+    import retrograd as rg
 
-    h = rg.layers.fc(x, 16, act="tanh", name="fc1")     # params fc1.w [D, 16], fc1.b [16]
-    e = rg.layers.embedding(ids, vocab=1000, dim=32, name="emb")
+    main, startup = rg.Program(), rg.Program()
+    with rg.program_guard(main, startup):
+        ids = rg.data("ids", [-1, -1], dtype="int64")                 # [T, N]
+        e = rg.layers.embedding(ids, vocab=1000, dim=32, name="emb")   # emb.w [1000, 32]
+        h = rg.layers.fc(e, 16, act="tanh", name="fc1")                # fc1.w [32, 16], fc1.b [16]
+    exe = rg.Executor()
+    exe.run(startup)
+    (out,) = exe.run(main, feed={"ids": np.zeros((5, 2), "int64")}, fetch_list=[h])
+    assert out.shape == (5, 2, 16)
+    ```
 """
 from .common import embedding, fc
 from .rnn import gru, lstm, milstm  # noqa: F401

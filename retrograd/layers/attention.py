@@ -25,10 +25,10 @@ from ..errors import ProgramError, ShapeError
 from ..ir.builder import default_main_program
 from ..ir.location import here
 from ..ir.program import Var
-from ..ops.attention import scaled_dot_product_attention
-from ..ops.heads import merge_heads, split_heads
-from ..ops.creation import constant, create_parameter
-from ..ops.rnn_cells import seq_linear
+from ..ops.nn.attention import scaled_dot_product_attention
+from ..ops.nn.heads import merge_heads, split_heads
+from ..ops.array.creation import constant, create_parameter
+from ..ops.recurrent.cells import seq_linear
 
 
 def _fail(error, layer: str, message: str):
@@ -57,24 +57,48 @@ def _check_mask(mask: Var, target: tuple[int, ...], layer: str) -> None:
 
 def multi_head_attention(q: Var, k: Var | None = None, v: Var | None = None, num_heads: int = 4,
                          mask=None, causal: bool = False, name: str | None = "att") -> Var:
-    """Multi-head scaled dot-product attention, ``torch.nn.MultiheadAttention(batch_first=True)``.
+    """Multi-head scaled dot-product attention, as ``torch.nn.MultiheadAttention(batch_first=True)``.
 
-    ``q [N, L, D]`` attends over ``k [N, S, D]`` (default ``q``: self-attention)
-    with values ``v [N, S, D]`` (default ``k``). Each input is projected
-    (``x @ w + b``), split into ``num_heads`` heads of ``D / num_heads``
-    features, attended (``rg.scaled_dot_product_attention``, scale
-    ``1/sqrt(D / num_heads)``), merged and projected by ``w_o``. ``mask``
-    broadcasts to ``[N, heads, L, S]``: bool with True = attend (torch's
-    ``attn_mask`` uses True = *not* allowed), or float added to the scores;
-    ``causal=True`` hides later keys. Returns ``[N, L, D]``. Calling it again
-    with the same ``name`` shares the parameters (give each layer its own).
+    Each input is projected (``x @ w + b``), split into ``num_heads`` heads of
+    ``D / num_heads`` features, attended (``rg.scaled_dot_product_attention``,
+    scale ``1/sqrt(D / num_heads)``), merged and projected by ``w_o``.
+    Parameters ``<name>.w_q/.w_k/.w_v/.w_o [D, D]`` and ``.b_q/.b_k/.b_v/.b_o [D]``.
+    Calling it again with the same ``name`` shares the parameters (give each
+    layer its own).
 
-    Example::
+    Args:
+        q: The queries ``[N, L, D]``.
+        k: The keys ``[N, S, D]`` (default ``q``: self-attention).
+        v: The values ``[N, S, D]`` (default ``k``).
+        num_heads: The number of heads; it divides ``D``.
+        mask: None, or a mask broadcasting to ``[N, heads, L, S]``: bool with
+            True = attend (torch's ``attn_mask`` uses True = *not* allowed), or
+            float added to the scores.
+        causal: Hide later keys.
+        name: The parameters' prefix.
 
-        x = rg.data("x", [-1, 16, 32])                                  # [N, L, D]
-        h = rg.layers.multi_head_attention(x, num_heads=4, causal=True, name="att")
-        pad = rg.data("keep", [-1, 1, 1, 16], dtype="bool")             # padding mask, True = real
-        c = rg.layers.multi_head_attention(x, enc, num_heads=4, mask=pad, name="cross")
+    Returns:
+        A Var ``[N, L, D]``.
+
+    Example:
+        ```python
+        import numpy as np
+        import retrograd as rg
+
+        main, startup = rg.Program(), rg.Program()
+        with rg.program_guard(main, startup):
+            x = rg.data("x", [-1, 5, 8])                                    # [N, L, D]
+            enc = rg.data("enc", [-1, 7, 8])                                # [N, S, D]
+            h = rg.layers.multi_head_attention(x, num_heads=2, causal=True, name="att")
+            keep = rg.data("keep", [-1, 1, 1, 7], dtype="bool")             # padding mask, True = real
+            c = rg.layers.multi_head_attention(h, enc, num_heads=2, mask=keep, name="cross")
+        exe = rg.Executor()
+        exe.run(startup)
+        feed = {"x": np.ones((2, 5, 8), "float32"), "enc": np.ones((2, 7, 8), "float32"),
+                "keep": np.ones((2, 1, 1, 7), bool)}
+        (out,) = exe.run(main, feed=feed, fetch_list=[c])
+        assert out.shape == (2, 5, 8)
+        ```
     """
     layer = name if name is not None else default_main_program().unique_name("att")
     _check_sequence(q, "q", layer, None)

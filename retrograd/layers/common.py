@@ -5,11 +5,11 @@ import numbers
 from ..errors import ProgramError
 from ..ir.builder import current_block, default_main_program
 from ..ir.program import Var
-from ..ops.creation import create_parameter
-from ..ops.math import matmul
-from ..ops.registry import append_op
-from ..ops.rnn_cells import seq_linear
-from ..ops.tensor import gather
+from ..ops.array.creation import create_parameter
+from ..ops.math.elementwise import matmul
+from ..ops.core.registry import append_op
+from ..ops.recurrent.cells import seq_linear
+from ..ops.array.tensor import gather
 
 # act -> the op fc ends with (type, attrs), None for none: fc appends it itself, so that it can
 # write the Var named after the layer.
@@ -26,20 +26,44 @@ def _layer_name(name: str | None, kind: str) -> str:
 
 
 def fc(x: Var, size: int, act: str | None = None, name: str | None = None) -> Var:
-    """``act(x @ w + b)`` over the last axis of a 2-D ``[N, D]`` or 3-D ``[T, N, D]`` input.
+    """A fully connected layer: ``act(x @ w + b)`` over the last axis of a 2-D ``[N, D]`` or 3-D ``[T, N, D]`` input.
 
     Creates ``<name>.w [D, size]`` (Xavier-uniform) and ``<name>.b [size]``
-    (zeros) in ``x``'s dtype; ``act`` is None, "tanh", "sigmoid", "relu",
-    "softmax" (over the last axis), "gelu", "silu", "leaky_relu" (slope 0.01),
-    "elu" (alpha 1) or "softplus", each with ``rg.<act>``'s defaults. Calling
-    again with the same name shares the parameters. A ``name`` given (and not yet used) also names the output
-    Var, so it can be fetched by that name (``fetch_list=["fc1"]``, or the
-    output of an exported ONNX model).
+    (zeros) in ``x``'s dtype. Calling again with the same name shares the
+    parameters. A ``name`` given (and not yet used) also names the output Var,
+    so it can be fetched by that name (``fetch_list=["fc1"]``, or the output of
+    an exported ONNX model).
 
-    Example::
+    Args:
+        x: A float Var ``[N, D]`` or ``[T, N, D]``.
+        size: The number of output features.
+        act: None, ``"tanh"``, ``"sigmoid"``, ``"relu"``, ``"softmax"`` (over the
+            last axis), ``"gelu"``, ``"silu"``, ``"leaky_relu"`` (slope 0.01),
+            ``"elu"`` (alpha 1) or ``"softplus"``, each with ``rg.<act>``'s defaults.
+        name: The parameters' prefix (a fresh ``fc_N`` by default).
 
-        x = rg.data("x", [-1, 8])
-        h = rg.layers.fc(x, 16, act="tanh", name="fc1")     # [?, 16]
+    Returns:
+        A Var ``[..., size]``.
+
+    Raises:
+        ProgramError: An unknown ``act``, or an input that is not 2-D or 3-D.
+
+    Example:
+        ```python
+        import numpy as np
+        import retrograd as rg
+
+        main, startup = rg.Program(), rg.Program()
+        with rg.program_guard(main, startup):
+            x = rg.data("x", [-1, 8])
+            h = rg.layers.fc(x, 16, act="tanh", name="fc1")     # [?, 16]; fc1.w [8, 16], fc1.b [16]
+        exe = rg.Executor()
+        exe.run(startup)
+        xv = np.random.rand(4, 8).astype("float32")
+        (out,) = exe.run(main, feed={"x": xv}, fetch_list=["fc1"])
+        w, b = exe.scope.get("fc1.w"), exe.scope.get("fc1.b")
+        assert np.allclose(out, np.tanh(xv @ w + b), atol=1e-6)
+        ```
     """
     if act not in ACTIVATIONS:
         raise ProgramError(f"fc: unknown act {act!r}; use one of None, "
@@ -66,15 +90,35 @@ def fc(x: Var, size: int, act: str | None = None, name: str | None = None) -> Va
 
 
 def embedding(ids: Var, vocab: int, dim: int, name: str | None = None, dtype: str = "float32") -> Var:
-    """Rows of ``<name>.w [vocab, dim]`` picked by integer ``ids`` of any shape: ``ids.shape + [dim]``.
+    """Rows of ``<name>.w [vocab, dim]`` picked by integer ``ids`` of any shape.
 
     The table starts as Normal(0, 1), like ``torch.nn.Embedding``; an id
     outside ``[0, vocab)`` fails the run.
 
-    Example::
+    Args:
+        ids: An integer Var of any shape.
+        vocab: The number of rows (ids lie in ``[0, vocab)``).
+        dim: The vector size.
+        name: The parameter's prefix.
+        dtype: The table's dtype.
 
-        ids = rg.data("ids", [-1, -1], dtype="int64")             # [T, N]
-        e = rg.layers.embedding(ids, vocab=1000, dim=32, name="emb")  # [T, N, 32]
+    Returns:
+        A Var ``ids.shape + [dim]``.
+
+    Example:
+        ```python
+        import numpy as np
+        import retrograd as rg
+
+        main, startup = rg.Program(), rg.Program()
+        with rg.program_guard(main, startup):
+            ids = rg.data("ids", [-1, -1], dtype="int64")               # [T, N]
+            e = rg.layers.embedding(ids, vocab=1000, dim=32, name="emb")  # [T, N, 32]
+        exe = rg.Executor()
+        exe.run(startup)
+        (out,) = exe.run(main, feed={"ids": np.array([[3, 7]])}, fetch_list=[e])
+        assert out.shape == (1, 2, 32) and np.array_equal(out[0, 1], exe.scope.get("emb.w")[7])
+        ```
     """
     name = _layer_name(name, "embedding")
     w = create_parameter(f"{name}.w", [int(vocab), int(dim)], dtype=dtype, init=("normal", 0.0, 1.0))

@@ -12,43 +12,85 @@ import numbers
 from ..errors import ShapeError
 from ..ir.builder import current_block
 from ..ir.program import Var
-from ..ops.conv import build_error, convolution, per_axis
-from ..ops.creation import create_parameter
-from ..ops.registry import append_op
-from ..ops.tensor import reshape
+from ..ops.nn.conv import build_error, convolution, per_axis
+from ..ops.array.creation import create_parameter
+from ..ops.core.registry import append_op
+from ..ops.array.tensor import reshape
 from .common import ACTIVATIONS
 
 
 def conv2d(x: Var, num_filters: int, kernel_size, stride=1, padding=0, act: str | None = None,
            name: str | None = None) -> Var:
-    """``act(conv2d(x, w) + b)`` over ``x [N, C, H, W]``: ``[N, num_filters, H_out, W_out]``.
+    """A 2-D convolution layer: ``act(conv2d(x, w) + b)`` over ``x [N, C, H, W]``.
 
     Creates ``<name>.w [num_filters, C, kh, kw]`` and ``<name>.b [num_filters]``,
     both ``U(-1/sqrt(fan_in), 1/sqrt(fan_in))`` with ``fan_in = C * kh * kw``
-    (``torch.nn.Conv2d``'s initialisation). ``kernel_size``, ``stride``: an
-    int or a pair; ``padding`` as ``rg.conv2d`` takes it; ``act`` one of
-    ``rg.layers.common.ACTIVATIONS``. The same name again shares the parameters;
-    a name given also names the output Var (as ``fc`` does).
+    (``torch.nn.Conv2d``'s initialisation). The same name again shares the
+    parameters; a name given also names the output Var (as ``fc`` does).
 
-    Example::
+    Args:
+        x: A float Var ``[N, C, H, W]``.
+        num_filters: The number of output channels.
+        kernel_size: An int or a pair ``(kh, kw)``.
+        stride: An int or a pair.
+        padding: As ``rg.conv2d`` takes it.
+        act: One of ``rg.layers.common.ACTIVATIONS`` (as for ``fc``), or None.
+        name: The parameters' prefix.
 
-        x = rg.data("x", [-1, 1, 28, 28])
-        h = rg.layers.conv2d(x, 16, 3, padding=1, act="relu", name="c1")   # [?, 16, 28, 28]
+    Returns:
+        A Var ``[N, num_filters, H_out, W_out]``.
+
+    Example:
+        ```python
+        import numpy as np
+        import retrograd as rg
+
+        main, startup = rg.Program(), rg.Program()
+        with rg.program_guard(main, startup):
+            x = rg.data("x", [-1, 1, 8, 8])
+            h = rg.layers.conv2d(x, 4, 3, padding=1, act="relu", name="c1")   # [?, 4, 8, 8]
+        exe = rg.Executor()
+        exe.run(startup)
+        (out,) = exe.run(main, feed={"x": np.ones((2, 1, 8, 8), "float32")}, fetch_list=[h])
+        assert out.shape == (2, 4, 8, 8) and (out >= 0).all()
+        ```
     """
     return _conv_layer(2, "conv2d", x, num_filters, kernel_size, stride, padding, act, name)
 
 
 def conv1d(x: Var, num_filters: int, kernel_size, stride=1, padding=0, act: str | None = None,
            name: str | None = None) -> Var:
-    """``act(conv1d(x, w) + b)`` over ``x [N, C, W]``: ``[N, num_filters, W_out]``.
+    """A 1-D convolution layer: ``act(conv1d(x, w) + b)`` over ``x [N, C, W]``.
 
     Creates ``<name>.w [num_filters, C, k]`` and ``<name>.b [num_filters]``,
     initialised like ``torch.nn.Conv1d`` (``U(-1/sqrt(C*k), 1/sqrt(C*k))``).
 
-    Example::
+    Args:
+        x: A float Var ``[N, C, W]``.
+        num_filters: The number of output channels.
+        kernel_size: The kernel width.
+        stride: The stride.
+        padding: As ``rg.conv1d`` takes it.
+        act: An activation name (as for ``fc``), or None.
+        name: The parameters' prefix.
 
-        x = rg.data("x", [-1, 8, 100])                     # [N, channels, time]
-        h = rg.layers.conv1d(x, 32, 5, padding=2, act="relu", name="tc1")
+    Returns:
+        A Var ``[N, num_filters, W_out]``.
+
+    Example:
+        ```python
+        import numpy as np
+        import retrograd as rg
+
+        main, startup = rg.Program(), rg.Program()
+        with rg.program_guard(main, startup):
+            x = rg.data("x", [-1, 3, 20])                      # [N, channels, time]
+            h = rg.layers.conv1d(x, 8, 5, padding=2, act="relu", name="tc1")
+        exe = rg.Executor()
+        exe.run(startup)
+        (out,) = exe.run(main, feed={"x": np.ones((2, 3, 20), "float32")}, fetch_list=[h])
+        assert out.shape == (2, 8, 20)
+        ```
     """
     return _conv_layer(1, "conv1d", x, num_filters, kernel_size, stride, padding, act, name)
 

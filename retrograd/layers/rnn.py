@@ -21,15 +21,15 @@ import math
 from ..errors import ProgramError
 from ..ir.builder import default_main_program
 from ..ir.program import Var
-from ..ops.creation import create_parameter, fill, fill_like
-from ..ops.nn import dropout as dropout_op
-from ..ops.gru_sequence import gru_sequence
-from ..ops.lstm_sequence import lstm_sequence
-from ..ops.math import matmul
-from ..ops.recurrent import recurrent
-from ..ops.reduce import sum as reduce_sum
-from ..ops.rnn_cells import gru_unit, lstm_unit, seq_linear
-from ..ops.tensor import concat, slice
+from ..ops.array.creation import create_parameter, fill, fill_like
+from ..ops.nn.softmax_dropout import dropout as dropout_op
+from ..ops.recurrent.gru_sequence import gru_sequence
+from ..ops.recurrent.lstm_sequence import lstm_sequence
+from ..ops.math.elementwise import matmul
+from ..ops.recurrent.network import recurrent
+from ..ops.reduce.reductions import sum as reduce_sum
+from ..ops.recurrent.cells import gru_unit, lstm_unit, seq_linear
+from ..ops.array.tensor import concat, slice
 
 
 def _check_input(x: Var, layer: str) -> int:
@@ -94,25 +94,7 @@ def lstm(x: Var, hidden: int, h0=None, c0=None, seq_lengths: Var | None = None, 
 
     Parameters ``<name>.w_ih [D, 4H]``, ``<name>.w_hh [H, 4H]``, ``<name>.b [4H]``;
     gate order i, f, g, o: ``c' = sig(f + forget_bias) * c + sig(i) * tanh(g)``,
-    ``h' = sig(o) * tanh(c')``. ``h0``/``c0`` default to zeros; with
-    ``seq_lengths`` (int64 ``[N]``) states stop changing after each example's
-    length and ``h_last``/``c_last`` are taken there. ``recompute`` is passed to
-    ``rg.recurrent`` (None, ``"steps"`` or a byte budget).
-
-    ``reverse=True`` reads the sequence right to left (each example's own
-    steps with ``seq_lengths``): ``h_all[t]`` is the state after reading
-    ``x[t]``, ``h_last`` the state after ``x[0]``. ``bidirectional=True`` runs
-    both directions, the right-to-left one with parameters
-    ``<name>.w_ih_reverse`` etc., and concatenates them on the last axis as
-    ``torch.nn.LSTM(bidirectional=True)`` does: ``h_all [T,N,2H]``,
-    ``h_last [N,2H]`` (forward then reverse); ``h0``/``c0`` are then pairs
-    ``(forward, reverse)`` of ``[N, H]`` (or None).
-
-    ``num_layers > 1`` stacks layers as ``torch.nn.LSTM(num_layers=...)``: layer k
-    reads layer k-1's ``h_all`` (after ``dropout`` in training, between layers only),
-    its parameters are ``<name>.l<k>.w_ih`` etc., ``h0``/``c0`` are then lists with
-    one state (or pair) per layer, and the results are the top layer's.
-    ``bias=False`` creates no bias.
+    ``h' = sig(o) * tanh(c')``.
 
     By default (``fused=None``) the layer is the step-by-step recurrence, and an
     executor whose backend has a vendor LSTM kernel (torch: oneDNN on the CPU,
@@ -120,20 +102,61 @@ def lstm(x: Var, hidden: int, h0=None, c0=None, seq_lengths: Var | None = None, 
     as one ``LSTMSequence`` op and its gradient as one ``LSTMSequenceGrad``
     (``rg.passes.fuse_recurrent_cells`` on the executor's copy of the program);
     NumPy, CuPy and onnxruntime run the recurrence. Per-op ``recompute`` and
-    ``seq_lengths`` keep the recurrence everywhere. ``fused=False`` keeps it
-    on every backend. ``fused=True`` builds the ``LSTMSequence`` ops in the
-    program itself (``rg.lstm_sequence``; general kernels where the backend has
-    no vendor kernel; with ``recompute="steps"`` it keeps only the cells); it
-    needs ``recompute`` None or ``"steps"`` and no ``seq_lengths`` (otherwise
-    the layer builds the recurrence). A whole-program ``memory_budget`` turns
-    it back into that recurrence. Results agree to rounding.
+    ``seq_lengths`` keep the recurrence everywhere. A whole-program
+    ``memory_budget`` turns fused ops back into that recurrence. Results agree
+    to rounding.
 
-    Example::
+    Args:
+        x: A float Var ``[T, N, D]``.
+        hidden: H, the state size.
+        h0: The initial hidden state ``[N, H]`` (zeros by default); a pair
+            ``(forward, reverse)`` when ``bidirectional``, a list per layer when
+            ``num_layers > 1``.
+        c0: The initial cell state, in the same form as ``h0``.
+        seq_lengths: None, or int64 ``[N]``: states stop changing after each
+            example's length and ``h_last``/``c_last`` are taken there.
+        forget_bias: Added to the forget gate's input.
+        name: The parameters' prefix.
+        recompute: Passed to ``rg.recurrent``: None, ``"steps"`` or a byte budget.
+        reverse: Read the sequence right to left (each example's own steps with
+            ``seq_lengths``): ``h_all[t]`` is the state after reading ``x[t]``,
+            ``h_last`` the state after ``x[0]``.
+        bidirectional: Run both directions, the right-to-left one with
+            parameters ``<name>.w_ih_reverse`` etc., concatenated on the last axis
+            as ``torch.nn.LSTM(bidirectional=True)`` does: ``h_all [T,N,2H]``,
+            ``h_last [N,2H]`` (forward then reverse).
+        num_layers: Stack layers as ``torch.nn.LSTM(num_layers=...)``: layer k
+            reads layer k-1's ``h_all``; its parameters are ``<name>.l<k>.w_ih``
+            etc.; the results are the top layer's.
+        bias: False creates no bias.
+        dropout: Dropout on each layer's output in training, between layers only.
+        fused: None (the default above); False keeps the recurrence on every
+            backend; True builds ``LSTMSequence`` ops in the program itself
+            (``rg.lstm_sequence``; general kernels where the backend has no
+            vendor kernel; with ``recompute="steps"`` it keeps only the cells).
+            It needs ``recompute`` None or ``"steps"`` and no ``seq_lengths``
+            (otherwise the layer builds the recurrence).
 
-        x = rg.data("x", [-1, -1, 32])                     # [T, N, D]
-        h_all, h_last, c_all, c_last = rg.layers.lstm(x, 64, name="enc")
-        both, _, _, _ = rg.layers.lstm(x, 64, name="bi", bidirectional=True)   # [T, N, 128]
-        deep, _, _, _ = rg.layers.lstm(x, 64, num_layers=2, dropout=0.1, name="deep")  # deep.l0.w_ih ...
+    Returns:
+        ``(h_all, h_last, c_all, c_last)``.
+
+    Example:
+        ```python
+        import numpy as np
+        import retrograd as rg
+
+        main, startup = rg.Program(), rg.Program()
+        with rg.program_guard(main, startup):
+            x = rg.data("x", [-1, -1, 8])                      # [T, N, D]
+            h_all, h_last, c_all, c_last = rg.layers.lstm(x, 16, name="enc")
+            both, _, _, _ = rg.layers.lstm(x, 16, name="bi", bidirectional=True)         # [T, N, 32]
+            deep, _, _, _ = rg.layers.lstm(x, 16, num_layers=2, dropout=0.1, name="deep")  # deep.l0.w_ih ...
+        exe = rg.Executor()
+        exe.run(startup)
+        outs = exe.run(main, feed={"x": np.ones((5, 2, 8), "float32")}, fetch_list=[h_all, h_last, both, deep])
+        assert outs[0].shape == (5, 2, 16) and np.array_equal(outs[0][-1], outs[1])
+        assert outs[2].shape == (5, 2, 32) and outs[3].shape == (5, 2, 16)
+        ```
     """
     hidden = _check_hidden(hidden, "lstm")
 
@@ -179,11 +202,7 @@ def gru(x: Var, hidden: int, h0=None, seq_lengths: Var | None = None, name: str 
 
     Parameters ``w_ih [D, 3H]``, ``w_hh [H, 3H]``, ``b_ih [3H]``, ``b_hh [3H]``;
     gate order r, z, n: ``n = tanh(xW_n + b_in + r * (hU_n + b_hn))``,
-    ``h' = (1 - z) * n + z * h``. ``reverse``, ``bidirectional`` (then
-    ``h_all [T,N,2H]``, ``h_last [N,2H]``, ``h0`` a pair, parameters
-    ``<name>.w_ih_reverse`` etc.), ``num_layers`` (parameters ``<name>.l<k>.w_ih``
-    ..., ``h0`` a list per layer, the top layer's results), ``dropout`` between
-    layers and ``bias=False`` work as for ``lstm``.
+    ``h' = (1 - z) * n + z * h``.
 
     By default (``fused=None``) the layer is the step-by-step recurrence, and an
     executor whose backend has a vendor GRU kernel (torch on CUDA: cuDNN; float32
@@ -191,16 +210,47 @@ def gru(x: Var, hidden: int, h0=None, seq_lengths: Var | None = None, name: str 
     gradient as one ``GRUSequenceGrad`` (``rg.passes.fuse_recurrent_cells`` on the
     executor's copy of the program); NumPy, torch on the CPU (no vendor GRU
     there), CuPy and onnxruntime run the recurrence. ``recompute`` and
-    ``seq_lengths`` keep the recurrence everywhere; ``fused=False`` keeps it on
-    every backend. ``fused=True`` builds each layer and direction as one
-    ``GRUSequence`` op in the program itself (``rg.gru_sequence``: cuDNN on the
-    torch CUDA backend, one general kernel elsewhere) where there is no
-    ``recompute`` and no ``seq_lengths``. Results agree to rounding.
+    ``seq_lengths`` keep the recurrence everywhere. Results agree to rounding.
 
-    Example::
+    Args:
+        x: A float Var ``[T, N, D]``.
+        hidden: H, the state size.
+        h0: The initial state ``[N, H]`` (zeros by default); a pair when
+            ``bidirectional``, a list per layer when ``num_layers > 1``.
+        seq_lengths: None, or int64 ``[N]``.
+        name: The parameters' prefix.
+        recompute: None, ``"steps"`` or a byte budget (as ``rg.recurrent``).
+        reverse: Read right to left, as for ``lstm``.
+        bidirectional: Both directions (``h_all [T,N,2H]``, ``h_last [N,2H]``,
+            parameters ``<name>.w_ih_reverse`` etc.).
+        num_layers: Stacked layers (parameters ``<name>.l<k>.w_ih`` ...; the top
+            layer's results).
+        bias: False creates no biases.
+        dropout: Dropout between layers, in training.
+        fused: None (the default above); False keeps the recurrence on every
+            backend; True builds each layer and direction as one ``GRUSequence``
+            op in the program itself (``rg.gru_sequence``: cuDNN on the torch
+            CUDA backend, one general kernel elsewhere) where there is no
+            ``recompute`` and no ``seq_lengths``.
 
-        h_all, h_last = rg.layers.gru(x, 64, name="gru")
-        h_all, h_last = rg.layers.gru(x, 64, num_layers=3, bias=False, name="deep")
+    Returns:
+        ``(h_all, h_last)``.
+
+    Example:
+        ```python
+        import numpy as np
+        import retrograd as rg
+
+        main, startup = rg.Program(), rg.Program()
+        with rg.program_guard(main, startup):
+            x = rg.data("x", [-1, -1, 4])
+            h_all, h_last = rg.layers.gru(x, 8, name="gru")
+            deep_all, _ = rg.layers.gru(x, 8, num_layers=3, bias=False, name="deep")
+        exe = rg.Executor()
+        exe.run(startup)
+        a, last, d = exe.run(main, feed={"x": np.ones((3, 2, 4), "float32")}, fetch_list=[h_all, h_last, deep_all])
+        assert a.shape == (3, 2, 8) and np.array_equal(a[-1], last) and d.shape == (3, 2, 8)
+        ```
     """
     hidden = _check_hidden(hidden, "gru")
 
@@ -310,14 +360,38 @@ def milstm(x: Var, hidden: int, h0: Var | None = None, c0: Var | None = None,
     ``gates = alpha * xW * hU + beta1 * hU + beta2 * xW + b``, then as ``lstm``
     (gate order i, f, g, o). Parameters ``w_ih [D,4H]``, ``b_ih``, ``w_hh [H,4H]``,
     ``b_hh``, and ``alpha``, ``beta1``, ``beta2``, ``b`` (all ``[4H]``, initialised
-    to 1, 1, 1, 0 as in the paper). Returns ``(h_all, h_last, c_all, c_last)``.
+    to 1, 1, 1, 0 as in the paper).
 
     The step computes ``gates = hU * (alpha * xW + beta1) + (beta2 * xW + b)``:
     both brackets depend on x only, so they are computed for all T before the loop.
 
-    Example::
+    Args:
+        x: A float Var ``[T, N, D]``.
+        hidden: H, the state size.
+        h0: The initial hidden state ``[N, H]`` (zeros by default).
+        c0: The initial cell state ``[N, H]`` (zeros by default).
+        seq_lengths: None, or int64 ``[N]``.
+        forget_bias: Added to the forget gate's input.
+        name: The parameters' prefix.
+        recompute: None, ``"steps"`` or a byte budget (as ``rg.recurrent``).
 
-        h_all, h_last, c_all, c_last = rg.layers.milstm(x, 64, name="mi")
+    Returns:
+        ``(h_all, h_last, c_all, c_last)``.
+
+    Example:
+        ```python
+        import numpy as np
+        import retrograd as rg
+
+        main, startup = rg.Program(), rg.Program()
+        with rg.program_guard(main, startup):
+            x = rg.data("x", [-1, -1, 4])
+            h_all, h_last, c_all, c_last = rg.layers.milstm(x, 8, name="mi")
+        exe = rg.Executor()
+        exe.run(startup)
+        a, last = exe.run(main, feed={"x": np.ones((3, 2, 4), "float32")}, fetch_list=[h_all, h_last])
+        assert a.shape == (3, 2, 8) and np.array_equal(a[-1], last)
+        ```
     """
     hidden = _check_hidden(hidden, "milstm")
     d_in = _check_input(x, "milstm")

@@ -19,8 +19,8 @@ from ..errors import ProgramError
 from ..ir.builder import default_main_program
 from ..ir.location import here
 from ..ir.program import Var
-from ..ops.activation import gelu
-from ..ops.nn import dropout as dropout_op
+from ..ops.math.activation import gelu
+from ..ops.nn.softmax_dropout import dropout as dropout_op
 from .attention import multi_head_attention
 from .common import fc
 from .norm import layer_norm
@@ -35,18 +35,37 @@ def transformer_block(x: Var, num_heads: int, ffn_dim: int | None = None, causal
                       dropout: float = 0.0, name: str | None = "blk") -> Var:
     """One pre-norm transformer block (GPT-2's layout): attention then a GELU MLP, each residual.
 
-    ``x [N, L, D]`` -> ``[N, L, D]``. ``num_heads`` must divide ``D``;
-    ``ffn_dim`` (default ``4 * D``) is the MLP's hidden width; ``causal``
-    makes every position attend only to itself and earlier ones (a language
-    model); ``dropout`` applies to the attention's and the MLP's outputs. A
-    second block with the same ``name`` shares the first one's parameters:
-    name each block of a stack.
+    ``x + att(ln1(x))``, then ``x + fc(gelu(fc(ln2(x))))``. A second block with
+    the same ``name`` shares the first one's parameters: name each block of a
+    stack.
 
-    Example::
+    Args:
+        x: A float Var ``[N, L, D]``.
+        num_heads: The number of attention heads; it divides ``D``.
+        ffn_dim: The MLP's hidden width (default ``4 * D``).
+        causal: Every position attends only to itself and earlier ones (a language model).
+        dropout: Dropout on the attention's and the MLP's outputs.
+        name: The parameters' prefix.
 
-        x = rg.data("x", [-1, 64, 128])                           # [N, L, D]
-        for i in range(4):
-            x = rg.layers.transformer_block(x, num_heads=4, dropout=0.1, name=f"blk{i}")
+    Returns:
+        A Var ``[N, L, D]``.
+
+    Example:
+        ```python
+        import numpy as np
+        import retrograd as rg
+
+        main, startup = rg.Program(), rg.Program()
+        with rg.program_guard(main, startup):
+            x = rg.data("x", [-1, 6, 16])                           # [N, L, D]
+            h = x
+            for i in range(2):
+                h = rg.layers.transformer_block(h, num_heads=4, dropout=0.1, name=f"blk{i}")
+        exe = rg.Executor()
+        exe.run(startup)
+        (out,) = exe.run(main, feed={"x": np.random.rand(3, 6, 16).astype("float32")}, fetch_list=[h])
+        assert out.shape == (3, 6, 16)
+        ```
     """
     layer = name if name is not None else default_main_program().unique_name("blk")
     if not isinstance(x, Var) or x.ndim != 3 or x.shape[-1] < 0:

@@ -196,17 +196,38 @@ def choose_checkpoints(info: ForwardValues, loss: str, budget: int | None = None
 def auto_checkpoints(loss: Var, budget_bytes: int, feed_shapes: Mapping | None = None) -> list[Var]:
     """Checkpoints for ``append_backward(loss, checkpoints=...)`` that fit a memory budget.
 
-    ``budget_bytes`` bounds the forward values held for the backward (kept
-    plus recomputed), on top of inputs, parameters and gradients. Among the
+    ``budget_bytes`` bounds the forward values held for the backward (kept plus
+    recomputed), on top of inputs, parameters and gradients. Among the
     checkpoint sets that fit, the one recomputing least is returned; ``[]``
-    when storing everything fits. ``feed_shapes`` resolves run-time sizes
-    (``-1``) from the shapes of fed values. Raises ProgramError naming the
-    least budget that fits when none does.
+    when storing everything fits.
 
-    Example::
+    Args:
+        loss: The scalar loss Var (its program holds the forward only).
+        budget_bytes: The bound, in bytes.
+        feed_shapes: ``{name: shape}`` resolving run-time sizes (``-1``).
 
-        ckpts = rg.memory.auto_checkpoints(loss, 4 << 20, {"x": (64, 784)})
-        rg.append_backward(loss, checkpoints=ckpts)
+    Returns:
+        The checkpoint Vars.
+
+    Raises:
+        ProgramError: No checkpoints fit (naming the least budget that fits).
+
+    Example:
+        ```python
+        import numpy as np
+        import retrograd as rg
+
+        main, startup = rg.Program(), rg.Program()
+        with rg.program_guard(main, startup):
+            x = rg.data("x", [-1, 64])
+            h = x
+            for i in range(6):
+                h = rg.layers.fc(h, 64, act="tanh", name=f"l{i}")
+            loss = rg.mean(h)
+            ckpts = rg.memory.auto_checkpoints(loss, 150_000, {"x": (128, 64)})
+            rg.append_backward(loss, checkpoints=ckpts)
+        assert ckpts and rg.memory.report(main, feed_shapes={"x": (128, 64)}).recomputed
+        ```
     """
     if not isinstance(loss, Var):
         raise ProgramError(f"auto_checkpoints needs the loss Var, got {type(loss).__name__}")

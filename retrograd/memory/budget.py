@@ -42,22 +42,22 @@ from typing import Callable, Mapping
 import numpy as np
 
 from ..autodiff.rewrites import register_backward_rewrite
-from ..ops.linear_cross_entropy import CHUNK_BYTES
+from ..ops.nn.linear_cross_entropy import CHUNK_BYTES
 from ..passes.expand_fused import expand_fused_ops
 from ..passes.fuse_linear_loss import fuse_linear_cross_entropy
 from ..errors import ProgramError
 from ..ir.program import Block, Program, Var
-from ..ops.recurrent_steps import is_budget
+from ..ops.recurrent.steps import is_budget
 from .auto import build_model
 from .binomial import Units, apply_binomial
 from .lifetimes import ForwardValues
 from .micro_batches import accumulate_micro_batches, loss_over_rows, micro_batch_counts, separable_region
 from .peak import Sizer, planned_peak
 from .recompute import recompute_backward
-from .rnn_budget import states_read_elsewhere
-from .schedules import budget_plan
+from .loops.rnn_budget import states_read_elsewhere
+from .loops.schedules import budget_plan
 from .sizes import estimated_bytes, resolve_shapes
-from .time_steps import sink_time_step_ops
+from .loops.time_steps import sink_time_step_ops
 
 LOOP_TYPES = ("RecurrentNetwork", "While")
 LOOP_GRAD_TYPES = ("RecurrentNetworkBudgetGrad", "WhileBudgetGrad")
@@ -74,7 +74,36 @@ def rewrite_backward(block: Block, n_forward: int, loss: Var, checkpoints, feed_
 
 @dataclass
 class BudgetPlan:
-    """What ``fit_memory_budget`` chose: the activation budget, the planned peak, and store-all's."""
+    """What ``append_backward(..., memory_budget=)`` chose; ``rg.memory.report(main).plan`` shows it.
+
+    Attributes:
+        budget: The budget asked for, in bytes.
+        planned_peak: The peak of the step as built.
+        store_all_peak: The peak when storing everything (None: a loop's trip
+            count decides it).
+        activation_budget: The bound given to loops and checkpoint choice (None:
+            everything stored).
+        units: Feed-forward units under a binomial schedule (0: none).
+        micro_batches: How many micro-batches the batch was split into.
+        reserved_peak: The peak with the caller's reserve (the optimizer's updates).
+
+    Example:
+        ```python
+        import numpy as np
+        import retrograd as rg
+
+        main, startup = rg.Program(), rg.Program()
+        with rg.program_guard(main, startup):
+            x = rg.data("x", [-1, 32])
+            h = x
+            for i in range(4):
+                h = rg.layers.fc(h, 32, act="tanh", name=f"l{i}")
+            loss = rg.mean(h)
+            rg.append_backward(loss, memory_budget=240_000, feed_shapes={"x": (256, 32)})
+        plan = rg.memory.report(main, feed_shapes={"x": (256, 32)}).plan
+        assert plan.budget == 240_000 and plan.planned_peak <= plan.budget < plan.store_all_peak
+        ```
+    """
     budget: int
     planned_peak: int
     store_all_peak: int | None          # None: a loop's trip count decides it

@@ -1,7 +1,7 @@
 """The planned peak of a run: the executor's liveness replayed on sizes instead of arrays.
 
-``planned_peak`` compiles the block the way the executor does (the same
-``compile_block``: the same ops skipped, the same values dying after the same
+``planned_peak`` follows the liveness the executor's plans follow (both read
+``ir.analysis.lifetimes``: the same ops skipped, the same values dying after the same
 op) and walks it adding and removing bytes, as ``MemoryMeter`` would. What a
 looping op holds while it runs (states tensors, checkpoints, one step's
 values, time-batched buffers, its budget) comes from a per-op model
@@ -15,24 +15,21 @@ so the planned peak bounds the measured one from above for the shapes given.
 from __future__ import annotations
 
 import math
-from types import SimpleNamespace
 from typing import Callable, Mapping
 
 import numpy as np
 
 from ..errors import ProgramError
-from ..ir.analysis import op_reads
+from ..ir.analysis import lifetimes, op_reads
 from ..ir.program import Block, Var
-from ..ops.recurrent_grad import TimeBatches
-from ..ops.recurrent_steps import is_budget
-from ..runtime.plan import compile_block
-from .rnn_budget import SCHEDULE_LEN, batched_bytes, batched_rows, checkpoint_plan
+from ..ops.recurrent.network_grad import TimeBatches
+from ..ops.recurrent.steps import is_budget
+from .loops.rnn_budget import SCHEDULE_LEN, batched_bytes, batched_rows, checkpoint_plan
 from .shape_reads import stand_in_names
-from .step_rows import input_row_ops, output_row_ops, row_bytes, rows_batchable, rows_chunk
+from .loops.step_rows import (input_row_ops, output_row_ops, row_bytes, rows_batchable, rows_chunk)
 from .sizes import Shapes, resolve_shapes
 
 
-_NO_BACKEND = SimpleNamespace(xp=np, name="planning")
 
 
 class Sizer:
@@ -299,28 +296,58 @@ def planned_peak(block: Block, keep, feed_shapes: Mapping | None = None, shapes:
                  exact: bool = True, live: bool = False) -> int:
     """The peak bytes a run of ``block`` fetching ``keep`` would reach, for the shapes given.
 
-    Raises ProgramError naming the values whose sizes depend on run-time
-    shapes ``feed_shapes`` did not give (with ``exact``). By default a
-    budgeted recurrence's segment counts what its schedule reserves (a
-    time-batched row once per gradient it serves: what a budget must hold);
-    with ``live`` what is live at once (each buffer once: what a run
-    measures, the number ``rg.memory.report`` shows).
+    By default a budgeted recurrence's segment counts what its schedule
+    reserves (a time-batched row once per gradient it serves: what a budget
+    must hold); with ``live`` what is live at once (each buffer once: what a
+    run measures, the number ``rg.memory.report`` shows).
 
-    Example::
+    Args:
+        block: The block to plan (usually the global block).
+        keep: The names the run fetches.
+        feed_shapes: ``{name: shape}`` for run-time sizes.
+        shapes: Resolved shapes to reuse (internal).
+        exact: Raise when a size is unknown.
+        live: Count what is live at once instead of what a schedule reserves.
 
-        peak = rg.memory.planned_peak(main.global_block(), ["loss"], {"x": (64, 8)})
+    Returns:
+        The planned peak, in bytes.
+
+    Raises:
+        ProgramError: With ``exact``, values whose sizes depend on run-time
+            shapes ``feed_shapes`` did not give (naming them).
+
+    Example:
+        ```python
+        import numpy as np
+        import retrograd as rg
+
+        main, startup = rg.Program(), rg.Program()
+        with rg.program_guard(main, startup):
+            x = rg.data("x", [-1, 64])
+            h = x
+            for i in range(6):
+                h = rg.layers.fc(h, 64, act="tanh", name=f"l{i}")
+            loss = rg.mean(h)
+            rg.append_backward(loss)
+        peak = rg.memory.planned_peak(main.global_block(), [loss.name], {"x": (128, 64)})
+        exe = rg.Executor()
+        exe.run(startup)
+        exe.run(main, feed={"x": np.ones((128, 64), "float32")}, fetch_list=[loss])
+        print(peak, exe.last_stats.peak_bytes)                 # planned and measured
+        assert peak > 128 * 64 * 4
+        ```
     """
     shapes = shapes if shapes is not None else resolve_shapes(block, feed_shapes)
     sizer = Sizer(block, shapes, live)
-    plan = compile_block(block, frozenset(keep), _NO_BACKEND, None)   # liveness only: no kernel runs
-    held_now: dict[str, int] = {name: sizer.of(name) for name in plan.free_reads}
+    timed = lifetimes(block, frozenset(keep))      # what the executor's plan follows
+    held_now: dict[str, int] = {name: sizer.of(name) for name in timed.free_reads}
     sizer.live = held_now
     total = peak = sum(held_now.values())
-    for step in plan.steps:
+    for step in timed.ops:
         sizer.dying = frozenset(step.dead)
-        held, outs = _holds(sizer, step.op, step.k.live_outputs)
+        held, outs = _holds(sizer, step.op, step.live_outputs)
         peak = max(peak, total + held + sum(outs))
-        for name, size in zip(step.outputs, outs):
+        for name, size in zip(step.op.outputs, outs):
             total += size - held_now.get(name, 0)
             held_now[name] = size
         for name in step.dead:

@@ -38,7 +38,7 @@ from typing import Sequence
 from ..errors import ProgramError
 from ..ir.analysis import free_reads, op_reads
 from ..ir.program import Block, Op, Var
-from ..ops.registry import get_op_def
+from ..ops.core.registry import get_op_def
 from .auto import choose_checkpoints
 from .lifetimes import ForwardValues, ancestors
 
@@ -49,7 +49,32 @@ RECOMPUTE_ATTR = "recompute_of"   # on a copy: the forward outputs it recomputes
 
 @dataclass
 class Segment:
-    """Forward ops ``[start, stop)``; the op at ``stop - 1`` writes the segment's checkpoint."""
+    """Forward ops ``[start, stop)`` recomputed together; the op at ``stop - 1`` writes the segment's checkpoint.
+
+    Attributes:
+        start: The first op's index.
+        stop: One past the last op's index.
+        checkpoint: The name of the value the segment ends with.
+
+    Example:
+        ```python
+        import numpy as np
+        import retrograd as rg
+
+        from retrograd.memory.lifetimes import ForwardValues
+
+        main = rg.Program()
+        with rg.program_guard(main):
+            x = rg.data("x", [-1, 4], stop_gradient=False)
+            h1 = rg.tanh(rg.tanh(x))
+            loss = rg.mean(rg.tanh(h1))
+        n = len(main.global_block().ops)
+        with rg.program_guard(main):
+            rg.gradients(loss, x)
+        plan = rg.memory.plan_recompute(ForwardValues.of(main.global_block(), n), [h1.name])
+        assert plan.segments == [rg.memory.Segment(start=0, stop=2, checkpoint=h1.name)]
+        ```
+    """
     start: int
     stop: int
     checkpoint: str
@@ -57,7 +82,39 @@ class Segment:
 
 @dataclass
 class RecomputePlan:
-    """Which forward values the backward keeps and which it recomputes, segment by segment."""
+    """Which forward values the backward keeps and which it recomputes, segment by segment.
+
+    Attributes:
+        checkpoints: The checkpoint names used.
+        segments: The ``Segment`` list.
+        recompute: Recomputable value -> its segment's index.
+        cross: Values kept because a later segment reads them.
+        ignored: Checkpoints that could not be used.
+
+    Example:
+        ```python
+        import numpy as np
+        import retrograd as rg
+
+        from retrograd.memory.lifetimes import ForwardValues
+
+        main = rg.Program()
+        with rg.program_guard(main):
+            x = rg.data("x", [-1, 4], stop_gradient=False)
+            hs, h = [], x
+            for _ in range(4):
+                h = rg.tanh(h)
+                hs.append(h)
+            loss = rg.mean(h)
+        block = main.global_block()
+        n_forward = len(block.ops)
+        with rg.program_guard(main):
+            rg.gradients(loss, x)
+        info = ForwardValues.of(block, n_forward)
+        plan = rg.memory.plan_recompute(info, [hs[1].name])
+        assert plan.checkpoints == [hs[1].name] and plan.recompute == {hs[0].name: 0}
+        ```
+    """
     checkpoints: list[str]
     segments: list[Segment]
     recompute: dict[str, int] = field(default_factory=dict)   # recomputable value -> its segment
@@ -65,6 +122,38 @@ class RecomputePlan:
     ignored: list[str] = field(default_factory=list)           # checkpoints that could not be used
 
     def segment_values(self, s: int) -> set[str]:
+        """The values segment ``s`` recomputes.
+
+        Args:
+            s: The segment's index.
+
+        Returns:
+            A set of names.
+
+        Example:
+            ```python
+            import numpy as np
+            import retrograd as rg
+
+            from retrograd.memory.lifetimes import ForwardValues
+
+            main = rg.Program()
+            with rg.program_guard(main):
+                x = rg.data("x", [-1, 4], stop_gradient=False)
+                hs, h = [], x
+                for _ in range(4):
+                    h = rg.tanh(h)
+                    hs.append(h)
+                loss = rg.mean(h)
+            block = main.global_block()
+            n_forward = len(block.ops)
+            with rg.program_guard(main):
+                rg.gradients(loss, x)
+            info = ForwardValues.of(block, n_forward)
+            plan = rg.memory.plan_recompute(info, [hs[1].name])
+            assert plan.segment_values(0) == {hs[0].name}
+            ```
+        """
         return {name for name, seg in self.recompute.items() if seg == s}
 
 
@@ -97,15 +186,40 @@ def resolve_checkpoints(info: ForwardValues, loss: str, checkpoints: Sequence) -
 def plan_recompute(info: ForwardValues, checkpoints: Sequence[str]) -> RecomputePlan:
     """Segments between consecutive checkpoints and what each one recomputes.
 
-    ``checkpoints`` are usable names sorted by position (``resolve_checkpoints``).
     Ops after the last checkpoint are not recomputed: their backward runs
     first, right after the forward.
 
-    Example::
+    Args:
+        info: The forward's reads and writes (``memory.lifetimes.ForwardValues.of(block, n_forward)``).
+        checkpoints: Usable names sorted by position (``resolve_checkpoints``).
 
+    Returns:
+        The ``RecomputePlan``.
+
+    Example:
+        ```python
+        import numpy as np
+        import retrograd as rg
+
+        from retrograd.memory.lifetimes import ForwardValues
+
+        main = rg.Program()
+        with rg.program_guard(main):
+            x = rg.data("x", [-1, 4], stop_gradient=False)
+            hs, h = [], x
+            for _ in range(4):
+                h = rg.tanh(h)
+                hs.append(h)
+            loss = rg.mean(h)
+        block = main.global_block()
+        n_forward = len(block.ops)
+        with rg.program_guard(main):
+            rg.gradients(loss, x)
         info = ForwardValues.of(block, n_forward)
-        plan = plan_recompute(info, ["tanh_3", "tanh_7"])
-        plan.segments, plan.recompute, plan.cross
+        plan = rg.memory.plan_recompute(info, [hs[1].name])
+        print(plan.segments, plan.recompute, plan.cross)
+        assert len(plan.segments) == 1
+        ```
     """
     segments: list[Segment] = []
     start = 0
@@ -313,13 +427,38 @@ def recompute_backward(block: Block, n_forward: int, loss: Var, checkpoints,
                        feed_shapes=None) -> RecomputePlan:
     """Rewrite the backward already appended after ``block.ops[:n_forward]`` to recompute.
 
-    ``checkpoints`` is a list of Vars or names, or ``"auto"``. Unusable
-    checkpoints are ignored with a warning naming them. ``append_backward``
-    calls it; use that.
+    ``append_backward(loss, checkpoints=...)`` calls it; use that. Unusable
+    checkpoints are ignored with a warning naming them.
 
-    Example::
+    Args:
+        block: The block holding forward and backward.
+        n_forward: How many of its first ops are the forward.
+        loss: The loss Var.
+        checkpoints: A list of Vars or names, or ``"auto"``.
+        feed_shapes: ``{name: shape}`` for ``"auto"``.
 
-        rg.append_backward(loss, checkpoints=[h3, h7])     # -> recompute_backward(block, n, loss, [h3, h7])
+    Returns:
+        The ``RecomputePlan`` applied.
+
+    Example:
+        ```python
+        import numpy as np
+        import retrograd as rg
+
+        main = rg.Program()
+        with rg.program_guard(main):
+            x = rg.data("x", [-1, 4], stop_gradient=False)
+            h1 = rg.tanh(rg.tanh(x))
+            loss = rg.mean(rg.tanh(h1))
+        block = main.global_block()
+        n_forward = len(block.ops)
+        with rg.program_guard(main):
+            (dx,) = rg.gradients(loss, x)
+        plan = rg.memory.recompute_backward(block, n_forward, loss, [h1])   # what append_backward does
+        assert plan.recompute
+        (out,) = rg.Executor().run(main, feed={"x": np.ones((2, 4), "float32")}, fetch_list=[dx])
+        assert out.shape == (2, 4)
+        ```
     """
     info = ForwardValues.of(block, n_forward)
     if isinstance(checkpoints, str) and checkpoints == "auto":

@@ -17,7 +17,36 @@ from .sizes import resolve_shapes, value_bytes
 
 @dataclass
 class ValueInfo:
-    """One forward value the backward needs."""
+    """One forward value the backward needs: a row of a ``MemoryReport``.
+
+    Attributes:
+        name: The value's name.
+        shape: Its shape, resolved from ``feed_shapes`` where possible (-1 unknown).
+        dtype: Its dtype.
+        nbytes: Its size, or None while unknown.
+        status: ``"checkpoint"`` (kept, recomputation starts from it),
+            ``"kept"``, ``"recomputed"``, ``"input"`` (fed / persistable) or
+            ``"shape only"`` (a one-element stand-in for a value read for its shape).
+        readers: Backward ops reading it (recompute copies included).
+        recomputed_as: The names of its recomputed copies.
+
+    Example:
+        ```python
+        import numpy as np
+        import retrograd as rg
+
+        main, startup = rg.Program(), rg.Program()
+        with rg.program_guard(main, startup):
+            x = rg.data("x", [-1, 64])
+            h = x
+            for i in range(6):
+                h = rg.layers.fc(h, 64, act="tanh", name=f"l{i}")
+            loss = rg.mean(h)
+            rg.append_backward(loss, checkpoints=[main.global_block().var("l2")])
+        row = rg.memory.report(main, feed_shapes={"x": (128, 64)}).value("l0.w")
+        assert row.status == "input" and row.shape == (64, 64) and row.nbytes == 64 * 64 * 4
+        ```
+    """
     name: str
     shape: tuple[int, ...]        # resolved from feed_shapes where possible; -1 = unknown
     dtype: str
@@ -35,12 +64,39 @@ class MemoryReport:
 
     Values the backward reads only for their shape are not kept: it reads a
     one-element stand-in instead (``stand_ins``, ``memory/shape_reads.py``).
-    ``kept_bytes`` sums what stays in memory from the forward until the
-    backward reads it; ``recomputed_bytes`` sums what is recomputed instead;
-    ``peak_recompute_bytes`` sums what the largest segment recomputes (its
-    values are freed one by one as the backward moves on, so this bounds
-    what that segment holds). Byte totals are None while a size depends on run-time shapes
-    that ``feed_shapes`` did not give.
+    ``str(report)`` is a table with totals. Byte totals are None while a size
+    depends on run-time shapes that ``feed_shapes`` did not give.
+
+    Attributes:
+        kept: ``ValueInfo`` rows of values kept from the forward until the backward reads them.
+        recomputed: Rows of values recomputed in the backward instead.
+        inputs: Rows of fed and persistable values.
+        backward_start: The index of the backward's first op.
+        peak_recompute_bytes: What the largest segment recomputes (its values are
+            freed one by one as the backward moves on, so this bounds what that
+            segment holds).
+        stand_ins: Rows of values read for their shape only.
+        planned_peak: The run's planned peak, when known.
+        budget: The ``memory_budget`` the backward was built for, if any.
+        plan: The ``BudgetPlan``, if any.
+
+    Example:
+        ```python
+        import numpy as np
+        import retrograd as rg
+
+        main, startup = rg.Program(), rg.Program()
+        with rg.program_guard(main, startup):
+            x = rg.data("x", [-1, 64])
+            h = x
+            for i in range(6):
+                h = rg.layers.fc(h, 64, act="tanh", name=f"l{i}")
+            loss = rg.mean(h)
+            rg.append_backward(loss, checkpoints=[main.global_block().var("l2")])
+        r = rg.memory.report(main, feed_shapes={"x": (128, 64)})
+        print(r)                                           # value, shape, bytes, kept / recomputed
+        assert r.kept_bytes > 0 and r.recomputed_bytes > 0
+        ```
     """
     kept: list[ValueInfo]
     recomputed: list[ValueInfo]
@@ -54,17 +110,46 @@ class MemoryReport:
 
     @property
     def kept_bytes(self) -> int | None:
+        """The bytes kept from the forward until the backward reads them (None while a size is unknown)."""
         return _total(self.kept)
 
     @property
     def recomputed_bytes(self) -> int | None:
+        """The bytes recomputed in the backward instead of kept (None while a size is unknown)."""
         return _total(self.recomputed)
 
     @property
     def input_bytes(self) -> int | None:
+        """The bytes of fed and persistable values the backward reads (None while a size is unknown)."""
         return _total(self.inputs)
 
     def value(self, name: str) -> ValueInfo | None:
+        """The row of value ``name``, or None.
+
+        Args:
+            name: A value's name.
+
+        Returns:
+            Its ``ValueInfo``, or None.
+
+        Example:
+            ```python
+            import numpy as np
+            import retrograd as rg
+
+            main, startup = rg.Program(), rg.Program()
+            with rg.program_guard(main, startup):
+                x = rg.data("x", [-1, 64])
+                h = x
+                for i in range(6):
+                    h = rg.layers.fc(h, 64, act="tanh", name=f"l{i}")
+                loss = rg.mean(h)
+                rg.append_backward(loss, checkpoints=[main.global_block().var("l2")])
+            r = rg.memory.report(main, feed_shapes={"x": (128, 64)})
+            assert r.value("l2").status == "kept" and r.value("l0").status == "recomputed"
+            assert r.value("nope") is None
+            ```
+        """
         for row in self.kept + self.recomputed + self.inputs + self.stand_ins:
             if row.name == name:
                 return row
@@ -118,19 +203,38 @@ def report(program: Program, feed_shapes: Mapping[str, Sequence[int]] | None = N
     """Which forward values the backward part of ``program`` keeps, recomputes, and their sizes.
 
     The backward part starts at the op seeding the loss gradient (or after the
-    op writing ``loss`` when given). ``feed_shapes`` maps fed names to shapes
-    so that sizes known only at run time (``-1``) become bytes.
+    op writing ``loss`` when given). A program built with ``memory_budget=``
+    reports its planned peak against the budget (``r.planned_peak``,
+    ``r.budget``); with ``fetch_list`` the planned peak of a run fetching those
+    is computed for any program.
 
-    Example::
+    Args:
+        program: A program with its backward appended.
+        feed_shapes: ``{name: shape}`` so that sizes known only at run time
+            (``-1``) become bytes.
+        loss: The loss Var or name, to say where the backward starts.
+        fetch_list: Fetches for a planned peak.
 
-        rg.append_backward(loss, checkpoints=[h2])
-        r = rg.memory.report(main, feed_shapes={"x": (64, 784)})
-        print(r)                       # a table: value, shape, bytes, kept / recomputed
-        r.kept_bytes, r.recomputed_bytes
+    Returns:
+        A ``MemoryReport``.
 
-    A program built with ``memory_budget=`` reports its planned peak against
-    the budget (``r.planned_peak``, ``r.budget``); with ``fetch_list`` the
-    planned peak of a run fetching those is computed for any program.
+    Example:
+        ```python
+        import numpy as np
+        import retrograd as rg
+
+        main, startup = rg.Program(), rg.Program()
+        with rg.program_guard(main, startup):
+            x = rg.data("x", [-1, 64])
+            h = x
+            for i in range(6):
+                h = rg.layers.fc(h, 64, act="tanh", name=f"l{i}")
+            loss = rg.mean(h)
+            rg.append_backward(loss, checkpoints=[main.global_block().var("l2")])
+        r = rg.memory.report(main, feed_shapes={"x": (128, 64)})
+        print(r)
+        print(r.kept_bytes, r.recomputed_bytes)
+        ```
     """
     block = program.global_block()
     start = backward_start(block, loss)

@@ -30,8 +30,8 @@ from ..autodiff.rewrites import register_backward_rewrite
 from ..ir.analysis import op_reads
 from ..ir.builder import block_guard, capture_ops
 from ..ir.program import Block, Op
-from ..ops.creation import shape_stand_in
-from ..ops.registry import get_op_def
+from ..ops.array.creation import shape_stand_in
+from ..ops.core.registry import get_op_def
 from .lifetimes import ForwardValues
 
 
@@ -50,14 +50,37 @@ def stand_in_names(block: Block) -> set[str]:
 def bind_shape_stand_ins(block: Block, n_forward: int) -> int:
     """Make the ops after ``block.ops[:n_forward]`` read shapes of forward values from stand-ins.
 
-    Returns how many stand-in ops were inserted into the forward part (the
-    backward now starts at ``n_forward`` plus that).
+    A backward op that reads a forward value only for its shape (``shape_only``
+    inputs, e.g. ``ExpandAs(dy, h)``) reads a one-element ``ShapeStandIn`` of it
+    instead, so the value itself can be freed early.
 
-    Example::
+    Args:
+        block: The block.
+        n_forward: How many of its first ops are the forward.
 
+    Returns:
+        How many stand-in ops were inserted into the forward part (the backward
+        now starts at ``n_forward`` plus that).
+
+    Example:
+        ```python
+        import numpy as np
+        import retrograd as rg
+
+        main = rg.Program()
+        with rg.program_guard(main):
+            x = rg.data("x", [-1, 4])
+            h = rg.tanh(x)
+            y = rg.exp(h)                                  # the forward
+        block = main.global_block()
         n = len(block.ops)
-        ...                                   # build the backward after block.ops[:n]
-        n += bind_shape_stand_ins(block, n)   # ExpandAs(dy, h) -> ExpandAs(dy, h.shape)
+        with rg.program_guard(main):
+            z = rg.zeros_like(h)                           # reads h for its shape only
+        n += rg.memory.bind_shape_stand_ins(block, n)
+        assert block.ops[-1].inputs == [h.name + ".shape"]
+        (out,) = rg.Executor().run(main, feed={"x": np.ones((3, 4), "float32")}, fetch_list=[z])
+        assert out.shape == (3, 4)
+        ```
     """
     info = ForwardValues.of(block, n_forward)
     shape_reads: dict[str, list[tuple[Op, int]]] = {}   # forward value -> (backward op, input position)

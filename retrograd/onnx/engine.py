@@ -43,6 +43,7 @@ import numpy as np
 
 from ..errors import BackendError, ExecutionError, FeedError
 from ..ir.program import Program
+from ..runtime.engines import register_engine
 from ..runtime.stats import RunStats
 
 
@@ -104,7 +105,7 @@ class OnnxRuntimeEngine:
 
     def __init__(self, executor):
         self.executor = executor
-        self.device = getattr(executor.backend, "engine_device", "cpu")
+        self.device = self.check_device(executor.backend.engine_device)
         self.providers = providers_for(self.device)
         self.threads = 1
         self.sessions_built = 0          # how many sessions this engine has built (cache misses)
@@ -317,3 +318,4 @@ def _distinct_bytes(arrays: list) -> int:
     return sum(seen.values())
 
 
+register_engine("onnxruntime", OnnxRuntimeEngine)

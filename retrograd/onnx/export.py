@@ -17,25 +17,56 @@ def export(program: Program, path, fetch_list: Sequence, scope=None, opset: int 
     """Write ``program`` as an ONNX model to ``path`` and return it (an ``onnx.ModelProto``).
 
     Inputs are the values the program reads and does not compute (the feeds),
-    named as in the program; outputs are ``fetch_list`` (Vars or names), named
-    by the fetch. With ``scope`` (e.g. ``exe.scope``), every persistable the
-    program reads becomes an initializer holding its value; without one, a
-    graph input of the same name. Every persistable the program writes
-    (a training step's parameters, optimizer moments, step counts) is also an
-    output, named ``<name>.new``: feed it back as ``<name>`` to run the next step
-    (export with ``scope=None`` for that, so parameters are inputs).
-    ``opset`` defaults to the newest one the installed onnxruntime loads (at most 28).
-
-    ``If`` stays ``If``; ``While``, ``Scan``, ``RecurrentNetwork`` and their gradients become
+    named as in the program; outputs are ``fetch_list``, named by the fetch.
+    Every persistable the program writes (a training step's parameters,
+    optimizer moments, step counts) is also an output, named ``<name>.new``:
+    feed it back as ``<name>`` to run the next step (export with
+    ``scope=None`` for that, so parameters are inputs). ``If`` stays ``If``;
+    ``While``, ``Scan``, ``RecurrentNetwork`` and their gradients become
     ``Loop``s; zero iterations and any batch size work.
-    An op or attribute without an ONNX form raises ``rg.BackendError`` naming
-    the op and its block, before anything is written.
 
-    Example::
+    Args:
+        program: The program to export (its global block).
+        path: Where to write the ``.onnx`` file.
+        fetch_list: The outputs: Vars or names.
+        scope: With a Scope (e.g. ``exe.scope``), every persistable the program
+            reads becomes an initializer holding its value; without one, a graph
+            input of the same name.
+        opset: The ONNX opset; by default the newest one the installed
+            onnxruntime loads (at most 28).
 
-        model = rg.onnx.export(main, "model.onnx", fetch_list=[logits], scope=exe.scope)
-        sess = onnxruntime.InferenceSession("model.onnx")
-        logits_v, = sess.run(["logits"], {"x": xb})
+    Returns:
+        The ``onnx.ModelProto`` written.
+
+    Raises:
+        BackendError: onnx is missing (naming ``pip install "retrograd[onnx]"``),
+            or an op or attribute has no ONNX form (naming the op and its
+            block, before anything is written).
+
+    Example:
+        ```python
+        # requires: onnx, onnxruntime
+        import os
+        import tempfile
+
+        import numpy as np
+        import onnxruntime
+        import retrograd as rg
+
+        main, startup = rg.Program(), rg.Program()
+        with rg.program_guard(main, startup):
+            x = rg.data("x", [-1, 3])
+            logits = rg.layers.fc(x, 2, name="logits")
+        exe = rg.Executor()
+        exe.run(startup)
+        path = os.path.join(tempfile.mkdtemp(), "model.onnx")
+        model = rg.onnx.export(main, path, fetch_list=[logits], scope=exe.scope)
+        xb = np.ones((4, 3), "float32")
+        (ours,) = exe.run(main, feed={"x": xb}, fetch_list=[logits])
+        sess = onnxruntime.InferenceSession(path)
+        (theirs,) = sess.run(["logits"], {"x": xb})
+        assert np.allclose(ours, theirs, atol=1e-6)
+        ```
     """
     try:
         import onnx  # noqa: F401

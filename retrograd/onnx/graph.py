@@ -8,9 +8,9 @@
   variables by name.
 * ``Graph`` collects the nodes of one ``GraphProto`` (the model's main graph,
   or an ``If``/``Loop`` body) and lowers blocks into it, op by op, with the
-  lowerings of ``retrograd.ops.lowering.LOWERINGS``.
+  lowerings of ``retrograd.ops.core.lowering.LOWERINGS``.
 * ``OpContext`` is the ``g`` a lowering receives (documented in
-  ``retrograd/ops/lowering.py``).
+  ``retrograd/ops/core/lowering.py``).
 """
 from __future__ import annotations
 
@@ -25,7 +25,7 @@ from onnx import helper, numpy_helper
 from ..errors import BackendError
 from ..ir.analysis import op_reads
 from ..ir.program import Block, Op, Var
-from ..ops.lowering import LOWERINGS
+from ..ops.core.lowering import LOWERINGS
 
 _DTYPES = {"float32": onnx.TensorProto.FLOAT, "float64": onnx.TensorProto.DOUBLE,
            "int64": onnx.TensorProto.INT64, "int32": onnx.TensorProto.INT32, "bool": onnx.TensorProto.BOOL,
@@ -229,7 +229,7 @@ def needed_ops(block: Block, keep: set[str]) -> list[Op]:
 
 
 class OpContext:
-    """What a lowering sees (``g``); see ``retrograd/ops/lowering.py``."""
+    """What a lowering sees (``g``); see ``retrograd/ops/core/lowering.py``."""
 
     def __init__(self, graph: Graph, op: Op, ins: list[str], env: Env):
         self.graph = graph

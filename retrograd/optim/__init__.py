@@ -5,19 +5,27 @@ optional global-norm clipping, and one update op per parameter; optimizer
 state is persistable, initialised by the startup program and saved by
 ``rg.save_params`` with the parameters.
 
-Example::
+Example:
+    ```python
+    import numpy as np
+    import retrograd as rg
 
+    main, startup = rg.Program(), rg.Program()
     with rg.program_guard(main, startup):
-        loss = ...
-        rg.optim.Adam(1e-3).minimize(loss)
+        x = rg.data("x", [-1, 3])
+        loss = rg.mean(rg.square(rg.layers.fc(x, 1, name="fc") - 1.0))
+        rg.optim.Adam(1e-2).minimize(loss)
+    exe = rg.Executor()
     exe.run(startup)
-    exe.run(main, feed=batch)          # forward, backward and update in one run
+    for _ in range(3):
+        exe.run(main, feed={"x": np.ones((4, 3), "float32")})    # forward, backward and update in one run
+    ```
 """
-from . import fused  # noqa: F401  (registers FusedAdamUpdate, built by retrograd.passes)
+from ..ops.optim import fused_adam as fused  # noqa: F401  (registers FusedAdamUpdate, built by retrograd.passes)
 from .clip import clip_by_global_norm, global_norm  # noqa: F401
 from . import lr  # noqa: F401  (rg.optim.lr.cosine / step_decay / linear_warmup)
-from .ops import (adagrad_update, adam_update, increment, momentum_update, rmsprop_update,  # noqa: F401
-                  sgd_update)
+from ..ops.optim.updates import (adagrad_update, adam_update, increment, momentum_update,
+                                 rmsprop_update, sgd_update)
 from .optimizer import SGD, Adagrad, Adam, AdamW, Momentum, Optimizer, RMSProp  # noqa: F401
 from .state import create_state  # noqa: F401
 

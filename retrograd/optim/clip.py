@@ -10,11 +10,11 @@ from typing import Sequence
 
 from ..errors import ProgramError, ShapeError
 from ..ir.program import Var
-from ..ops.lowering import lowers
-from ..ops.math import add_n, minimum, sqrt, square
-from ..ops.reduce import sum as reduce_sum
-from ..ops.registry import append_op, defop
-from ..ops.shapes import require_float
+from ..ops.core.lowering import lowers
+from ..ops.math.elementwise import add_n, minimum, sqrt, square
+from ..ops.reduce.reductions import sum as reduce_sum
+from ..ops.core.registry import append_op, defop
+from ..ops.core.shapes import require_float
 
 # PyTorch's clip_grad_norm_ adds this to the norm before dividing.
 NORM_EPS = 1e-6
@@ -23,9 +23,23 @@ NORM_EPS = 1e-6
 def global_norm(grads: Sequence[Var]) -> Var:
     """``sqrt(sum_i sum(g_i ** 2))``: the 2-norm of all gradients taken as one vector.
 
-    Example::
+    Args:
+        grads: The gradient Vars.
 
-        norm = rg.optim.global_norm([g for _, g in params_grads])
+    Returns:
+        A scalar float Var.
+
+    Example:
+        ```python
+        import numpy as np
+        import retrograd as rg
+
+        main = rg.Program()
+        with rg.program_guard(main):
+            norm = rg.optim.global_norm([rg.constant([3.0]), rg.constant([[4.0]])])
+        (out,) = rg.Executor().run(main, fetch_list=[norm])
+        assert np.isclose(out, 5.0)
+        ```
     """
     if not grads:
         raise ProgramError("global_norm needs at least one gradient")
@@ -71,9 +85,25 @@ def clip_by_global_norm(grads: Sequence[Var], clip_norm: float) -> tuple[list[Va
     direction; otherwise they are unchanged. The returned norm (before
     clipping) can be fetched to watch training.
 
-    Example::
+    Args:
+        grads: The gradient Vars.
+        clip_norm: The largest global norm let through.
 
-        clipped, norm = rg.optim.clip_by_global_norm([g for _, g in params_grads], 5.0)
+    Returns:
+        ``(clipped gradients, norm before clipping)``.
+
+    Example:
+        ```python
+        import numpy as np
+        import retrograd as rg
+
+        main = rg.Program()
+        with rg.program_guard(main):
+            grads = [rg.constant([3.0]), rg.constant([4.0])]
+            clipped, norm = rg.optim.clip_by_global_norm(grads, 1.0)
+        a, b, n = rg.Executor().run(main, fetch_list=clipped + [norm])
+        assert np.isclose(n, 5.0) and np.allclose([a[0], b[0]], [0.6, 0.8], atol=1e-5)
+        ```
     """
     if not clip_norm > 0:
         raise ProgramError(f"clip_norm must be positive, got {clip_norm}")

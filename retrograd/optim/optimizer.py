@@ -1,14 +1,22 @@
 """SGD, Momentum, Adam, AdamW, RMSProp, Adagrad: ``minimize`` appends the backward pass and the updates.
 
-Example::
+Example:
+    ```python
+    import numpy as np
+    import retrograd as rg
 
+    main, startup = rg.Program(), rg.Program()
     with rg.program_guard(main, startup):
-        ...
+        x, y = rg.data("x", [-1, 3]), rg.data("y", [-1, 1])
+        pred = rg.layers.fc(x, 1, name="fc")
         loss = rg.mean(rg.square(pred - y))
         params_grads = rg.optim.Adam(1e-3, clip_norm=5.0).minimize(loss)
+    exe = rg.Executor()
     exe.run(startup)                       # parameters and optimizer state
+    batches = [(np.ones((4, 3), "float32"), np.zeros((4, 1), "float32"))] * 2
     for xb, yb in batches:
         exe.run(main, feed={"x": xb, "y": yb})   # one training step
+    ```
 """
 from __future__ import annotations
 
@@ -22,15 +30,15 @@ from ..autodiff import append_backward
 from ..errors import ProgramError
 from ..ir.builder import default_startup_program, program_guard
 from ..ir.program import Program, Var
-from ..ops.tensor import cast
-from . import ops
+from ..ops.array.tensor import cast
+from ..ops.optim import updates as ops
 from .clip import clip_by_global_norm
 from .lr import Schedule
 from .state import create_state, state_name
 
 
 class Optimizer:
-    """The shared part: backward, optional clipping, one update op per parameter.
+    """The shared part of every optimizer: backward, optional clipping, one update op per parameter.
 
     Subclasses implement ``_update(param, grad)``, which appends the update
     op(s) and creates whatever state they need with ``self._state``.
@@ -42,6 +50,38 @@ class Optimizer:
     ``lr`` is a float or a schedule (``rg.optim.lr``): then the rate is computed
     in the program from the persistable step count ``lr_schedule.step`` (the
     updates done so far), which the step increments after the updates.
+
+    Args:
+        lr: The learning rate: a positive float or an ``rg.optim.lr`` schedule.
+        clip_norm: Clip the gradients to this global norm first (None: no clipping).
+        weight_decay: L2 added to the gradient (as in ``torch.optim``).
+
+    Raises:
+        ProgramError: A non-positive ``lr`` or ``clip_norm``, or a negative ``weight_decay``.
+
+    Example:
+        ```python
+        import numpy as np
+        import retrograd as rg
+
+
+        class SignSGD(rg.optim.Optimizer):
+            # p -= lr * sign(g)
+
+            def _update(self, param, grad):
+                rg.optim.sgd_update(param, rg.sign(grad), self._rate, self.weight_decay)
+
+
+        main, startup = rg.Program(), rg.Program()
+        with rg.program_guard(main, startup):
+            w = rg.create_parameter("w", [2], init=[1.0, -1.0])
+            loss = rg.sum(w * w)
+            SignSGD(0.25).minimize(loss)
+        exe = rg.Executor()
+        exe.run(startup)
+        exe.run(main)
+        assert exe.scope.get("w").tolist() == [0.75, -0.75]
+        ```
     """
 
     def __init__(self, lr, *, clip_norm: float | None = None, weight_decay: float = 0.0):
@@ -67,17 +107,51 @@ class Optimizer:
                  startup_program: Program | None = None, **backward_options) -> list[tuple[Var, Var]]:
         """Append the backward pass of ``loss`` and the updates; return ``[(param, grad)]``.
 
-        The gradients returned are the raw ones (before clipping). The update
-        ops and the optimizer state go into ``loss``'s program; the state's
-        initialisers into ``startup_program`` (default: the current startup
-        program, as set by ``rg.program_guard``). ``minimize`` is ``backward``
-        then ``apply_gradients``; wrappers (``rg.distributed.DataParallel``)
-        put their ops between the two. Other keywords (``memory_budget``,
-        ``feed_shapes``) go to ``rg.append_backward``.
+        The gradients returned are the raw ones (before clipping). The update ops
+        and the optimizer state go into ``loss``'s program; the state's
+        initialisers into ``startup_program``. ``minimize`` is ``backward`` then
+        ``apply_gradients``; wrappers (``rg.distributed.DataParallel``) put their
+        ops between the two.
 
-        Example::
+        Args:
+            loss: The scalar loss Var.
+            parameter_list: The parameters to train (all trainable ones by default).
+            no_grad_set: Vars or names that get no gradient.
+            checkpoints: Passed to ``rg.append_backward`` (recompute between them).
+            startup_program: Where the state's initialisers go (default: the current
+                startup program, as set by ``rg.program_guard``).
+            **backward_options: Other ``rg.append_backward`` keywords
+                (``memory_budget``, ``feed_shapes``).
 
-            params_grads = rg.optim.SGD(0.1).minimize(loss)
+        Returns:
+            ``[(param, grad)]`` pairs of Vars.
+
+        Raises:
+            ProgramError: ``loss`` is not a Var, no trainable parameter reaches it,
+                or the startup program does not initialise the parameters.
+
+        Example:
+            ```python
+            import numpy as np
+            import retrograd as rg
+
+            main, startup = rg.Program(), rg.Program()
+            with rg.program_guard(main, startup):
+                x = rg.data("x", [-1, 3])
+                y = rg.data("y", [-1, 1])
+                loss = rg.mean(rg.square(rg.layers.fc(x, 1, name="fc") - y))
+                opt = rg.optim.SGD(0.1)
+                params_grads = opt.minimize(loss)
+            exe = rg.Executor()
+            exe.run(startup)                                   # parameters and optimizer state
+            rng = np.random.default_rng(0)
+            xb = rng.normal(size=(32, 3)).astype("float32")
+            feed = {"x": xb, "y": xb @ np.array([[1.0], [-2.0], [0.5]], "float32")}
+            first = exe.run(main, feed=feed, fetch_list=[loss])[0]
+            for _ in range(50):
+                last = exe.run(main, feed=feed, fetch_list=[loss])[0]   # forward, backward, update
+            assert last < first
+            ```
         """
         startup = startup_program if startup_program is not None else default_startup_program()
         params_grads = self.backward(loss, parameter_list, no_grad_set, checkpoints,
@@ -89,10 +163,42 @@ class Optimizer:
                  startup_program: Program | None = None, **backward_options) -> list[tuple[Var, Var]]:
         """The first half of ``minimize``: append the backward pass only; return ``[(param, grad)]``.
 
-        Example::
+        With ``memory_budget`` among the options, the updates' memory is reserved
+        within the budget.
 
-            params_grads = opt.backward(loss)
-            opt.apply_gradients(params_grads)
+        Args:
+            loss: The scalar loss Var.
+            parameter_list: The parameters to train (all trainable ones by default).
+            no_grad_set: Vars or names that get no gradient.
+            checkpoints: Passed to ``rg.append_backward``.
+            startup_program: The startup program (the current one by default).
+            **backward_options: Other ``rg.append_backward`` keywords.
+
+        Returns:
+            ``[(param, grad)]`` pairs of Vars.
+
+        Raises:
+            ProgramError: ``loss`` is not a Var, or the startup program does not
+                initialise the parameters.
+
+        Example:
+            ```python
+            import numpy as np
+            import retrograd as rg
+
+            main, startup = rg.Program(), rg.Program()
+            with rg.program_guard(main, startup):
+                w = rg.create_parameter("w", [2], init=[3.0, 4.0])
+                loss = rg.sum(w * w)
+                opt = rg.optim.SGD(0.1)
+                params_grads = opt.backward(loss)
+                # ... ops of your own between the backward and the updates ...
+                opt.apply_gradients(params_grads)
+            exe = rg.Executor()
+            exe.run(startup)
+            exe.run(main)
+            assert np.allclose(exe.scope.get("w"), [3.0 - 0.6, 4.0 - 0.8])
+            ```
         """
         startup = startup_program if startup_program is not None else default_startup_program()
         if not isinstance(loss, Var):
@@ -120,10 +226,33 @@ class Optimizer:
                         startup_program: Program | None = None) -> None:
         """Append clipping (if asked) and one update per ``(param, grad)`` pair.
 
-        Example::
+        With a schedule, also the ops computing the rate and the step count's increment.
 
-            params_grads = rg.append_backward(loss)
-            rg.optim.Momentum(0.1, 0.9).apply_gradients(params_grads)
+        Args:
+            params_grads: ``[(param, grad)]`` pairs (from ``rg.append_backward`` or ``backward``).
+            main_program: The program to append to (the parameters' by default).
+            startup_program: Where the state's initialisers go (the current one by default).
+
+        Raises:
+            ProgramError: ``params_grads`` is empty, or the startup program does
+                not initialise the parameters.
+
+        Example:
+            ```python
+            import numpy as np
+            import retrograd as rg
+
+            main, startup = rg.Program(), rg.Program()
+            with rg.program_guard(main, startup):
+                w = rg.create_parameter("w", [1], init=1.0)
+                params_grads = rg.append_backward(rg.sum(w * w))     # dw = 2w
+                rg.optim.Momentum(0.1, momentum=0.9).apply_gradients(params_grads)
+            exe = rg.Executor()
+            exe.run(startup)
+            exe.run(main)                                      # v = 2;          w = 1 - 0.2 = 0.8
+            exe.run(main)                                      # v = 1.8 + 1.6;  w = 0.8 - 0.34
+            assert np.allclose(exe.scope.get("w"), [0.46])
+            ```
         """
         if not params_grads:
             raise ProgramError("nothing to optimize: the loss depends on no trainable parameter")
@@ -172,9 +301,33 @@ def _check_startup(startup: Program, params: list[Var]) -> None:
 class SGD(Optimizer):
     """Plain gradient descent: ``p -= lr * g``.
 
-    Example::
+    Args:
+        lr: The learning rate (a float or an ``rg.optim.lr`` schedule).
+        clip_norm: Clip the gradients to this global norm first (None: no clipping).
+        weight_decay: L2 added to the gradient (as in ``torch.optim``).
 
-        rg.optim.SGD(0.1).minimize(loss)
+    Example:
+        ```python
+        import numpy as np
+        import retrograd as rg
+
+        main, startup = rg.Program(), rg.Program()
+        with rg.program_guard(main, startup):
+            x = rg.data("x", [-1, 3])
+            y = rg.data("y", [-1, 1])
+            loss = rg.mean(rg.square(rg.layers.fc(x, 1, name="fc") - y))
+            opt = rg.optim.SGD(0.1)
+            params_grads = opt.minimize(loss)
+        exe = rg.Executor()
+        exe.run(startup)                                   # parameters and optimizer state
+        rng = np.random.default_rng(0)
+        xb = rng.normal(size=(32, 3)).astype("float32")
+        feed = {"x": xb, "y": xb @ np.array([[1.0], [-2.0], [0.5]], "float32")}
+        first = exe.run(main, feed=feed, fetch_list=[loss])[0]
+        for _ in range(50):
+            last = exe.run(main, feed=feed, fetch_list=[loss])[0]   # forward, backward, update
+        assert last < first
+        ```
     """
 
     def _update(self, param: Var, grad: Var) -> None:
@@ -187,9 +340,39 @@ class Momentum(Optimizer):
     ``nesterov=True`` uses ``p -= lr * (g + mu*v)`` as ``torch.optim.SGD`` does.
     State: ``<param>.velocity``.
 
-    Example::
+    Args:
+        lr: The learning rate (a float or an ``rg.optim.lr`` schedule).
+        momentum: mu, in ``[0, 1)``.
+        nesterov: Nesterov momentum.
+        clip_norm: Clip the gradients to this global norm first (None: no clipping).
+        weight_decay: L2 added to the gradient (as in ``torch.optim``).
 
-        rg.optim.Momentum(0.05, momentum=0.9).minimize(loss)
+    Raises:
+        ProgramError: ``momentum`` outside ``[0, 1)`` (or a bad ``lr``...).
+
+    Example:
+        ```python
+        import numpy as np
+        import retrograd as rg
+
+        main, startup = rg.Program(), rg.Program()
+        with rg.program_guard(main, startup):
+            x = rg.data("x", [-1, 3])
+            y = rg.data("y", [-1, 1])
+            loss = rg.mean(rg.square(rg.layers.fc(x, 1, name="fc") - y))
+            opt = rg.optim.Momentum(0.05, momentum=0.9)
+            params_grads = opt.minimize(loss)
+        exe = rg.Executor()
+        exe.run(startup)                                   # parameters and optimizer state
+        rng = np.random.default_rng(0)
+        xb = rng.normal(size=(32, 3)).astype("float32")
+        feed = {"x": xb, "y": xb @ np.array([[1.0], [-2.0], [0.5]], "float32")}
+        first = exe.run(main, feed=feed, fetch_list=[loss])[0]
+        for _ in range(50):
+            last = exe.run(main, feed=feed, fetch_list=[loss])[0]   # forward, backward, update
+        assert last < first
+        assert exe.scope.has("fc.w.velocity")
+        ```
     """
 
     def __init__(self, lr, momentum: float = 0.9, *, nesterov: bool = False,
@@ -214,9 +397,40 @@ class Adam(Optimizer):
     State: ``<param>.moment1``, ``<param>.moment2`` and ``<param>.step``
     (int64 count of updates, so bias correction resumes exactly).
 
-    Example::
+    Args:
+        lr: The learning rate (a float or an ``rg.optim.lr`` schedule).
+        beta1: The first moment's decay, in ``[0, 1)``.
+        beta2: The second moment's decay, in ``[0, 1)``.
+        eps: Added to the denominator (positive).
+        clip_norm: Clip the gradients to this global norm first (None: no clipping).
+        weight_decay: L2 added to the gradient (as in ``torch.optim``).
 
-        rg.optim.Adam(2e-3, clip_norm=5.0).minimize(loss)
+    Raises:
+        ProgramError: A beta outside ``[0, 1)`` or a non-positive ``eps``.
+
+    Example:
+        ```python
+        import numpy as np
+        import retrograd as rg
+
+        main, startup = rg.Program(), rg.Program()
+        with rg.program_guard(main, startup):
+            x = rg.data("x", [-1, 3])
+            y = rg.data("y", [-1, 1])
+            loss = rg.mean(rg.square(rg.layers.fc(x, 1, name="fc") - y))
+            opt = rg.optim.Adam(0.05, clip_norm=5.0)
+            params_grads = opt.minimize(loss)
+        exe = rg.Executor()
+        exe.run(startup)                                   # parameters and optimizer state
+        rng = np.random.default_rng(0)
+        xb = rng.normal(size=(32, 3)).astype("float32")
+        feed = {"x": xb, "y": xb @ np.array([[1.0], [-2.0], [0.5]], "float32")}
+        first = exe.run(main, feed=feed, fetch_list=[loss])[0]
+        for _ in range(50):
+            last = exe.run(main, feed=feed, fetch_list=[loss])[0]   # forward, backward, update
+        assert last < first
+        assert opt.grad_norm is not None              # the norm before clipping
+        ```
     """
 
     def __init__(self, lr=1e-3, beta1: float = 0.9, beta2: float = 0.999, eps: float = 1e-8,
@@ -242,12 +456,41 @@ class Adam(Optimizer):
 
 
 class AdamW(Adam):
-    """Adam with decoupled weight decay (``torch.optim.AdamW``): ``p *= 1 - lr * wd`` before the
-    Adam step, whose gradient is not decayed. ``weight_decay`` defaults to 0.01 as in torch.
+    """Adam with decoupled weight decay (``torch.optim.AdamW``).
 
-    Example::
+    ``p *= 1 - lr * wd`` before the Adam step, whose gradient is not decayed.
+    ``weight_decay`` defaults to 0.01 as in torch.
 
-        rg.optim.AdamW(1e-3, weight_decay=0.1).minimize(loss)
+    Args:
+        lr: The learning rate (a float or an ``rg.optim.lr`` schedule).
+        beta1: The first moment's decay, in ``[0, 1)``.
+        beta2: The second moment's decay, in ``[0, 1)``.
+        eps: Added to the denominator (positive).
+        weight_decay: The decoupled decay rate.
+        clip_norm: Clip the gradients to this global norm first (None: no clipping).
+
+    Example:
+        ```python
+        import numpy as np
+        import retrograd as rg
+
+        main, startup = rg.Program(), rg.Program()
+        with rg.program_guard(main, startup):
+            x = rg.data("x", [-1, 3])
+            y = rg.data("y", [-1, 1])
+            loss = rg.mean(rg.square(rg.layers.fc(x, 1, name="fc") - y))
+            opt = rg.optim.AdamW(0.05, weight_decay=0.1)
+            params_grads = opt.minimize(loss)
+        exe = rg.Executor()
+        exe.run(startup)                                   # parameters and optimizer state
+        rng = np.random.default_rng(0)
+        xb = rng.normal(size=(32, 3)).astype("float32")
+        feed = {"x": xb, "y": xb @ np.array([[1.0], [-2.0], [0.5]], "float32")}
+        first = exe.run(main, feed=feed, fetch_list=[loss])[0]
+        for _ in range(50):
+            last = exe.run(main, feed=feed, fetch_list=[loss])[0]   # forward, backward, update
+        assert last < first
+        ```
     """
 
     DECOUPLED = True
@@ -264,9 +507,40 @@ class RMSProp(Optimizer):
     ``centered=True`` divides by the estimated variance (``s`` minus the squared mean gradient).
     State: ``<param>.square_avg`` (and ``.momentum_buf``, ``.grad_avg``).
 
-    Example::
+    Args:
+        lr: The learning rate (a float or an ``rg.optim.lr`` schedule).
+        alpha: The square average's decay, in ``[0, 1]``.
+        eps: Added to the denominator (positive).
+        momentum: In ``[0, 1)``.
+        centered: Divide by the estimated variance.
+        clip_norm: Clip the gradients to this global norm first (None: no clipping).
+        weight_decay: L2 added to the gradient (as in ``torch.optim``).
 
-        rg.optim.RMSProp(1e-2, alpha=0.9, momentum=0.5).minimize(loss)
+    Raises:
+        ProgramError: ``alpha``, ``eps`` or ``momentum`` out of range.
+
+    Example:
+        ```python
+        import numpy as np
+        import retrograd as rg
+
+        main, startup = rg.Program(), rg.Program()
+        with rg.program_guard(main, startup):
+            x = rg.data("x", [-1, 3])
+            y = rg.data("y", [-1, 1])
+            loss = rg.mean(rg.square(rg.layers.fc(x, 1, name="fc") - y))
+            opt = rg.optim.RMSProp(1e-2, alpha=0.9, momentum=0.5)
+            params_grads = opt.minimize(loss)
+        exe = rg.Executor()
+        exe.run(startup)                                   # parameters and optimizer state
+        rng = np.random.default_rng(0)
+        xb = rng.normal(size=(32, 3)).astype("float32")
+        feed = {"x": xb, "y": xb @ np.array([[1.0], [-2.0], [0.5]], "float32")}
+        first = exe.run(main, feed=feed, fetch_list=[loss])[0]
+        for _ in range(50):
+            last = exe.run(main, feed=feed, fetch_list=[loss])[0]   # forward, backward, update
+        assert last < first
+        ```
     """
 
     def __init__(self, lr=1e-2, alpha: float = 0.99, eps: float = 1e-8, momentum: float = 0.0,
@@ -294,9 +568,39 @@ class Adagrad(Optimizer):
 
     State: ``<param>.sum`` (starting at ``initial_accumulator_value``) and ``<param>.step``.
 
-    Example::
+    Args:
+        lr: The learning rate (a float or an ``rg.optim.lr`` schedule).
+        eps: Added to the denominator (positive).
+        lr_decay: The rate's decay per step (>= 0).
+        initial_accumulator_value: The start of ``s`` (>= 0).
+        clip_norm: Clip the gradients to this global norm first (None: no clipping).
+        weight_decay: L2 added to the gradient (as in ``torch.optim``).
 
-        rg.optim.Adagrad(1e-2).minimize(loss)
+    Raises:
+        ProgramError: ``eps``, ``lr_decay`` or ``initial_accumulator_value`` out of range.
+
+    Example:
+        ```python
+        import numpy as np
+        import retrograd as rg
+
+        main, startup = rg.Program(), rg.Program()
+        with rg.program_guard(main, startup):
+            x = rg.data("x", [-1, 3])
+            y = rg.data("y", [-1, 1])
+            loss = rg.mean(rg.square(rg.layers.fc(x, 1, name="fc") - y))
+            opt = rg.optim.Adagrad(0.5)
+            params_grads = opt.minimize(loss)
+        exe = rg.Executor()
+        exe.run(startup)                                   # parameters and optimizer state
+        rng = np.random.default_rng(0)
+        xb = rng.normal(size=(32, 3)).astype("float32")
+        feed = {"x": xb, "y": xb @ np.array([[1.0], [-2.0], [0.5]], "float32")}
+        first = exe.run(main, feed=feed, fetch_list=[loss])[0]
+        for _ in range(50):
+            last = exe.run(main, feed=feed, fetch_list=[loss])[0]   # forward, backward, update
+        assert last < first
+        ```
     """
 
     STATE_SLOTS = 1

@@ -14,14 +14,37 @@ def create_state(name: str, shape: Sequence[int], dtype: str = "float32", value:
     """A persistable, non-trainable Var of ``main`` that ``startup`` sets to ``value``.
 
     Velocities, Adam moments and step counts live here: saved with the
-    parameters (``rg.save_params``) so training resumes exactly. A name
-    already used in ``main`` raises ProgramError (state is never shared by
-    accident). ``main``/``startup`` default to the programs being built.
+    parameters (``rg.save_params``) so training resumes exactly.
 
-    Example::
+    Args:
+        name: Its name; a name already used in ``main`` raises ProgramError
+            (state is never shared by accident).
+        shape: Its shape (fully known).
+        dtype: Its dtype.
+        value: The initial value.
+        main: The program it belongs to (the one being built by default).
+        startup: The program that initialises it (the current startup by default).
 
+    Returns:
+        The state Var.
+
+    Raises:
+        ProgramError: The name is taken.
+
+    Example:
+        ```python
+        import retrograd as rg
+
+        main, startup = rg.Program(), rg.Program()
         with rg.program_guard(main, startup):
             steps = rg.optim.create_state("train.steps", [1], "int64")
+            rg.optim.increment(steps)
+        exe = rg.Executor()
+        exe.run(startup)
+        for _ in range(3):
+            exe.run(main)
+        assert exe.scope.get("train.steps")[0] == 3
+        ```
     """
     main = main if main is not None else default_main_program()
     startup = startup if startup is not None else default_startup_program()

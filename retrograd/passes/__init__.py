@@ -21,10 +21,17 @@ exports, so the user's program is never changed.
   ``softmax_cross_entropy`` as one ``LinearCrossEntropy`` op (the memory
   budget runs it when storing everything does not fit).
 
-Example::
+Example:
+    ```python
+    import retrograd as rg
 
+    main, startup = rg.Program(), rg.Program()
+    with rg.program_guard(main, startup):
+        loss = rg.mean(rg.layers.fc(rg.data("x", [-1, 3]), 2, name="fc"))
+        rg.optim.Adam(1e-3).minimize(loss)
     fast = rg.passes.optimize_for_engine(main)          # a rewritten clone
     rg.passes.fuse_optimizer_updates(main)              # or one pass, in place
+    ```
 """
 from __future__ import annotations
 
@@ -45,11 +52,30 @@ PASSES: list[Callable[[Program], int]] = [fuse_optimizer_updates]
 def optimize_for_engine(program: Program, fetch=()) -> Program:
     """A clone of ``program`` with every pass of ``PASSES`` applied (and verified).
 
-    ``fetch`` (names) lists values a pass must keep computable by name.
+    The user's program is never changed; ``Executor(backend="onnxruntime")``
+    exports this clone.
 
-    Example::
+    Args:
+        program: The program to rewrite.
+        fetch: Names of values a pass must keep computable by name.
 
-        fast = rg.passes.optimize_for_engine(main, ["loss"])
+    Returns:
+        The rewritten clone (results equal the original's).
+
+    Example:
+        ```python
+        import numpy as np
+        import retrograd as rg
+
+        main, startup = rg.Program(), rg.Program()
+        with rg.program_guard(main, startup):
+            loss = rg.mean(rg.layers.fc(rg.layers.fc(rg.data("x", [-1, 3]), 4, name="a"), 1, name="b"))
+            rg.optim.Adam(1e-3).minimize(loss)
+        fast = rg.passes.optimize_for_engine(main, [loss.name])
+        types = [op.type for op in fast.global_block().ops]
+        assert "FusedAdamUpdate" in types and "AdamUpdate" not in types
+        assert "FusedAdamUpdate" not in [op.type for op in main.global_block().ops]   # main unchanged
+        ```
     """
     del fetch   # no pass removes values yet; kept so callers pass what they will fetch
     rewritten = program.clone()

@@ -21,12 +21,33 @@ from ..ir.program import Block, Op, Program
 
 
 def fuse_linear_bias(program: Program, keep=frozenset()) -> int:
-    """Fuse every match in the global block in place; return how many were fused. ``keep``
-    names values that must stay computed (fetches).
+    """Fuse ``MatMul(x, w)`` then ``Add(y, b)`` into one ``SeqLinear(x, w, b)`` wherever it matches, in place.
 
-    Example::
+    The pattern and its conditions are in the module docstring; the torch
+    backend runs it on every program (``Backend.program_passes``).
 
-        fused = rg.passes.fuse_linear_bias(main)      # fc's MatMul + Add -> one SeqLinear
+    Args:
+        program: The program to rewrite (its global block).
+        keep: Names of values that must stay computed (fetches).
+
+    Returns:
+        How many matches were fused.
+
+    Example:
+        ```python
+        import numpy as np
+        import retrograd as rg
+
+        main, startup = rg.Program(), rg.Program()
+        with rg.program_guard(main, startup):
+            y = rg.layers.fc(rg.data("x", [-1, 3]), 2, name="fc")   # MatMul + Add
+        fused = rg.passes.fuse_linear_bias(main, keep={"fc"})
+        assert fused == 1 and [op.type for op in main.global_block().ops] == ["SeqLinear"]
+        exe = rg.Executor()
+        exe.run(startup)
+        (out,) = exe.run(main, feed={"x": np.ones((1, 3), "float32")}, fetch_list=["fc"])
+        assert np.allclose(out, exe.scope.get("fc.w").sum(axis=0) + exe.scope.get("fc.b"))
+        ```
     """
     block = program.global_block()
     readers = read_counts(program)

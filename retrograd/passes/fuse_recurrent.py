@@ -39,7 +39,7 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 from ..ir.program import Block, Op, Program
-from ..ops.recurrent_steps import fresh_name
+from ..ops.recurrent.steps import fresh_name
 
 FUSED_LSTM = "LSTMSequence"
 FUSED_LSTM_GRAD = "LSTMSequenceGrad"
@@ -90,22 +90,40 @@ class _Match:
 
 
 def fuse_recurrent_cells(program: Program, keep=(), dtypes=("float32",), gru_dtypes=()) -> int:
-    """Rewrite every LSTM recurrence of ``program`` (and its gradient) into ``LSTMSequence`` ops, and
-    every GRU recurrence into ``GRUSequence`` ops, in place; return how many were fused. Only LSTMs
-    in one of ``dtypes`` and GRUs in one of ``gru_dtypes`` (none by default) are fused, and none
-    whose removed values are in ``keep`` (names a run fetches).
+    """Rewrite LSTM and GRU recurrences (and their gradients) into ``LSTMSequence`` / ``GRUSequence`` ops, in place.
 
-    ``rg.Executor`` runs this on its own copy of a program when its backend has a vendor recurrent
-    kernel (``dtypes=backend.fused_lstm_dtypes``, ``gru_dtypes=backend.fused_gru_dtypes``); the
-    user's program is never changed.
+    Only LSTMs in one of ``dtypes`` and GRUs in one of ``gru_dtypes`` (none by
+    default) are fused, and none whose removed values are in ``keep``.
+    ``rg.Executor`` runs this on its own copy of a program when its backend has
+    a vendor recurrent kernel (``dtypes=backend.fused_lstm_dtypes``,
+    ``gru_dtypes=backend.fused_gru_dtypes``); the user's program is never
+    changed.
 
-    Example::
+    Args:
+        program: The program to rewrite.
+        keep: Names a run fetches.
+        dtypes: The LSTM dtypes to fuse.
+        gru_dtypes: The GRU dtypes to fuse.
 
-        h_all, _, _, _ = rg.layers.lstm(x, 128, name="enc")
-        g_all, _ = rg.layers.gru(x, 128, name="dec")
-        rg.optim.SGD(0.1).minimize(rg.mean(h_all) + rg.mean(g_all))
+    Returns:
+        How many recurrences were fused.
+
+    Example:
+        ```python
+        import numpy as np
+        import retrograd as rg
+
+        main, startup = rg.Program(), rg.Program()
+        with rg.program_guard(main, startup):
+            x = rg.data("x", [-1, -1, 4])
+            h_all, _, _, _ = rg.layers.lstm(x, 8, name="enc")
+            g_all, _ = rg.layers.gru(x, 8, name="dec")
+            rg.optim.SGD(0.1).minimize(rg.mean(h_all) + rg.mean(g_all))
         fast = main.clone()
-        rg.passes.fuse_recurrent_cells(fast, gru_dtypes=("float32",))   # LSTMSequence, GRUSequence (+ Grad)
+        fused = rg.passes.fuse_recurrent_cells(fast, gru_dtypes=("float32",))
+        types = {op.type for op in fast.global_block().ops}
+        assert fused == 2 and {"LSTMSequence", "LSTMSequenceGrad", "GRUSequence", "GRUSequenceGrad"} <= types
+        ```
     """
     keep = frozenset(keep)
     by_cell = {FUSED_LSTM: tuple(dtypes), FUSED_GRU: tuple(gru_dtypes)}

@@ -11,19 +11,37 @@ from __future__ import annotations
 
 from ..ir.analysis import op_reads
 from ..ir.program import Block, Op, Program
-from ..optim.fused import GROUPS
+from ..ops.optim.fused_adam import GROUPS
 
 ATTRS = ("lr", "beta1", "beta2", "eps", "weight_decay", "decoupled")
 
 
 def fuse_optimizer_updates(program: Program, keep=frozenset()) -> int:
-    """Fuse the global block's ``AdamUpdate`` ops in place; return how many ops were removed.
-    (``keep``, the names a run fetches, is the passes' common argument: this pass removes no
-    value.)
+    """Fuse the ``AdamUpdate`` ops that share their hyper-parameters into one ``FusedAdamUpdate``, in place.
 
-    Example::
+    Args:
+        program: The program to rewrite.
+        keep: The names a run fetches (the passes' common argument: this pass
+            removes no value).
 
+    Returns:
+        How many ops were removed.
+
+    Example:
+        ```python
+        import numpy as np
+        import retrograd as rg
+
+        main, startup = rg.Program(), rg.Program()
+        with rg.program_guard(main, startup):
+            loss = rg.mean(rg.layers.fc(rg.data("x", [-1, 3]), 2, name="fc"))
+            rg.optim.Adam(1e-3).minimize(loss)                 # two AdamUpdate ops: fc.w, fc.b
         removed = rg.passes.fuse_optimizer_updates(main)
+        assert removed == 1 and [op.type for op in main.global_block().ops].count("FusedAdamUpdate") == 1
+        exe = rg.Executor()
+        exe.run(startup)
+        exe.run(main, feed={"x": np.ones((2, 3), "float32")})
+        ```
     """
     block = program.global_block()
     removed = 0

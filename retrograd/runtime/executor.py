@@ -18,6 +18,7 @@ from .finite import first_non_finite, non_finite_error
 from .graphs import GraphRunner
 from .malloc import keep_freed_memory
 from .plan import Plan, compile_block
+from .engines import engine_for
 from .scope import Scope
 from .threads import BlasThreads
 from .stats import MemoryMeter, RunStats
@@ -84,25 +85,45 @@ class RunContext:
 
 
 class Executor:
-    """Runs programs. ``exe.scope`` holds parameters; ``exe.last_stats`` reports the last run.
+    """Runs programs: ``exe.scope`` holds parameters, ``exe.last_stats`` reports the last run.
 
-    ``backend`` is "numpy" (default), "torch", "cupy" or "onnxruntime" (or a
-    ``retrograd.backends.Backend``), ``device`` e.g. "cpu", "cuda", "cuda:1";
-    ``xp=`` (an array namespace: numpy, torch, array_api_strict, ...) is the
-    older spelling. ``exe.backend`` is the Backend; the scope holds its arrays.
-    ``threads`` caps BLAS threads while a run computes (default 1: the small
-    per-step products gain nothing from more; see ``runtime/threads.py``).
-    ``check_finite=True`` stops a run at the first op whose output holds NaN or
-    Inf with an ``ExecutionError`` naming the op, its inputs and the user's
-    line (one reduction per output; ``runtime/finite.py``). With
-    ``graphs=True`` such runs are not replayed as device graphs but run op by op.
+    Each block is compiled once into a plan (kernels and slots resolved,
+    liveness known) and cached; values are freed after their last use.
+    ``exe.backend`` is the Backend; the scope holds its arrays.
 
-    Example::
+    Args:
+        scope: The Scope for persistable values; a new one by default.
+        xp: An array namespace (numpy, torch, array_api_strict, ...): the
+            older spelling of ``backend``.
+        backend: ``"numpy"`` (default), ``"torch"``, ``"cupy"`` or
+            ``"onnxruntime"``, or a ``retrograd.backends.Backend``.
+        device: e.g. ``"cpu"``, ``"cuda"``, ``"cuda:1"``.
+        threads: Caps BLAS threads while a run computes (default 1: the small
+            per-step products gain nothing from more; see ``runtime/threads.py``).
+        graphs: Replay runs as CUDA graphs (torch on CUDA only).
+        check_finite: Stop a run at the first op whose output holds NaN or Inf
+            with an ``ExecutionError`` naming the op, its inputs and the user's
+            line (one reduction per output; ``runtime/finite.py``). Such runs are
+            not replayed as device graphs but run op by op.
 
-        exe = rg.Executor(backend="torch", device="cpu")
+    Raises:
+        BackendError: An unknown backend or device, a missing library, or
+            ``graphs=True`` where the backend cannot capture graphs.
+
+    Example:
+        ```python
+        import numpy as np
+        import retrograd as rg
+
+        main, startup = rg.Program(), rg.Program()
+        with rg.program_guard(main, startup):
+            x = rg.data("x", [-1, 3])
+            loss = rg.mean(rg.layers.fc(x, 2, name="fc"))
+        exe = rg.Executor()                            # or Executor(backend="torch", device="cpu")
         exe.run(startup)
-        loss_v, = exe.run(main, feed={"x": xb}, fetch_list=[loss])
-        print(exe.last_stats.peak_bytes, exe.last_stats.time_s)
+        (loss_v,) = exe.run(main, feed={"x": np.ones((4, 3), "float32")}, fetch_list=[loss])
+        print(exe.last_stats.peak_bytes, exe.last_stats.time_s, exe.last_stats.ops_run)
+        ```
     """
 
     def __init__(self, scope: Scope | None = None, xp=None, backend=None, device: str | None = None,
@@ -121,7 +142,7 @@ class Executor:
         elif scope.backend is None:
             scope.backend = self.backend
         self.scope = scope
-        self._engine = self.backend.engine(self) if self.backend.engine is not None else None
+        self._engine = engine_for(self)
         self.last_stats = RunStats()
         self._run = RunContext(self)
         self._plans: dict[tuple, Plan] = {}
@@ -133,12 +154,40 @@ class Executor:
 
     @property
     def run_context(self) -> RunContext:
-        """The state of the run in progress; ``run_context.run_id`` counts the runs (random ops
-        key on it: an engine re-running a program on NumPy sets it to draw the same numbers)."""
+        """The state of the run in progress (the ``RunContext`` every kernel sees as ``k.run``).
+
+        ``run_context.run_id`` counts the runs; random ops key on it (an engine
+        re-running a program on NumPy sets it to draw the same numbers).
+        """
         return self._run
 
     # -- compiling -------------------------------------------------------------
     def plan_for(self, block: Block, keep: frozenset[str]) -> Plan:
+        """The compiled plan of ``block`` that keeps ``keep`` computed, compiled once and cached.
+
+        The program is verified before its first compile; the cache key includes
+        the program's version, so an edited program is compiled again.
+
+        Args:
+            block: The block to compile (the global block, or a sub-block).
+            keep: The names that must stay computed (the fetches).
+
+        Returns:
+            The ``Plan`` (its ``steps``, ``free_reads``...).
+
+        Example:
+            ```python
+            import retrograd as rg
+
+            main = rg.Program()
+            with rg.program_guard(main):
+                y = rg.exp(rg.data("x", [2]))
+            exe = rg.Executor()
+            plan = exe.plan_for(main.global_block(), frozenset([y.name]))
+            assert plan is exe.plan_for(main.global_block(), frozenset([y.name]))   # cached
+            assert [s.op.type for s in plan.steps] == ["Exp"]
+            ```
+        """
         program = block.program
         key = (program.serial, program.version, block.idx, keep)
         plan = self._plans.get(key)
@@ -191,11 +240,43 @@ class Executor:
     # -- running -----------------------------------------------------------------
     def run(self, program: Program, feed: dict | None = None, fetch_list: Sequence | None = None,
             scope: Scope | None = None, return_numpy: bool = True) -> list:
-        """Run the global block; return the values of ``fetch_list`` (Vars or names).
+        """Run the global block of ``program``; return the values of ``fetch_list``.
 
-        Feeds are NumPy arrays (moved to the device once) or arrays of the
-        backend on its device. Results are NumPy arrays, or the backend's
-        arrays with ``return_numpy=False``.
+        Run statistics (time, ops run, peak bytes) land in ``exe.last_stats``;
+        persistable values the program writes go back to the scope.
+
+        Args:
+            program: The Program.
+            feed: Name (or Var) -> array for its data Vars: NumPy arrays (moved to
+                the device once) or arrays of the backend on its device.
+            fetch_list: The Vars (or names) whose values to return; one Var or name
+                alone still returns a list of one.
+            scope: The Scope to read and write persistable values in (``exe.scope``
+                by default).
+            return_numpy: Return NumPy arrays (default), else the backend's arrays.
+
+        Returns:
+            A list with one value per fetch.
+
+        Raises:
+            FeedError: A feed is missing, unknown, of the wrong shape or dtype, or a
+                fetch has no value; the message names the op that reads it.
+            ExecutionError: A kernel failed (or, with ``check_finite``, made NaN/Inf).
+            ProgramError: ``program`` is not a Program or fails verification.
+
+        Example:
+            ```python
+            import numpy as np
+            import retrograd as rg
+
+            main = rg.Program()
+            with rg.program_guard(main):
+                x = rg.data("x", [-1, 2])
+                y = rg.sum(x * x, axis=1)
+            exe = rg.Executor()
+            (out,) = exe.run(main, feed={"x": np.array([[1.0, 2.0]], "float32")}, fetch_list=[y])
+            assert list(out) == [5.0] and exe.last_stats.ops_run == 2
+            ```
         """
         if self._engine is not None:
             return self._engine.run(program, feed, fetch_list, scope, return_numpy)
@@ -248,7 +329,33 @@ class Executor:
         return env
 
     def execute(self, plan: Plan, env: dict) -> None:
-        """Run a plan's steps over ``env`` (name -> array), freeing dead values."""
+        """Run a plan's steps over ``env`` (name -> array) in place, freeing dead values.
+
+        Control-flow kernels and engines call it; users call ``run``.
+
+        Args:
+            plan: A plan from ``plan_for``.
+            env: The values the plan starts from (its ``free_reads``); outputs are
+                added to it.
+
+        Raises:
+            ExecutionError: A step reads a value that is missing, or its kernel fails.
+            BackendError: The backend cannot run a step's op.
+
+        Example:
+            ```python
+            import numpy as np
+            import retrograd as rg
+
+            main = rg.Program()
+            with rg.program_guard(main):
+                y = rg.exp(rg.data("x", [2]))
+            exe = rg.Executor()
+            env = {"x": np.zeros(2, "float32")}
+            exe.execute(exe.plan_for(main.global_block(), frozenset([y.name])), env)
+            assert list(env[y.name]) == [1.0, 1.0]
+            ```
+        """
         meter = self._run.meter
         hold, release = meter.hold, meter.release
         for step in plan.steps:
@@ -298,7 +405,33 @@ class Executor:
 
     # -- checks shared with engines (backend="onnxruntime" runs programs its own way) -----
     def checked_run_args(self, program: Program, feed, fetch_list) -> tuple[Block, list[str]]:
-        """The global block and the fetch names of a ``run`` call, or the error a bad argument gets."""
+        """The global block and the fetch names of a ``run`` call, or the error a bad argument gets.
+
+        Engines that run programs their own way call it to refuse what ``run`` refuses.
+
+        Args:
+            program: What was passed as the program.
+            feed: What was passed as the feed.
+            fetch_list: What was passed as the fetch list (a Var or a name alone is a list of one).
+
+        Returns:
+            ``(global block, [fetch names])``.
+
+        Raises:
+            ProgramError: ``program`` is not a Program.
+            FeedError: ``feed`` is not a dict, or a fetch is unknown or of another program.
+
+        Example:
+            ```python
+            import retrograd as rg
+
+            main = rg.Program()
+            with rg.program_guard(main):
+                y = rg.exp(rg.data("x", [2]))
+            block, names = rg.Executor().checked_run_args(main, None, y)
+            assert block is main.global_block() and names == [y.name]
+            ```
+        """
         if not isinstance(program, Program):
             raise ProgramError(f"Executor.run needs a Program, got {type(program).__name__}")
         if feed is not None and not isinstance(feed, Mapping):
@@ -309,8 +442,32 @@ class Executor:
         return block, [_fetch_name(f, block) for f in (fetch_list or [])]
 
     def checked_feeds(self, block: Block, feed: dict, plan: Plan | None = None) -> dict:
-        """name -> the feed as a backend array of the declared dtype and shape (FeedError if not;
-        with ``plan``, the error names the first op that reads the feed, and so the user's line)."""
+        """Each feed as a backend array of its Var's declared dtype and shape.
+
+        Args:
+            block: The global block the feeds are for.
+            feed: Name (or Var) -> array.
+            plan: When given, an error names the first op that reads the feed (and
+                so the user's line).
+
+        Returns:
+            Name -> backend array.
+
+        Raises:
+            FeedError: A feed is not a variable of block 0, or has the wrong shape or dtype.
+
+        Example:
+            ```python
+            import numpy as np
+            import retrograd as rg
+
+            main = rg.Program()
+            with rg.program_guard(main):
+                x = rg.data("x", [-1, 2])
+            env = rg.Executor().checked_feeds(main.global_block(), {x: np.ones((3, 2), "float32")})
+            assert env["x"].shape == (3, 2)
+            ```
+        """
         env = {}
         for name, value in feed.items():
             if isinstance(name, Var) and not block.program.owns(name):
@@ -328,8 +485,34 @@ class Executor:
         return env
 
     def checked_persistable(self, block: Block, name: str, scope: Scope, reader=lambda: "the program"):
-        """The scope value of persistable ``name`` (moved and cast once, stored back); ``reader()``
-        says who reads it, for the error when it has no value."""
+        """The scope value of persistable ``name``, moved to the device and cast once (and stored back).
+
+        Args:
+            block: The block that declares ``name``.
+            name: The persistable variable's name.
+            scope: The Scope to read.
+            reader: A callable naming who reads it, for the error.
+
+        Returns:
+            The backend array.
+
+        Raises:
+            FeedError: It has no value (run the startup program first) or is not persistable.
+
+        Example:
+            ```python
+            import numpy as np
+            import retrograd as rg
+
+            main, startup = rg.Program(), rg.Program()
+            with rg.program_guard(main, startup):
+                rg.create_parameter("w", [2], init=1.0)
+            exe = rg.Executor()
+            exe.run(startup)
+            w = exe.checked_persistable(main.global_block(), "w", exe.scope)
+            assert np.all(w == 1.0)
+            ```
+        """
         value = scope.find(name)
         trusted = self._trusted.get(name)
         if (trusted is not None and value is not None and trusted[0]() is value and trusted[1] is block
@@ -359,9 +542,37 @@ class Executor:
             self._trusted.pop(name, None)
 
     def check_run_values(self, block: Block, feed: dict, fetch: Sequence[str], scope: Scope) -> dict:
-        """The values a run of ``fetch`` starts from (feeds, persistables read), checked as ``run``
-        checks them: the FeedError names the op that reads a missing value, or the op that
-        overwrites a fed one. Engines call it to word their refusals as this executor does."""
+        """The values a run of ``fetch`` starts from (feeds and persistables read), checked as ``run`` checks them.
+
+        The FeedError names the op that reads a missing value, or the op that
+        overwrites a fed one. Engines call it to word their refusals as this
+        executor does.
+
+        Args:
+            block: The global block.
+            feed: Name -> array.
+            fetch: The fetch names.
+            scope: The Scope with the persistable values.
+
+        Returns:
+            Name -> backend array.
+
+        Raises:
+            FeedError: A value is missing, or a feed would be overwritten before it is read.
+
+        Example:
+            ```python
+            import numpy as np
+            import retrograd as rg
+
+            main = rg.Program()
+            with rg.program_guard(main):
+                y = rg.exp(rg.data("x", [2]))
+            exe = rg.Executor()
+            env = exe.check_run_values(main.global_block(), {"x": np.zeros(2, "float32")}, [y.name], exe.scope)
+            assert set(env) == {"x"}
+            ```
+        """
         return self._initial_env(self.plan_for(block, frozenset(fetch)), block, feed, scope)
 
     def _initial_env(self, plan: Plan, block: Block, feed: dict, scope: Scope) -> dict:

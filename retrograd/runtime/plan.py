@@ -3,9 +3,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..ir.analysis import free_reads_of_ops, op_reads
+from ..ir.analysis import lifetimes
 from ..ir.program import Block, Op
-from ..ops.registry import get_op_def
+from ..ops.core.registry import get_op_def
 
 
 class KernelCtx:
@@ -55,44 +55,11 @@ class Plan:
 
 
 def compile_block(block: Block, keep: frozenset[str], backend, run) -> Plan:
-    """Resolve each op to its kernel and decide when every value dies.
+    """Resolve each op to its kernel; values die as ``ir.analysis.lifetimes`` says.
 
-    A value dies after the last op that reads it (sub-block reads count), or
-    right after it is written when nothing reads it, unless it is kept
-    (fetched, returned) or persistable (written back to the scope). An
-    output that dies as it is written is not live (``KernelCtx.live_outputs``).
+    An output that dies as it is written is not live (``KernelCtx.live_outputs``).
     """
-    ops = _needed_ops(block, keep)
-    reads = [op_reads(op) for op in ops]
-    last_read: dict[str, int] = {}
-    for i, names in enumerate(reads):
-        for name in names:
-            last_read[name] = i
-    steps = []
-    for i, op in enumerate(ops):
-        candidates = dict.fromkeys(list(reads[i]) + list(op.outputs))
-        dead = tuple(n for n in candidates
-                     if last_read.get(n, -1) <= i and n not in keep and not _persistable(block, n))
-        live = frozenset(j for j, n in enumerate(op.outputs) if n not in dead)
-        opdef = get_op_def(op.type)
-        steps.append(Step(opdef.kernel, KernelCtx(backend, op, run, live), tuple(op.inputs), tuple(op.outputs),
-                          dead, op, i))
-    writes = list(dict.fromkeys(n for op in ops for n in op.outputs if _persistable(block, n)))
-    return Plan(block, steps, free_reads_of_ops(ops), keep, writes)
-
-
-def _needed_ops(block: Block, keep: frozenset[str]) -> list[Op]:
-    """Ops whose results are fetched or persist (directly or through later ops): the rest are skipped."""
-    needed = set(keep)
-    kept = []
-    for op in reversed(block.ops):
-        if any(n in needed or _persistable(block, n) for n in op.outputs):
-            kept.append(op)
-            needed.update(op_reads(op))
-    kept.reverse()
-    return kept
-
-
-def _persistable(block: Block, name: str) -> bool:
-    var = block.find_var(name)
-    return var is not None and var.persistable
+    timed = lifetimes(block, keep)
+    steps = [Step(get_op_def(t.op.type).kernel, KernelCtx(backend, t.op, run, t.live_outputs),
+                  tuple(t.op.inputs), tuple(t.op.outputs), t.dead, t.op, t.index) for t in timed.ops]
+    return Plan(block, steps, timed.free_reads, keep, timed.persistable_writes)

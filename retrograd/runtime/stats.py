@@ -8,6 +8,28 @@ import numpy as np
 
 @dataclass
 class RunStats:
+    """What the last ``Executor.run`` did (``exe.last_stats``).
+
+    Attributes:
+        time_s: Wall time of the run, in seconds.
+        ops_run: How many ops ran (each op of a loop body once per iteration).
+        peak_bytes: The largest total of live array bytes the executor held
+            during the run (distinct buffers; views count once).
+
+    Example:
+        ```python
+        import numpy as np
+        import retrograd as rg
+
+        main = rg.Program()
+        with rg.program_guard(main):
+            y = rg.exp(rg.data("x", [256]))
+        exe = rg.Executor()
+        exe.run(main, feed={"x": np.zeros(256, "float32")}, fetch_list=[y])
+        stats = exe.last_stats
+        assert stats.ops_run == 1 and stats.peak_bytes >= 2 * 256 * 4 and stats.time_s > 0
+        ```
+    """
     time_s: float = 0.0
     ops_run: int = 0
     peak_bytes: int = 0

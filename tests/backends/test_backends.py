@@ -209,14 +209,9 @@ def test_different_keys_give_independent_draws():
     assert abs(a.mean() - 0.5) < 0.01 and abs(a.var() - 1 / 12) < 0.005
 
 
-def test_the_old_retrograd_backend_helpers_still_work():
-    """``retrograd.backend`` (namespace-first functions) forwards to the namespace's backend."""
+def test_dtype_of_gives_each_namespaces_dtype():
+    """What the deleted ``retrograd.backend`` shim offered kernels, from ``backends.base``."""
     torch = pytest.importorskip("torch")
-    from retrograd import backend as old
-    want = get_backend("numpy").random_uniform([4, 1], (5,), 0.0, 1.0, "float32")
-    np.testing.assert_array_equal(old.random_uniform(np, [4, 1], (5,), 0.0, 1.0, "float32"), want)
-    np.testing.assert_array_equal(old.to_numpy(old.random_uniform(torch, [4, 1], (5,), 0.0, 1.0, "float32")),
-                                  want)
-    rows = old.scatter_add_rows(torch, (3, 2), "float64", torch.tensor([2, 2]), torch.ones((2, 2), dtype=torch.float64))
-    np.testing.assert_array_equal(old.to_numpy(rows), [[0, 0], [0, 0], [2, 2]])
-    assert old.dtype_of(torch, "float64") is torch.float64 and old.dtype_name(torch.int64) == "int64"
+    from retrograd.backends.base import dtype_name, dtype_of
+    assert dtype_of(np, "float32") is np.float32 and dtype_of(torch, "float64") is torch.float64
+    assert dtype_of(torch, np.dtype("int64")) is torch.int64 and dtype_name(torch.int64) == "int64"

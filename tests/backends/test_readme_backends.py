@@ -12,9 +12,8 @@ import retrograd as rg
 
 def test_readme_backends_example(tmp_path, monkeypatch):
     pytest.importorskip("torch", reason="the README's example runs on the torch backend")
-    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
-    section = readme.split("\n## Backends and GPUs\n", 1)[1].split("\n## ", 1)[0]
-    code = re.search(r"```python\n(.*?)```", section, flags=re.S).group(1)
+    page = (Path(__file__).resolve().parents[2] / "docs" / "concepts" / "executors.md").read_text()
+    code = re.search(r"```python\n(.*?)```", page, flags=re.S).group(1)
     monkeypatch.chdir(tmp_path)
     ns: dict = {"__name__": "readme"}
     exec(compile(code, "README.md", "exec"), ns)

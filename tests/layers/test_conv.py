@@ -129,7 +129,7 @@ def test_unknown_channel_count_is_refused():
 def test_readme_conv_example_runs_and_matches_torch():
     import re
     from pathlib import Path
-    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    readme = "\n".join(p.read_text() for p in sorted((Path(__file__).resolve().parents[2] / "docs").rglob("*.md")))   # docs/ pages
     block = next(b for b in re.findall(r"```python\n(.*?)```", readme, re.S) if 'name="c1"' in b)
     env: dict = {"__name__": "readme"}
     exec(compile(block, "README.md", "exec"), env)

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import numpy as np
 
-README = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+README = "\n".join(p.read_text() for p in sorted((Path(__file__).resolve().parents[2] / "docs").rglob("*.md")))   # docs/ (moved from the README)
 
 
 def test_readme_attention_example_runs_and_its_test_program_is_deterministic():

@@ -82,17 +82,15 @@ def test_recurrent_example_with_lengths(ort_check):
 def _onnx_section_code() -> list[str]:
     import pathlib
     import re
-    text = (pathlib.Path(__file__).parents[2] / "README.md").read_text()
-    section = text[text.index("## ONNX export"):]
-    section = section[:section.index("\n## ", 3)]
+    section = (pathlib.Path(__file__).parents[2] / "docs" / "tutorials" / "onnx.md").read_text()
     return re.findall(r"```python\n(.*?)```", section, re.S)
 
 
 def test_readme_onnx_section_runs(tmp_path, monkeypatch, capsys):
     """The README's ONNX examples as written: the export/training one, then sampling text with
     onnxruntime alone from a model `retrograd export` wrote."""
-    from retrograd.charlm import ModelConfig, build_training
-    from retrograd.cli import main as cli_main
+    from retrograd.models.charlm import ModelConfig, build_training
+    from retrograd.cli.main import main as cli_main
     monkeypatch.chdir(tmp_path)
     export_example, sampling_example, generator_example = _onnx_section_code()
     exec(compile(export_example, "README.md", "exec"), {})

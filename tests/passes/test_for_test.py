@@ -163,33 +163,17 @@ def test_batch_norm_and_dropout_evaluate_in_the_test_program(backend):
         np.testing.assert_array_equal(after[name], value, err_msg=name)
 
 
-def test_the_readme_evaluation_example_runs_as_written():
+def test_the_docs_evaluation_example_runs_as_written():
+    import contextlib
+    import io
     import pathlib
-    text = (pathlib.Path(__file__).parents[2] / "README.md").read_text()
-    section = text.split("## Evaluation: the test program", 1)[1].split("\n## ", 1)[0]
-    example = section.split("```python\n", 1)[1].split("```", 1)[0]
-    rng = np.random.default_rng(2)
-    main, startup, exe = rg.Program(), rg.Program(), rg.Executor()
-    names = {"rg": rg, "main": main, "startup": startup,
-             "train_batch": {"x": rng.standard_normal((32, 64)).astype(np.float32), "labels": rng.integers(0, 10, 32)},
-             "held_out": {"x": rng.standard_normal((8, 64)).astype(np.float32), "labels": rng.integers(0, 10, 8)}}
-    names["exe"] = _RunsStartupFirst(exe, startup)
-    exec(compile(example, "README.md", "exec"), names)
+    page = (pathlib.Path(__file__).parents[2] / "docs" / "how-to" / "clone-eval.md").read_text()
+    example = page.split("```python\n", 1)[1].split("```", 1)[0]
+    names: dict = {"__name__": "docs"}
+    with contextlib.redirect_stdout(io.StringIO()):
+        exec(compile(example, "docs/how-to/clone-eval.md", "exec"), names)
     assert names["logits_v"].shape == (8, 10) and np.isfinite(names["loss_v"])
-
-
-class _RunsStartupFirst:
-    """An executor that runs the startup program before the example's first run (the README's
-    example leaves that step to the section on training)."""
-
-    def __init__(self, exe, startup):
-        self.exe, self.startup, self.started = exe, startup, False
-
-    def run(self, program, **kwargs):
-        if not self.started:
-            self.exe.run(self.startup)
-            self.started = True
-        return self.exe.run(program, **kwargs)
+    np.testing.assert_array_equal(names["exe"].scope.get("fc1.w"), names["before"])
 
 
 def test_a_clone_made_before_minimize_evaluates_the_same():
