@@ -39,6 +39,7 @@ from . import memory  # noqa: E402
 from . import testing  # noqa: E402
 from . import onnx  # noqa: E402  (rg.onnx.export; onnx itself is imported only when exporting)
 from . import passes  # noqa: E402  (whole-program rewrites: rg.passes.optimize_for_engine)
+from . import amp  # noqa: E402  (mixed precision: rg.amp.decorate)
 
 # --- the public namespace (keep this block last) ---------------------------------------------
 # `dir(rg)` and `from retrograd import *` give the API: the classes and functions imported above
@@ -47,7 +48,7 @@ from . import passes  # noqa: E402  (whole-program rewrites: rg.passes.optimize_
 # are dropped here; every module stays importable under its own name (retrograd.ops.math.elementwise).
 import types as _types  # noqa: E402
 
-_SUBPACKAGES = ("backends", "distributed", "layers", "memory", "onnx", "optim", "passes", "testing")
+_SUBPACKAGES = ("amp", "backends", "distributed", "layers", "memory", "onnx", "optim", "passes", "testing")
 _UNLISTED = ("autodiff", "errors", "io", "ir", "ops", "runtime")   # kept, not listed
 for _name, _value in list(globals().items()):
     if isinstance(_value, _types.ModuleType) and not _name.startswith("_") \

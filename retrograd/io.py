@@ -38,7 +38,7 @@ import numpy as np
 
 from .backends import dtype_name, to_numpy
 from .errors import FeedError
-from .ir.dtypes import DTYPES
+from .ir.dtypes import DTYPES, numpy_dtype
 from .ir.program import Program, Var
 from .runtime.scope import Scope
 
@@ -289,6 +289,8 @@ def _read_member(member, size: int, name: str, check: _Check, path: Path,
     read_header = (np.lib.format.read_array_header_1_0 if version == (1, 0)
                    else np.lib.format.read_array_header_2_0)
     shape, fortran, dtype = read_header(member)
+    if dtype.kind == "V" and dtype.itemsize == 2 and dtype.names is None:
+        dtype = numpy_dtype("bfloat16")     # NumPy writes ml_dtypes' bfloat16 as two raw bytes ('<V2')
     if dtype.hasobject or dtype.name not in DTYPES:
         raise _unreadable(path, f"'{name}' has dtype {dtype}; parameter files hold "
                                 f"{', '.join(DTYPES)} (objects are never unpickled)")

@@ -9,7 +9,7 @@ import types
 import retrograd as rg
 import retrograd.ops
 
-PUBLIC_SUBPACKAGES = {"backends", "distributed", "layers", "memory", "onnx", "optim", "passes", "testing"}
+PUBLIC_SUBPACKAGES = {"amp", "backends", "distributed", "layers", "memory", "onnx", "optim", "passes", "testing"}
 
 
 def test_dir_lists_no_internal_modules():

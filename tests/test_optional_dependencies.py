@@ -13,7 +13,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 OPTIONAL = ("torch", "jax", "jaxlib", "onnx", "onnxruntime", "mpi4py", "array_api_strict", "cupy",
-            "matplotlib", "build", "sklearn", "scipy", "mkdocs", "mkdocstrings", "material")
+            "matplotlib", "build", "sklearn", "scipy", "mkdocs", "mkdocstrings", "material", "ml_dtypes")
 
 # Run first in the child process: each optional library then imports as when it is not
 # installed (None in sys.modules: `import` raises ModuleNotFoundError, find_spec returns None).

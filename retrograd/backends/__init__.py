@@ -122,6 +122,22 @@ def backend_for_namespace(xp, device: str | None = None) -> Backend:
 _ARRAY_MODULES = (numpy_backend, torch_backend, cupy_backend)
 
 
+def dtype_of(xp, name) -> object:
+    """The namespace's dtype object for a dtype name ("float32", ...) or any library's dtype;
+    what the namespace lacks (NumPy's bfloat16, from ml_dtypes) its backend gives.
+
+    Example:
+        ```python
+        import numpy as np
+        from retrograd.backends import dtype_of
+
+        assert dtype_of(np, "float32") is np.float32
+        ```
+    """
+    found = getattr(xp, dtype_name(name), None)
+    return found if found is not None else backend_for_namespace(xp).dtype_of(name)
+
+
 def to_numpy(array) -> np.ndarray:
     """A NumPy array of any backend's array (a view where the array is on the host).
 

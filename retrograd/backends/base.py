@@ -45,9 +45,6 @@ def dtype_name(dtype) -> str:
     return str(dtype).rsplit(".", 1)[-1]
 
 
-def dtype_of(xp, name) -> object:
-    """The namespace's dtype object for a dtype name ("float32", ...) or any backend's dtype."""
-    return getattr(xp, dtype_name(name))
 
 
 def _shifted(xp, x, axis: int):
@@ -124,7 +121,15 @@ class Backend:
             assert be.dtype_of("float32") == np.float32
             ```
         """
-        return getattr(self.xp, dtype_name(name))
+        found = getattr(self.xp, dtype_name(name), None)
+        if found is None:      # CuPy and most Array API namespaces have no bfloat16
+            raise BackendError(f'backend "{self.name}" has no dtype {dtype_name(name)}')
+        return found
+
+    def kernel_for(self, kernel, op, block):
+        """The function that runs ``op`` here: its kernel, or the kernel wrapped where this
+        backend computes a dtype by another (NumPy's bfloat16 and float16 in float32)."""
+        return kernel
 
     # -- transfers (library-specific) ------------------------------------------------
     def owns(self, array) -> bool:
@@ -342,7 +347,7 @@ class Backend:
         """
         return windows.conv_weight_grad(self.xp, x, dy, tuple(w_like.shape), strides, pads, dilations, groups)
 
-    def max_pool(self, x, kernel, strides, pads):
+    def max_pool(self, x, kernel, strides, pads, dilations=None):
         """Window maxima and their flat indices into each ``(n, c)`` plane.
 
         Args:
@@ -350,13 +355,14 @@ class Backend:
             kernel: The window per spatial axis.
             strides: The strides.
             pads: The paddings, in ONNX's order.
+            dilations: The spacing of a window's taps per spatial axis (None: 1).
 
         Returns:
             ``(y, indices)``.
         """
-        return windows.max_pool(self.xp, x, kernel, strides, pads)
+        return windows.max_pool(self.xp, x, kernel, strides, pads, dilations)
 
-    def max_pool_grad(self, dy, indices, x_like, kernel, strides, pads):
+    def max_pool_grad(self, dy, indices, x_like, kernel, strides, pads, dilations=None):
         """``dy`` added into a zero ``x_like``-shaped array at ``indices`` (repeats accumulate).
 
         The window geometry is for backends whose routine checks it.
@@ -368,6 +374,7 @@ class Backend:
             kernel: The window per spatial axis.
             strides: The strides.
             pads: The paddings, in ONNX's order.
+            dilations: The spacing of a window's taps per spatial axis (None: 1).
 
         Returns:
             ``dx``.

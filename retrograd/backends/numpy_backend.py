@@ -1,10 +1,13 @@
 """The NumPy backend: host arrays, the default."""
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 
+from ..ir.dtypes import is_low_float, numpy_dtype
 from . import numpy_einsum, numpy_erf
-from .base import Backend
+from .base import Backend, dtype_name
 
 
 SMALL_ROWS = 64     # at 64 rows x @ y.T and (y @ x.T).T took the same time
@@ -47,6 +50,27 @@ def _scale_shift(y, rstd, weight, bias) -> None:
         y += bias
 
 
+def _widened(array):
+    return array.astype(np.float32) if isinstance(array, np.ndarray) and array.dtype.itemsize == 2 \
+        and array.dtype.kind in "fV" else array
+
+
+def _in_float32(kernel, out_dtypes, k, *arrays):
+    """Run ``kernel`` on the arrays with bfloat16/float16 ones widened to float32; round the
+    outputs declared low-precision back to their dtype."""
+    result = kernel(k, *(_widened(a) for a in arrays))
+    if isinstance(result, tuple):
+        return tuple(_rounded(r, d) for r, d in zip(result, out_dtypes))
+    return _rounded(result, out_dtypes[0])
+
+
+def _rounded(array, dtype):
+    if dtype is None or not isinstance(array, np.ndarray) or array.dtype == dtype:
+        return array
+    with np.errstate(over="ignore"):     # beyond float16's range is inf, as on every device
+        return array.astype(dtype)
+
+
 class NumpyBackend(Backend):
     name = "numpy"
 
@@ -61,6 +85,24 @@ class NumpyBackend(Backend):
 
     def to_numpy(self, array) -> np.ndarray:
         return array
+
+    def dtype_of(self, name) -> object:
+        return numpy_dtype(dtype_name(name))
+
+    def kernel_for(self, kernel, op, block):
+        """Ops that read or write bfloat16 or float16 compute in float32 and round their float
+        outputs to the declared dtype: NumPy has no BLAS nor fast loops for either (ml_dtypes'
+        bfloat16 arithmetic goes through float32 anyway, and mixes with Python floats to float32)."""
+        if op.sub_blocks():
+            return kernel
+        declared = [block.find_var(n) for n in op.outputs]
+        names = [v.dtype if v is not None else None for v in declared]
+        read = [block.find_var(n) for n in op.inputs]
+        if not any(is_low_float(d) for d in names + [v.dtype for v in read if v is not None]):
+            return kernel
+        out_dtypes = [numpy_dtype(d) if d is not None and is_low_float(d) else None for d in names]
+        numpy_dtype("bfloat16" if "bfloat16" in names else "float32")      # a missing ml_dtypes: said here
+        return functools.partial(_in_float32, kernel, tuple(out_dtypes))
 
     def matmul(self, x, y, transpose_x: bool = False, transpose_y: bool = False):
         if transpose_y and not transpose_x and x.ndim == 2 and y.ndim == 2 and x.shape[0] <= SMALL_ROWS:

@@ -21,6 +21,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..errors import BackendError
+from ..ir.dtypes import numpy_dtype
 from . import torch_attention
 from . import torch_cudnn_rnn
 from . import torch_fused_rnn
@@ -33,7 +34,11 @@ def is_array(array) -> bool:
 
 
 def array_to_numpy(array) -> np.ndarray:
-    return array.detach().cpu().numpy()
+    array = array.detach().cpu()
+    if dtype_name(array.dtype) == "bfloat16":     # NumPy's bfloat16 is ml_dtypes': the same bits
+        import torch
+        return array.view(torch.int16).numpy().view(numpy_dtype("bfloat16"))
+    return array.numpy()
 
 
 _ONEDNN_LSTM: dict[str, bool] = {}
@@ -191,10 +196,12 @@ class TorchBackend(Backend):
         array = np.asarray(array)
         if not array.flags.writeable or not array.flags.c_contiguous:
             array = np.array(array, order="C")   # torch wants writable memory it may share
+        if array.dtype.kind == "V" and array.dtype == numpy_dtype("bfloat16"):
+            return self.torch.from_numpy(array.view(np.int16)).view(self.torch.bfloat16).to(self.torch_device)
         return self.torch.from_numpy(array).to(self.torch_device)
 
     def to_numpy(self, array) -> np.ndarray:
-        return array.detach().cpu().numpy()
+        return array_to_numpy(array)
 
     def dtype_of(self, name) -> object:
         return getattr(self.torch, dtype_name(name))
@@ -351,16 +358,18 @@ class TorchBackend(Backend):
             dy, x, self._stand_in(w_like), None, list(strides), padding, list(dilations), False,
             [0] * len(strides), groups, [False, True, False])[1]
 
-    def max_pool(self, x, kernel, strides, pads):
+    def max_pool(self, x, kernel, strides, pads, dilations=None):
         if x.ndim != 4 or _asymmetric(pads):
-            return super().max_pool(x, kernel, strides, pads)
-        return self.torch.ops.aten.max_pool2d_with_indices(x, list(kernel), list(strides), list(pads[:2]))
+            return super().max_pool(x, kernel, strides, pads, dilations)
+        return self.torch.ops.aten.max_pool2d_with_indices(x, list(kernel), list(strides), list(pads[:2]),
+                                                           list(dilations or (1, 1)))
 
-    def max_pool_grad(self, dy, indices, x_like, kernel, strides, pads):
+    def max_pool_grad(self, dy, indices, x_like, kernel, strides, pads, dilations=None):
         if dy.ndim != 4 or _asymmetric(pads):
-            return super().max_pool_grad(dy, indices, x_like, kernel, strides, pads)
+            return super().max_pool_grad(dy, indices, x_like, kernel, strides, pads, dilations)
         return self.torch.ops.aten.max_pool2d_with_indices_backward(
-            dy, self._stand_in(x_like), list(kernel), list(strides), list(pads[:2]), [1, 1], False, indices)
+            dy, self._stand_in(x_like), list(kernel), list(strides), list(pads[:2]), list(dilations or (1, 1)),
+            False, indices)
 
     def max_pool_gather(self, v, indices):
         n, c = indices.shape[:2]

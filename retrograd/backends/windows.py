@@ -151,18 +151,20 @@ def _grouped_weight(xp, w, groups, transpose=False):
 
 # --- pooling ------------------------------------------------------------------------------
 
-def max_pool(xp, x, kernel, strides, pads):
+def max_pool(xp, x, kernel, strides, pads, dilations=None):
     """``(y, indices)``: each window's maximum and where it is, as a flat index into its
     ``(n, c)`` plane of the unpadded input (torch's and onnxruntime's convention). Ties go
-    to the first maximal element in the window's row-major order.
+    to the first maximal element in the window's row-major order. ``dilations``: the spacing
+    of a window's taps (1 by default).
 
     Example::
 
         y, indices = max_pool(np, x, kernel=(2, 2), strides=(2, 2), pads=[0, 0, 0, 0])
     """
-    nd, ones = len(kernel), (1,) * len(kernel)
-    outs = check_out_sizes(x.shape[2:], kernel, strides, pads, ones, "max_pool")
-    cols = im2col(xp, pad_spatial(xp, x, pads, -math.inf), kernel, strides, ones, outs)
+    nd = len(kernel)
+    dilations = tuple(dilations or (1,) * nd)
+    outs = check_out_sizes(x.shape[2:], kernel, strides, pads, dilations, "max_pool")
+    cols = im2col(xp, pad_spatial(xp, x, pads, -math.inf), kernel, strides, dilations, outs)
     tap = xp.argmax(cols, axis=2)                               # [N, C, *out], first maximum
     y = xp.max(cols, axis=2)
     flat = xp.zeros(tap.shape, dtype=xp.int64)
@@ -170,7 +172,7 @@ def max_pool(xp, x, kernel, strides, pads):
     for i in reversed(range(nd)):                               # unravel the tap, then ravel
         tap_i = rest % kernel[i]                                # the input coordinate
         rest = rest // kernel[i]
-        coord = _window_starts(xp, outs, i, strides[i], pads[i]) + tap_i
+        coord = _window_starts(xp, outs, i, strides[i], pads[i]) + tap_i * dilations[i]
         flat = flat + coord * math.prod(x.shape[3 + i:])
     return y, flat
 

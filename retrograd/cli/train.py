@@ -45,7 +45,7 @@ from ..models.charlm import (BUILTIN_VOCAB, LR_SCHEDULES, MIN_CORPUS_CHARS, MODE
                              build_loss, build_training, builtin_corpus, check_seq_len,
                              config_from_params, decode, encode, generate, held_out_batches,
                              load_corpus, load_text, make_lr, optimizer_of, read_record,
-                             split_corpus)
+                             split_corpus, PRECISIONS)
 from ..errors import RetrogradError
 from ..models.generation import generate_text
 from ..io import ParamFileError, load_params, read_params, save_params
@@ -96,6 +96,9 @@ def add_train_arguments(parser: argparse.ArgumentParser) -> None:
         help="where to write the parameters (default: retrograd-<model>.npz)")
     add("--resume", metavar="PATH", default=None,
         help="start from parameters and optimizer state saved by an earlier run with the same model options")
+    add("--precision", choices=tuple(PRECISIONS), default="fp32",
+        help="fp32 (default), or mixed precision: bf16 / fp16 products with float32 weights "
+             "(fp16 with dynamic loss scaling; rg.amp)")
     add("--threads", type=pos_int, default=1,
         help="BLAS threads per run (default: 1; more help only with a large --hidden or --batch, and "
              "slow everything down when other programs share the cores)")
@@ -381,7 +384,7 @@ class Job:
         self.training = build_training(cfg, args.seq_len, args.optimizer, lr, args.clip_norm or None,
                                        args.seed, data_parallel=ranks > 1,
                                        weight_decay=args.weight_decay, prompt=text.prompt,
-                                       batch=args.batch // ranks)
+                                       batch=args.batch // ranks, precision=args.precision)
         self.val_program, self.val_loss = build_loss(cfg, args.seq_len, data_parallel=ranks > 1)
         self.exe = rg.Executor(threads=args.threads, backend=args.backend, device=args.device,
                                graphs=args.graphs, check_finite=args.check_finite)
@@ -509,7 +512,7 @@ class _Reporter:
         self.console.print(
             f"retrograd train: {args.model}, {args.layers} x {args.hidden} hidden, "
             f"{args.optimizer} lr {args.lr:g}, batch {args.batch} x {args.seq_len} chars, "
-            f"{args.steps} steps {where}, backend {args.backend}"
+            f"{args.steps} steps {where}, precision {args.precision}, backend {args.backend}"
             f"{'' if args.device is None else ' on ' + args.device}\n"
             f"corpus: {text.corpus.describe(len(text.train), len(text.held_out))}")
 

@@ -463,9 +463,14 @@ class Training:
     step: object                # persistable int64[1]: training steps done (saved with the rest)
 
 
+# --precision NAME: the dtype the products compute in (rg.amp.decorate), None for float32 throughout.
+PRECISIONS = {"fp32": None, "bf16": "bfloat16", "fp16": "float16"}
+
+
 def build_training(cfg: ModelConfig, seq_len: int, optimizer: str, lr,
                    clip_norm: float | None, seed: int, data_parallel: bool = False, *,
-                   weight_decay: float | None = None, prompt: str = "def ", batch: int | None = None) -> Training:
+                   weight_decay: float | None = None, prompt: str = "def ", batch: int | None = None,
+                   precision: str = "fp32") -> Training:
     """The training program: mean cross-entropy of next characters, its backward pass and the updates.
 
     ``optimizer`` is a name of ``OPTIMIZERS``; ``lr`` a number or a schedule
@@ -475,7 +480,8 @@ def build_training(cfg: ModelConfig, seq_len: int, optimizer: str, lr,
     batch's: the mean of the ranks' losses. The startup program also writes
     ``RECORD`` (model kind, optimizer, vocabulary, ``prompt``), saved with the
     parameters. A transformer's byte ``cfg.recompute`` bounds the whole step at ``batch``
-    windows (``whole_step_budget``).
+    windows (``whole_step_budget``). ``precision`` ``"bf16"``/``"fp16"`` trains in mixed
+    precision (``rg.amp.decorate``; fp16 with dynamic loss scaling).
 
     Example::
 
@@ -489,6 +495,10 @@ def build_training(cfg: ModelConfig, seq_len: int, optimizer: str, lr,
         targets = rg.data("next_chars", [seq_len, -1], dtype="int64")
         loss = rg.mean(rg.softmax_cross_entropy(net.logits, rg.reshape(targets, [-1])))
         opt = make_optimizer(optimizer, lr, clip_norm, weight_decay)
+        if PRECISIONS[precision] is not None:
+            if data_parallel:
+                raise TrainError(f"--precision {precision} does not run under MPI yet; use --precision fp32")
+            opt = rg.amp.decorate(opt, dtype=PRECISIONS[precision])
         (rg.distributed.DataParallel(opt) if data_parallel else opt).minimize(
             loss, **whole_step_budget(cfg, seq_len, batch))
         if data_parallel:

@@ -230,7 +230,7 @@ class OnnxRuntimeEngine:
         import onnxruntime as ort
         from ..passes import optimize_for_engine
         from .graph import RUN_ID
-        from .model import build_model
+        from .model import build_model, refusal
         started = time.perf_counter()
         rewritten = optimize_for_engine(program, fetch)
         try:
@@ -243,7 +243,8 @@ class OnnxRuntimeEngine:
             session = ort.InferenceSession(built.model.SerializeToString(), session_options(self.threads),
                                            providers=self.providers)
         except Exception as exc:            # a graph onnxruntime refuses: say what it said
-            raise BackendError(f'backend "onnxruntime" cannot run this program: {exc}') from exc
+            raise BackendError(f'backend "onnxruntime" cannot run this program: '
+                               f'{refusal(exc, built.model)}') from exc
         params = list(built.param_inputs)
         run_id = RUN_ID if RUN_ID in built.inputs else None
         feeds = [n for n in built.inputs if n not in set(params) and n != run_id]

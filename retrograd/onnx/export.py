@@ -41,7 +41,9 @@ def export(program: Program, path, fetch_list: Sequence, scope=None, opset: int 
     Raises:
         BackendError: onnx is missing (naming ``pip install "retrograd[onnx]"``),
             or an op or attribute has no ONNX form (naming the op and its
-            block, before anything is written).
+            block, before anything is written), or, for a program with
+            bfloat16 or float16 values, an op onnxruntime (where installed) has
+            no kernel for in its dtype.
 
     Example:
         ```python
@@ -72,7 +74,7 @@ def export(program: Program, path, fetch_list: Sequence, scope=None, opset: int 
         import onnx  # noqa: F401
     except ImportError:
         raise BackendError(f"ONNX export needs the onnx package: {INSTALL_HINT}") from None
-    from .model import build_model, check
+    from .model import build_model, check, check_runnable
     if not isinstance(program, Program):
         raise ProgramError(f"rg.onnx.export needs a Program, got {type(program).__name__}")
     if isinstance(fetch_list, (Var, str)):
@@ -80,6 +82,7 @@ def export(program: Program, path, fetch_list: Sequence, scope=None, opset: int 
     fetch = [_fetch_name(item, program) for item in (fetch_list or [])]
     built = build_model(program, fetch, scope=scope, opset=opset)
     check(built.model)
+    check_runnable(built.model, program)
     if path is not None:
         onnx.save(built.model, str(path))
     return built.model

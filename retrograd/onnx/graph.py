@@ -28,6 +28,7 @@ from ..ir.program import Block, Op, Var
 from ..ops.core.lowering import LOWERINGS
 
 _DTYPES = {"float32": onnx.TensorProto.FLOAT, "float64": onnx.TensorProto.DOUBLE,
+           "bfloat16": onnx.TensorProto.BFLOAT16, "float16": onnx.TensorProto.FLOAT16,
            "int64": onnx.TensorProto.INT64, "int32": onnx.TensorProto.INT32, "bool": onnx.TensorProto.BOOL,
            "uint64": onnx.TensorProto.UINT64}   # uint64: the keyed generator's shifts only
 

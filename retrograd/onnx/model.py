@@ -23,6 +23,7 @@ Inputs, initializers, outputs of the model built from block 0:
 """
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from typing import Iterable, Sequence
 
@@ -31,6 +32,7 @@ import onnx
 from onnx import helper
 
 from ..errors import BackendError, FeedError
+from ..ir.dtypes import is_low_float
 from ..ir.program import Program, Var
 from .graph import Check, Env, Graph, Names, needed_ops, onnx_dtype, var_shape
 from ..ir.analysis import op_reads
@@ -262,3 +264,37 @@ def check(model: onnx.ModelProto) -> None:
         onnx.checker.check_model(model, full_check=True)
     except (onnx.checker.ValidationError, onnx.shape_inference.InferenceError) as exc:
         raise BackendError(f"the exported ONNX model does not check: {exc}") from exc
+
+
+def refusal(exc: Exception, model: onnx.ModelProto) -> str:
+    """onnxruntime's refusal of ``model``, with the dtype of the node it has no kernel for
+    (a bfloat16 MatMul on the CPU): "op #2 MatMul in block 0 has no onnxruntime kernel for bfloat16"."""
+    message = str(exc)
+    match = re.search(r"Could not find an implementation for (\w+)\(\d+\) node with name '([^']*)'", message)
+    if match is None:
+        return message
+    node_type, node_name = match.groups()
+    inferred = onnx.shape_inference.infer_shapes(model)
+    types = {v.name: v.type.tensor_type.elem_type for v in (*inferred.graph.value_info, *inferred.graph.input,
+                                                            *inferred.graph.output)}
+    types.update({t.name: t.data_type for t in inferred.graph.initializer})
+    node = next((n for n in inferred.graph.node if n.name == node_name), None)
+    dtypes = sorted({onnx.helper.tensor_dtype_to_np_dtype(types[i]).name if types.get(i) else "?"
+                     for i in (node.input if node is not None else ()) if i})
+    return (f"{node_name} (ONNX {node_type}) has no onnxruntime kernel for {', '.join(dtypes) or 'its dtypes'}; "
+            "compute it in another dtype (rg.amp.decorate(..., custom_float32=[...]))")
+
+
+def check_runnable(model: onnx.ModelProto, program: Program) -> None:
+    """A model with bfloat16 or float16 values must load in onnxruntime (where installed): its CPU
+    kernels lack many ops in those dtypes. BackendError naming the op and the dtype otherwise."""
+    if not any(is_low_float(v.dtype) for v in program.list_vars()):
+        return
+    try:
+        import onnxruntime as ort
+    except ImportError:
+        return
+    try:
+        ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    except Exception as exc:            # onnxruntime's own exception types: say what it said
+        raise BackendError(f"the exported model does not run in onnxruntime: {refusal(exc, model)}") from None

@@ -57,7 +57,7 @@ from .nn.batch_norm import batch_norm  # noqa: F401
 from .nn.losses import binary_cross_entropy_with_logits, nll_loss  # noqa: F401
 from .recurrent.lstm_sequence import lstm_sequence  # noqa: F401
 from .recurrent.gru_sequence import gru_sequence  # noqa: F401
-from .array.indexing import getitem, scatter, update_slice  # noqa: F401
+from .array.indexing import gather_elements, getitem, scatter, scatter_elements, update_slice  # noqa: F401
 from .array.shape_ops import arange, broadcast_to, pad, stack, tile  # noqa: F401
 from .array.einsum import einsum  # noqa: F401
 from .nn.conv import conv1d, conv2d  # noqa: F401

@@ -139,21 +139,25 @@ class Schedule:
 
 
 class _Cosine(Schedule):
-    def __init__(self, base, total_steps, warmup_steps, min_lr):
+    def __init__(self, base, total_steps, warmup_steps, min_lr, init_value):
         super().__init__(base)
+        _require(isinstance(init_value, numbers.Real) and not isinstance(init_value, bool) and init_value >= 0,
+                 f"init_value must be a number >= 0, got {init_value!r}")
         _require(_count(total_steps) and total_steps > 0, f"total_steps must be a positive int, got {total_steps!r}")
         _require(_count(warmup_steps), f"warmup_steps must be an int >= 0, got {warmup_steps!r}")
         _require(warmup_steps < total_steps,
                  f"warmup_steps ({warmup_steps}) must be less than total_steps ({total_steps})")
         _require(0.0 <= min_lr <= base, f"min_lr must be in [0, base={base}], got {min_lr!r}")
         self.total, self.warmup, self.min_lr = int(total_steps), int(warmup_steps), float(min_lr)
+        self.init = float(init_value)
 
     def rate(self, t: Var) -> Var:
         progress = minimum((t - float(self.warmup)) / float(self.total - self.warmup), 1.0)
         decayed = (cos(progress * math.pi) + 1.0) * (0.5 * (self.base - self.min_lr)) + self.min_lr
         if not self.warmup:
             return decayed
-        return where(t < float(self.warmup), t * (self.base / self.warmup), decayed)
+        warming = t * ((self.base - self.init) / self.warmup) + self.init
+        return where(t < float(self.warmup), warming, decayed)
 
 
 class _StepDecay(Schedule):
@@ -178,19 +182,24 @@ class _LinearWarmup(Schedule):
         return minimum(t / float(self.warmup), 1.0)
 
 
-def cosine(base: float, total_steps: int, warmup_steps: int = 0, min_lr: float = 0.0) -> Schedule:
-    """Linear warmup to ``base``, then a cosine down to ``min_lr`` at ``total_steps`` (held after).
+def cosine(base: float, total_steps: int, warmup_steps: int = 0, min_lr: float = 0.0,
+           init_value: float = 0.0) -> Schedule:
+    """Linear warmup from ``init_value`` to ``base``, then a cosine down to ``min_lr`` at ``total_steps``.
 
-    ``base * t / warmup_steps`` for ``t < warmup_steps``, then
+    The rate holds ``min_lr`` after ``total_steps``.
+
+    ``init_value + (base - init_value) * t / warmup_steps`` for ``t < warmup_steps``, then
     ``min_lr + (base - min_lr) * 0.5 * (1 + cos(pi * p))``, ``p = (t - warmup) / (total - warmup)``
-    clamped to 1 (Hugging Face's ``get_cosine_schedule_with_warmup`` plus ``min_lr``);
-    ``t`` counts the updates done before this one.
+    clamped to 1 (Hugging Face's ``get_cosine_schedule_with_warmup`` plus ``min_lr``; with
+    ``init_value``, optax's ``warmup_cosine_decay_schedule(init_value, base, warmup_steps,
+    total_steps, min_lr)``); ``t`` counts the updates done before this one.
 
     Args:
         base: The peak learning rate (positive).
         total_steps: Where the cosine reaches ``min_lr`` (a positive int).
         warmup_steps: The warmup's length (an int >= 0, below ``total_steps``).
         min_lr: The final rate, in ``[0, base]``.
+        init_value: The rate the warmup starts from (>= 0; optax's ``init_value``).
 
     Returns:
         A ``Schedule`` to pass as an optimizer's ``lr``.
@@ -218,7 +227,7 @@ def cosine(base: float, total_steps: int, warmup_steps: int = 0, min_lr: float =
         assert np.allclose(rates, [0.0, 0.5, 1.0, 0.5, 0.0], atol=1e-6)
         ```
     """
-    return _Cosine(base, total_steps, warmup_steps, min_lr)
+    return _Cosine(base, total_steps, warmup_steps, min_lr, init_value)
 
 
 def step_decay(base: float, step_size: int, gamma: float = 0.1) -> Schedule:

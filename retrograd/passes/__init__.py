@@ -17,6 +17,8 @@ exports, so the user's program is never changed.
   ``LSTMSequence`` / ``LSTMSequenceGrad`` (``GRUSequence`` / ``GRUSequenceGrad``;
   the executor runs it on its copy of a program when its backend has a vendor
   kernel: LSTM on torch CPU / CUDA, GRU on torch CUDA).
+* ``cast_to_low_precision``: the forward computing in bfloat16 or float16 by
+  op-type lists, with the casts as ops (``rg.amp.decorate`` runs it).
 * ``fuse_linear_cross_entropy``: an output layer feeding
   ``softmax_cross_entropy`` as one ``LinearCrossEntropy`` op (the memory
   budget runs it when storing everything does not fit).
@@ -45,6 +47,7 @@ from .fuse_bias import fuse_linear_bias  # noqa: F401  (the torch backend's prog
 from .fuse_linear_loss import fuse_linear_cross_entropy  # noqa: F401  (the memory budget's output layers)
 from .fuse_recurrent import fuse_recurrent_cells  # noqa: F401  (the executor's, on vendor-kernel backends)
 from .for_test import make_test_program  # noqa: F401  (registers clone(for_test=True)'s pass)
+from .mixed_precision import cast_to_low_precision  # noqa: F401  (rg.amp.decorate's rewrite)
 
 PASSES: list[Callable[[Program], int]] = [fuse_optimizer_updates]
 
@@ -85,4 +88,5 @@ def optimize_for_engine(program: Program, fetch=()) -> Program:
     return rewritten
 
 
-__all__ = ["PASSES", "optimize_for_engine", "fuse_optimizer_updates", "fuse_recurrent_cells", "fuse_linear_bias"]
+__all__ = ["PASSES", "optimize_for_engine", "fuse_optimizer_updates", "fuse_recurrent_cells", "fuse_linear_bias",
+           "cast_to_low_precision"]

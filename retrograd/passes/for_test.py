@@ -11,7 +11,8 @@ Nothing marks which op is which, so the pass works from what ops do:
 
 1. the roots of training are the ops of block 0 that write a persistable
    (optimizer updates, step counters, running-statistics updates) and the ops
-   registered ``train_only=True``;
+   registered ``train_only=True`` (``ScaleLoss``: what they read stays, unless
+   other dropped ops alone read it);
 2. then, walking back, an op goes too when every op reading its outputs has
    gone (the gradient ops, the backward's seed, ``AllReduce`` of gradients, a
    learning-rate schedule). Reads only for the shape (``shape_only``: the seed
@@ -57,6 +58,8 @@ def _training_ops(block: Block) -> set[int]:
     readers: dict[str, set[int]] = {}        # name -> ops reading it (for its value or its shape)
     value_readers: dict[str, set[int]] = {}  # name -> ops reading its value
     for j, op in enumerate(ops):
+        if get_op_def(op.type).extra.get("train_only", False):
+            continue        # reads forward values that stay (the loss a loss scale multiplies)
         values = _value_reads(op)
         for name in (*op.inputs, *values):
             readers.setdefault(name, set()).add(j)

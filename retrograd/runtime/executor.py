@@ -12,6 +12,7 @@ import numpy as np
 from ..backends import Backend, backend_for_namespace, dtype_name, get_backend
 from ..errors import (BackendError, ExecutionError, FeedDeviceError, FeedError, ProgramError, RetrogradError,
                       kernel_failure)
+from ..ir.dtypes import FLOAT_DTYPES, is_low_float
 from ..ir.program import Block, Program, Var
 from ..passes.fuse_recurrent import fuse_recurrent_cells, has_recurrences
 from .finite import first_non_finite, non_finite_error
@@ -645,8 +646,11 @@ def _fetch_name(item, block: Block) -> str:
 # The one rule for a fed (or scope) value whose dtype is not the declared one: it is cast when
 # the cast keeps its kind and cannot change an integer -- float64 <-> float32 (rounded to the
 # declared precision), int32 -> int64 -- and refused with a FeedError naming both dtypes
-# otherwise (float -> int, int -> float, anything <-> bool, int64 -> int32).
+# otherwise (float -> int, int -> float, anything <-> bool, int64 -> int32). Mixed precision adds
+# float to and from bfloat16 / float16 (LOW_FLOAT_CASTS).
 FEED_CASTS = frozenset({("float64", "float32"), ("float32", "float64"), ("int32", "int64")})
+LOW_FLOAT_CASTS = frozenset({(a, b) for a in FLOAT_DTYPES for b in FLOAT_DTYPES
+                             if a != b and (is_low_float(a) or is_low_float(b))})
 
 
 def check_cast(what: str, name: str, dtype: str, declared: str) -> None:
@@ -656,9 +660,10 @@ def check_cast(what: str, name: str, dtype: str, declared: str) -> None:
 
         check_cast("feed", "labels", "float32", "int64")   # FeedError: ... has dtype float32 ...
     """
-    if dtype != declared and (dtype, declared) not in FEED_CASTS:
+    if dtype != declared and (dtype, declared) not in FEED_CASTS | LOW_FLOAT_CASTS:
         raise FeedError(f"{what} '{name}' has dtype {dtype}, the program declares {declared}; only "
-                        "float64 <-> float32 and int32 -> int64 are cast, so convert it first "
+                        "float64 <-> float32 and int32 -> int64 are cast (and floats to and from "
+                        "bfloat16 / float16), so convert it first "
                         f"(.astype('{declared}')) if that is what you mean")
 
 

@@ -47,7 +47,7 @@ class _Entry:
     ops_run: int = 0
     peak_bytes: int = 0
     copy_back: list = field(default_factory=list)   # (scope array, the graph's new value)
-    checks: list = field(default_factory=list)      # (op, n, what) of each deferred id check
+    checks: list = field(default_factory=list)      # (op, n, what[, negative]) of each deferred id check
     check_ranges: object = None                      # their [low, high] rows, refreshed per replay
 
 
@@ -120,7 +120,7 @@ class GraphRunner:
                 raise
             if checks:                                # one array of every check's [low, high]
                 ranges.append(xp.stack([xp.astype(xp.stack([low, high]), xp.int64)
-                                        for _, low, high, _, _ in checks]))
+                                        for _, low, high, *_ in checks]))
 
         run.deferred_checks = checks
         try:
@@ -139,7 +139,7 @@ class GraphRunner:
                            if values.get(name) is not None and values[name] is not array]
         for name, array in written.items():
             values[name] = array
-        entry.checks = [(op, n, what) for op, _, _, n, what in checks]
+        entry.checks = [(op, *rest) for op, _, _, *rest in checks]
         entry.check_ranges = ranges[0] if ranges else None
         entry.inputs, entry.outputs = inputs, values
         entry.ops_run, entry.peak_bytes = run.ops_run, run.meter.peak
@@ -150,9 +150,9 @@ def _raise_failed_checks(entry: _Entry, backend) -> None:
     """The ExecutionError an eager run gives, for the first id check the replay failed."""
     if entry.check_ranges is None:
         return
-    for (op, n, what), (low, high) in zip(entry.checks, backend.to_numpy(entry.check_ranges).tolist()):
+    for (op, n, what, *negative), (low, high) in zip(entry.checks, backend.to_numpy(entry.check_ranges).tolist()):
         try:
-            check_id_range(low, high, n, what)
+            check_id_range(low, high, n, what, *negative)
         except IndexError as exc:
             raise kernel_failure(op.where(), exc) from None
 

@@ -60,6 +60,7 @@ def compile_block(block: Block, keep: frozenset[str], backend, run) -> Plan:
     An output that dies as it is written is not live (``KernelCtx.live_outputs``).
     """
     timed = lifetimes(block, keep)
-    steps = [Step(get_op_def(t.op.type).kernel, KernelCtx(backend, t.op, run, t.live_outputs),
+    steps = [Step(backend.kernel_for(get_op_def(t.op.type).kernel, t.op, block),
+                  KernelCtx(backend, t.op, run, t.live_outputs),
                   tuple(t.op.inputs), tuple(t.op.outputs), t.dead, t.op, t.index) for t in timed.ops]
     return Plan(block, steps, timed.free_reads, keep, timed.persistable_writes)

@@ -210,8 +210,8 @@ def test_different_keys_give_independent_draws():
 
 
 def test_dtype_of_gives_each_namespaces_dtype():
-    """What the deleted ``retrograd.backend`` shim offered kernels, from ``backends.base``."""
+    """What the deleted ``retrograd.backend`` shim offered kernels, from ``retrograd.backends``."""
     torch = pytest.importorskip("torch")
-    from retrograd.backends.base import dtype_name, dtype_of
+    from retrograd.backends import dtype_name, dtype_of
     assert dtype_of(np, "float32") is np.float32 and dtype_of(torch, "float64") is torch.float64
     assert dtype_of(torch, np.dtype("int64")) is torch.int64 and dtype_name(torch.int64) == "int64"

@@ -259,7 +259,7 @@ BAD_DOCS = {
     "missing name counts": (lambda d: {k: v for k, v in d.items() if k != "name_counts"},
                             r"missing field 'name_counts'"),
     "missing dtype": (lambda d: _var(d, "x").pop("dtype") and d, r"vars\[\d+\] 'x'.*missing field 'dtype'"),
-    "unknown dtype": (lambda d: _var(d, "x").update(dtype="float16") or d, r"'x'.*unknown dtype 'float16'"),
+    "unknown dtype": (lambda d: _var(d, "x").update(dtype="complex64") or d, r"'x'.*unknown dtype 'complex64'"),
     "bad shape": (lambda d: _var(d, "x").update(shape=[-1, "4"]) or d, r"'x'.*shape"),
     "flag not a bool": (lambda d: _var(d, "x").update(is_data=1) or d, r"'x'.*is_data.*true or false"),
     "duplicate var": (lambda d: d["blocks"][0]["vars"].append(dict(_var(d, "x"))) or d, r"'x'.*twice"),

@@ -928,6 +928,24 @@ def _xent_grad(r):
 
 CASES.update({"SoftmaxCrossEntropyGrad": _xent_grad})
 
+
+def _elements(r):
+    """gather_elements / scatter_elements (issue 32): repeated and negative ids, ids smaller than x."""
+    ids = np.array([[0, 2, -1], [1, 1, 0]])
+    return {
+        "GatherElements": [(lambda x, i: rg.gather_elements(x * x, i, 1), {"x": normal(r, 2, 4), "i": ids}),
+                           (lambda x, i: rg.gather_elements(x, i, 0), {"x": normal(r, 3, 3), "i": ids})],
+        "ScatterElements": [(lambda x, i, u: rg.scatter_elements(x * x, i, u * u, 1, "add"),
+                             {"x": normal(r, 2, 4), "i": ids, "u": normal(r, 2, 3)}),
+                            (lambda x, i, u: rg.scatter_elements(x, i[:, :1], u, 1) * x,
+                             {"x": normal(r, 3, 4), "i": ids, "u": normal(r, 2, 1)})],
+    }
+
+
+CASES.update({"GatherElements": lambda r: _elements(r)["GatherElements"],
+              "ScatterElements": lambda r: _elements(r)["ScatterElements"]})
+DOUBLE_BACKWARD += ["GatherElements", "ScatterElements"]
+
 # Libraries some modules import at their top (retrograd.onnx.graph: onnx); without them those
 # modules register no op, since every op is registered by `import retrograd` alone.
 OPTIONAL_LIBRARIES = {"onnx", "onnxruntime", "torch", "cupy", "mpi4py", "jax", "matplotlib"}

@@ -55,7 +55,22 @@ def hf_cosine(warmup, total, min_lr_ratio=0.0):
     return factor
 
 
+def optax_warmup_cosine(init_value, peak_value, warmup_steps, decay_steps, end_value):
+    """optax.warmup_cosine_decay_schedule written out (linear_schedule, then cosine_decay_schedule
+    over decay_steps - warmup_steps with alpha = end / peak), as a multiplier of peak_value."""
+    def factor(t):
+        if t < warmup_steps:
+            return (init_value + (peak_value - init_value) * t / warmup_steps) / peak_value
+        p = min(t - warmup_steps, decay_steps - warmup_steps) / (decay_steps - warmup_steps)
+        alpha = end_value / peak_value
+        return (1 - alpha) * 0.5 * (1 + math.cos(math.pi * p)) + alpha
+    return factor
+
+
 CASES = {
+    "cosine-init-value": (lambda: rg.optim.lr.cosine(0.05, total_steps=8, warmup_steps=3, min_lr=0.005,
+                                                     init_value=0.02),
+                          optax_warmup_cosine(0.02, 0.05, 3, 8, 0.005)),
     "cosine": (lambda: rg.optim.lr.cosine(0.05, total_steps=8, warmup_steps=3, min_lr=0.005),
                hf_cosine(3, 8, 0.1)),
     "cosine-no-warmup": (lambda: rg.optim.lr.cosine(0.05, total_steps=5), hf_cosine(0, 5)),
@@ -176,3 +191,21 @@ def test_impossible_schedule_settings_raise_program_error(make):
 def test_a_schedule_that_builds_no_float64_var_is_refused():
     with pytest.raises(rg.ProgramError, match="float64"):
         _build(rg.optim.SGD(rg.optim.lr.Schedule(0.1, lambda t: 2.0)))
+
+
+def test_cosine_init_value_matches_optax_warmup_cosine_decay_schedule():
+    """The schedule's rates, read off the program step by step, against optax itself."""
+    optax = pytest.importorskip("optax", reason="the reference schedule is optax's")
+    want = optax.warmup_cosine_decay_schedule(0.01, 0.05, warmup_steps=3, decay_steps=8, end_value=0.005)
+    main, startup = rg.Program(), rg.Program()
+    with rg.program_guard(main, startup):
+        t = rg.data("t", [1], "float64")
+        rate = rg.optim.lr.cosine(0.05, total_steps=8, warmup_steps=3, min_lr=0.005, init_value=0.01).rate(t)
+    exe = rg.Executor()
+    got = [float(exe.run(main, feed={"t": np.array([s], float)}, fetch_list=[rate])[0][0]) for s in range(10)]
+    np.testing.assert_allclose(got, [float(want(s)) for s in range(10)], rtol=1e-6)
+
+
+def test_cosine_rejects_a_negative_init_value():
+    with pytest.raises(rg.ProgramError, match="init_value"):
+        rg.optim.lr.cosine(1e-3, total_steps=100, warmup_steps=10, init_value=-1.0)

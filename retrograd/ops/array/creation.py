@@ -6,10 +6,10 @@ from typing import Sequence
 
 import numpy as np
 
-from ...backends.base import dtype_of
+from ...backends import dtype_of
 from ...errors import ProgramError, ShapeError
 from ...ir.builder import current_block, default_main_program, default_startup_program
-from ...ir.dtypes import canonical, is_float
+from ...ir.dtypes import canonical, is_float, numpy_dtype
 from ...ir.program import Block, Op, Var, as_int, as_ints, as_list
 from ..core.registry import append_op, defop
 from ..core.lowering import lowers
@@ -36,7 +36,8 @@ def _constant(k):
     # Moved to the device once per plan, not per run: kernels never write into their inputs,
     # and a device graph cannot copy from the host while it is captured (runtime/graphs.py).
     if k.cached is None:
-        k.cached = k.xp.asarray(np.asarray(k.attrs["value"], dtype=k.attrs["dtype"]).reshape(k.attrs["shape"]))
+        array = np.asarray(k.attrs["value"], dtype=numpy_dtype(k.attrs["dtype"]))
+        k.cached = k.backend.from_numpy(array.reshape(k.attrs["shape"]))
     return k.cached
 
 
@@ -51,9 +52,10 @@ def constant(value, dtype=None, name: str | None = None) -> Var:
 
     Args:
         value: The value, stored in the program's attributes.
-        dtype: Its dtype; by default Python floats (and float64 scalars) become
-            ``float32``, other float arrays keep their dtype, integers become
-            ``int64`` and bools ``bool``.
+        dtype: Its dtype; by default a Python float becomes ``float32``, a NumPy
+            float value keeps its dtype whatever its rank (``np.float64(1.5)``,
+            ``np.array(1.5)`` and ``np.ones(3)`` are all ``float64``), integers
+            become ``int64`` and bools ``bool``; lists follow NumPy's reading.
         name: A name prefix for the output Var (``"const"`` by default).
 
     Returns:
@@ -71,8 +73,9 @@ def constant(value, dtype=None, name: str | None = None) -> Var:
         with rg.program_guard(main):
             two = rg.constant(2.0)                    # float32 scalar
             ids = rg.constant([1, 2, 3])              # int64 vector
-        v, i = rg.Executor().run(main, fetch_list=[two, ids])
-        assert v == 2.0 and i.dtype == np.int64 and list(i) == [1, 2, 3]
+            half = rg.constant(np.float64(0.5))       # float64 scalar: a NumPy value keeps its dtype
+        v, i, h = rg.Executor().run(main, fetch_list=[two, ids, half])
+        assert v == 2.0 and i.dtype == np.int64 and list(i) == [1, 2, 3] and h.dtype == np.float64
         ```
     """
     try:
@@ -80,16 +83,21 @@ def constant(value, dtype=None, name: str | None = None) -> Var:
     except (ValueError, TypeError) as exc:          # ragged nested lists, ...
         raise ProgramError(f"cannot make a constant of {type(value).__name__}: {exc}") from None
     if dtype is None:
-        dtype = _default_dtype(array)
+        dtype = "float32" if _is_python_float(value) else _default_dtype(array)
     dtype = canonical(dtype)
     array = array.astype(dtype)
     attrs = {"value": array.tolist(), "shape": list(array.shape), "dtype": dtype}
     return append_op("Constant", [], attrs, name=name or "const")[0]
 
 
+def _is_python_float(value) -> bool:
+    """A Python float (np.float64 subclasses float: it is a NumPy value, not a Python number)."""
+    return isinstance(value, float) and not isinstance(value, np.generic)
+
+
 def _default_dtype(array: np.ndarray) -> str:
     if array.dtype.kind == "f":
-        return "float32" if array.dtype == np.float64 and array.ndim == 0 else canonical(array.dtype)
+        return canonical(array.dtype)
     if array.dtype.kind in "iu":
         return "int64"
     if array.dtype.kind == "b":
@@ -103,10 +111,13 @@ def scalar_like(value, other: Var) -> Var:
     Such operands are "weakly typed", as Python scalars are in NumPy: floats
     follow the other operand's float dtype (``x_f32 + np.ones(8)`` is float32);
     integers stay int64 next to integer Vars and follow a float Var's dtype;
-    bools stay bool. A float array next to an integer Var keeps its own dtype.
+    bools stay bool. A NumPy float value (array or scalar, any rank) next to an integer Var
+    keeps its own dtype; a Python float there is float32.
     """
     if isinstance(value, Var):
         return value
+    if isinstance(value, np.generic) and not isinstance(value, np.bool_):
+        value = np.asarray(value)             # NumPy scalars: the rule of NumPy arrays, any rank
     if isinstance(value, np.ndarray):
         kind = value.dtype.kind
         if kind not in "biuf":

@@ -18,11 +18,12 @@ from __future__ import annotations
 
 import builtins
 import functools
+import math
 from typing import Sequence
 
 import numpy as np
 
-from ...backends.base import dtype_name, dtype_of
+from ...backends import dtype_name, dtype_of
 from ...errors import ProgramError, ShapeError, kernel_failure
 from ...ir.location import here
 from ...ir.program import OPERATORS, Var, as_int
@@ -30,7 +31,9 @@ from .creation import constant, zeros_like
 from ..core.lowering import lowers
 from ..math.elementwise import where
 from ..core.registry import append_op, defop
-from .tensor import check_ids, checked_ids_onnx, gather, transpose, unsqueeze
+from ..core.shapes import normalize_axis
+from .tensor import (check_ids, checked_ids_onnx, from_end, gather, transpose, unsqueeze, wrap_ids,
+                     wrapped_ids_onnx)
 
 _py_slice = builtins.slice
 INT_DTYPES = ("int64", "int32")
@@ -562,7 +565,7 @@ def _last_writers(k, ids, n: int):
 def _scatter(k, x, ids, updates):
     """``x`` with rows ``ids`` replaced by (or, ``overwrite=False``, added to by) ``updates``."""
     xp, n = k.xp, x.shape[0]
-    ids = xp.reshape(check_ids(xp, ids, n, k=k), (-1,))
+    ids = xp.reshape(wrap_ids(xp, ids, n, k=k), (-1,))
     rows = xp.reshape(updates, (ids.shape[0],) + tuple(x.shape[1:]))
     if not k.attrs["overwrite"]:
         return x + k.backend.scatter_add_rows(x.shape, dtype_name(x.dtype), ids, rows)
@@ -587,7 +590,7 @@ def _last_writers_onnx(g, ids: str, x: str) -> str:
 @lowers("Scatter")
 def _scatter_onnx(g):
     x, _, updates = g.ins
-    ids = checked_ids_onnx(g, 1, g.scalar_dim(x, 0))
+    ids = checked_ids_onnx(g, 1, g.scalar_dim(x, 0), negative=True)
     if not g.attrs["overwrite"]:
         index = g.node("Unsqueeze", [ids, g.const([-1], "int64")])
         return [g.node("ScatterND", [x, index, updates], reduction="add")]
@@ -615,6 +618,7 @@ def _last_writes(k, ids, x):
     flat = xp.reshape(ids, (-1,))
     if flat.shape[0] == 0:
         return xp.zeros(tuple(ids.shape), dtype=xp.bool)
+    flat = from_end(xp, flat, x.shape[0])              # checked by the Scatter
     last = _last_writers(k, flat, x.shape[0])
     mine = xp.arange(flat.shape[0], dtype=last.dtype)
     return xp.reshape(xp.take(last, flat) == mine, tuple(ids.shape))
@@ -623,6 +627,7 @@ def _last_writes(k, ids, x):
 @lowers("LastWrites")
 def _last_writes_onnx(g):
     ids = g.ins[0] if g.in_vars[0].dtype == "int64" else g.cast(g.ins[0], "int64")
+    ids = wrapped_ids_onnx(g, ids, g.scalar_dim(g.ins[1], 0))
     last = _last_writers_onnx(g, ids, g.ins[1])
     flat = g.node("Reshape", [ids, g.const([-1], "int64")])
     mine = g.node("Range", [g.const(0, "int64"), g.node("Squeeze", [g.shape(flat)]), g.const(1, "int64")])
@@ -630,24 +635,30 @@ def _last_writes_onnx(g):
     return [g.node("Reshape", [won, g.shape(ids)], allowzero=1)]
 
 
-def scatter(x: Var, ids: Var, updates, overwrite: bool = True) -> Var:
-    """``x`` with rows replaced: ``x[ids] = updates`` (``overwrite=False``: ``x[ids] += updates``).
+def scatter(x: Var, ids: Var, updates, overwrite: bool = True, axis: int = 0) -> Var:
+    """``x`` with slices along ``axis`` replaced: ``x[ids] = updates`` on axis 0 (or ``+=``).
 
-    With repeated ids, ``overwrite=True`` keeps the last update of a row (as
+    ``overwrite=False`` adds instead (``torch.index_add``).
+
+    With repeated ids, ``overwrite=True`` keeps the last update of a slice (as
     NumPy's ``x[ids] = updates``) and only that update receives a gradient;
     ``overwrite=False`` adds them all.
 
     Args:
-        x: A Var ``[S, ...]``.
-        ids: int64 or int32 ids of any shape, picking rows of ``x`` (axis 0).
-        updates: A Var (or array) of shape ``ids.shape + x.shape[1:]``.
+        x: A Var.
+        ids: int64 or int32 ids of any shape (a Var, a list or an array), picking
+            slices of ``x`` along ``axis``; negative ones count from the end.
+        updates: A Var (or array) of shape ``x.shape[:axis] + ids.shape +
+            x.shape[axis+1:]`` (``rg.gather``'s result).
         overwrite: Replace rows (True) or add to them (False).
+
+        axis: The axis the ids pick slices along.
 
     Returns:
         A new Var of ``x``'s shape (``x`` itself is unchanged).
 
     Raises:
-        ExecutionError: An id lies outside ``[0, x.shape[0])`` (at run time).
+        ExecutionError: An id lies outside ``[-n, n)``, ``n = x.shape[axis]`` (at run time).
 
     Example:
         ```python
@@ -661,16 +672,267 @@ def scatter(x: Var, ids: Var, updates, overwrite: bool = True) -> Var:
             rows = rg.data("rows", [-1, 2])
             replaced = rg.scatter(cache, slot_ids, rows)
             added = rg.scatter(cache, slot_ids, rows, overwrite=False)
-        feed = {"cache": np.zeros((3, 2), "float32"), "ids": np.array([2, 2]), "rows": np.ones((2, 2), "float32")}
-        r, a = rg.Executor().run(main, feed=feed, fetch_list=[replaced, added])
+            last_col = rg.scatter(cache, [-1], rg.fill([3, 1], 5.0), axis=1)   # the last column
+        feed = {"cache": np.zeros((3, 2), "float32"), "ids": np.array([2, -1]), "rows": np.ones((2, 2), "float32")}
+        r, a, c = rg.Executor().run(main, feed=feed, fetch_list=[replaced, added, last_col])
         assert r[2].tolist() == [1.0, 1.0] and a[2].tolist() == [2.0, 2.0] and not a[:2].any()
+        assert c[:, 1].tolist() == [5.0, 5.0, 5.0] and not c[:, 0].any()
         ```
     """
     if not isinstance(ids, Var):
         ids = constant(np.asarray(ids), "int64")
     if not isinstance(updates, Var):
         updates = constant(np.asarray(updates), x.dtype)
-    return append_op("Scatter", [x, ids, updates], {"overwrite": bool(overwrite)})[0]
+    axis = normalize_axis(as_int(axis, "scatter: axis"), builtins.max(x.ndim, 1))
+    attrs = {"overwrite": bool(overwrite)}
+    if axis == 0:
+        return append_op("Scatter", [x, ids, updates], attrs)[0]
+    # Another axis: it and the updates' id axes moved to the front, scattered, moved back.
+    front = [axis] + [a for a in range(x.ndim) if a != axis]
+    r = ids.ndim
+    if updates.ndim != x.ndim - 1 + r:
+        raise ShapeError(f"scatter: updates must have shape x.shape[:axis] + ids.shape + x.shape[axis+1:] "
+                         f"(rank {x.ndim - 1 + r}), got '{updates.name}' {updates.type_str()}")
+    ids_first = list(range(axis, axis + r)) + list(range(axis)) + list(range(axis + r, updates.ndim))
+    out = append_op("Scatter", [transpose(x, front), ids, transpose(updates, ids_first)], attrs)[0]
+    return transpose(out, [front.index(a) for a in range(x.ndim)])
+
+
+# --- Element-wise gather and scatter along an axis (torch.gather / scatter / scatter_add) ------------
+#
+# ids have x's rank; out[i][j][k] = x[i][ids[i][j][k]][k] on axis 1 (GatherElements) and the
+# transpose, x[i][ids[i][j][k]][k] = updates[i][j][k] (ScatterElements). As in torch, ids may be
+# smaller than x on the other axes (they cover its leading corner). Negative ids count from the end
+# (ONNX's rule). With repeated ids, reduction="none" keeps the last update (the order of ids,
+# row-major), as Scatter does; every update's gradient is dy at the place it wrote (torch's rule).
+
+def _elements_rule(x: Var, ids: Var, axis: int, what: str) -> int:
+    if ids.dtype not in INT_DTYPES:
+        raise ShapeError(f"ids '{ids.name}' must be int64 or int32, got {ids.dtype}")
+    if x.ndim < 1 or ids.ndim != x.ndim:
+        raise ShapeError(f"{what} needs ids of x's rank ({x.ndim}, at least 1), got '{ids.name}' {ids.type_str()}")
+    axis = normalize_axis(axis, x.ndim)
+    for d, (n, m) in enumerate(zip(x.shape, ids.shape)):
+        if d != axis and n >= 0 and m > n:
+            raise ShapeError(f"ids '{ids.name}' {ids.type_str()} are larger than x {x.type_str()} on axis {d}")
+    return axis
+
+
+def _gather_elements_rule(ins, attrs):
+    x, ids = ins
+    _elements_rule(x, ids, attrs["axis"], "gather_elements")
+    return [(ids.shape, x.dtype)]
+
+
+def _check_corner(x_shape, ids_shape, axis: int) -> None:
+    """ValueError unless ``ids`` fit in ``x`` on every axis but ``axis`` (known only when run)."""
+    for d, (n, m) in enumerate(zip(x_shape, ids_shape)):
+        if d != axis and m > n:
+            raise ValueError(f"ids of shape {list(ids_shape)} are larger than x {list(x_shape)} on axis {d}")
+
+
+def _corner(x, ids_shape, axis: int):
+    """``x``'s leading corner of ``ids_shape`` on every axis but ``axis``."""
+    return x[tuple(_py_slice(None) if d == axis else _py_slice(0, m) for d, m in enumerate(ids_shape))]
+
+
+@defop("GatherElements", inputs=("x", "ids"), infer=_gather_elements_rule, nondiff=(1,),
+       grad=lambda g: [scatter_elements(zeros_like(g.x[0]), g.x[1], g.dy, g.attrs["axis"], "add"), None])
+def _gather_elements(k, x, ids):
+    """``out[..., i, ...] = x[..., ids[..., i, ...], ...]`` along ``axis`` (``torch.gather``)."""
+    xp, axis = k.xp, k.attrs["axis"] % x.ndim
+    _check_corner(x.shape, ids.shape, axis)
+    ids = wrap_ids(xp, ids, x.shape[axis], k=k)
+    picked = k.backend.take_along_axis(_corner(x, ids.shape, axis), xp.astype(ids, xp.int64), axis)
+    return xp.reshape(picked, tuple(ids.shape))
+
+
+def _fits_onnx_guard(g, x: str, ids: str, axis: int, others: list[int]) -> str:
+    """ONNX: a bool scalar, true when ``ids`` fit in ``x`` on the ``others`` axes (a guard node
+    fails the run with ``_check_corner``'s error where they do not)."""
+    fits = g.node("Less", [g.shape(x), g.shape(ids)])
+    failed = g.node("ReduceMax", [g.cast(g.node("Gather", [fits, g.const(others, "int64")], axis=0), "int64")],
+                    keepdims=0)
+    op = g.op
+
+    def verify(x_shape, ids_shape):
+        try:
+            _check_corner([int(d) for d in x_shape], [int(d) for d in ids_shape], axis)
+        except ValueError as exc:
+            raise kernel_failure(op.where(), exc) from None
+    return g.check(g.cast(failed, "bool"), "ids must fit in x", verify, [g.shape(x), g.shape(ids)])
+
+
+def _corner_onnx(g, x: str, ids: str, axis: int) -> str:
+    """ONNX: ``x``'s leading corner of ``ids``' shape on the other axes (guarded: they fit)."""
+    others = [d for d in range(g.in_vars[0].ndim) if d != axis]
+    if not others:
+        return x
+    ok = _fits_onnx_guard(g, x, ids, axis, others)
+    ends = g.node("Gather", [g.shape(ids), g.const(others, "int64")], axis=0)
+    corner = g.node("Slice", [x, g.const([0] * len(others), "int64"), ends, g.const(others, "int64")])
+    return g.node("Where", [ok, corner, corner])
+
+
+@lowers("GatherElements")
+def _gather_elements_onnx(g):
+    x, axis = g.ins[0], g.attrs["axis"] % g.ndim(0)
+    ids = checked_ids_onnx(g, 1, g.scalar_dim(x, axis), negative=True)
+    return [g.node("GatherElements", [_corner_onnx(g, x, ids, axis), ids], axis=axis)]
+
+
+def _scatter_elements_rule(ins, attrs):
+    x, ids, updates = ins
+    _elements_rule(x, ids, attrs["axis"], "scatter_elements")
+    if updates.dtype != x.dtype:
+        raise ShapeError(f"updates '{updates.name}' must have x's dtype {x.dtype}, got {updates.dtype}")
+    if updates.ndim != ids.ndim or any(a >= 0 and b >= 0 and a != b for a, b in zip(updates.shape, ids.shape)):
+        raise ShapeError(f"updates '{updates.name}' {updates.type_str()} must have the shape of ids {ids.type_str()}")
+    if attrs["reduction"] not in ("none", "add"):
+        raise ShapeError(f"reduction must be 'none' or 'add', got {attrs['reduction']!r}")
+    return [(x.shape, x.dtype)]
+
+
+def _scatter_elements_grad(g):
+    x, ids, updates = g.x
+    axis, reduction = g.attrs["axis"], g.attrs["reduction"]
+    dupdates = gather_elements(g.dy, ids, axis)
+    if reduction == "add":
+        return [g.dy, None, dupdates]
+    return [scatter_elements(g.dy, ids, zeros_like(updates), axis, "none"), None, dupdates]
+
+
+def _flat_positions(xp, ids, x_shape, axis: int):
+    """int64, shaped like ``ids``: the flat (row-major) position in ``x`` each entry addresses."""
+    flat = xp.astype(ids, xp.int64) * math.prod(x_shape[axis + 1:])
+    for d in range(len(x_shape)):
+        if d != axis:
+            along = xp.arange(ids.shape[d], dtype=xp.int64) * math.prod(x_shape[d + 1:])
+            flat = flat + xp.reshape(along, tuple(-1 if a == d else 1 for a in range(len(x_shape))))
+    return xp.reshape(flat, (-1,))
+
+
+@defop("ScatterElements", inputs=("x", "ids", "updates"), infer=_scatter_elements_rule, nondiff=(1,),
+       grad=_scatter_elements_grad)
+def _scatter_elements(k, x, ids, updates):
+    """``x`` with ``updates`` written (or added, ``reduction="add"``) at ``ids`` along ``axis``."""
+    xp, axis = k.xp, k.attrs["axis"] % x.ndim
+    _check_corner(x.shape, ids.shape, axis)
+    ids = wrap_ids(xp, ids, x.shape[axis], k=k)
+    size = math.prod(x.shape)
+    positions, values = _flat_positions(xp, ids, x.shape, axis), xp.reshape(updates, (-1,))
+    flat_x = xp.reshape(x, (size,))
+    if k.attrs["reduction"] == "add":
+        added = k.backend.scatter_add_rows((size,), dtype_name(x.dtype), positions, values)
+        return xp.reshape(flat_x + added, tuple(x.shape))
+    if positions.shape[0] == 0:
+        return xp.asarray(x, copy=True)
+    last = _last_writers(k, positions, size)
+    hit = last >= 0
+    picked = xp.take(values, xp.where(hit, last, xp.zeros_like(last)))
+    return xp.reshape(xp.where(hit, picked, flat_x), tuple(x.shape))
+
+
+@lowers("ScatterElements")
+def _scatter_elements_onnx(g):
+    x, _, updates = g.ins
+    axis, reduction = g.attrs["axis"] % g.ndim(0), g.attrs["reduction"]
+    ids = checked_ids_onnx(g, 1, g.scalar_dim(x, axis), negative=True)
+    others = [d for d in range(g.in_vars[0].ndim) if d != axis]
+    if others:
+        ok = _fits_onnx_guard(g, x, ids, axis, others)
+        x = g.node("Where", [ok, x, x])
+    return [g.node("ScatterElements", [x, ids, updates], axis=axis, reduction=reduction)]
+
+
+def gather_elements(x: Var, ids, axis: int) -> Var:
+    """``torch.gather(x, axis, ids)``: ``out[i][j] = x[i][ids[i][j]]`` on axis 1, shaped like ``ids``.
+
+    ONNX GatherElements and ``numpy.take_along_axis``. ``ids`` may be smaller
+    than ``x`` on the other axes (they read ``x``'s leading corner there). The
+    gradient adds up over repeated ids.
+
+    Args:
+        x: A Var.
+        ids: int64 or int32 ids of ``x``'s rank (a Var, a list or an array);
+            negative ones count from the end.
+        axis: The axis the ids pick along.
+
+    Returns:
+        A Var of ``ids``' shape and ``x``'s dtype.
+
+    Raises:
+        ShapeError: ``ids`` has another rank, or is larger than ``x`` on another axis.
+        ExecutionError: An id lies outside ``[-n, n)``, ``n = x.shape[axis]`` (at run time).
+
+    Example:
+        ```python
+        import numpy as np
+        import retrograd as rg
+
+        main = rg.Program()
+        with rg.program_guard(main):
+            logits = rg.data("logits", [-1, 3])
+            labels = rg.data("labels", [-1, 1], dtype="int64")
+            picked = rg.gather_elements(logits, labels, axis=1)    # [N, C] -> [N, 1]
+        lv = np.array([[0.1, 0.2, 0.7], [0.5, 0.3, 0.2]], "float32")
+        (out,) = rg.Executor().run(main, feed={"logits": lv, "labels": np.array([[2], [-3]])}, fetch_list=[picked])
+        assert np.allclose(out, [[0.7], [0.5]])
+        ```
+    """
+    if not isinstance(ids, Var):
+        ids = constant(np.asarray(ids), "int64")
+    return append_op("GatherElements", [x, ids], {"axis": as_int(axis, "gather_elements: axis")})[0]
+
+
+def scatter_elements(x: Var, ids, updates, axis: int, reduction: str = "none") -> Var:
+    """``x`` with ``updates`` written (or added) at ``ids`` along ``axis``: ``torch.scatter``/``scatter_add``.
+
+    ONNX ScatterElements. ``updates`` has the shape of ``ids``, which have
+    ``x``'s rank (smaller on the other axes is allowed: they address ``x``'s
+    leading corner). With repeated ids and ``reduction="none"`` the last
+    update (in the row-major order of ``ids``) wins. Gradients: ``x`` gets
+    ``dy`` where it was not overwritten, each update ``dy`` at the place it
+    wrote (torch's rule).
+
+    Args:
+        x: A Var.
+        ids: int64 or int32 ids of ``x``'s rank (a Var, a list or an array);
+            negative ones count from the end.
+        updates: A Var (or array) of ``ids``' shape and ``x``'s dtype.
+        axis: The axis the ids address.
+        reduction: ``"none"`` (write) or ``"add"``.
+
+    Returns:
+        A new Var of ``x``'s shape (``x`` itself is unchanged).
+
+    Raises:
+        ProgramError: ``reduction`` is neither ``"none"`` nor ``"add"``.
+        ShapeError: ``ids`` or ``updates`` do not fit ``x``.
+        ExecutionError: An id lies outside ``[-n, n)``, ``n = x.shape[axis]`` (at run time).
+
+    Example:
+        ```python
+        import numpy as np
+        import retrograd as rg
+
+        main = rg.Program()
+        with rg.program_guard(main):
+            zeros = rg.fill([2, 3], 0.0)
+            ids = rg.data("ids", [2, 4], dtype="int64")
+            counts = rg.scatter_elements(zeros, ids, rg.fill([2, 4], 1.0), axis=1, reduction="add")
+        (out,) = rg.Executor().run(main, feed={"ids": np.array([[0, 0, 2, -1], [1, 1, 1, 0]])}, fetch_list=[counts])
+        assert out.tolist() == [[2.0, 0.0, 2.0], [1.0, 3.0, 0.0]]                 # a histogram per row
+        ```
+    """
+    if reduction not in ("none", "add"):
+        raise ProgramError(f"scatter_elements: reduction must be 'none' or 'add', got {reduction!r}")
+    if not isinstance(ids, Var):
+        ids = constant(np.asarray(ids), "int64")
+    if not isinstance(updates, Var):
+        updates = constant(np.asarray(updates), x.dtype)
+    attrs = {"axis": as_int(axis, "scatter_elements: axis"), "reduction": reduction}
+    return append_op("ScatterElements", [x, ids, updates], attrs)[0]
 
 
 # --- update_slice / dynamic slice ------------------------------------------------------------

@@ -12,7 +12,7 @@ from typing import Sequence
 
 import numpy as np
 
-from ...backends.base import dtype_of
+from ...backends import dtype_of
 from ...errors import ProgramError, ShapeError, kernel_failure
 from ...ir.dtypes import canonical, is_float
 from ...ir.program import Var, as_float, as_int, as_ints, as_list

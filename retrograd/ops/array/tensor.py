@@ -13,7 +13,7 @@ import builtins
 import math
 from typing import Sequence
 
-from ...backends.base import dtype_name, dtype_of
+from ...backends import dtype_name, dtype_of
 from ...errors import ProgramError, ShapeError, kernel_failure
 from ...ir.dtypes import canonical, is_float
 from ...ir.program import Var, as_int, as_ints, as_list
@@ -566,61 +566,93 @@ def check_ids(xp, ids, n: int, what: str = "id", k=None):
     checks = None if k is None else k.run.deferred_checks
     if checks is not None:
         checks.append((k.op, xp.min(ids), xp.max(ids), n, what))
-        # Operators with Python numbers, not clip: array_api_compat's CuPy clip indexes by a
-        # mask (a host read), and torch would copy its bounds from the host.
-        ids = ids * (ids >= 0)
-        return ids - (ids >= n) * (ids - (n - 1))
+        return _clipped(ids, n)
     check_id_range(int(xp.min(ids)), int(xp.max(ids)), n, what)
     return ids
 
 
-def check_id_range(low: int, high: int, n: int, what: str = "id") -> None:
-    """Raise IndexError unless ``[low, high]`` lies in ``[0, n)``."""
-    if low < 0 or high >= n:
-        bad = low if low < 0 else high
-        raise IndexError(f"{what} {bad} is out of range [0, {n})")
+def _clipped(ids, n: int):
+    """``ids`` clipped into ``[0, n)`` on the device. Operators with Python numbers, not clip:
+    array_api_compat's CuPy clip indexes by a mask (a host read), and torch would copy its
+    bounds from the host."""
+    ids = ids * (ids >= 0)
+    return ids - (ids >= n) * (ids - (n - 1))
+
+
+def check_id_range(low: int, high: int, n: int, what: str = "id", negative: bool = False) -> None:
+    """Raise IndexError unless ``[low, high]`` lies in ``[0, n)`` (``negative``: in ``[-n, n)``)."""
+    first = -n if negative else 0
+    if low < first or high >= n:
+        bad = low if low < first else high
+        raise IndexError(f"{what} {bad} is out of range [{first}, {n})")
+
+
+def wrap_ids(xp, ids, n: int, what: str = "id", k=None):
+    """``ids`` in ``[-n, n)`` as positions in ``[0, n)``: a negative id counts from the end, as
+    NumPy reads it; IndexError for one outside (deferred while a device graph is captured,
+    as ``check_ids``)."""
+    if math.prod(ids.shape) == 0:
+        return ids
+    if k is None or k.run.deferred_checks is None:
+        check_id_range(int(xp.min(ids)), int(xp.max(ids)), n, what, negative=True)
+        return from_end(xp, ids, n)
+    k.run.deferred_checks.append((k.op, xp.min(ids), xp.max(ids), n, what, True))    # checked after the replay
+    return _clipped(from_end(xp, ids, n), n)
+
+
+def from_end(xp, ids, n: int):
+    """``ids`` with ``n`` added to the negative ones."""
+    return xp.where(ids < 0, ids + n, ids)
 
 
 @defop("Gather", inputs=("x", "ids"), infer=_gather_rule, nondiff=(1,),
        grad=lambda g: [gather_grad(g.dy, g.x[1], g.x[0]), None], batch_rows=(1,))
 def _gather(k, x, ids):
-    """Rows of ``x`` picked by ``ids`` (any shape): out = ids.shape + x.shape[1:]."""
+    """Rows of ``x`` picked by ``ids`` (any shape; negative: from the end): out = ids.shape + x.shape[1:]."""
     xp = k.xp
-    ids = check_ids(xp, ids, x.shape[0], k=k)
+    ids = wrap_ids(xp, ids, x.shape[0], k=k)
     rows = xp.take(x, xp.reshape(ids, (-1,)), axis=0)
     return xp.reshape(rows, tuple(ids.shape) + tuple(x.shape[1:]))
 
 
-def checked_ids_onnx(g, i: int, n: str, what: str = "id") -> str:
+def checked_ids_onnx(g, i: int, n: str, what: str = "id", negative: bool = False) -> str:
     """The op's input ``i`` (ids) as int64, guarded by ``check_ids`` as a run-time check of the
     model (``g.check``): an entry outside [0, n) (``n``: an int64 scalar) fails the run with the
     kernel's IndexError, worded as the executor words it. Unchecked, ONNX Gather would wrap
-    negative ids, and a one-hot by comparison would give a row of zeros."""
+    negative ids, and a one-hot by comparison would give a row of zeros. With ``negative``
+    (``wrap_ids``), ids in [-n, n) pass and come back as positions in [0, n)."""
     ids = g.ins[i] if g.in_vars[i].dtype == "int64" else g.cast(g.ins[i], "int64")
     flat = g.node("Reshape", [ids, g.const([-1], "int64")])
     low = g.node("ReduceMin", [flat], keepdims=0)     # no ids: the identities, int64 max and min
     high = g.node("ReduceMax", [flat], keepdims=0)
-    failed = g.node("Or", [g.node("Less", [low, g.const(0, "int64")]), g.node("GreaterOrEqual", [high, n])])
+    first = g.node("Neg", [n]) if negative else g.const(0, "int64")
+    failed = g.node("Or", [g.node("Less", [low, first]), g.node("GreaterOrEqual", [high, n])])
     shapes = [g.shape(value) for value in g.ins]
     op, dtypes = g.op, [var.dtype for var in g.in_vars]
 
     def verify(low, high, n, *shapes):      # called only when the check failed: ids are not empty
         import numpy as np
         try:
-            check_id_range(int(low), int(high), int(n), what)
+            check_id_range(int(low), int(high), int(n), what, negative)
         except IndexError as exc:
             stand_ins = [np.broadcast_to(np.zeros((), dtype=dtype), tuple(int(d) for d in shape))
                          for dtype, shape in zip(dtypes, shapes)]
             raise kernel_failure(op.where(), exc, zip(op.inputs, stand_ins)) from None
 
-    ok = g.check(failed, f"{what}s must lie in [0, n)", verify, [low, high, n, *shapes])
-    return g.node("Where", [ok, ids, ids])
+    ok = g.check(failed, f"{what}s must lie in [{'-n' if negative else 0}, n)", verify, [low, high, n, *shapes])
+    ids = g.node("Where", [ok, ids, ids])
+    return wrapped_ids_onnx(g, ids, n) if negative else ids
+
+
+def wrapped_ids_onnx(g, ids: str, n: str) -> str:
+    """int64 ``ids`` in [-n, n) as positions in [0, n) (``wrap_ids``)."""
+    return g.node("Where", [g.node("Less", [ids, g.const(0, "int64")]), g.node("Add", [ids, n]), ids])
 
 
 @lowers("Gather")
 def _gather_onnx(g):
     x = g.ins[0]
-    return [g.node("Gather", [x, checked_ids_onnx(g, 1, g.scalar_dim(x, 0))], axis=0)]
+    return [g.node("Gather", [x, checked_ids_onnx(g, 1, g.scalar_dim(x, 0), negative=True)], axis=0)]
 
 
 def _gather_grad_rule(ins, attrs):
@@ -633,7 +665,9 @@ def _gather_grad_rule(ins, attrs):
 def _gather_grad(k, dy, ids, x):
     """Zeros shaped like ``x`` with each row of ``dy`` added into row ``ids[i]`` (repeats add up)."""
     if k.run.deferred_checks is not None:     # capturing a graph: the forward's check is deferred
-        ids = check_ids(k.xp, ids, x.shape[0], k=k)
+        ids = wrap_ids(k.xp, ids, x.shape[0], k=k)
+    else:                                     # checked by the forward: from the end where negative
+        ids = from_end(k.xp, ids, x.shape[0])
     return k.backend.scatter_add_rows(x.shape, dtype_name(dy.dtype), ids, dy)
 
 
@@ -641,7 +675,8 @@ def _gather_grad(k, dy, ids, x):
 def _gather_grad_onnx(g):
     dy, ids, x = g.ins
     zeros = g.fill(g.shape(x), 0, g.in_vars[0].dtype)
-    index = g.node("Unsqueeze", [g.cast(ids, "int64"), g.const([-1], "int64")])
+    ids = wrapped_ids_onnx(g, g.cast(ids, "int64"), g.scalar_dim(x, 0))
+    index = g.node("Unsqueeze", [ids, g.const([-1], "int64")])
     return [g.node("ScatterND", [zeros, index, dy], reduction="add")]
 
 
@@ -649,20 +684,28 @@ def gather_grad(dy: Var, ids: Var, x: Var) -> Var:
     return append_op("GatherGrad", [dy, ids, x])[0]
 
 
-def gather(x: Var, ids: Var) -> Var:
-    """Rows of ``x`` picked by integer ``ids`` of any shape (an embedding lookup).
+def gather(x: Var, ids, axis: int = 0) -> Var:
+    """Slices of ``x`` along ``axis`` picked by integer ``ids`` of any shape (an embedding lookup on axis 0).
 
-    The gradient adds up over repeated ids.
+    As ``numpy.take``, ``torch.index_select`` and ONNX Gather.
+
+    The result has shape ``x.shape[:axis] + ids.shape + x.shape[axis+1:]``. A
+    negative id counts from the end, as in NumPy. The gradient adds up over
+    repeated ids.
 
     Args:
-        x: A Var ``[V, ...]``.
-        ids: An integer Var of any shape, entries in ``[0, V)``.
+        x: A Var.
+        ids: Integers of any shape (a Var, a list or a NumPy array), entries in
+            ``[-n, n)`` for ``n = x.shape[axis]``.
+
+        axis: The axis the ids pick along (another axis than 0 moves it to the
+            front around the one Gather op).
 
     Returns:
-        A Var of shape ``ids.shape + x.shape[1:]``.
+        A Var of shape ``x.shape[:axis] + ids.shape + x.shape[axis+1:]``.
 
     Raises:
-        ExecutionError: An id lies outside ``[0, x.shape[0])`` (at run time).
+        ExecutionError: An id lies outside ``[-n, n)``, ``n = x.shape[axis]`` (at run time).
 
     Example:
         ```python
@@ -674,13 +717,33 @@ def gather(x: Var, ids: Var) -> Var:
             table = rg.data("table", [5, 2])
             word_ids = rg.data("ids", [-1, 3], dtype="int64")
             vecs = rg.gather(table, word_ids)          # [V, D], ids [T, N] -> [T, N, D]
+            cols = rg.gather(table, [0, -1], axis=1)   # the first and last columns: [5, 2]
         tv = np.arange(10, dtype="float32").reshape(5, 2)
-        ids = np.array([[0, 4, 4]])
-        (out,) = rg.Executor().run(main, feed={"table": tv, "ids": ids}, fetch_list=[vecs])
+        ids = np.array([[0, 4, -1]])
+        out, c = rg.Executor().run(main, feed={"table": tv, "ids": ids}, fetch_list=[vecs, cols])
         assert out.shape == (1, 3, 2) and np.array_equal(out[0], tv[[0, 4, 4]])
+        assert np.array_equal(c, tv[:, [0, 1]])
         ```
     """
-    return append_op("Gather", [x, ids])[0]
+    if not isinstance(ids, Var):
+        from .creation import constant
+        ids = constant(_id_array(ids, "gather"), "int64")
+    axis = normalize_axis(as_int(axis, "gather: axis"), builtins.max(x.ndim, 1))
+    if axis == 0:
+        return append_op("Gather", [x, ids])[0]
+    # Another axis: that axis moved to the front, its rows gathered, the id axes moved to it.
+    front = [axis] + [a for a in range(x.ndim) if a != axis]
+    rows = append_op("Gather", [transpose(x, front), ids])[0]
+    r = ids.ndim
+    return transpose(rows, list(range(r, r + axis)) + list(range(r)) + list(range(r + axis, rows.ndim)))
+
+
+def _id_array(ids, what: str):
+    import numpy as np
+    array = np.asarray(ids)
+    if array.dtype.kind not in "iu" and array.size:
+        raise ProgramError(f"{what}: ids must be integers, got {array.dtype} {ids!r:.60}")
+    return array.astype("int64")
 
 
 # --- Cast ----------------------------------------------------------------------------------

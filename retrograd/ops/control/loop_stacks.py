@@ -4,7 +4,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Sequence
 
-from ...backends.base import dtype_of
+from ...backends import dtype_of
 from ...errors import ExecutionError
 from ...ir.program import Block
 

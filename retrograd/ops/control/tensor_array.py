@@ -32,7 +32,9 @@ import threading
 import weakref
 from typing import Sequence
 
-from ...backends.base import dtype_of
+import numpy as np
+
+from ...backends import dtype_of
 from ...errors import ExecutionError, ProgramError, ShapeError
 from ...ir.dtypes import canonical
 from ...ir.program import Var
@@ -344,6 +346,10 @@ def _as_index(i) -> Var:
     raise ProgramError(f"a TensorArray index must be an int or an integer scalar Var, got {i!r}")
 
 
+_VAR_FIELDS = frozenset(("block", "name", "shape", "dtype", "persistable", "trainable", "stop_gradient",
+                         "is_parameter", "is_data"))
+
+
 class TensorArray(Var):
     """A growable list of tensors of one dtype and element shape, as a value.
 
@@ -357,9 +363,17 @@ class TensorArray(Var):
     *element_shape]``. Reads, writes and stacks differentiate (to any order),
     also with run-time trip counts.
 
+    Without ``element_shape`` the first write (``write``, ``unstack``,
+    ``scatter``, ``split``) sets it; such an array must be written before it
+    becomes a loop var of ``while_loop``/``scan`` or a branch result (their
+    variables need a rank when built). TF's TensorArray API is here too:
+    ``unstack``, ``scatter``, ``gather``, ``concat`` and ``split`` (unequal
+    lengths give a ``RaggedTensorArray``: read and concat, no stack).
+
     Args:
         dtype: The elements' dtype.
-        element_shape: The elements' shape, -1 where unknown.
+        element_shape: The elements' shape, -1 where unknown; None (the
+            default): from the first write.
 
     Raises:
         ProgramError: ``element_shape`` is not a list of sizes >= -1.
@@ -388,6 +402,9 @@ class TensorArray(Var):
     """
 
     def __init__(self, dtype="float32", element_shape=None):
+        if element_shape is None:          # no Var until the first write gives the element shape
+            self.__dict__.update(_unshaped_dtype=canonical(dtype), element_shape=None)
+            return
         if not isinstance(element_shape, (list, tuple)) or not all(
                 isinstance(d, int) and not isinstance(d, bool) and d >= -1 for d in element_shape):
             raise ProgramError(f"TensorArray: element_shape must be a list of sizes (-1 where unknown), "
@@ -397,6 +414,34 @@ class TensorArray(Var):
                         name="tensor_array")[0]
         self.__dict__.update(out.__dict__)
         self.element_shape = tuple(int(d) for d in element_shape)
+
+    def __getattr__(self, attr):
+        # Only reached for missing attributes: the Var fields of an array not written yet.
+        if attr in _VAR_FIELDS and "_unshaped_dtype" in self.__dict__:
+            raise ProgramError(f"a TensorArray({self.__dict__['_unshaped_dtype']}) without element_shape has "
+                               "no value until its first write (write, unstack, scatter, split): write it "
+                               "first, or pass element_shape=, before using it as a Var (a loop var of "
+                               "while_loop or scan, a branch result, an op input)")
+        raise AttributeError(f"'{type(self).__name__}' object has no attribute '{attr}'")
+
+    @property
+    def _unshaped(self) -> bool:
+        return "_unshaped_dtype" in self.__dict__
+
+    def _check_fits(self, element_shape, x: Var) -> None:
+        """ShapeError unless elements ``element_shape`` of ``x``'s dtype fit this array."""
+        if self._unshaped:
+            dtype, fits = self.__dict__["_unshaped_dtype"], True
+        else:
+            dtype, fits = self.dtype, shapes_compatible(self.shape[1:], tuple(element_shape))
+        if x.dtype != dtype or not fits:
+            shaped = "" if self._unshaped else f" shaped {list(self.shape[1:])}"
+            raise ShapeError(f"cannot write '{x.name}' {x.type_str()} into a TensorArray of {dtype} elements{shaped}")
+
+    def _shaped(self, element_shape, x: Var) -> "TensorArray":
+        """This array, created now with ``element_shape`` if it had none; ``x`` must fit it."""
+        self._check_fits(element_shape, x)
+        return TensorArray(self.__dict__["_unshaped_dtype"], list(element_shape)) if self._unshaped else self
 
     @classmethod
     def of(cls, var: Var, element_shape: Sequence[int] | None = None) -> "TensorArray":
@@ -452,7 +497,8 @@ class TensorArray(Var):
             assert out.tolist() == [[1.0, 1.0], [2.0, 2.0]]
             ```
         """
-        out = append_op("TensorArrayWrite", [self, _as_index(i), x], name="tensor_array")[0]
+        base = self._shaped(x.shape, x) if self._unshaped else self
+        out = append_op("TensorArrayWrite", [base, _as_index(i), x], name="tensor_array")[0]
         return TensorArray.of(out)
 
     def read(self, i) -> Var:
@@ -520,7 +566,253 @@ class TensorArray(Var):
             assert out == 2
             ```
         """
+        if self._unshaped:
+            return constant(0, "int64")
         return dim(self, 0)
 
+    def unstack(self, x: Var) -> "TensorArray":
+        """An array whose elements are the rows of ``x`` (``tf.TensorArray.unstack``).
+
+        Its ``stack()`` is ``x``; gradients flow to ``x`` directly.
+
+        Args:
+            x: A Var ``[n, *element_shape]`` of the array's dtype.
+
+        Returns:
+            The new TensorArray (this one is unchanged).
+
+        Raises:
+            ShapeError: ``x``'s rows do not fit the array's dtype or element shape.
+
+        Example:
+            ```python
+            import numpy as np
+            import retrograd as rg
+
+            main = rg.Program()
+            with rg.program_guard(main):
+                x = rg.data("x", [3, 2])
+                arr = rg.TensorArray().unstack(x)          # element shape [2], from x
+                second, n = arr.read(1), arr.size()
+            s, size = rg.Executor().run(main, feed={"x": np.eye(3, 2, dtype="float32")}, fetch_list=[second, n])
+            assert s.tolist() == [0.0, 1.0] and size == 3
+            ```
+        """
+        _check_rows(x, "unstack")
+        self._check_fits(x.shape[1:], x)
+        return TensorArray.of(x)
+
+    def scatter(self, ids, x: Var) -> "TensorArray":
+        """A new array with row ``j`` of ``x`` as element ``ids[j]`` (``tf.TensorArray.scatter``).
+
+        The array grows with zero elements up to ``max(ids) + 1`` where it is
+        shorter; with repeated ids the last row wins (``rg.scatter``).
+
+        Args:
+            ids: 1-d int64 or int32 element indices (a Var, a list or an array).
+            x: A Var ``[len(ids), *element_shape]`` of the array's dtype.
+
+        Returns:
+            The new TensorArray (this one is unchanged).
+
+        Raises:
+            ShapeError: ``ids`` is not 1-d integers, or ``x``'s rows do not fit the array.
+
+        Example:
+            ```python
+            import numpy as np
+            import retrograd as rg
+
+            main = rg.Program()
+            with rg.program_guard(main):
+                x = rg.data("x", [2, 2])
+                arr = rg.TensorArray().scatter([3, 0], x)    # elements 1 and 2: zeros
+                stacked = arr.stack()
+            (out,) = rg.Executor().run(main, feed={"x": np.ones((2, 2), "float32")}, fetch_list=[stacked])
+            assert out.tolist() == [[1, 1], [0, 0], [0, 0], [1, 1]]
+            ```
+        """
+        from ..array.indexing import scatter
+        from ..array.tensor import concat
+        from ..reduce.extrema import max as reduce_max
+        _check_rows(x, "scatter")
+        base = self._shaped(x.shape[1:], x)
+        ids = ids if isinstance(ids, Var) else constant(np.asarray(ids, dtype=np.int64), "int64")
+        if ids.ndim != 1 or ids.dtype not in ("int64", "int32"):
+            raise ShapeError(f"TensorArray.scatter: ids must be a 1-d int64 or int32 array, got {ids.type_str()}")
+        ids = cast_to_int64(ids)
+        end = reduce_max(concat([ids, constant([-1], "int64")])) + 1        # no ids: no growth
+        rows = maximum(base.size(), end)
+        grown = write_grad(base, rows, rows, base.size())     # zero-padded to ``rows`` rows (i = rows: none zeroed)
+        return TensorArray.of(scatter(grown, ids, x))
+
+    def gather(self, ids) -> Var:
+        """Elements ``ids`` stacked: ``[len(ids), *element_shape]`` (``tf.TensorArray.gather``).
+
+        Args:
+            ids: Integer element indices of any shape (a Var, a list or an array).
+
+        Returns:
+            A Var ``[*ids.shape, *element_shape]``.
+
+        Example:
+            ```python
+            import numpy as np
+            import retrograd as rg
+
+            main = rg.Program()
+            with rg.program_guard(main):
+                x = rg.data("x", [3, 2])
+                picked = rg.TensorArray().unstack(x).gather([2, 0])
+            xv = np.arange(6, dtype="float32").reshape(3, 2)
+            (out,) = rg.Executor().run(main, feed={"x": xv}, fetch_list=[picked])
+            assert out.tolist() == [[4.0, 5.0], [0.0, 1.0]]
+            ```
+        """
+        from ..array.tensor import gather
+        ids = ids if isinstance(ids, Var) else constant(np.asarray(ids, dtype=np.int64), "int64")
+        return gather(self.stack(), ids)
+
+    def concat(self) -> Var:
+        """The elements joined along their first axis (``tf.TensorArray.concat``).
+
+        Returns:
+            A Var ``[size * n, *rest]`` for elements ``[n, *rest]``.
+
+        Raises:
+            ShapeError: The elements have no axis, or axes after the first unknown when built.
+
+        Example:
+            ```python
+            import numpy as np
+            import retrograd as rg
+
+            main = rg.Program()
+            with rg.program_guard(main):
+                x = rg.data("x", [4, 3])
+                pieces = rg.TensorArray().split(x, [2, 2])      # two elements [2, 3]
+                joined = pieces.concat()                        # [4, 3] again
+            xv = np.arange(12, dtype="float32").reshape(4, 3)
+            (out,) = rg.Executor().run(main, feed={"x": xv}, fetch_list=[joined])
+            assert np.array_equal(out, xv)
+            ```
+        """
+        from ..array.tensor import reshape
+        shape = self.shape
+        if len(shape) < 2:
+            raise ShapeError(f"TensorArray.concat: elements must have an axis to join along, got {list(shape[1:])}")
+        if shape[0] >= 0 and shape[1] >= 0:
+            return reshape(self.stack(), [shape[0] * shape[1]] + list(shape[2:]))
+        if all(d >= 0 for d in shape[2:]):
+            return reshape(self.stack(), [-1] + list(shape[2:]))
+        raise ShapeError(f"TensorArray.concat: elements {list(shape[1:])} need their axes after the first "
+                         "known when the program is built")
+
+    def split(self, x: Var, lengths) -> "TensorArray":
+        """An array whose elements are the pieces of ``x`` along axis 0 (``tf.TensorArray.split``).
+
+        With unequal lengths the pieces cannot share one stacked value: the
+        result is then a ``RaggedTensorArray`` (``read(i)`` with an int,
+        ``concat()``, ``size()``; no ``stack``, as in TF).
+
+        Args:
+            x: A Var whose rows are cut into the elements.
+            lengths: The pieces' lengths (ints summing to ``x``'s rows).
+
+        Returns:
+            The new TensorArray (a ``RaggedTensorArray`` for unequal lengths).
+
+        Raises:
+            ProgramError: ``lengths`` is empty, negative or a Var.
+            ShapeError: The lengths do not sum to ``x``'s rows.
+
+        Example:
+            ```python
+            import numpy as np
+            import retrograd as rg
+
+            main = rg.Program()
+            with rg.program_guard(main):
+                x = rg.data("x", [5, 2])
+                even = rg.TensorArray().split(x[:4], [2, 2])   # elements [2, 2]
+                ragged = rg.TensorArray().split(x, [2, 3])     # read and concat only
+                first, rest = even.read(1), ragged.read(1)
+            xv = np.arange(10, dtype="float32").reshape(5, 2)
+            a, b = rg.Executor().run(main, feed={"x": xv}, fetch_list=[first, rest])
+            assert np.array_equal(a, xv[2:4]) and np.array_equal(b, xv[2:])
+            ```
+        """
+        from ..array.tensor import reshape
+        lengths = [int(n) for n in np.asarray(lengths).reshape(-1)] if not isinstance(lengths, Var) else None
+        if lengths is None:
+            raise ProgramError("TensorArray.split: lengths must be ints (a list or a NumPy array), not a Var")
+        if not lengths or min(lengths) < 0:
+            raise ProgramError(f"TensorArray.split: lengths must be ints >= 0 (at least one), got {lengths}")
+        _check_rows(x, "split")
+        if x.shape[0] >= 0 and x.shape[0] != sum(lengths):
+            raise ShapeError(f"TensorArray.split: lengths {lengths} sum to {sum(lengths)}, but '{x.name}' "
+                             f"{x.type_str()} has {x.shape[0]} rows")
+        if len(set(lengths)) != 1:
+            self._check_fits(x.shape if self._unshaped else self.shape[1:], x)
+            return RaggedTensorArray(x, lengths)
+        rest = list(x.shape[1:])
+        if rest.count(-1) > 1:
+            raise ShapeError(f"TensorArray.split: '{x.name}' {x.type_str()} may have one unknown axis after the first")
+        pieces = reshape(x, [len(lengths), lengths[0]] + rest)
+        self._check_fits(pieces.shape[1:], pieces)
+        return TensorArray.of(pieces)
+
     def __repr__(self) -> str:
+        if self._unshaped:
+            return f"TensorArray({self.__dict__['_unshaped_dtype']}, element_shape unknown until written)"
         return f"TensorArray({self.name}: {self.dtype}[size, {', '.join(map(str, self.element_shape))}])"
+
+
+class RaggedTensorArray:
+    """The pieces of ``x`` along axis 0 of unequal ``lengths`` (``TensorArray.split``'s result
+    then): elements of different lengths have no stacked value, so this array reads its
+    elements (``read(i)``, ``i`` an int) as slices of ``x`` and ``concat()`` is ``x``.
+
+    Example::
+
+        pieces = rg.TensorArray("float32").split(x, [2, 3])   # x [5, D]
+        first, rest = pieces.read(0), pieces.read(1)           # [2, D], [3, D]
+    """
+
+    def __init__(self, x: Var, lengths: list[int]):
+        self.x, self.lengths, self.dtype = x, list(lengths), x.dtype
+        self.offsets = [sum(lengths[:i]) for i in range(len(lengths) + 1)]
+
+    def size(self) -> Var:
+        return constant(len(self.lengths), "int64")
+
+    def read(self, i) -> Var:
+        if not isinstance(i, (int, np.integer)) or isinstance(i, bool):
+            raise ProgramError(f"a RaggedTensorArray (lengths {self.lengths}) reads elements by int index, got {i!r}")
+        if not -len(self.lengths) <= i < len(self.lengths):
+            raise ProgramError(f"read at index {i} of a RaggedTensorArray of size {len(self.lengths)}")
+        i = int(i) % len(self.lengths)
+        return self.x[self.offsets[i]:self.offsets[i + 1]]
+
+    def concat(self) -> Var:
+        return self.x
+
+    def __getattr__(self, attr):
+        if attr in ("stack", "gather", "write", "scatter", "unstack", "split"):
+            raise ProgramError(f"the elements of this TensorArray have different lengths ({self.lengths}): "
+                               f"{attr} needs elements of one shape (TF's TensorArray refuses it too); "
+                               "read(i) and concat() work")
+        raise AttributeError(f"'RaggedTensorArray' object has no attribute '{attr}'")
+
+    def __repr__(self) -> str:
+        return f"RaggedTensorArray({self.x.name}: lengths {self.lengths})"
+
+
+def _check_rows(x: Var, what: str) -> None:
+    if not isinstance(x, Var) or x.ndim < 1:
+        raise ShapeError(f"TensorArray.{what}: needs a Var with an axis of rows, got {x!r:.60}")
+
+
+def cast_to_int64(ids: Var) -> Var:
+    from ..array.tensor import cast
+    return ids if ids.dtype == "int64" else cast(ids, "int64")

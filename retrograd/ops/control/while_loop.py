@@ -23,7 +23,7 @@ from __future__ import annotations
 
 from typing import Callable, Sequence
 
-from ...backends.base import dtype_of
+from ...backends import dtype_of
 from ...errors import ExecutionError, ProgramError, ShapeError
 from ...ir.builder import block_guard, current_block
 from ...ir.program import Block, Op, Var

@@ -6,7 +6,7 @@ from typing import Sequence
 import numpy as np
 
 from ...errors import ShapeError
-from ...ir.dtypes import promote
+from ...ir.dtypes import is_float, promote
 from ...ir.program import Var
 
 
@@ -48,8 +48,9 @@ def float_same_as_first(ins: list[Var], attrs: dict):
 
 
 def require_float(var: Var, what: str = "input") -> None:
-    if var.dtype not in ("float32", "float64"):
-        raise ShapeError(f"{what} '{var.name}' must be float32 or float64, got {var.dtype}")
+    if not is_float(var.dtype):
+        raise ShapeError(f"{what} '{var.name}' must be float32 or float64 (or bfloat16, float16), "
+                         f"got {var.dtype}")
 
 
 def require_same_dtype(ins: list[Var]) -> str:

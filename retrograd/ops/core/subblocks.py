@@ -12,7 +12,7 @@ from __future__ import annotations
 from contextlib import contextmanager
 from typing import Iterator, Sequence
 
-from ...backends.base import dtype_of
+from ...backends import dtype_of
 from ...errors import ExecutionError, ProgramError, ShapeError
 from ...ir.analysis import free_reads
 from ...ir.builder import block_guard, capture_ops

@@ -1,4 +1,5 @@
-"""Normalization over the last axis: layer norm and RMS norm (batch norm: ``batch_norm.py``).
+"""Normalization over the last axis: layer norm and RMS norm (batch norm: ``batch_norm.py``);
+over several trailing axes (``normalized_ndim``) they fold those axes into one around the op.
 
 ``LayerNorm`` and ``RMSNorm`` keep their per-row statistics (``mean``,
 ``rstd = 1 / sqrt(var + eps)``, shaped ``[..., 1]`` as torch keeps them) for
@@ -9,13 +10,16 @@ so gradients of any order work.
 """
 from __future__ import annotations
 
+import math
+
 from ...errors import ShapeError
-from ...ir.program import Var, as_float
+from ...ir.program import Var, as_float, as_int
 from ..core.lowering import lowers
 from ..math.elementwise import expand_as, sqrt, square
 from ..reduce.reductions import mean as reduce_mean, sum as reduce_sum
 from ..core.registry import append_op, defop
 from ..core.shapes import require_float
+from ..array.tensor import reshape, reshape_as
 
 
 def _check_params(x: Var, params: list[Var], what: str) -> None:
@@ -122,19 +126,64 @@ def _layer_norm_formula_onnx(g, x: str, weight, bias, dtype: str) -> list[str]:
     return [y, mean, rstd]
 
 
-def layer_norm(x: Var, weight: Var | None = None, bias: Var | None = None, eps: float = 1e-5) -> Var:
-    """Normalize ``x [..., D]`` over its last axis: ``(x - mean) / sqrt(var + eps) * weight + bias``.
+def _trailing_ndim(x: Var, params, normalized_ndim, what: str) -> int:
+    """How many trailing axes of ``x`` are normalised: ``normalized_ndim``, else the first
+    parameter's rank, else 1; the parameters must have those axes' shape."""
+    present = [p for p in params if p is not None]
+    nd = normalized_ndim if normalized_ndim is not None else present[0].ndim if present else 1
+    nd = as_int(nd, f"{what}: normalized_ndim")
+    if nd == 1:
+        return nd                            # one axis: the op's own rule checks x and the params
+    if not 1 <= nd <= x.ndim:
+        raise ShapeError(f"{what}: normalized_ndim must be in [1, {x.ndim}] for '{x.name}' {x.type_str()}, got {nd}")
+    trailing = x.shape[x.ndim - nd:]
+    for p in present:
+        if p.ndim != nd or any(a >= 0 and b >= 0 and a != b for a, b in zip(p.shape, trailing)):
+            raise ShapeError(f"{what}: '{p.name}' {p.type_str()} must have the shape of the {nd} normalised "
+                             f"axes of '{x.name}' {x.type_str()}, {[d if d >= 0 else '?' for d in trailing]}")
+    return nd
 
-    The variance is the biased one, as ``torch.nn.functional.layer_norm(x, [D], weight, bias, eps)``.
+
+def _rows_of(x: Var, nd: int, what: str) -> Var:
+    """``x`` with its ``nd`` trailing axes folded into one (the axis the norm ops normalise)."""
+    lead, trailing = list(x.shape[:x.ndim - nd]), x.shape[x.ndim - nd:]
+    if all(d >= 0 for d in trailing):
+        size = math.prod(trailing)
+        return reshape(x, lead + [size] if lead.count(-1) <= 1 else [-1, size])
+    if all(d >= 0 for d in lead):
+        return reshape(x, lead + [-1])
+    raise ShapeError(f"{what}: normalising {nd} axes of '{x.name}' {x.type_str()} needs either the "
+                     "normalised axes or the others known when the program is built")
+
+
+def _over_trailing(norm, x: Var, params, nd: int, what: str) -> Var:
+    """``norm(x_rows, *param_rows)`` over ``nd`` trailing axes folded into one, then unfolded."""
+    if nd == 1:
+        return norm(x, *params)
+    folded = [None if p is None else reshape(p, [-1]) for p in params]
+    return reshape_as(norm(_rows_of(x, nd, what), *folded), x)
+
+
+def layer_norm(x: Var, weight: Var | None = None, bias: Var | None = None, eps: float = 1e-5,
+               normalized_ndim: int | None = None) -> Var:
+    """Normalize ``x`` over its trailing axes: ``(x - mean) / sqrt(var + eps) * weight + bias``.
+
+    The variance is the biased one, as ``torch.nn.functional.layer_norm(x, x.shape[-n:], weight, bias, eps)``.
 
     Args:
-        x: A float Var ``[..., D]``.
-        weight: ``[D]``, or None.
-        bias: ``[D]``, or None.
+        x: A float Var.
+        weight: The shape of the normalised axes (``[D]`` for the last one), or None.
+        bias: The shape of the normalised axes, or None.
         eps: Added to the variance.
+        normalized_ndim: How many trailing axes to normalise (``n`` in
+            ``torch.nn.functional.layer_norm(x, x.shape[-n:], ...)``); by default
+            ``weight``'s rank (else ``bias``'s, else 1).
 
     Returns:
         A Var of ``x``'s shape.
+
+    Raises:
+        ShapeError: ``weight`` or ``bias`` does not have the normalised axes' shape.
 
     Example:
         ```python
@@ -146,11 +195,18 @@ def layer_norm(x: Var, weight: Var | None = None, bias: Var | None = None, eps: 
             x = rg.data("x", [-1, 4])
             w = rg.data("w", [4])
             h = rg.layer_norm(x, w, eps=0.0)
+            both = rg.layer_norm(rg.reshape(x, [-1, 2, 2]), normalized_ndim=2, eps=0.0)   # over 2 axes
         xv = np.array([[1.0, 2.0, 3.0, 4.0]], "float32")
-        (out,) = rg.Executor().run(main, feed={"x": xv, "w": np.full(4, 2.0, "float32")}, fetch_list=[h])
+        out, out2 = rg.Executor().run(main, feed={"x": xv, "w": np.full(4, 2.0, "float32")}, fetch_list=[h, both])
         assert np.allclose(out, 2.0 * (xv - 2.5) / np.sqrt(1.25))
+        assert np.allclose(out2.reshape(1, 4), out / 2.0)
         ```
     """
+    nd = _trailing_ndim(x, (weight, bias), normalized_ndim, "layer_norm")
+    return _over_trailing(lambda *a: _layer_norm_op(*a, eps), x, (weight, bias), nd, "layer_norm")
+
+
+def _layer_norm_op(x: Var, weight: Var | None, bias: Var | None, eps: float) -> Var:
     ins = [x] + [p for p in (weight, bias) if p is not None]
     attrs = {"eps": as_float(eps, "layer_norm: eps"), "has_weight": weight is not None,
              "has_bias": bias is not None}
@@ -299,18 +355,23 @@ def _rms_norm_onnx(g):
     return [y, rstd]
 
 
-def rms_norm(x: Var, weight: Var | None = None, eps: float = 1e-6) -> Var:
-    """``x / sqrt(mean(x^2) + eps) * weight`` over the last axis of ``x [..., D]``.
+def rms_norm(x: Var, weight: Var | None = None, eps: float = 1e-6, normalized_ndim: int | None = None) -> Var:
+    """``x / sqrt(mean(x^2) + eps) * weight`` over the trailing axes of ``x``.
 
-    As ``torch.nn.functional.rms_norm(x, [D], weight, eps)``.
+    As ``torch.nn.functional.rms_norm(x, x.shape[-n:], weight, eps)``.
 
     Args:
-        x: A float Var ``[..., D]``.
-        weight: ``[D]``, or None.
+        x: A float Var.
+        weight: The shape of the normalised axes (``[D]`` for the last one), or None.
         eps: Added to the mean square.
+        normalized_ndim: How many trailing axes to normalise (``n``); by default
+            ``weight``'s rank, else 1.
 
     Returns:
         A Var of ``x``'s shape.
+
+    Raises:
+        ShapeError: ``weight`` does not have the normalised axes' shape.
 
     Example:
         ```python
@@ -325,6 +386,11 @@ def rms_norm(x: Var, weight: Var | None = None, eps: float = 1e-6) -> Var:
         assert np.allclose(out, np.array([[3.0, 4.0]]) / np.sqrt(12.5))
         ```
     """
+    nd = _trailing_ndim(x, (weight,), normalized_ndim, "rms_norm")
+    return _over_trailing(lambda *a: _rms_norm_op(*a, eps), x, (weight,), nd, "rms_norm")
+
+
+def _rms_norm_op(x: Var, weight: Var | None, eps: float) -> Var:
     ins = [x] + ([weight] if weight is not None else [])
     y, rstd = append_op("RMSNorm", ins, {"eps": as_float(eps, "rms_norm: eps")}, name="rms_norm")
     rstd.stop_gradient = True                  # the gradient op recomputes it from x

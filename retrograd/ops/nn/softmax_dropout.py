@@ -9,12 +9,12 @@ from __future__ import annotations
 
 import math
 
-from ...backends.base import dtype_of
+from ...backends import dtype_of
 from ...errors import ProgramError, ShapeError
 from ...ir.builder import current_block
 from ...ir.dtypes import canonical
 from ...ir.program import Var, as_int
-from ..array.creation import assign
+from ..array.creation import assign, zeros_like
 from ..math.elementwise import exp
 from ..reduce.reductions import sum as reduce_sum
 from ..core.registry import append_op, defop
@@ -416,18 +416,20 @@ def dropout(x: Var, p: float, seed: int | None = None) -> Var:
     iteration (time step), and recomputing that iteration in the backward
     draws the same one. For one mask shared by all time steps (variational
     dropout), apply dropout to a tensor of ones outside the loop and multiply
-    by it inside. ``main.clone(for_test=True)`` makes it the identity.
+    by it inside. ``main.clone(for_test=True)`` makes it the identity. ``p=1``
+    drops everything: ``x * 0`` (zeros, NaN stays NaN, a zero gradient), as
+    ``torch.nn.functional.dropout`` and Paddle give.
 
     Args:
         x: A float Var.
-        p: The probability of zeroing an element, in ``[0, 1)``.
+        p: The probability of zeroing an element, in ``[0, 1]``.
         seed: The op's seed; by default the program's next seed.
 
     Returns:
         A Var of ``x``'s shape and dtype.
 
     Raises:
-        ProgramError: ``p`` is outside ``[0, 1)``.
+        ProgramError: ``p`` is outside ``[0, 1]``.
 
     Example:
         ```python
@@ -443,10 +445,13 @@ def dropout(x: Var, p: float, seed: int | None = None) -> Var:
         ```
     """
     p = float(p)
-    if not 0.0 <= p < 1.0:
-        raise ProgramError(f"dropout of '{x.name}': p must be in [0, 1), got {p}")
+    if not 0.0 <= p <= 1.0:
+        raise ProgramError(f"dropout of '{x.name}': p must be in [0, 1], got {p}")
     if p == 0.0:
         return assign(x)
+    if p == 1.0:
+        require_float(x)
+        return x * zeros_like(x)
     if seed is None:
         seed = current_block().program.next_seed()
     out, mask = append_op("Dropout", [x], {"p": p, "seed": int(seed)})

@@ -36,26 +36,48 @@ def _along(xp, fn, x, axis: int, reverse: bool):
 
 # --- cumsum -----------------------------------------------------------------------------------------
 
-@defop("CumSum", infer=_cumulative_rule,
-       grad=lambda g: [cumsum(g.dy, g.attrs["axis"], reverse=not g.attrs["reverse"])])
+def _exclusive(xp, y, axis: int, reverse: bool):
+    """The inclusive running sums ``y`` shifted one place in the scan's direction, a zero in
+    front: each entry leaves itself out (ONNX CumSum's ``exclusive``)."""
+    n = y.shape[axis]
+    if n == 0:
+        return y
+    kept = tuple(slice(1, None) if (a == axis and reverse) else slice(0, n - 1) if a == axis else slice(None)
+                 for a in range(y.ndim))
+    zero = xp.zeros(tuple(1 if a == axis else d for a, d in enumerate(y.shape)), dtype=y.dtype)
+    return xp.concat([y[kept], zero] if reverse else [zero, y[kept]], axis=axis)
+
+
+def _cumsum_grad(g):
+    attrs = g.attrs
+    return [cumsum(g.dy, attrs["axis"], reverse=not attrs["reverse"], exclusive=attrs.get("exclusive", False))]
+
+
+@defop("CumSum", infer=_cumulative_rule, grad=_cumsum_grad)
 def _cumsum(k, x):
-    return _along(k.xp, k.backend.cumsum, x, k.attrs["axis"] % x.ndim, k.attrs["reverse"])
+    axis, reverse = k.attrs["axis"] % x.ndim, k.attrs["reverse"]
+    y = _along(k.xp, k.backend.cumsum, x, axis, reverse)
+    return _exclusive(k.xp, y, axis, reverse) if k.attrs.get("exclusive", False) else y
 
 
 @lowers("CumSum")
 def _cumsum_onnx(g):
     x = g.ins[0] if g.in_vars[0].dtype != "bool" else g.cast(g.ins[0], "int64")
     axis = g.const(g.attrs["axis"] % g.ndim(0), "int64")
-    return [g.node("CumSum", [x, axis], reverse=int(g.attrs["reverse"]))]
+    return [g.node("CumSum", [x, axis], reverse=int(g.attrs["reverse"]),
+                   exclusive=int(g.attrs.get("exclusive", False)))]
 
 
-def cumsum(x: Var, axis: int, reverse: bool = False) -> Var:
+def cumsum(x: Var, axis: int, reverse: bool = False, exclusive: bool = False) -> Var:
     """Running sums of ``x`` along ``axis``.
 
     Args:
         x: A numeric Var.
         axis: The axis to accumulate along.
         reverse: From the end: ``out[i] = sum(x[i:])``.
+
+        exclusive: Each entry leaves itself out: ``out[i] = sum(x[:i])`` (ONNX
+            CumSum's and ``tf.math.cumsum``'s option).
 
     Returns:
         A Var of ``x``'s shape and dtype.
@@ -70,12 +92,17 @@ def cumsum(x: Var, axis: int, reverse: bool = False) -> Var:
             x = rg.data("x", [-1, 3])
             forward = rg.cumsum(x, axis=1)
             backward = rg.cumsum(x, axis=1, reverse=True)
+            before = rg.cumsum(x, axis=1, exclusive=True)
         xv = np.array([[1.0, 2.0, 3.0]], "float32")
-        f, b = rg.Executor().run(main, feed={"x": xv}, fetch_list=[forward, backward])
+        f, b, e = rg.Executor().run(main, feed={"x": xv}, fetch_list=[forward, backward, before])
         assert f.tolist() == [[1.0, 3.0, 6.0]] and b.tolist() == [[6.0, 5.0, 3.0]]
+        assert e.tolist() == [[0.0, 1.0, 3.0]]
         ```
     """
-    return append_op("CumSum", [x], {"axis": as_int(axis, "cumsum: axis"), "reverse": bool(reverse)})[0]
+    attrs = {"axis": as_int(axis, "cumsum: axis"), "reverse": bool(reverse)}
+    if exclusive:
+        attrs["exclusive"] = True
+    return append_op("CumSum", [x], attrs)[0]
 
 
 # --- cumprod ----------------------------------------------------------------------------------------
@@ -129,7 +156,7 @@ def _cumprod_onnx(g):
                    else_branch=scan.finish(f"{g.op.outputs[0]}.scan", [(out, dtype, None)]))]
 
 
-def cumprod(x: Var, axis: int, reverse: bool = False) -> Var:
+def cumprod(x: Var, axis: int, reverse: bool = False, exclusive: bool = False) -> Var:
     """Running products of ``x`` along ``axis``.
 
     The gradient is exact where ``x`` holds zeros (no division by them).
@@ -138,6 +165,8 @@ def cumprod(x: Var, axis: int, reverse: bool = False) -> Var:
         x: A numeric Var.
         axis: The axis to accumulate along.
         reverse: From the end: ``out[i] = prod(x[i:])``.
+        exclusive: Each entry leaves itself out: ``out[i] = prod(x[:i])``
+            (``tf.math.cumprod``'s option; a 1 shifted in with Pad and a slice).
 
     Returns:
         A Var of ``x``'s shape and dtype.
@@ -151,8 +180,28 @@ def cumprod(x: Var, axis: int, reverse: bool = False) -> Var:
         with rg.program_guard(main):
             hazard = rg.data("hazard", [-1, 3])
             survival = rg.cumprod(1.0 - hazard, axis=1)
-        (out,) = rg.Executor().run(main, feed={"hazard": np.array([[0.5, 0.5, 0.0]], "float32")}, fetch_list=[survival])
-        assert out.tolist() == [[0.5, 0.25, 0.25]]
+            before = rg.cumprod(1.0 - hazard, axis=1, exclusive=True)
+        feed = {"hazard": np.array([[0.5, 0.5, 0.0]], "float32")}
+        out, ex = rg.Executor().run(main, feed=feed, fetch_list=[survival, before])
+        assert out.tolist() == [[0.5, 0.25, 0.25]] and ex.tolist() == [[1.0, 0.5, 0.25]]
         ```
     """
-    return append_op("CumProd", [x], {"axis": as_int(axis, "cumprod: axis"), "reverse": bool(reverse)})[0]
+    axis = as_int(axis, "cumprod: axis")
+    if exclusive:             # the product of x shifted one place in, a 1 in front (Pad and a slice)
+        x = _shifted_in(x, axis, bool(reverse), 1)
+    return append_op("CumProd", [x], {"axis": axis, "reverse": bool(reverse)})[0]
+
+
+def _shifted_in(x: Var, axis: int, reverse: bool, value) -> Var:
+    """``x`` moved one place along ``axis`` in the scan's direction, ``value`` entering."""
+    from ..array.shape_ops import pad
+    from ..array.tensor import cast
+    if x.ndim == 0:
+        raise ShapeError(f"a cumulative op needs at least one axis, '{x.name}' is a scalar")
+    axis = normalize_axis(axis, x.ndim)
+    if x.dtype == "bool":
+        x = cast(x, "int64")
+    pads = [(0, 1) if (a == axis and reverse) else (1, 0) if a == axis else (0, 0) for a in range(x.ndim)]
+    kept = tuple(slice(1, None) if (a == axis and reverse) else slice(None, -1) if a == axis else slice(None)
+                 for a in range(x.ndim))
+    return pad(x, pads, value)[kept]

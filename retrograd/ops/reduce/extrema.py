@@ -428,11 +428,15 @@ def _topk_grad(g):
 @defop("TopK", inputs=("x", "k?"), outputs=("values", "indices"), infer=_topk_rule, nondiff=(1,),
        grad=_topk_grad)
 def _topk(k, x, k_value=None):
-    """The ``k`` largest entries along ``axis``, largest first; equal values in index order."""
+    """The ``k`` largest entries along ``axis``, largest first (``largest=False``: the smallest,
+    smallest first); equal values in index order."""
     axis = k.attrs["axis"] % x.ndim
     count = k.attrs["k"] if k_value is None else int(k_value)
     check_k(count, x.shape[axis])
-    order = k.backend.sort_descending(x, axis)
+    if k.attrs.get("largest", True):
+        order = k.backend.sort_descending(x, axis)
+    else:
+        order = k.xp.astype(k.xp.argsort(x, axis=axis, stable=True), k.xp.int64)
     index = tuple(slice(0, count) if i == axis else slice(None) for i in range(x.ndim))
     indices = order[index]
     return k.backend.take_along_axis(x, indices, axis), indices
@@ -448,7 +452,8 @@ def _topk_onnx(g):
         count = g.const([g.attrs["k"]], "int64")
     if len(g.ins) > 1 or var.shape[axis] < 0:       # k may exceed the axis only at run time
         count = _k_in_range_onnx(g, count, g.dim(x, axis))
-    values, indices = g.nodes("TopK", [x, count], 2, axis=axis, largest=1, sorted=1)
+    largest = int(g.attrs.get("largest", True))
+    values, indices = g.nodes("TopK", [x, count], 2, axis=axis, largest=largest, sorted=1)
     return [values, indices]
 
 
@@ -468,8 +473,8 @@ def _k_in_range_onnx(g, count: str, size: str) -> str:
     return g.node("Where", [ok, count, count])
 
 
-def topk(x: Var, k, axis: int = -1):
-    """The ``k`` largest entries of ``x`` along ``axis`` and their int64 positions.
+def topk(x: Var, k, axis: int = -1, largest: bool = True, sorted: bool = True):
+    """The ``k`` largest (or smallest) entries of ``x`` along ``axis`` and their int64 positions.
 
     Largest first; equal values in index order.
 
@@ -478,6 +483,10 @@ def topk(x: Var, k, axis: int = -1):
         k: An int, or an int64 0-d Var (then the output's size along ``axis``
             is known only at run time).
         axis: The axis to search.
+        largest: False gives the ``k`` smallest, smallest first (``torch.topk``,
+            ONNX TopK).
+        sorted: Accepted for torch's spelling (torch leaves the order of
+            ``sorted=False`` unspecified); the result is sorted all the same.
 
     Returns:
         ``(values, indices)``.
@@ -495,15 +504,17 @@ def topk(x: Var, k, axis: int = -1):
         with rg.program_guard(main):
             logits = rg.data("logits", [-1, 4])
             values, ids = rg.topk(logits, 2)               # [N, C] -> [N, 2], int64 [N, 2]
+            low, low_ids = rg.topk(logits, 2, largest=False)
         lv = np.array([[0.1, 0.9, 0.5, 0.9]], "float32")
-        v, i = rg.Executor().run(main, feed={"logits": lv}, fetch_list=[values, ids])
-        assert np.allclose(v, [[0.9, 0.9]]) and i.tolist() == [[1, 3]]
+        v, i, j = rg.Executor().run(main, feed={"logits": lv}, fetch_list=[values, ids, low_ids])
+        assert np.allclose(v, [[0.9, 0.9]]) and i.tolist() == [[1, 3]] and j.tolist() == [[0, 2]]
         ```
     """
     axis = as_int(axis, "topk: axis")
+    attrs = {"axis": axis} if largest else {"axis": axis, "largest": False}
     if isinstance(k, Var):
-        return tuple(append_op("TopK", [x, k], {"k": None, "axis": axis}))
+        return tuple(append_op("TopK", [x, k], {"k": None, **attrs}))
     k = as_int(k, "topk: k")
     if k < 0:
         raise ProgramError(f"topk: k must be >= 0, got {k}")
-    return tuple(append_op("TopK", [x], {"k": k, "axis": axis}))
+    return tuple(append_op("TopK", [x], {"k": k, **attrs}))
