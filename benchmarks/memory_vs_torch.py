@@ -37,6 +37,8 @@ cores are shared, wall clock there measures the other jobs).
     PYTHONPATH=. python benchmarks/memory_vs_torch.py --models tfm       # the issue's size
     PYTHONPATH=. python benchmarks/memory_vs_torch.py --small --out benchmarks/results/memory_vs_torch_small
 
+    PYTHONPATH=. python benchmarks/memory_vs_torch.py --planning 1000    # planning time, 10,007 ops
+
 ``--out PREFIX`` writes PREFIX.md (the table, command, machine, load) and PREFIX.png (the plot).
 ``--worker`` is internal: one point, printed as one JSON line.
 """
@@ -281,6 +283,40 @@ def torch_worker(model: str, size: Size, fraction: float, steps: int, backend: s
     return result
 
 
+# --- planning time ------------------------------------------------------------------------------
+
+def planning_time(layers: int, fraction: float = 0.5, rows: int = 1024, width: int = 64) -> str:
+    """CPU time of ``rg.memory.report`` and of the budgeted ``append_backward`` on a deep MLP
+    (``layers`` tanh ``fc`` layers: 10 * layers + 7 ops with the backward), the budget at
+    ``fraction`` of store-all's activations."""
+    import retrograd as rg
+    from retrograd.memory.peak import planned_peak
+    shapes = {"x": (rows, width)}
+
+    def build(budget):
+        main, startup = rg.Program(), rg.Program()
+        with rg.program_guard(main, startup):
+            h = rg.data("x", [-1, width])
+            for i in range(layers):
+                h = rg.layers.fc(h, width, act="tanh", name=f"fc{i}")
+            loss = rg.mean(h * h)
+            pairs = rg.append_backward(loss, memory_budget=budget, feed_shapes=shapes if budget else None)
+        return main, [loss] + [g for _, g in pairs]
+
+    started = time.process_time()
+    main, fetch = build(None)
+    store_all_s = time.process_time() - started
+    started = time.process_time()
+    kept = rg.memory.report(main, feed_shapes=shapes).kept_bytes
+    report_s = time.process_time() - started
+    budget = int(planned_peak(main.global_block(), [v.name for v in fetch], shapes) - (1 - fraction) * kept)
+    started = time.process_time()
+    budgeted, _ = build(budget)
+    budget_s = time.process_time() - started
+    return (f"| MLP, {layers} layers | {len(main.global_block().ops):,} | {len(budgeted.global_block().ops):,} | "
+            f"{store_all_s:.2f} s | {report_s:.2f} s | {budget_s:.1f} s |")
+
+
 # --- the sweep -----------------------------------------------------------------------------------
 
 def run_point(side: str, model: str, small: bool, fraction: float, steps: int, backend: str,
@@ -423,6 +459,8 @@ def main() -> None:
     parser.add_argument("--out", default=None, help="write PREFIX.md, PREFIX.json and PREFIX.png")
     parser.add_argument("--from-log", nargs="+", default=None, help="make the table and plot from the "
                         "JSON lines of earlier runs' output (a later line of the same point wins, unless an error)")
+    parser.add_argument("--planning", type=int, default=None, metavar="LAYERS",
+                        help="instead of the sweep: planning time of a LAYERS-deep MLP (1000: 10,007 ops)")
     parser.add_argument("--worker", choices=("retrograd", "torch"), help=argparse.SUPPRESS)
     parser.add_argument("--fraction", type=float, default=1.0, help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -432,6 +470,10 @@ def main() -> None:
         result = (rg_worker(model, size, args.fraction, args.steps) if args.worker == "retrograd"
                   else torch_worker(model, size, args.fraction, args.steps, args.torch_backend))
         print(json.dumps(result), flush=True)
+        return
+    if args.planning:
+        print("| program | ops | budgeted ops | store-all append_backward | rg.memory.report | budgeted append_backward |")
+        print(planning_time(args.planning), f"load {os.getloadavg()[0]:.2f}")
         return
     load0 = os.getloadavg()
     started = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
