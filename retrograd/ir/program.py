@@ -61,6 +61,8 @@ def as_int(value, what: str) -> int:
 
 def as_ints(values, what: str) -> list[int]:
     """A list of ints from any iterable (see ``as_int``); ProgramError if ``values`` is not one."""
+    if type(values) is tuple and all(type(v) is int for v in values):     # a Var's own shape: as is
+        return list(values)
     return [as_int(v, what) for v in as_list(values, what)]
 
 
@@ -414,6 +416,9 @@ class Block:
             assert body.find_var("x") is x and body.find_var("nope") is None
             ```
         """
+        var = self.vars.get(name)
+        if var is not None:
+            return var
         for block in self.ancestors():
             var = block.vars.get(name)
             if var is not None:

@@ -111,9 +111,18 @@ def _first_reader(block: Block, start: int, names: set[str]) -> int:
 def _insert(block: Block, n_forward: int, groups) -> int:
     """Insert each group's copies before its op (later groups first, so positions hold), then make
     every gradient op read the latest copy registered before it."""
-    for at, copies, _ in reversed(groups):
-        for k, op in enumerate(copies):
-            block.insert_op(at + k, op)
+    # One pass over the ops (inserting one op at a time was quadratic: 10,000-op programs).
+    before: dict[int, list] = {}
+    for at, copies, _ in groups:
+        before.setdefault(at, []).extend(copies)
+    ops: list = []
+    for i, op in enumerate(block.ops + [None]):
+        for copy in before.get(i, ()):
+            copy.block = block
+            ops.append(copy)
+        if op is not None:
+            ops.append(op)
+    block.ops[:] = ops
     shifted, offset = [], 0
     for at, copies, register in groups:
         shifted.append((at + offset, register))

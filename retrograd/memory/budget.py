@@ -322,6 +322,12 @@ class _Search:
         self.most_a = max(self.model.store_all, self.loop_least) * 2 + 1
         self.peaks: dict[int, int | None] = {}
         self.why: ProgramError | None = None      # why the last refused activation budget failed
+        # Without budgeted loops the program an activation budget configures is a function of its
+        # feed-forward schedule alone: budgets with the same schedule share one planned peak
+        # (half the trials of a deep MLP's search repeat a schedule).
+        self.loops = any(op.attrs.get("recompute") == _PLACEHOLDER or op.attrs.get("budget") == _PLACEHOLDER
+                         for op in block.ops if op.type in LOOP_TYPES + LOOP_GRAD_TYPES)
+        self.by_schedule: dict[tuple, int | None] = {}
 
     def _loop_least(self, block: Block) -> int:
         """The least budget a loop op can run with: one taped step (what its backward reads of one
@@ -336,6 +342,10 @@ class _Search:
     def peak(self, activation: int) -> int | None:
         """The planned peak with activation budget ``activation`` (None when no schedule fits it)."""
         if activation not in self.peaks:
+            schedule = self._schedule(activation)
+            if schedule is not None and schedule in self.by_schedule:
+                self.peaks[activation] = self.by_schedule[schedule]
+                return self.peaks[activation]
             scratch = self.program.clone()
             try:
                 self._configure(scratch, activation)
@@ -343,7 +353,23 @@ class _Search:
             except ProgramError as exc:
                 self.peaks[activation] = None
                 self.why = exc          # what the least budget's refusal names
+            if schedule is not None:
+                self.by_schedule[schedule] = self.peaks[activation]
         return self.peaks[activation]
+
+    def _schedule(self, activation: int) -> tuple | None:
+        """What ``_configure(program, activation)`` makes of the program when no loop takes the
+        budget: ``("all",)`` (nothing recomputed) or the binomial plan's ``(segment, slots)``
+        (``make_plan``'s arguments: the plan is a function of them); None when loops take it."""
+        if self.loops:
+            return None
+        if self.units.count < 2 or activation >= self.model.store_all:
+            return ("all",)
+        try:
+            plan = budget_plan(self.units.count, max(activation, self.tape_bytes), self.state_bytes, self.tape_bytes)
+        except ProgramError:
+            return ("none",)
+        return (plan.steps, plan.segment, plan.slots)
 
     def _configure(self, program: Program, activation: int) -> int:
         """Give ``program`` (this program or a copy) the loop budgets and FF schedule of ``activation``."""
