@@ -175,6 +175,12 @@ class Backend:
         raise BackendError(f'backend "{self.name}" on {self.device} has no device graphs: they need '
                            'backend "torch" with device "cuda" (CuPy cannot capture cuBLAS calls)')
 
+    def region_compiler(self):
+        """A function compiling a plan's straight-line region (a Python function of arrays) into a
+        faster one with the same results (``Executor(compile=True)``, runtime/regions.py), or None
+        where the library has no compiler."""
+        return None
+
     def on_device(self):
         """The context the executor runs kernels in (CuPy: our device made current; torch:
         inference mode, as retrograd does its own differentiation)."""

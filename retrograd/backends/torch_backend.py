@@ -262,6 +262,10 @@ class TorchBackend(Backend):
         return x.scatter_add_(axis, indices, values)
 
     def take_along_axis(self, x, indices, axis: int):
+        if indices.ndim == x.ndim and all(i == n for d, (i, n) in enumerate(zip(indices.shape, x.shape))
+                                          if d != axis % x.ndim):
+            # (gather, not take_along_dim, whose broadcast fixes the sizes under torch.compile)
+            return self.torch.gather(x, axis, indices)
         return self.torch.take_along_dim(x, indices, dim=axis)
 
     def put_along_axis(self, shape, indices, values, axis: int):
@@ -286,6 +290,13 @@ class TorchBackend(Backend):
         with self.torch.cuda.device(self.torch_device), self.torch.cuda.graph(graph):
             work()
         return graph
+
+    def region_compiler(self):
+        """``torch.compile`` (Inductor) for a plan's straight-line regions; a changed size makes a
+        region recompile once with that size symbolic (``dynamic=None``: torch's automatic dynamic
+        shapes), not once per size."""
+        torch = self.torch
+        return lambda function: torch.compile(function, dynamic=None, fullgraph=False)
 
     def device_memory(self) -> int | None:
         if self.torch_device.type != "cuda":

@@ -18,6 +18,7 @@ from .finite import first_non_finite, non_finite_error
 from .graphs import GraphRunner
 from .malloc import keep_freed_memory
 from .plan import Plan, compile_block
+from .regions import RegionRunner
 from .scope import Scope
 from .threads import BlasThreads
 from .stats import MemoryMeter, RunStats
@@ -96,6 +97,11 @@ class Executor:
     Inf with an ``ExecutionError`` naming the op, its inputs and the user's
     line (one reduction per output; ``runtime/finite.py``). With
     ``graphs=True`` such runs are not replayed as device graphs but run op by op.
+    ``graphs="auto"`` replays device graphs where the backend has them (CUDA) and a run's feed
+    shapes repeat, and runs eagerly elsewhere (``runtime/graphs.py``).
+    ``compile=True`` (backend "torch") runs each straight-line region of a plan (the ops between
+    two control-flow ops) as one ``torch.compile``d function (``runtime/regions.py``); the
+    program is not changed, results equal the eager run's within float rounding.
 
     Example::
 
@@ -106,15 +112,13 @@ class Executor:
     """
 
     def __init__(self, scope: Scope | None = None, xp=None, backend=None, device: str | None = None,
-                 threads: int | None = None, graphs: bool = False, check_finite: bool = False):
+                 threads: int | None = None, graphs: bool | str = False, check_finite: bool = False,
+                 compile: bool = False):
         keep_freed_memory()                # once per process: no page faults per step (runtime/malloc.py)
         self.blas = BlasThreads(threads)   # BLAS threads during each run (runtime/threads.py)
         self.backend = _resolve_backend(xp, backend, device)
         self.xp = self.backend.xp
-        if graphs and not self.backend.has_graphs:
-            raise BackendError(f"Executor(graphs=True) needs a CUDA device of backend \"torch\" (CuPy cannot "
-                               f"capture cuBLAS calls), not {self._backend_str()}")
-        self.graphs = GraphRunner(self.backend) if graphs else None
+        self.graphs = self._graph_runner(graphs)
         self.check_finite = bool(check_finite)
         if scope is None:
             scope = Scope(backend=self.backend)
@@ -122,6 +126,7 @@ class Executor:
             scope.backend = self.backend
         self.scope = scope
         self._engine = self.backend.engine(self) if self.backend.engine is not None else None
+        self.regions = self._region_runner(compile)
         self.last_stats = RunStats()
         self._run = RunContext(self)
         self._plans: dict[tuple, Plan] = {}
@@ -130,6 +135,25 @@ class Executor:
         # name -> (weak reference to the value, block, program version): values this executor
         # wrote back to a scope with the dtype and shape that block declares (_trust)
         self._trusted: dict[str, tuple] = {}
+
+    def _graph_runner(self, graphs) -> GraphRunner | None:
+        if graphs not in (True, False, "auto"):
+            raise BackendError(f'Executor(graphs=...) takes True, False or "auto", not {graphs!r}')
+        if graphs == "auto":
+            return GraphRunner(self.backend, auto=True) if self.backend.has_graphs else None
+        if graphs and not self.backend.has_graphs:
+            raise BackendError(f"Executor(graphs=True) needs a CUDA device of backend \"torch\" (CuPy cannot "
+                               f"capture cuBLAS calls), not {self._backend_str()}")
+        return GraphRunner(self.backend) if graphs else None
+
+    def _region_runner(self, compile) -> RegionRunner | None:
+        if not compile:
+            return None
+        compiler = self.backend.region_compiler() if self._engine is None else None
+        if compiler is None:
+            raise BackendError(f'Executor(compile=True) needs backend "torch" (torch.compile), not '
+                               f"{self._backend_str()}")
+        return RegionRunner(self, compiler)
 
     @property
     def run_context(self) -> RunContext:
@@ -248,10 +272,18 @@ class Executor:
         return env
 
     def execute(self, plan: Plan, env: dict) -> None:
-        """Run a plan's steps over ``env`` (name -> array), freeing dead values."""
+        """Run a plan's steps over ``env`` (name -> array), freeing dead values (compiled regions
+        with ``compile=True``, except while ``check_finite`` looks at every op)."""
+        if self.regions is not None and not self.check_finite:
+            self.regions.execute(plan, env)
+        else:
+            self.execute_steps(plan.steps, env)
+
+    def execute_steps(self, steps: Sequence, env: dict) -> None:
+        """Run ``steps`` (of a plan) one by one over ``env``, freeing dead values."""
         meter = self._run.meter
         hold, release = meter.hold, meter.release
-        for step in plan.steps:
+        for step in steps:
             try:
                 args = [env[n] for n in step.inputs]
             except KeyError as exc:
@@ -286,7 +318,7 @@ class Executor:
                 value = env.pop(name, None)
                 if value is not None:
                     release(value)
-        self._run.ops_run += len(plan.steps)
+        self._run.ops_run += len(steps)
 
     def _check_finite(self, step, args: list, result) -> None:
         """ExecutionError when an output of ``step`` that the plan keeps holds NaN or Inf."""
