@@ -155,6 +155,10 @@ class TorchBackend(Backend):
         wants float step counts)."""
         if self.fused_adam is None or any(p.dtype != params[0].dtype for p in params):
             return None
+        if self.torch.compiler.is_compiling():
+            # inside a compiled region (Executor(compile=True)) the compiler fuses the per-parameter
+            # math itself; it cannot functionalise this in-place kernel's state steps
+            return None
         # The fused kernel walks each parameter, gradient and moment as one flat buffer (layouts
         # must agree) and copies a non-contiguous gradient for nothing. oneDNN's LSTM weight
         # gradients are transposed views of contiguous [4H, D] buffers: the kernel gets every

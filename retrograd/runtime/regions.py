@@ -127,12 +127,16 @@ class _CompileOnSecondCall:
 
     def __init__(self, compile_function, function):
         self.compile_function, self.function, self.compiled = compile_function, function, None
+        self.calls = 0
 
     def __call__(self, *args):
         if self.compiled is not None:
             return self.compiled(*args)
+        self.calls += 1
+        if self.calls == 1:
+            return self.function(*args)
         self.compiled = self.compile_function(self.function)
-        return self.function(*args)
+        return self.compiled(*args)
 
 
 def _source(region: Region, name: str) -> tuple[str, dict]:
@@ -224,7 +228,7 @@ class RegionRunner:
             results = self._call(region, args)
         except Exception as exc:  # noqa: BLE001 -- the eager run below says whether it was the compiler
             executor.execute_steps(region.steps, env)      # the eager run's error, if it has one
-            region.eager_reason = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
+            region.eager_reason = _reason(exc)
             region.function = None
             log.warning("retrograd: compile=True: the region of %d ops from %s runs eagerly: the compiler "
                         "failed (%s)", len(region.steps), region.steps[0].op.where(), region.eager_reason)
@@ -242,3 +246,12 @@ class RegionRunner:
             if value is not None:
                 meter.release(value)
         executor.run_context.ops_run += len(region.steps)
+
+
+def _reason(exc: Exception) -> str:
+    """One line saying why the compiler failed (torch wraps the cause: its first line says little)."""
+    cause = exc
+    while cause.__cause__ is not None:
+        cause = cause.__cause__
+    text = " ".join(str(cause).split())
+    return f"{type(cause).__name__}: {text[:300]}"
