@@ -228,6 +228,16 @@ class Backend:
             return 0.5 * x * (1.0 + self.xp.tanh(inner))
         return 0.5 * x * (1.0 + self.erf(x * math.sqrt(0.5)))
 
+    def relu(self, x):
+        """``max(x, 0)`` (``Relu``; torch's own relu)."""
+        xp = self.xp
+        return xp.where(x > 0, x, xp.zeros_like(x))
+
+    def relu_grad(self, x, dy):
+        """``dy`` where ``x > 0``, else 0 (``ReluGrad``; torch's threshold_backward)."""
+        xp = self.xp
+        return xp.where(x > 0, dy, xp.zeros_like(dy))
+
     def gelu_grad(self, x, dy, approximate: str = "none"):
         """``dy * d gelu / dx`` (torch's gelu_backward)."""
         xp = self.xp
