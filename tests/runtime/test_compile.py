@@ -268,3 +268,15 @@ def test_train_cli_compile_flag_reaches_the_executor():
     add_train_arguments(parser)
     args = parser.parse_args(["--compile"])
     assert args.compile and choose_backend(args) == "torch"
+
+
+def test_ops_declared_compile_false_run_between_regions():
+    from retrograd.runtime.regions import compilable
+    main, startup, loss = _lstm_lm()        # Adam: one FusedAdamUpdate on the torch backend
+    exe = _executor(lambda f: f)
+    exe.run(startup)
+    exe.run(main, feed=_lstm_feeds()[0], fetch_list=[loss])
+    steps = [item for _, layout in exe.regions.layouts.values() for item in layout.items
+             if not isinstance(item, Region)]
+    assert "FusedAdamUpdate" in [s.op.type for s in steps]
+    assert not any(compilable(s) for s in steps if s.op.type == "FusedAdamUpdate")
