@@ -39,7 +39,7 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
 import retrograd as rg  # noqa: E402
-from retrograd import train  # noqa: E402
+from retrograd.cli import train  # noqa: E402
 
 RESULTS = ROOT / "benchmarks" / "results" / "compiled.md"
 CNN_BATCH, CNN_LR, CNN_MOMENTUM = 64, 0.01, 0.9

@@ -1,4 +1,4 @@
 """``python -m retrograd ...`` runs the ``retrograd`` command."""
-from .cli import main
+from .cli.main import main
 
 raise SystemExit(main())

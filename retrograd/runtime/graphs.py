@@ -39,8 +39,8 @@ from dataclasses import dataclass, field
 
 from ..errors import kernel_failure
 from ..ir.program import Block
-from ..ops.registry import OPS
-from ..ops.tensor import check_id_range
+from ..ops.core.registry import OPS
+from ..ops.array.tensor import check_id_range
 
 
 AUTO_MAX_GRAPHS = 8      # graphs="auto": signatures captured per plan; later new ones run eagerly

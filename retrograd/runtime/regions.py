@@ -36,8 +36,8 @@ import logging
 from dataclasses import dataclass, field
 
 from ..ir.program import Block
-from ..ops.registry import OPS
-from ..ops.tensor import check_id_range
+from ..ops.core.registry import OPS
+from ..ops.array.tensor import check_id_range
 
 log = logging.getLogger("retrograd")
 

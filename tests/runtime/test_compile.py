@@ -263,7 +263,7 @@ def test_check_finite_runs_op_by_op():
 
 def test_train_cli_compile_flag_reaches_the_executor():
     import argparse
-    from retrograd.train import add_train_arguments, choose_backend
+    from retrograd.cli.train import add_train_arguments, choose_backend
     parser = argparse.ArgumentParser()
     add_train_arguments(parser)
     args = parser.parse_args(["--compile"])
