@@ -43,12 +43,12 @@ def _feed(g, corpus, i: int, batch: int, seq_len: int) -> dict:
 
 
 def retrograd_stepper(g, corpus, backend: str, batch: int, lr: float, steps: int, device: str | None = None,
-                      graphs: bool = False):
-    """step(i) -> loss on ``backend`` (and ``device``; ``graphs``: replayed as a CUDA graph);
-    ``step.executor`` is the executor."""
+                      graphs: bool = False, compile: bool = False):
+    """step(i) -> loss on ``backend`` (and ``device``; ``graphs``: replayed as a CUDA graph;
+    ``compile``: compiled regions); ``step.executor`` is the executor."""
     cfg = g.Config()
     model = g.build(cfg, lr, steps=steps)      # its warmup: a tenth of the steps run here
-    exe = rg.Executor(backend=backend, device=device, graphs=graphs)
+    exe = rg.Executor(backend=backend, device=device, graphs=graphs, compile=compile)
     exe.run(model.startup)
 
     def step(i: int) -> float:

@@ -519,6 +519,12 @@ class Backend:
         raise BackendError(f'backend "{self.name}" on {self.device} has no device graphs: they need '
                            'backend "torch" with device "cuda" (CuPy cannot capture cuBLAS calls)')
 
+    def region_compiler(self):
+        """A function compiling a plan's straight-line region (a Python function of arrays) into a
+        faster one with the same results (``Executor(compile=True)``, runtime/regions.py), or None
+        where the library has no compiler."""
+        return None
+
     def on_device(self):
         """The context the executor runs kernels in.
 
@@ -672,6 +678,16 @@ class Backend:
             inner = math.sqrt(2.0 / math.pi) * (x + 0.044715 * (x * x * x))
             return 0.5 * x * (1.0 + self.xp.tanh(inner))
         return 0.5 * x * (1.0 + self.erf(x * math.sqrt(0.5)))
+
+    def relu(self, x):
+        """``max(x, 0)`` (``Relu``; torch's own relu)."""
+        xp = self.xp
+        return xp.where(x > 0, x, xp.zeros_like(x))
+
+    def relu_grad(self, x, dy):
+        """``dy`` where ``x > 0``, else 0 (``ReluGrad``; torch's threshold_backward)."""
+        xp = self.xp
+        return xp.where(x > 0, dy, xp.zeros_like(dy))
 
     def gelu_grad(self, x, dy, approximate: str = "none"):
         """``dy * d gelu / dx`` (torch's ``gelu_backward``).

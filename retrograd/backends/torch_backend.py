@@ -80,7 +80,7 @@ def _import_torch():
 class TorchBackend(Backend):
     name = "torch"
     # Adam for all parameters in one op (multi_adam); fc's product and bias add as one addmm
-    program_passes = ("fuse_optimizer_updates", "fuse_linear_bias")
+    program_passes = ("fuse_optimizer_updates", "fuse_linear_bias", "fuse_relu_grad")
 
     def __init__(self, device: str | None = None):
         torch, compat = _import_torch()
@@ -160,6 +160,10 @@ class TorchBackend(Backend):
         wants float step counts)."""
         if self.fused_adam is None or any(p.dtype != params[0].dtype for p in params):
             return None
+        if self.torch.compiler.is_compiling():
+            # inside a compiled region (Executor(compile=True)) the compiler fuses the per-parameter
+            # math itself; it cannot functionalise this in-place kernel's state steps
+            return None
         # The fused kernel walks each parameter, gradient and moment as one flat buffer (layouts
         # must agree) and copies a non-contiguous gradient for nothing. oneDNN's LSTM weight
         # gradients are transposed views of contiguous [4H, D] buffers: the kernel gets every
@@ -231,6 +235,13 @@ class TorchBackend(Backend):
     def gelu(self, x, approximate: str = "none"):
         return self.torch.nn.functional.gelu(x, approximate=approximate)
 
+    def relu(self, x):
+        return self.torch.relu(x)
+
+    def relu_grad(self, x, dy):
+        # one pass (torch.nn.ReLU's backward); a comparison then a where over a bool mask is ~6x slower
+        return self.torch.ops.aten.threshold_backward(dy, x, 0)
+
     def gelu_grad(self, x, dy, approximate: str = "none"):
         return self.torch.ops.aten.gelu_backward(dy, x, approximate=approximate)
 
@@ -269,6 +280,10 @@ class TorchBackend(Backend):
         return x.scatter_add_(axis, indices, values)
 
     def take_along_axis(self, x, indices, axis: int):
+        if indices.ndim == x.ndim and all(i == n for d, (i, n) in enumerate(zip(indices.shape, x.shape))
+                                          if d != axis % x.ndim):
+            # (gather, not take_along_dim, whose broadcast fixes the sizes under torch.compile)
+            return self.torch.gather(x, axis, indices)
         return self.torch.take_along_dim(x, indices, dim=axis)
 
     def put_along_axis(self, shape, indices, values, axis: int):
@@ -293,6 +308,13 @@ class TorchBackend(Backend):
         with self.torch.cuda.device(self.torch_device), self.torch.cuda.graph(graph):
             work()
         return graph
+
+    def region_compiler(self):
+        """``torch.compile`` (Inductor) for a plan's straight-line regions; a changed size makes a
+        region recompile once with that size symbolic (``dynamic=None``: torch's automatic dynamic
+        shapes), not once per size."""
+        torch = self.torch
+        return lambda function: torch.compile(function, dynamic=None, fullgraph=False)
 
     def device_memory(self) -> int | None:
         if self.torch_device.type != "cuda":

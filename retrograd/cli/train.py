@@ -111,6 +111,10 @@ def add_train_arguments(parser: argparse.ArgumentParser) -> None:
     add("--graphs", action="store_true",
         help="replay each step as a CUDA graph (--backend torch on a CUDA device): one launch instead "
              "of thousands of small ones per step")
+    add("--compile", action="store_true",
+        help="run each straight-line part of the step (forward, backward and updates between "
+             "control-flow ops) as one torch.compile'd function (--backend torch; the first steps "
+             "are slow while Inductor compiles)")
     add("--seed", type=int, default=0, help="seed for initialisation, batches and sampling (default: 0)")
     add("--check-finite", action="store_true",
         help="stop at the first op whose output holds NaN or Inf, naming it and its inputs "
@@ -143,7 +147,7 @@ AUTO_ORDER = ("torch", "onnxruntime", "numpy")
 
 def choose_backend(args: argparse.Namespace) -> str:
     """``args.backend``, with ``auto`` resolved to the first of ``AUTO_ORDER`` that is installed and
-    runs everything asked: a device or CUDA graphs need torch; data parallelism over MPI (its
+    runs everything asked: a device, CUDA graphs or --compile need torch; data parallelism over MPI (its
     AllReduce) and a ``--recompute`` budget (the engine runs store-all) keep the engine out.
 
     Example::
@@ -153,7 +157,7 @@ def choose_backend(args: argparse.Namespace) -> str:
     if args.backend != "auto":
         return args.backend
     order = AUTO_ORDER
-    if args.device is not None or getattr(args, "graphs", False):
+    if args.device is not None or getattr(args, "graphs", False) or getattr(args, "compile", False):
         order = ("torch",)
     elif getattr(args, "recompute", None) is not None or rg.distributed.world_size() > 1:
         order = ("torch", "numpy")
@@ -387,7 +391,8 @@ class Job:
                                        batch=args.batch // ranks, precision=args.precision)
         self.val_program, self.val_loss = build_loss(cfg, args.seq_len, data_parallel=ranks > 1)
         self.exe = rg.Executor(threads=args.threads, backend=args.backend, device=args.device,
-                               graphs=args.graphs, check_finite=args.check_finite)
+                               graphs=args.graphs, check_finite=args.check_finite,
+                               compile=getattr(args, "compile", False))
         self.exe.run(self.training.startup)
         if args.resume:
             try:     # strict: state this run's optimizer would drop is refused, not lost

@@ -20,6 +20,7 @@ from .graphs import GraphRunner
 from .malloc import keep_freed_memory
 from .plan import Plan, compile_block
 from .engines import engine_for
+from .regions import RegionRunner
 from .scope import Scope
 from .threads import BlasThreads
 from .stats import MemoryMeter, RunStats
@@ -101,7 +102,13 @@ class Executor:
         device: e.g. ``"cpu"``, ``"cuda"``, ``"cuda:1"``.
         threads: Caps BLAS threads while a run computes (default 1: the small
             per-step products gain nothing from more; see ``runtime/threads.py``).
-        graphs: Replay runs as CUDA graphs (torch on CUDA only).
+        graphs: Replay runs as CUDA graphs (torch on CUDA only); ``"auto"``
+            replays where the backend has graphs and a run's feed shapes repeat,
+            and runs eagerly elsewhere (``runtime/graphs.py``).
+        compile: (backend "torch") run each straight-line region of a plan (the
+            ops between two control-flow ops) as one ``torch.compile``d function
+            (``runtime/regions.py``); the program is not changed, and results
+            equal the eager run's within float rounding.
         check_finite: Stop a run at the first op whose output holds NaN or Inf
             with an ``ExecutionError`` naming the op, its inputs and the user's
             line (one reduction per output; ``runtime/finite.py``). Such runs are
@@ -128,15 +135,13 @@ class Executor:
     """
 
     def __init__(self, scope: Scope | None = None, xp=None, backend=None, device: str | None = None,
-                 threads: int | None = None, graphs: bool = False, check_finite: bool = False):
+                 threads: int | None = None, graphs: bool | str = False, check_finite: bool = False,
+                 compile: bool = False):
         keep_freed_memory()                # once per process: no page faults per step (runtime/malloc.py)
         self.blas = BlasThreads(threads)   # BLAS threads during each run (runtime/threads.py)
         self.backend = _resolve_backend(xp, backend, device)
         self.xp = self.backend.xp
-        if graphs and not self.backend.has_graphs:
-            raise BackendError(f"Executor(graphs=True) needs a CUDA device of backend \"torch\" (CuPy cannot "
-                               f"capture cuBLAS calls), not {self._backend_str()}")
-        self.graphs = GraphRunner(self.backend) if graphs else None
+        self.graphs = self._graph_runner(graphs)
         self.check_finite = bool(check_finite)
         if scope is None:
             scope = Scope(backend=self.backend)
@@ -144,6 +149,7 @@ class Executor:
             scope.backend = self.backend
         self.scope = scope
         self._engine = engine_for(self)
+        self.regions = self._region_runner(compile)
         self.last_stats = RunStats()
         self._run = RunContext(self)
         self._plans: dict[tuple, Plan] = {}
@@ -152,6 +158,25 @@ class Executor:
         # name -> (weak reference to the value, block, program version): values this executor
         # wrote back to a scope with the dtype and shape that block declares (_trust)
         self._trusted: dict[str, tuple] = {}
+
+    def _graph_runner(self, graphs) -> GraphRunner | None:
+        if graphs not in (True, False, "auto"):
+            raise BackendError(f'Executor(graphs=...) takes True, False or "auto", not {graphs!r}')
+        if graphs == "auto":
+            return GraphRunner(self.backend, auto=True) if self.backend.has_graphs else None
+        if graphs and not self.backend.has_graphs:
+            raise BackendError(f"Executor(graphs=True) needs a CUDA device of backend \"torch\" (CuPy cannot "
+                               f"capture cuBLAS calls), not {self._backend_str()}")
+        return GraphRunner(self.backend) if graphs else None
+
+    def _region_runner(self, compile) -> RegionRunner | None:
+        if not compile:
+            return None
+        compiler = self.backend.region_compiler() if self._engine is None else None
+        if compiler is None:
+            raise BackendError(f'Executor(compile=True) needs backend "torch" (torch.compile), not '
+                               f"{self._backend_str()}")
+        return RegionRunner(self, compiler)
 
     @property
     def run_context(self) -> RunContext:
@@ -330,7 +355,8 @@ class Executor:
         return env
 
     def execute(self, plan: Plan, env: dict) -> None:
-        """Run a plan's steps over ``env`` (name -> array) in place, freeing dead values.
+        """Run a plan's steps over ``env`` (name -> array) in place, freeing dead values
+        (as compiled regions with ``compile=True``, except while ``check_finite`` looks at every op).
 
         Control-flow kernels and engines call it; users call ``run``.
 
@@ -357,9 +383,16 @@ class Executor:
             assert list(env[y.name]) == [1.0, 1.0]
             ```
         """
+        if self.regions is not None and not self.check_finite:
+            self.regions.execute(plan, env)
+        else:
+            self.execute_steps(plan.steps, env)
+
+    def execute_steps(self, steps: Sequence, env: dict) -> None:
+        """Run ``steps`` (of a plan) one by one over ``env``, freeing dead values."""
         meter = self._run.meter
         hold, release = meter.hold, meter.release
-        for step in plan.steps:
+        for step in steps:
             try:
                 args = [env[n] for n in step.inputs]
             except KeyError as exc:
@@ -394,7 +427,7 @@ class Executor:
                 value = env.pop(name, None)
                 if value is not None:
                     release(value)
-        self._run.ops_run += len(plan.steps)
+        self._run.ops_run += len(steps)
 
     def _check_finite(self, step, args: list, result) -> None:
         """ExecutionError when an output of ``step`` that the plan keeps holds NaN or Inf."""

@@ -20,6 +20,13 @@ of one run and replays them with one call. What is captured is a run's
   program with random ops (their keys change every run; a graph would replay
   one draw).
 
+``graphs="auto"`` decides per run: on a backend without device graphs (a CPU)
+every run is eager, without an error; on CUDA a run is captured once its feed
+shapes have repeated (the ``warmup`` eager runs with that signature before),
+and at most ``AUTO_MAX_GRAPHS`` signatures per plan are captured: a program
+whose shapes keep changing (a new length every batch) stays eager instead of
+filling the device with graphs replayed once.
+
 A plan is run eagerly ``warmup`` times per feed signature before it is
 captured (libraries set up their handles and workspaces there), then it is
 captured and replayed. Replacing a scope value it reads (``scope.set``,
@@ -34,6 +41,9 @@ from ..errors import kernel_failure
 from ..ir.program import Block
 from ..ops.core.registry import OPS
 from ..ops.array.tensor import check_id_range
+
+
+AUTO_MAX_GRAPHS = 8      # graphs="auto": signatures captured per plan; later new ones run eagerly
 
 
 @dataclass
@@ -54,10 +64,13 @@ class _Entry:
 class GraphRunner:
     """Per executor: one captured graph per (plan, feed shapes and dtypes, scope)."""
 
-    def __init__(self, backend, warmup: int = 2):
+    def __init__(self, backend, warmup: int = 2, auto: bool = False, max_graphs: int = AUTO_MAX_GRAPHS):
         self.backend = backend
         self.warmup = warmup
+        self.auto = auto                 # graphs="auto": at most max_graphs signatures per plan
+        self.max_graphs = max_graphs
         self.entries: dict[tuple, _Entry] = {}
+        self.captured: dict[int, int] = {}     # id(plan) -> signatures captured
         self.last_replayed = False
 
     def run(self, executor, run, plan, env: dict, fed: frozenset, scope, fetch) -> dict | None:
@@ -70,11 +83,14 @@ class GraphRunner:
             return None
         if entry.graph is not None and not self._same_inputs(entry, env, fed):
             entry.graph, entry.eager_runs = None, 0       # a scope value was replaced: capture anew
-        if entry.graph is None and entry.eager_runs < self.warmup:
+            self.captured[id(plan)] -= 1
+        if entry.graph is None and not self._due(entry, plan):
             entry.eager_runs += 1
             return None
-        if entry.graph is None and not self._capture(entry, executor, run, plan, env, fed):
-            return None
+        if entry.graph is None:
+            if not self._capture(entry, executor, run, plan, env, fed):
+                return None
+            self.captured[id(plan)] = self.captured.get(id(plan), 0) + 1
         for name in fed:
             entry.inputs[name][...] = env[name]
         entry.graph.replay()
@@ -88,6 +104,14 @@ class GraphRunner:
             if name in values:
                 values[name] = self.backend.xp.asarray(values[name], copy=True)
         return values
+
+    def _due(self, entry: _Entry, plan) -> bool:
+        """Whether a signature not captured yet is captured now: after ``warmup`` eager runs
+        (its shapes have repeated), and with ``auto`` only while the plan has fewer than
+        ``max_graphs`` graphs."""
+        if entry.eager_runs < self.warmup:
+            return False
+        return not self.auto or self.captured.get(id(plan), 0) < self.max_graphs
 
     # -- internals -----------------------------------------------------------------------
     def _entry(self, plan, env: dict, fed: frozenset, scope) -> _Entry:

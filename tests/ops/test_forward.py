@@ -726,6 +726,14 @@ def _gelu_grad(g: Gen, type_: str) -> Case:
                 lambda x, dy: gelu_grad(x, dy, approximate), ref, rtol=1e-5)
 
 
+@case("ReluGrad")
+def _relu_grad(g: Gen, type_: str) -> Case:
+    from retrograd.ops.math.activation import relu_grad
+    s, dtype = g.shape(), g.pick(FLOATS)
+    return Case([(g.declare(s), g.floats(s, dtype)), (g.declare(s), g.floats(s, dtype))], relu_grad,
+                lambda x, dy: np.where(x > 0, dy, 0).astype(x.dtype))
+
+
 @case("LogicalOr")
 def _logical_or(g: Gen, type_: str) -> Case:
     sa, sb = g.broadcastable(2)

@@ -153,3 +153,70 @@ def test_causal_attention_with_a_clip_replays_as_a_graph_regression_host_scalar_
         for a, b in zip(got, want):
             np.testing.assert_allclose(to_numpy(a), b, rtol=1e-10, atol=1e-12)
     assert exe.graphs.last_replayed
+
+
+# --- graphs="auto" ----------------------------------------------------------------------------------
+
+def test_auto_graphs_without_a_cuda_device_run_eagerly(backend):
+    if backend.name == "torch" and backend.device not in (None, "cpu"):
+        pytest.skip("torch on CUDA captures graphs")
+    if backend.name == "onnxruntime":
+        pytest.skip("the engine runs programs its own way")
+    main, startup, loss = _lm()
+    batches = [_batch(i) for i in range(4)]
+    exe = rg.Executor(graphs="auto", **backend.kwargs)
+    assert exe.graphs is None                   # no device graphs here: every run eager, no error
+    want = _train(backend.executor(), main, startup, loss, batches)
+    np.testing.assert_allclose(_train(exe, main, startup, loss, batches), want, rtol=1e-12)
+
+
+def test_graphs_takes_true_false_or_auto():
+    with pytest.raises(rg.BackendError, match='takes True, False or "auto"'):
+        rg.Executor(graphs="always")
+
+
+class _StandInGraph:
+    """What a capture leaves: a graph whose replays are counted (the decision logic is tested on a
+    CPU; the replayed numbers are tested on CUDA above)."""
+
+    def __init__(self):
+        self.replays = 0
+
+    def replay(self):
+        self.replays += 1
+
+
+def _decisions(auto: bool, shapes: list[int], max_graphs: int = 2) -> list[str]:
+    """'eager', 'capture' or 'replay' for runs of a stand-in plan fed ``x`` of each length."""
+    from types import SimpleNamespace
+    import torch
+    from retrograd.runtime.graphs import GraphRunner
+
+    runner = GraphRunner(rg.Executor(backend="torch").backend, auto=auto, max_graphs=max_graphs)
+    captured = []
+
+    def capture(entry, executor, run, plan, env, fed):
+        entry.graph, entry.inputs, entry.outputs = _StandInGraph(), {n: env[n].clone() for n in env}, {}
+        captured.append(True)
+        return True
+
+    runner._capture = capture
+    plan = SimpleNamespace(block=SimpleNamespace(ops=[]))
+    run = SimpleNamespace(meter=SimpleNamespace(peak=0), ops_run=0)
+    said = []
+    for n in shapes:
+        before = len(captured)
+        values = runner.run(None, run, plan, {"x": torch.zeros(n)}, frozenset({"x"}), None, [])
+        said.append("eager" if values is None else "capture" if len(captured) > before else "replay")
+    return said
+
+
+def test_auto_captures_a_signature_once_it_repeats():
+    assert _decisions(True, [3, 3, 3, 3, 4, 3]) == ["eager", "eager", "capture", "replay", "eager", "replay"]
+
+
+def test_auto_stops_capturing_new_signatures_past_max_graphs():
+    shapes = [3, 3, 3, 4, 4, 4, 5, 5, 5, 5, 3]
+    assert _decisions(True, shapes) == ["eager", "eager", "capture", "eager", "eager", "capture",
+                                        "eager", "eager", "eager", "eager", "replay"]
+    assert _decisions(False, shapes)[8] == "capture"          # graphs=True captures every signature
