@@ -43,7 +43,8 @@ NO_EXAMPLE = {
                  "erf", "gelu", "gelu_grad", "silu", "softplus", "elu", "leaky_relu", "logsumexp",
                  "linear", "global_norm", "softmax", "log_softmax", "add_along_axis", "cumsum", "cumprod",
                  "sort_descending", "take_along_axis", "put_along_axis", "random_uniform", "random_normal",
-                 "random_keep_mask", "random_integers", "random_categorical")},
+                 "random_keep_mask", "random_integers", "random_categorical", "kernel_for",
+                 "region_compiler", "relu", "relu_grad")},
 }
 
 def _defined_names(module) -> list[str]:

@@ -127,8 +127,19 @@ class Backend:
         return found
 
     def kernel_for(self, kernel, op, block):
-        """The function that runs ``op`` here: its kernel, or the kernel wrapped where this
-        backend computes a dtype by another (NumPy's bfloat16 and float16 in float32)."""
+        """The function that runs ``op`` here: its kernel, or the kernel wrapped.
+
+        A backend that computes a dtype by another (NumPy's bfloat16 and float16 in float32)
+        wraps the kernels of ops touching it; read once per op when a block is compiled.
+
+        Args:
+            kernel: The op's registered kernel.
+            op: The Op.
+            block: The Block holding it (for its Vars' dtypes).
+
+        Returns:
+            The function the plan calls for ``op``.
+        """
         return kernel
 
     # -- transfers (library-specific) ------------------------------------------------
@@ -520,9 +531,14 @@ class Backend:
                            'backend "torch" with device "cuda" (CuPy cannot capture cuBLAS calls)')
 
     def region_compiler(self):
-        """A function compiling a plan's straight-line region (a Python function of arrays) into a
-        faster one with the same results (``Executor(compile=True)``, runtime/regions.py), or None
-        where the library has no compiler."""
+        """The compiler of a plan's straight-line regions, or None where the library has none.
+
+        ``Executor(compile=True)`` hands it each region (a Python function of arrays) and runs
+        what it returns (runtime/regions.py); torch's is ``torch.compile``.
+
+        Returns:
+            A function ``compile(fn) -> fn`` with the same results, or None.
+        """
         return None
 
     def on_device(self):
@@ -680,12 +696,27 @@ class Backend:
         return 0.5 * x * (1.0 + self.erf(x * math.sqrt(0.5)))
 
     def relu(self, x):
-        """``max(x, 0)`` (``Relu``; torch's own relu)."""
+        """``max(x, 0)`` (``Relu``; torch's own relu).
+
+        Args:
+            x: An array of this backend.
+
+        Returns:
+            ``x`` where positive, else 0.
+        """
         xp = self.xp
         return xp.where(x > 0, x, xp.zeros_like(x))
 
     def relu_grad(self, x, dy):
-        """``dy`` where ``x > 0``, else 0 (``ReluGrad``; torch's threshold_backward)."""
+        """``dy`` where ``x > 0``, else 0 (``ReluGrad``; torch's threshold_backward).
+
+        Args:
+            x: The relu's input.
+            dy: The gradient of its output.
+
+        Returns:
+            The gradient of its input.
+        """
         xp = self.xp
         return xp.where(x > 0, dy, xp.zeros_like(dy))
 

@@ -20,12 +20,30 @@ from ..ir.program import Block, Op, Program
 
 
 def fuse_relu_grad(program: Program, keep=frozenset()) -> int:
-    """Fuse every match in the global block in place; return how many were fused. ``keep``
-    names values that must stay computed (fetches).
+    """Fuse relu's gradient (``where(x > 0, dy, 0)``) into one ``ReluGrad`` op, in place.
 
-    Example::
+    The torch backend applies it to its copy of a program (``threshold_backward``).
 
-        fused = rg.passes.fuse_relu_grad(main)      # relu's Greater + Where -> one ReluGrad
+    Args:
+        program: The program (its global block is rewritten).
+        keep: Names that must stay computed (fetches).
+
+    Returns:
+        How many were fused.
+
+    Example:
+        ```python
+        import retrograd as rg
+
+        main = rg.Program()
+        with rg.program_guard(main):
+            x = rg.data("x", [3])
+            x.stop_gradient = False
+            loss = rg.sum(rg.relu(x))
+            (dx,) = rg.gradients(loss, [x])
+        fused = rg.passes.fuse_relu_grad(main, keep=frozenset([dx.name]))
+        assert fused == 1 and "ReluGrad(x, " in str(main)
+        ```
     """
     block = program.global_block()
     readers = read_counts(program)

@@ -41,9 +41,34 @@ from ..ops.core.registry import infer_specs
 def cast_to_low_precision(program: Program, dtype: str, low: Iterable[str], float32: Iterable[str]) -> int:
     """Rewrite the global block's ops (the forward built so far) in place; return the casts added.
 
-    Example::
+    Ops whose type is in ``low`` compute in ``dtype``, those in ``float32`` in float32, the
+    others in their inputs' widest dtype; each value is cast once. ``rg.amp.decorate``'s
+    ``minimize`` runs it before the backward.
 
+    Args:
+        program: The program (its global block is rewritten).
+        dtype: ``"bfloat16"`` or ``"float16"``.
+        low: Op types that compute in ``dtype`` (``rg.amp.LOW``).
+        float32: Op types that compute in float32 (``rg.amp.FLOAT32``).
+
+    Returns:
+        The number of Cast ops added.
+
+    Raises:
+        ProgramError: ``dtype`` is not a low-precision float.
+
+    Example:
+        ```python
+        import retrograd as rg
+
+        main = rg.Program()
+        with rg.program_guard(main):
+            x = rg.data("x", [4, 8])
+            w = rg.create_parameter("w", [8, 2])
+            y = rg.softmax(rg.matmul(x, w))
         added = rg.passes.cast_to_low_precision(main, "bfloat16", rg.amp.LOW, rg.amp.FLOAT32)
+        assert added > 0 and "Cast" in str(main)
+        ```
     """
     dtype = canonical(dtype)
     if not is_low_float(dtype):

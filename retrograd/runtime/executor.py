@@ -355,8 +355,10 @@ class Executor:
         return env
 
     def execute(self, plan: Plan, env: dict) -> None:
-        """Run a plan's steps over ``env`` (name -> array) in place, freeing dead values
-        (as compiled regions with ``compile=True``, except while ``check_finite`` looks at every op).
+        """Run a plan's steps over ``env`` (name -> array) in place, freeing dead values.
+
+        With ``compile=True`` the plan's straight-line regions run compiled, except while
+        ``check_finite`` looks at every op.
 
         Control-flow kernels and engines call it; users call ``run``.
 
@@ -389,7 +391,29 @@ class Executor:
             self.execute_steps(plan.steps, env)
 
     def execute_steps(self, steps: Sequence, env: dict) -> None:
-        """Run ``steps`` (of a plan) one by one over ``env``, freeing dead values."""
+        """Run ``steps`` (of a plan) one by one over ``env``, freeing dead values.
+
+        ``execute`` calls it for a plan's ops outside compiled regions; engines and regions
+        call it for theirs.
+
+        Args:
+            steps: Steps of a plan from ``plan_for``, in order.
+            env: The values the steps read; their outputs are added to it.
+
+        Example:
+            ```python
+            import numpy as np
+            import retrograd as rg
+
+            main = rg.Program()
+            with rg.program_guard(main):
+                y = rg.exp(rg.data("x", [2]))
+            exe = rg.Executor()
+            env = {"x": np.zeros(2, "float32")}
+            exe.execute_steps(exe.plan_for(main.global_block(), frozenset([y.name])).steps, env)
+            assert list(env[y.name]) == [1.0, 1.0]
+            ```
+        """
         meter = self._run.meter
         hold, release = meter.hold, meter.release
         for step in steps:

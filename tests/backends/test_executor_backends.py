@@ -149,12 +149,26 @@ def test_a_backend_with_an_engine_runs_whole_programs_through_it():
 
     class EngineBackend(NumpyBackend):
         name = "recording"
-        engine = RecordingEngine
+        runs_whole_programs = True
 
-    exe = rg.Executor(backend=EngineBackend())
+    from retrograd.runtime.engines import ENGINES, register_engine
+    register_engine("recording", RecordingEngine)     # as retrograd.onnx.engine registers its own
+    try:
+        exe = rg.Executor(backend=EngineBackend())
+    finally:
+        del ENGINES["recording"]
     main, _, y = _tanh_program()
     assert exe.run(main, feed={"x": XB}, fetch_list=[y], return_numpy=False) == ["ran"]
     assert calls == [(exe, main, {"x": XB}, [y], None, False)]
+
+
+def test_a_backend_whose_engine_is_not_registered_is_a_backend_error():
+    class EngineBackend(NumpyBackend):
+        name = "unregistered"
+        runs_whole_programs = True
+
+    with pytest.raises(rg.BackendError, match='backend "unregistered" runs programs through an engine'):
+        rg.Executor(backend=EngineBackend())
 
 
 def test_get_backend_gives_a_fresh_backend_each_time():

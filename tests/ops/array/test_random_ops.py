@@ -234,7 +234,7 @@ def test_seeded_categorical_frequencies_over_seeds_follow_the_softmax():
     with rg.program_guard(main, rg.Program()):
         seeds = rg.data("seeds", [-1], dtype="int64")
         table = rg.data("l", [1, 5], "float64")
-        count = rg.ops.tensor.dim(seeds, 0)
+        count = rg.ops.array.tensor.dim(seeds, 0)
         _, drawn = rg.while_loop(
             lambda i, out: i < count,
             lambda i, out: (i + 1, rg.update_slice(out, rg.categorical(table, seed=seeds[i]), [i])),
