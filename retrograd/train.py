@@ -95,9 +95,10 @@ def add_train_arguments(parser: argparse.ArgumentParser) -> None:
         help="where to write the parameters (default: retrograd-<model>.npz)")
     add("--resume", metavar="PATH", default=None,
         help="start from parameters and optimizer state saved by an earlier run with the same model options")
-    add("--threads", type=pos_int, default=1,
-        help="BLAS threads per run (default: 1; more help only with a large --hidden or --batch, and "
-             "slow everything down when other programs share the cores)")
+    add("--threads", type=pos_int, default=None,
+        help="threads of every library the run uses: BLAS, OpenMP, torch, onnxruntime (default: 1; "
+             "more help only with a large --hidden or --batch, and slow everything down when other "
+             "programs share the cores)")
     add("--backend", choices=("auto", "numpy", "torch", "cupy", "onnxruntime"), default="auto",
         help="what runs the program (default: auto, the fastest installed for the run: torch, else "
              "the onnxruntime engine, else numpy; torch with --device/--graphs, not the engine under MPI "
@@ -185,7 +186,7 @@ def run_train(args: argparse.Namespace) -> int:
         if saved is not None:
             check_resumable(saved, args.resume, cfg, args.optimizer)
         job, cfg = _fit_recompute_budget(args, cfg, checkpoint, text)
-        out = _Reporter(args, job.first, text)
+        out = _Reporter(args, job.first, text, job.exe.threads)
         with _open_log(args, job.first) as log:
             job.train(out, log)
         checkpoint.save(job.exe, job.training, job.step_done)
@@ -494,7 +495,7 @@ def _log_line(file, step: int, loss: float, cps: float, peak: int, val: float | 
 class _Reporter:
     """The rich progress bar and the text lines around it."""
 
-    def __init__(self, args, first: int, text: TrainingText):
+    def __init__(self, args, first: int, text: TrainingText, threads: int):
         from rich.console import Console
         self.args = args
         self.first = first
@@ -509,7 +510,7 @@ class _Reporter:
             f"retrograd train: {args.model}, {args.layers} x {args.hidden} hidden, "
             f"{args.optimizer} lr {args.lr:g}, batch {args.batch} x {args.seq_len} chars, "
             f"{args.steps} steps {where}, backend {args.backend}"
-            f"{'' if args.device is None else ' on ' + args.device}\n"
+            f"{'' if args.device is None else ' on ' + args.device}, {_threads_words(threads)}\n"
             f"corpus: {text.corpus.describe(len(text.train), len(text.held_out))}")
 
     def reports(self, step: int) -> bool:
@@ -556,6 +557,10 @@ class _Reporter:
         self.console.print(f"saved parameters and optimizer state to {save_path}")
         self.console.print("sample:", style="bold")
         self.console.print(sample, markup=False)
+
+
+def _threads_words(threads: int) -> str:
+    return "1 thread" if threads == 1 else f"{threads} threads"
 
 
 def _megabytes(n: int) -> str:

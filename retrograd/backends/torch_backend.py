@@ -108,6 +108,16 @@ class TorchBackend(Backend):
         self.cudnn_gru = torch_cudnn_rnn.CuDNNGRU(torch) if on_cuda and _has_cudnn_lstm(torch) else None
         self.fused_adam = _fused_adam_ops(torch) if dev.type == "cpu" else None   # (Adam, AdamW) or None
 
+    # -- threads (runtime/threads.py) ------------------------------------------------------
+    def thread_pools(self) -> tuple:
+        """torch's intra-op pool (``torch.get_num_threads`` / ``set_num_threads``)."""
+        return (self.torch,)
+
+    def fix_threads(self, threads: int) -> None:
+        """torch's inter-op pool, which takes its size once per process (``runtime/threads.py``)."""
+        from ..runtime.threads import fix_torch_interop_threads
+        fix_torch_interop_threads(self.torch, threads)
+
     # -- fused kernels (LSTMSequence): None where this backend has none for the arrays given ----
     def vendor_lstm(self, x):
         """The vendor LSTM for ``x``: oneDNN (CPU float32), cuDNN (CUDA), or None (general kernels)."""

@@ -8,7 +8,7 @@
 2. exports the clone to ONNX (``retrograd.onnx.export``): the feeds and the
    persistables it reads are graph inputs, the fetches and the persistables
    it writes are graph outputs,
-3. builds one ``onnxruntime.InferenceSession`` (one thread, all graph
+3. builds one ``onnxruntime.InferenceSession`` (``threads`` threads, all graph
    optimisations) and keeps it until the program changes
    (``program.serial`` / ``program.version`` are part of the key).
 
@@ -65,11 +65,12 @@ class CompiledSession:
 
 
 def session_options(threads: int = 1):
-    """onnxruntime options the engine uses: ``threads`` intra-op threads, every graph optimisation."""
+    """onnxruntime options the engine uses: ``threads`` intra- and inter-op threads (the
+    executor's ``threads``), every graph optimisation."""
     import onnxruntime as ort
     options = ort.SessionOptions()
     options.intra_op_num_threads = threads
-    options.inter_op_num_threads = 1
+    options.inter_op_num_threads = threads
     options.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
     options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
     options.log_severity_level = 4            # warnings about unused initializers are noise here, and
@@ -106,7 +107,7 @@ class OnnxRuntimeEngine:
         self.executor = executor
         self.device = getattr(executor.backend, "engine_device", "cpu")
         self.providers = providers_for(self.device)
-        self.threads = 1
+        self.threads = executor.threads     # the executor's one thread count (runtime/threads.py)
         self.sessions_built = 0          # how many sessions this engine has built (cache misses)
         self.run_id = 0                  # runs so far (random ops draw from (seed, run id, ...))
         self._sessions: dict[tuple, CompiledSession] = {}

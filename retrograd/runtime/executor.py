@@ -19,7 +19,7 @@ from .graphs import GraphRunner
 from .malloc import keep_freed_memory
 from .plan import Plan, compile_block
 from .scope import Scope
-from .threads import BlasThreads
+from .threads import ThreadLimit
 from .stats import MemoryMeter, RunStats
 
 
@@ -90,8 +90,11 @@ class Executor:
     ``retrograd.backends.Backend``), ``device`` e.g. "cpu", "cuda", "cuda:1";
     ``xp=`` (an array namespace: numpy, torch, array_api_strict, ...) is the
     older spelling. ``exe.backend`` is the Backend; the scope holds its arrays.
-    ``threads`` caps BLAS threads while a run computes (default 1: the small
-    per-step products gain nothing from more; see ``runtime/threads.py``).
+    ``threads`` is the one thread count of every library a run uses: BLAS,
+    OpenMP, torch's intra-op (and, once per process, inter-op) pools,
+    onnxruntime's sessions (default 1: the small per-step products gain
+    little from more, and more collapse when other processes share the
+    cores; see ``runtime/threads.py``).
     ``check_finite=True`` stops a run at the first op whose output holds NaN or
     Inf with an ``ExecutionError`` naming the op, its inputs and the user's
     line (one reduction per output; ``runtime/finite.py``). With
@@ -108,8 +111,12 @@ class Executor:
     def __init__(self, scope: Scope | None = None, xp=None, backend=None, device: str | None = None,
                  threads: int | None = None, graphs: bool = False, check_finite: bool = False):
         keep_freed_memory()                # once per process: no page faults per step (runtime/malloc.py)
-        self.blas = BlasThreads(threads)   # BLAS threads during each run (runtime/threads.py)
+        limit = ThreadLimit(threads)       # checked before anything is built
         self.backend = _resolve_backend(xp, backend, device)
+        self.threads = limit.threads
+        self.backend.fix_threads(self.threads)
+        # every library's threads during each run (runtime/threads.py)
+        self.thread_limit = ThreadLimit(self.threads, self.backend.thread_pools())
         self.xp = self.backend.xp
         if graphs and not self.backend.has_graphs:
             raise BackendError(f"Executor(graphs=True) needs a CUDA device of backend \"torch\" (CuPy cannot "
@@ -130,6 +137,10 @@ class Executor:
         # name -> (weak reference to the value, block, program version): values this executor
         # wrote back to a scope with the dtype and shape that block declares (_trust)
         self._trusted: dict[str, tuple] = {}
+
+    def __repr__(self) -> str:
+        return (f'Executor(backend="{self.backend.name}", device="{self.backend.device}", '
+                f"threads={self.threads}, check_finite={self.check_finite})")
 
     @property
     def run_context(self) -> RunContext:
@@ -212,7 +223,7 @@ class Executor:
         env = self._initial_env(plan, block, feed or {}, scope)
         for value in env.values():
             run.meter.hold(value)
-        with self.blas.limit(), self.backend.on_device():
+        with self.thread_limit.limit(), self.backend.on_device():
             fed = frozenset(k.name if isinstance(k, Var) else k for k in (feed or {}))
             env = self._execute_run(plan, env, fed, scope, fetch)
         for name in plan.persistable_writes:
