@@ -14,7 +14,7 @@ from ..errors import (BackendError, ExecutionError, FeedDeviceError, FeedError, 
                       kernel_failure)
 from ..ir.program import Block, Program, Var
 from ..passes.fuse_recurrent import fuse_recurrent_cells, has_recurrences
-from .finite import first_non_finite, non_finite_error
+from .finite import first_non_finite, non_finite_error, unasked_non_finite
 from .graphs import GraphRunner
 from .malloc import keep_freed_memory
 from .plan import Plan, compile_block
@@ -95,8 +95,9 @@ class Executor:
     onnxruntime's sessions (default 1: the small per-step products gain
     little from more, and more collapse when other processes share the
     cores; see ``runtime/threads.py``).
-    ``check_finite=True`` stops a run at the first op whose output holds NaN or
-    Inf with an ``ExecutionError`` naming the op, its inputs and the user's
+    ``check_finite=True`` stops a run at the first op that makes a NaN, or an
+    Inf from finite inputs that its attributes do not ask for (``-inf`` masks
+    pass), with an ``ExecutionError`` naming the op, its inputs and the user's
     line (one reduction per output; ``runtime/finite.py``). With
     ``graphs=True`` such runs are not replayed as device graphs but run op by op.
 
@@ -300,10 +301,14 @@ class Executor:
         self._run.ops_run += len(plan.steps)
 
     def _check_finite(self, step, args: list, result) -> None:
-        """ExecutionError when an output of ``step`` that the plan keeps holds NaN or Inf."""
+        """ExecutionError when an output of ``step`` that the plan keeps holds a NaN, or an Inf
+        the op was not asked for (the rule: ``runtime/finite.py``)."""
         live = step.k.live_outputs          # the others may be stand-ins nobody reads
         kept = [(name, value) for i, (name, value) in enumerate(zip(step.outputs, result)) if i in live]
-        bad = first_non_finite(self.xp, [n for n, _ in kept], [v for _, v in kept])
+        names, values = [n for n, _ in kept], [v for _, v in kept]
+        if first_non_finite(self.xp, names, values) is None:
+            return                          # the common case: one reduction per output
+        bad = unasked_non_finite(self.xp, step.op, names, values, args)
         if bad is not None:
             raise non_finite_error(step.op.where(), bad, dict(kept)[bad], zip(step.inputs, args))
 
