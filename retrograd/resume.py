@@ -34,6 +34,9 @@ RECORDED = {
 }
 
 
+SCHEDULES_WITH_LENGTH = ("cosine", "step")
+
+
 def flag(dest: str) -> str:
     return "--" + dest.replace("_", "-")
 
@@ -44,7 +47,8 @@ def new_run_options(args) -> None:
     for dest, default in RECORDED.items():
         if not hasattr(args, dest):
             setattr(args, dest, default)
-    args.schedule_steps = args.steps
+    # the length of a schedule that has one (cosine, step): a resumed run keeps it
+    args.schedule_steps = args.steps if args.lr_schedule in SCHEDULES_WITH_LENGTH else None
 
 
 def options_record(args, text_files: list[str] | None) -> dict:
