@@ -96,13 +96,15 @@ def stored_options(saved: dict, where: str) -> dict:
 def _differs(where: str, dest: str, stored, given) -> str:
     refuse = f"cannot resume from {where}:"
     if dest == "model":
-        what = f"it holds a {stored} model and this run asks for --model {given}"
+        what = f"it holds a {stored} model and this run builds {given}"
     elif dest == "text":
-        what = (f"it was trained on {_files_words(stored)}, not on --text {' '.join(given)}")
+        what = f"it was trained on {_files_words(stored)}, not on --text {' '.join(given)}"
     else:
         what = f"it was trained with {flag(dest)} {_value_words(stored)}, not {_value_words(given)}"
-    return (f"{refuse} {what}; leave {flag(dest)} out to continue with the file's, or start a new "
-            "run without --resume")
+    files = "" if dest != "text" or stored else " (the built-in corpus)"
+    kept = f"{flag(dest)} {_value_words(stored)}" if dest != "text" else f"--text{files}"
+    return (f"{refuse} {what}; leave {flag(dest)} out to continue with the file's {kept}, or start "
+            "a new run without --resume")
 
 
 def _value_words(value) -> str:
