@@ -210,7 +210,7 @@ def run_train(args: argparse.Namespace) -> int:
         if saved is not None:
             check_resumable(saved, args.resume, cfg, args.optimizer)
         job, cfg = _fit_recompute_budget(args, cfg, checkpoint, text)
-        out = _Reporter(args, job.first, text, job.exe.threads)
+        out = _Reporter(args, job, text)
         with _open_log(args, job.first) as log:
             job.train(out, log)
         checkpoint.save(job.exe, job.training, job.step_done)
@@ -549,10 +549,10 @@ def _log_line(file, step: int, loss: float, cps: float, peak: int, val: float | 
 class _Reporter:
     """The rich progress bar and the text lines around it."""
 
-    def __init__(self, args, first: int, text: TrainingText, threads: int):
+    def __init__(self, args, job: "Job", text: TrainingText):
         from rich.console import Console
         self.args = args
-        self.first = first
+        self.first = first = job.first
         self.total = first + args.steps
         # Several MPI ranks: rank 0 alone prints.
         self.console = Console(highlight=False, soft_wrap=True, quiet=rg.distributed.rank() != 0)
@@ -560,14 +560,14 @@ class _Reporter:
         where = (f"resuming {args.resume} at step {first}, to step {first + args.steps}" if args.resume
                  else "from scratch")
         if args.lr_schedule != "constant":
-            where += f"; {args.lr_schedule} schedule over steps 1-{getattr(args, 'schedule_steps', None) or self.total}"
+            where += f"; {args.lr_schedule} schedule over steps 1-{job.schedule_steps}"
         ranks = rg.distributed.world_size()
         where += f", on {ranks} MPI ranks ({args.batch // ranks} windows each)" if ranks > 1 else ""
         self.console.print(
             f"retrograd train: {args.model}, {args.layers} x {args.hidden} hidden, "
             f"{args.optimizer} lr {args.lr:g}, batch {args.batch} x {args.seq_len} chars, "
             f"{args.steps} steps {where}, backend {args.backend}"
-            f"{'' if args.device is None else ' on ' + args.device}, {_threads_words(threads)}\n"
+            f"{'' if args.device is None else ' on ' + args.device}, {_threads_words(job.exe.threads)}\n"
             f"corpus: {text.corpus.describe(len(text.train), len(text.held_out))}")
 
     def reports(self, step: int) -> bool:

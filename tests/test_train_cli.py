@@ -662,7 +662,8 @@ def test_transformer_recompute_bytes_is_the_whole_step_budget(tmp_path):
 # --- issue 30: the first ten minutes, safe and fast ----------------------------------------------
 
 def test_header_names_the_thread_count(tmp_path):
-    done = retrograd_train(*SMALL, "--steps", "1", "--threads", "2", "--no-plot", "--save", str(tmp_path / "m.npz"))
+    done = retrograd_train(*SMALL, "--steps", "1", "--threads", "2", "--no-plot",
+                           "--save", str(tmp_path / "m.npz"))
     assert done.returncode == 0, done.stderr
     assert done.stdout.splitlines()[0].endswith("backend numpy, 2 threads"), done.stdout.splitlines()[0]
     done = retrograd_train(*SMALL, "--steps", "1", "--no-plot", "--save", str(tmp_path / "m.npz"))
@@ -683,7 +684,8 @@ def test_check_finite_passes_the_default_run_and_its_sampling(tmp_path, backend)
 def test_check_finite_passes_the_transformer_with_its_causal_mask(tmp_path):
     done = retrograd_train("--model", "transformer", "--layers", "1", "--heads", "2", "--hidden", "16",
                            "--seq-len", "8", "--batch", "4", "--steps", "2", "--sample-len", "12",
-                           "--backend", "numpy", "--check-finite", "--no-plot", "--save", str(tmp_path / "t.npz"))
+                           "--backend", "numpy", "--check-finite", "--no-plot",
+                           "--save", str(tmp_path / "t.npz"))
     assert done.returncode == 0, done.stderr
 
 
