@@ -235,3 +235,16 @@ def test_check_finite_sampler_ops_name_generation_py_not_the_installed_script():
         draw(logits, rg.constant(0.8), rg.constant(0, "int64"), rg.constant(1, "int64"))
     locations = {op.location for op in main.global_block().ops if op.type == "FillLike"}
     assert locations and all("generation.py:" in loc for loc in locations), locations
+
+
+def test_check_finite_passes_a_fetched_minus_inf_mask(backend):
+    # the onnxruntime engine sees only the graph's outputs: a fetched -inf sends it to re-run the
+    # program on NumPy, which makes the same -inf without complaint, so the run goes on
+    main = rg.Program()
+    with rg.program_guard(main, rg.Program()):
+        scores = rg.data("scores", [2, 2])
+        keep = rg.data("keep", [2, 2], "bool")
+        masked = rg.where(keep, scores * 2.0, rg.fill_like(scores, -np.inf))
+    feed = {"scores": np.ones((2, 2), "float32"), "keep": np.array([[True, False], [False, True]])}
+    got, = rg.Executor(**backend.kwargs, check_finite=True).run(main, feed=feed, fetch_list=[masked])
+    np.testing.assert_array_equal(got, [[2.0, -np.inf], [-np.inf, 2.0]])
