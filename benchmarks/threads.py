@@ -22,8 +22,11 @@ import time
 ONE_THREAD = {name: "1" for name in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS")}
 
 
+TIMEOUT_S = 900
+
+
 def run_once(backend: str, steps: int, extra_env: dict, threads: str | None) -> float:
-    """Seconds of one ``retrograd train`` process from start to exit."""
+    """Seconds of one ``retrograd train`` process from start to exit (inf past ``TIMEOUT_S``)."""
     with tempfile.TemporaryDirectory() as tmp:
         command = [sys.executable, "-m", "retrograd", "train", "--steps", str(steps), "--backend", backend,
                    "--sample-len", "20", "--no-plot", "--save", os.path.join(tmp, "m.npz")]
@@ -31,7 +34,10 @@ def run_once(backend: str, steps: int, extra_env: dict, threads: str | None) -> 
             command += ["--threads", threads]
         env = {**os.environ, **extra_env}
         started = time.perf_counter()
-        done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=900)
+        try:
+            done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=TIMEOUT_S)
+        except subprocess.TimeoutExpired:
+            return float("inf")
         seconds = time.perf_counter() - started
     if done.returncode != 0:
         raise SystemExit(f"{' '.join(command)} failed:\n{done.stderr[-2000:]}")
@@ -65,8 +71,13 @@ def main() -> None:
                 for process in spinners:
                     process.kill()
                     process.wait()
-            print(f"| {backend} | {load} | {default:.1f} | {pinned:.1f} | {default / pinned:.2f}x |", flush=True)
+            print(f"| {backend} | {load} | {_seconds(default)} | {_seconds(pinned)} | "
+                  f"{default / pinned:.2f}x |", flush=True)
     print(f"load average after: {open('/proc/loadavg').read().split()[:3]}")
+
+
+def _seconds(value: float) -> str:
+    return f">{TIMEOUT_S} (stopped)" if value == float("inf") else f"{value:.1f}"
 
 
 if __name__ == "__main__":
