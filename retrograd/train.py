@@ -55,6 +55,7 @@ from .errors import RetrogradError
 from .generation import generate_text
 from .io import ParamFileError, load_params, read_params, remove_stale_temps, save_params
 from .options import non_negative, non_negative_int, parse_recompute, positive  # noqa: F401
+from .runtime.threads import ThreadLimit
 from .resume import RECORDED, new_run_options, options_record, resumed_options, text_files_of
 from . import plot
 from .termplot import loss_curve
@@ -175,7 +176,7 @@ def choose_backend(args: argparse.Namespace) -> str:
         order = ("torch", "numpy")
     for name in order:
         try:
-            rg.Executor(backend=name, device=args.device)
+            rg.Executor(backend=name, device=args.device, threads=getattr(args, "threads", None))
         except rg.BackendError:
             continue
         return name
@@ -204,19 +205,20 @@ def run_train(args: argparse.Namespace) -> int:
     checkpoint = Checkpoint(save_path)
     job = None
     try:
-        text = TrainingText.load(args, saved)
-        cfg = ModelConfig(args.model, args.hidden, args.layers, args.embed, args.recompute,
-                          vocab=text.corpus.vocab, heads=args.heads)
-        if saved is not None:
-            check_resumable(saved, args.resume, cfg, args.optimizer)
-        job, cfg = _fit_recompute_budget(args, cfg, checkpoint, text)
-        out = _Reporter(args, job, text)
-        with _open_log(args, job.first) as log:
-            job.train(out, log)
-        checkpoint.save(job.exe, job.training, job.step_done)
-        sample = generate_text(job.exe, cfg, text.prompt, args.sample_len, args.temperature, args.seed) \
-            if rg.distributed.rank() == 0 else ""
-        out.finish(job.losses, job.val_losses, save_path, sample)
+        with command_threads(args.threads):     # the whole command, not only each run
+            text = TrainingText.load(args, saved)
+            cfg = ModelConfig(args.model, args.hidden, args.layers, args.embed, args.recompute,
+                              vocab=text.corpus.vocab, heads=args.heads)
+            if saved is not None:
+                check_resumable(saved, args.resume, cfg, args.optimizer)
+            job, cfg = _fit_recompute_budget(args, cfg, checkpoint, text)
+            out = _Reporter(args, job, text)
+            with _open_log(args, job.first) as log:
+                job.train(out, log)
+            checkpoint.save(job.exe, job.training, job.step_done)
+            sample = generate_text(job.exe, cfg, text.prompt, args.sample_len, args.temperature,
+                                   args.seed) if rg.distributed.rank() == 0 else ""
+            out.finish(job.losses, job.val_losses, save_path, sample)
     except KeyboardInterrupt:
         # The scope may hold a half-applied update: keep the last complete checkpoint instead.
         when = f"at step {job.step_done}" if job is not None else "before training started"
@@ -227,6 +229,14 @@ def run_train(args: argparse.Namespace) -> int:
             raise                       # a setup failure: nothing can have been saved
         raise TrainError(f"{exc}; {checkpoint.status()}") from None
     return 0
+
+
+def command_threads(threads: int | None):
+    """``with command_threads(n):`` the command's thread count holds for all of its process --
+    batches, checkpoints and sampling between the runs too -- not only inside each
+    ``Executor.run`` (the command owns its process; a library call would not)."""
+    pools = (sys.modules["torch"],) if "torch" in sys.modules else ()
+    return ThreadLimit(threads, pools).limit()
 
 
 def save_target(args) -> Path:
