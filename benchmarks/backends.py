@@ -40,7 +40,7 @@ import numpy as np  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import retrograd as rg  # noqa: E402
-from retrograd import charlm  # noqa: E402
+from retrograd.models import charlm  # noqa: E402
 
 CONFIGS = [(50, 64, 512), (50, 32, 128), (1000, 16, 256)]     # (T, N, H) of benchmarks/rnn.py
 TRAIN = dict(hidden=128, embed=64, seq_len=64, batch=32, lr=3e-3, clip_norm=5.0)   # `retrograd train`

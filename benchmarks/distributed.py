@@ -45,7 +45,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 import retrograd as rg  # noqa: E402
-from retrograd.ops.registry import OPS  # noqa: E402
+from retrograd.ops.core.registry import OPS  # noqa: E402
 
 RESULTS = ROOT / "benchmarks" / "RESULTS.md"
 SECTION = "## Data parallelism (MPI)"
@@ -90,7 +90,7 @@ def worker_allreduce(reps: int) -> dict:
 
 def worker_train(steps: int, warmup: int) -> dict:
     """Characters per second of the global batch, and the time spent in the AllReduce op."""
-    from retrograd.charlm import ModelConfig, batch_at, build_net, load_corpus
+    from retrograd.models.charlm import ModelConfig, batch_at, build_net, load_corpus
     spent, cpu = _time_all_reduce_ops()
     rank, size = rg.distributed.rank(), rg.distributed.world_size()
     main, startup = rg.Program(random_seed=0), rg.Program(random_seed=0)

@@ -39,7 +39,7 @@ from pathlib import Path
 import numpy as np
 
 import retrograd as rg
-from retrograd.ops.registry import OPS
+from retrograd.ops.core.registry import OPS
 
 
 class FuzzTimeout(BaseException):

@@ -52,7 +52,7 @@ sys.path.insert(0, str(HERE))
 import backends as bk  # noqa: E402  (puts the repository on sys.path; one thread for BLAS)
 import numpy as np  # noqa: E402
 
-from retrograd import charlm  # noqa: E402
+from retrograd.models import charlm  # noqa: E402
 from retrograd.backends import torch_cudnn_rnn, torch_fused_rnn  # noqa: E402
 
 CONFIGS = [(50, 32, 128), (50, 64, 512), (1000, 16, 256)]

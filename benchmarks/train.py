@@ -54,7 +54,7 @@ sys.path.insert(0, str(ROOT))
 
 sys.path.insert(0, str(ROOT / "benchmarks"))
 import retrograd as rg  # noqa: E402
-from retrograd import train  # noqa: E402
+from retrograd.cli import train  # noqa: E402
 
 RESULTS = ROOT / "benchmarks" / "RESULTS.md"
 

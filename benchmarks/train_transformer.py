@@ -20,7 +20,7 @@ from pathlib import Path
 import numpy as np
 
 import retrograd as rg
-from retrograd import charlm
+from retrograd.models import charlm
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "examples"))
 

@@ -15,7 +15,7 @@ import numpy as np, torch
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "examples"))
 import gpt_chars as g
 import retrograd as rg
-from retrograd import charlm
+from retrograd.models import charlm
 torch.set_num_threads(1)
 cfg = g.Config(); batch = 32; V = g.VOCAB
 

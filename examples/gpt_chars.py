@@ -7,7 +7,7 @@ The model (GPT-2's layout, tiny)::
     logits = fc(layer_norm(x))                          # [N, L, vocab]
 
 trained to predict the next character of the built-in corpus (Python
-standard-library sources, ``retrograd.charlm``: nothing is downloaded) with
+standard-library sources, ``retrograd.models.charlm``: nothing is downloaded) with
 AdamW and a cosine learning-rate schedule with warmup. The held-out loss is
 measured with ``main.clone(for_test=True)``, the forward-only form of the
 training program (no updates, dropout off), on text never trained on, and
@@ -29,7 +29,7 @@ from dataclasses import dataclass
 import numpy as np
 
 import retrograd as rg
-from retrograd import charlm
+from retrograd.models import charlm
 
 VOCAB = len(charlm.VOCAB)
 

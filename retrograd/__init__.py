@@ -36,7 +36,7 @@ from . import passes  # noqa: E402  (whole-program rewrites: rg.passes.optimize_
 # `dir(rg)` and `from retrograd import *` give the API: the classes and functions imported above
 # (the op builders are whatever retrograd/ops/__init__.py exports) and the public subpackages.
 # The ops package's modules (math, loop_grad, ...), which `from .ops import *` brought along,
-# are dropped here; every module stays importable under its own name (retrograd.ops.math).
+# are dropped here; every module stays importable under its own name (retrograd.ops.math.elementwise).
 import types as _types  # noqa: E402
 
 _SUBPACKAGES = ("backends", "distributed", "layers", "memory", "onnx", "optim", "passes", "testing")

@@ -2,7 +2,7 @@
 import sys
 
 try:
-    from .cli import main
+    from .cli.main import main
 except KeyboardInterrupt:            # Ctrl-C while the libraries load: one line, as later
     print("retrograd: interrupted", file=sys.stderr)
     raise SystemExit(130) from None

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from .charlm import TrainError, config_from_params, optimizer_of, read_record
+from .models.charlm import TrainError, config_from_params, optimizer_of, read_record
 
 # dest -> the default of a new run. Argparse leaves these out of the namespace when they are not
 # given (default=SUPPRESS), so a resumed run can tell "not given" (take the file's) from "given".
@@ -121,7 +121,7 @@ def _text_files(patterns) -> list[str] | None:
     """The absolute paths ``--text patterns`` name (globs expanded), as a file records them."""
     if not patterns:
         return None
-    from .charlm import _expand
+    from .models.charlm import _expand
     return [str(path.resolve()) for path in _expand(patterns)]
 
 

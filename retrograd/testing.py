@@ -17,7 +17,9 @@ from .errors import RetrogradError
 from .ir.builder import program_guard
 from .ir.dtypes import is_float
 from .ir.program import Program, Var
-from .ops import creation, math as ops_math, reduce as ops_reduce
+from .ops.array import creation
+from .ops.math import elementwise as ops_math
+from .ops.reduce import reductions as ops_reduce
 from .runtime import Executor
 
 __all__ = ["build_program", "check_gradients", "GradientCheckError", "started_executor"]

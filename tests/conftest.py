@@ -6,7 +6,7 @@ from dataclasses import dataclass
 import pytest
 
 import retrograd as rg
-from retrograd.ops.registry import OPS, OpDef
+from retrograd.ops.core.registry import OPS, OpDef
 
 
 @dataclass(frozen=True)

@@ -21,8 +21,8 @@ def test_dir_lists_no_internal_modules():
     assert modules == PUBLIC_SUBPACKAGES
     for internal in ("loop_grad", "rounding_division", "streams", "math", "nn", "registry", "trig"):
         assert internal not in dir(rg) and not hasattr(rg, internal), internal
-    import retrograd.ops.loop_grad as loop_grad            # still importable under its own name
-    assert loop_grad.__name__ == "retrograd.ops.loop_grad"
+    import retrograd.ops.control.loop_grad as loop_grad            # still importable under its own name
+    assert loop_grad.__name__ == "retrograd.ops.control.loop_grad"
 
 
 def test_all_holds_every_op_builder_and_the_api():

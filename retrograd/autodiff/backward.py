@@ -19,9 +19,9 @@ from ..errors import ProgramError, ShapeError
 from ..ir.location import here
 from ..ir.dtypes import is_float
 from ..ir.program import Block, Op, Var
-from ..ops.creation import constant, fill_like, zeros_like
-from ..ops.math import add_n
-from ..ops.registry import get_op_def, make_grad_ops, register_backward_builder
+from ..ops.array.creation import constant, fill_like, zeros_like
+from ..ops.math.elementwise import add_n
+from ..ops.core.registry import get_op_def, make_grad_ops, register_backward_builder
 from ..ir.analysis import op_reads
 from ..ir.builder import block_guard, capture_ops
 from .rewrites import backward_rewrite

@@ -28,8 +28,8 @@ import numpy as np
 from ..errors import ExecutionError, ProgramError, ShapeError
 from ..ir.builder import current_block
 from ..ir.program import Block, Op, Var
-from ..ops.registry import append_op, defop, infer_specs
-from ..ops.shapes import require_float
+from ..ops.core.registry import append_op, defop, infer_specs
+from ..ops.core.shapes import require_float
 from .comm import world
 
 REDUCTIONS = ("mean", "sum")

@@ -25,10 +25,10 @@ from ..errors import ProgramError, ShapeError
 from ..ir.builder import default_main_program
 from ..ir.location import here
 from ..ir.program import Var
-from ..ops.attention import scaled_dot_product_attention
-from ..ops.heads import merge_heads, split_heads
-from ..ops.creation import constant, create_parameter
-from ..ops.rnn_cells import seq_linear
+from ..ops.nn.attention import scaled_dot_product_attention
+from ..ops.nn.heads import merge_heads, split_heads
+from ..ops.array.creation import constant, create_parameter
+from ..ops.recurrent.cells import seq_linear
 
 
 def _fail(error, layer: str, message: str):

@@ -5,11 +5,11 @@ import numbers
 from ..errors import ProgramError
 from ..ir.builder import current_block, default_main_program
 from ..ir.program import Var
-from ..ops.creation import create_parameter
-from ..ops.math import matmul
-from ..ops.registry import append_op
-from ..ops.rnn_cells import seq_linear
-from ..ops.tensor import gather
+from ..ops.array.creation import create_parameter
+from ..ops.math.elementwise import matmul
+from ..ops.core.registry import append_op
+from ..ops.recurrent.cells import seq_linear
+from ..ops.array.tensor import gather
 
 # act -> the op fc ends with (type, attrs), None for none: fc appends it itself, so that it can
 # write the Var named after the layer.

@@ -12,10 +12,10 @@ import numbers
 from ..errors import ShapeError
 from ..ir.builder import current_block
 from ..ir.program import Var
-from ..ops.conv import build_error, convolution, per_axis
-from ..ops.creation import create_parameter
-from ..ops.registry import append_op
-from ..ops.tensor import reshape
+from ..ops.nn.conv import build_error, convolution, per_axis
+from ..ops.array.creation import create_parameter
+from ..ops.core.registry import append_op
+from ..ops.array.tensor import reshape
 from .common import ACTIVATIONS
 
 

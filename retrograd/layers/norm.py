@@ -11,9 +11,9 @@ from __future__ import annotations
 from ..errors import ProgramError
 from ..ir.builder import default_main_program
 from ..ir.program import Var, as_float
-from ..ops.creation import create_parameter
-from ..ops.batch_norm import batch_norm as batch_norm_op
-from ..ops.norm import layer_norm as layer_norm_op, rms_norm as rms_norm_op
+from ..ops.array.creation import create_parameter
+from ..ops.nn.batch_norm import batch_norm as batch_norm_op
+from ..ops.nn.norm import layer_norm as layer_norm_op, rms_norm as rms_norm_op
 
 
 def _width(x: Var, axis: int, layer: str, name: str) -> int:

@@ -21,15 +21,15 @@ import math
 from ..errors import ProgramError
 from ..ir.builder import default_main_program
 from ..ir.program import Var
-from ..ops.creation import create_parameter, fill, fill_like
-from ..ops.nn import dropout as dropout_op
-from ..ops.gru_sequence import gru_sequence
-from ..ops.lstm_sequence import lstm_sequence
-from ..ops.math import matmul
-from ..ops.recurrent import recurrent
-from ..ops.reduce import sum as reduce_sum
-from ..ops.rnn_cells import gru_unit, lstm_unit, seq_linear
-from ..ops.tensor import concat, slice
+from ..ops.array.creation import create_parameter, fill, fill_like
+from ..ops.nn.softmax_dropout import dropout as dropout_op
+from ..ops.recurrent.gru_sequence import gru_sequence
+from ..ops.recurrent.lstm_sequence import lstm_sequence
+from ..ops.math.elementwise import matmul
+from ..ops.recurrent.network import recurrent
+from ..ops.reduce.reductions import sum as reduce_sum
+from ..ops.recurrent.cells import gru_unit, lstm_unit, seq_linear
+from ..ops.array.tensor import concat, slice
 
 
 def _check_input(x: Var, layer: str) -> int:

@@ -19,8 +19,8 @@ from ..errors import ProgramError
 from ..ir.builder import default_main_program
 from ..ir.location import here
 from ..ir.program import Var
-from ..ops.activation import gelu
-from ..ops.nn import dropout as dropout_op
+from ..ops.math.activation import gelu
+from ..ops.nn.softmax_dropout import dropout as dropout_op
 from .attention import multi_head_attention
 from .common import fc
 from .norm import layer_norm

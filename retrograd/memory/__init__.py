@@ -8,16 +8,17 @@ Example::
     rg.append_backward(loss, checkpoints=ckpts)
     print(rg.memory.report(main, feed_shapes={"x": (64, 784)}))
 """
-from . import schedules
-from . import rnn_budget, while_budget  # noqa: F401  (register the budgeted loops' gradient ops)
-from . import budget, unhoist  # noqa: F401  (register append_backward's memory rewrites)
+from .loops import schedules
+from .loops import rnn_budget, while_budget  # noqa: F401  (register the budgeted loops' gradient ops)
+from . import budget
+from .loops import unhoist  # noqa: F401  (register append_backward's memory rewrites)
 from .auto import auto_checkpoints
 from .budget import BudgetPlan
 from .peak import planned_peak
 from .recompute import RecomputePlan, Segment, plan_recompute, recompute_backward
 from .report import MemoryReport, ValueInfo, report
 from .shape_reads import bind_shape_stand_ins
-from .schedules import Plan, budget_plan, make_plan, revolve_cost, sqrt_plan
+from .loops.schedules import Plan, budget_plan, make_plan, revolve_cost, sqrt_plan
 
 __all__ = ["BudgetPlan", "MemoryReport", "Plan", "RecomputePlan", "Segment", "ValueInfo", "auto_checkpoints",
            "bind_shape_stand_ins", "budget_plan", "make_plan", "plan_recompute", "planned_peak", "recompute_backward",

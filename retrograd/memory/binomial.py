@@ -30,7 +30,7 @@ from ..ir.program import Block, Op
 from .auto import ChainModel
 from .lifetimes import ForwardValues
 from .recompute import RECOMPUTE_ATTR, copy_ops, recomputable, rename_reads
-from .schedules import Advance, Plan, Restore, Reverse, Store
+from .loops.schedules import Advance, Plan, Restore, Reverse, Store
 
 
 @dataclass

@@ -42,22 +42,22 @@ from typing import Callable, Mapping
 import numpy as np
 
 from ..autodiff.rewrites import register_backward_rewrite
-from ..ops.linear_cross_entropy import CHUNK_BYTES
+from ..ops.nn.linear_cross_entropy import CHUNK_BYTES
 from ..passes.expand_fused import expand_fused_ops
 from ..passes.fuse_linear_loss import fuse_linear_cross_entropy
 from ..errors import ProgramError
 from ..ir.program import Block, Program, Var
-from ..ops.recurrent_steps import is_budget
+from ..ops.recurrent.steps import is_budget
 from .auto import build_model
 from .binomial import Units, apply_binomial
 from .lifetimes import ForwardValues
 from .micro_batches import accumulate_micro_batches, loss_over_rows, micro_batch_counts, separable_region
 from .peak import Sizer, planned_peak
 from .recompute import recompute_backward
-from .rnn_budget import states_read_elsewhere
-from .schedules import budget_plan
+from .loops.rnn_budget import states_read_elsewhere
+from .loops.schedules import budget_plan
 from .sizes import estimated_bytes, resolve_shapes
-from .time_steps import sink_time_step_ops
+from .loops.time_steps import sink_time_step_ops
 
 LOOP_TYPES = ("RecurrentNetwork", "While")
 LOOP_GRAD_TYPES = ("RecurrentNetworkBudgetGrad", "WhileBudgetGrad")

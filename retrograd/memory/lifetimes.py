@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from ..errors import ProgramError
 from ..ir.analysis import op_reads
 from ..ir.program import Block, Var
-from ..ops.registry import get_op_def
+from ..ops.core.registry import get_op_def
 
 
 @dataclass

@@ -40,7 +40,7 @@ import numpy as np
 
 from ..ir.analysis import op_reads
 from ..ir.program import Block, Op, Program, Var
-from ..ops.registry import ROW_WISE_ELEMENTWISE, get_op_def
+from ..ops.core.registry import ROW_WISE_ELEMENTWISE, get_op_def
 from .sizes import Shapes
 
 ATTENTION = "ScaledDotProductAttention"
@@ -189,7 +189,7 @@ def accumulate_micro_batches(program: Program, block: Block, region: Region, chu
     """
     from ..autodiff.backward import build_backward       # autodiff imports memory's rewrites
     from ..ir.builder import block_guard, capture_ops
-    from ..ops.creation import fill_like
+    from ..ops.array.creation import fill_like
 
     reducer = next(op for op in block.ops if region.joined in op_reads(op))
     ops = [block.ops[i] for i in region.ops]

@@ -23,12 +23,12 @@ import numpy as np
 from ..errors import ProgramError
 from ..ir.analysis import op_reads
 from ..ir.program import Block, Var
-from ..ops.recurrent_grad import TimeBatches
-from ..ops.recurrent_steps import is_budget
+from ..ops.recurrent.network_grad import TimeBatches
+from ..ops.recurrent.steps import is_budget
 from ..runtime.plan import compile_block
-from .rnn_budget import SCHEDULE_LEN, batched_bytes, batched_rows, checkpoint_plan
+from .loops.rnn_budget import SCHEDULE_LEN, batched_bytes, batched_rows, checkpoint_plan
 from .shape_reads import stand_in_names
-from .step_rows import input_row_ops, output_row_ops, row_bytes, rows_batchable, rows_chunk
+from .loops.step_rows import (input_row_ops, output_row_ops, row_bytes, rows_batchable, rows_chunk)
 from .sizes import Shapes, resolve_shapes
 
 

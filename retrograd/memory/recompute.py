@@ -38,7 +38,7 @@ from typing import Sequence
 from ..errors import ProgramError
 from ..ir.analysis import free_reads, op_reads
 from ..ir.program import Block, Op, Var
-from ..ops.registry import get_op_def
+from ..ops.core.registry import get_op_def
 from .auto import choose_checkpoints
 from .lifetimes import ForwardValues, ancestors
 

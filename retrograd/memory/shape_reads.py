@@ -30,8 +30,8 @@ from ..autodiff.rewrites import register_backward_rewrite
 from ..ir.analysis import op_reads
 from ..ir.builder import block_guard, capture_ops
 from ..ir.program import Block, Op
-from ..ops.creation import shape_stand_in
-from ..ops.registry import get_op_def
+from ..ops.array.creation import shape_stand_in
+from ..ops.core.registry import get_op_def
 from .lifetimes import ForwardValues
 
 

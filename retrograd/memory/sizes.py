@@ -14,7 +14,7 @@ import numpy as np
 
 from ..errors import ProgramError
 from ..ir.program import Block, Var
-from ..ops.registry import get_op_def
+from ..ops.core.registry import get_op_def
 
 Shapes = dict[str, tuple[int, ...]]
 

@@ -8,7 +8,7 @@
   variables by name.
 * ``Graph`` collects the nodes of one ``GraphProto`` (the model's main graph,
   or an ``If``/``Loop`` body) and lowers blocks into it, op by op, with the
-  lowerings of ``retrograd.ops.lowering.LOWERINGS``.
+  lowerings of ``retrograd.ops.core.lowering.LOWERINGS``.
 * ``OpContext`` is the ``g`` a lowering receives (documented in
   ``retrograd/ops/lowering.py``).
 """
@@ -25,7 +25,7 @@ from onnx import helper, numpy_helper
 from ..errors import BackendError
 from ..ir.analysis import op_reads
 from ..ir.program import Block, Op, Var
-from ..ops.lowering import LOWERINGS
+from ..ops.core.lowering import LOWERINGS
 
 _DTYPES = {"float32": onnx.TensorProto.FLOAT, "float64": onnx.TensorProto.DOUBLE,
            "int64": onnx.TensorProto.INT64, "int32": onnx.TensorProto.INT32, "bool": onnx.TensorProto.BOOL,

@@ -13,11 +13,11 @@ Example::
     exe.run(startup)
     exe.run(main, feed=batch)          # forward, backward and update in one run
 """
-from . import fused  # noqa: F401  (registers FusedAdamUpdate, built by retrograd.passes)
+from ..ops.optim import fused_adam as fused  # noqa: F401  (registers FusedAdamUpdate, built by retrograd.passes)
 from .clip import clip_by_global_norm, global_norm  # noqa: F401
 from . import lr  # noqa: F401  (rg.optim.lr.cosine / step_decay / linear_warmup)
-from .ops import (adagrad_update, adam_update, increment, momentum_update, rmsprop_update,  # noqa: F401
-                  sgd_update)
+from ..ops.optim.updates import (adagrad_update, adam_update, increment, momentum_update,
+                                 rmsprop_update, sgd_update)
 from .optimizer import SGD, Adagrad, Adam, AdamW, Momentum, Optimizer, RMSProp  # noqa: F401
 from .state import create_state  # noqa: F401
 

@@ -10,11 +10,11 @@ from typing import Sequence
 
 from ..errors import ProgramError, ShapeError
 from ..ir.program import Var
-from ..ops.lowering import lowers
-from ..ops.math import add_n, minimum, sqrt, square
-from ..ops.reduce import sum as reduce_sum
-from ..ops.registry import append_op, defop
-from ..ops.shapes import require_float
+from ..ops.core.lowering import lowers
+from ..ops.math.elementwise import add_n, minimum, sqrt, square
+from ..ops.reduce.reductions import sum as reduce_sum
+from ..ops.core.registry import append_op, defop
+from ..ops.core.shapes import require_float
 
 # PyTorch's clip_grad_norm_ adds this to the norm before dividing.
 NORM_EPS = 1e-6

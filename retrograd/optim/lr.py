@@ -26,9 +26,9 @@ from typing import Callable
 
 from ..errors import ProgramError
 from ..ir.program import Var
-from ..ops.creation import constant
-from ..ops.math import minimum, pow, where
-from ..ops.trig import cos
+from ..ops.array.creation import constant
+from ..ops.math.elementwise import minimum, pow, where
+from ..ops.math.trig import cos
 
 
 class Schedule:

@@ -22,8 +22,8 @@ from ..autodiff import append_backward
 from ..errors import ProgramError
 from ..ir.builder import default_startup_program, program_guard
 from ..ir.program import Program, Var
-from ..ops.tensor import cast
-from . import ops
+from ..ops.array.tensor import cast
+from ..ops.optim import updates as ops
 from .clip import clip_by_global_norm
 from .lr import Schedule
 from .state import create_state, state_name

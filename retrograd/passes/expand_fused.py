@@ -13,7 +13,7 @@ from __future__ import annotations
 from ..ir.builder import block_guard
 from ..ir.location import located
 from ..ir.program import Program
-from ..ops.registry import get_op_def
+from ..ops.core.registry import get_op_def
 
 
 def expand_fused_ops(program: Program) -> int:

@@ -32,7 +32,7 @@ from __future__ import annotations
 from ..ir.analysis import free_reads
 from ..ir.program import Block, Op, Program, register_for_test_pass
 from ..ir.verify import verify_program
-from ..ops.registry import get_op_def
+from ..ops.core.registry import get_op_def
 
 
 def make_test_program(program: Program) -> None:

@@ -21,7 +21,7 @@ import numpy as np
 
 from ..ir.analysis import read_counts
 from ..ir.program import Block, Op, Program
-from ..ops.linear_cross_entropy import CHUNK_BYTES
+from ..ops.nn.linear_cross_entropy import CHUNK_BYTES
 
 # Linear ops the pattern starts from: a check of the op -> (h, w, b or None) where it is x @ w (+ b).
 LINEAR: dict[str, Callable[[Op], tuple | None]] = {

@@ -39,7 +39,7 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 from ..ir.program import Block, Op, Program
-from ..ops.recurrent_steps import fresh_name
+from ..ops.recurrent.steps import fresh_name
 
 FUSED_LSTM = "LSTMSequence"
 FUSED_LSTM_GRAD = "LSTMSequenceGrad"

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from ..ir.analysis import op_reads
 from ..ir.program import Block, Op, Program
-from ..optim.fused import GROUPS
+from ..ops.optim.fused_adam import GROUPS
 
 ATTRS = ("lr", "beta1", "beta2", "eps", "weight_decay", "decoupled")
 

@@ -32,8 +32,8 @@ from dataclasses import dataclass, field
 
 from ..errors import kernel_failure
 from ..ir.program import Block
-from ..ops.registry import OPS
-from ..ops.tensor import check_id_range
+from ..ops.core.registry import OPS
+from ..ops.array.tensor import check_id_range
 
 
 @dataclass

@@ -5,7 +5,7 @@ from dataclasses import dataclass
 
 from ..ir.analysis import free_reads_of_ops, op_reads
 from ..ir.program import Block, Op
-from ..ops.registry import get_op_def
+from ..ops.core.registry import get_op_def
 
 
 class KernelCtx:

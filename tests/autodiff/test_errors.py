@@ -5,8 +5,8 @@ import numpy as np
 import pytest
 
 import retrograd as rg
-from retrograd.ops.registry import OPS, append_op, defop
-from retrograd.ops.shapes import same_as_first
+from retrograd.ops.core.registry import OPS, append_op, defop
+from retrograd.ops.core.shapes import same_as_first
 
 
 def _net():

@@ -13,7 +13,7 @@ from pathlib import Path
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from retrograd.ops.registry import OPS
+from retrograd.ops.core.registry import OPS
 
 sys.path.insert(0, str(Path(__file__).parent))
 import random_programs as rp  # noqa: E402  (a helper module next to this file, not a package)

@@ -450,7 +450,7 @@ def test_gradient_penalty_through_append_backward():
 
 def test_callbacks_may_append_ops_that_later_gradient_ops_see():
     """A Paddle-style error-clip callback: clip each gradient of h in place as it appears."""
-    from retrograd.ops.registry import append_op
+    from retrograd.ops.core.registry import append_op
     xv, w1v, w2v = randn(4, 3), randn(3, 5), randn(5, 2) * 3.0
 
     def clip_grads_of(target):

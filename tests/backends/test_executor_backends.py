@@ -7,7 +7,7 @@ import pytest
 import retrograd as rg
 from retrograd.backends import get_backend, to_numpy
 from retrograd.backends.numpy_backend import NumpyBackend
-from retrograd.ops.registry import OPS, OpDef
+from retrograd.ops.core.registry import OPS, OpDef
 
 
 def _tanh_program():
@@ -110,7 +110,7 @@ def numpy_only_op():
 
 def test_an_op_the_backend_cannot_run_names_the_op_and_backend(numpy_only_op):
     pytest.importorskip("torch")
-    from retrograd.ops.registry import append_op
+    from retrograd.ops.core.registry import append_op
     main = rg.Program()
     with rg.program_guard(main, rg.Program()):
         ids = rg.data("ids", [-1], "int64")

@@ -179,7 +179,7 @@ def test_loops_under_a_memory_budget_match_across_backends(backend):
 
 def test_fused_adam_shape_and_broadcast_run_on_every_backend(backend):
     """Ops that the op tables do not reach: the fused optimizer update (passes), Shape, Broadcast."""
-    from retrograd.ops.registry import append_op
+    from retrograd.ops.core.registry import append_op
     from retrograd.passes.fuse_updates import fuse_optimizer_updates
     main, startup = rg.Program(random_seed=3), rg.Program(random_seed=3)
     with rg.program_guard(main, startup):

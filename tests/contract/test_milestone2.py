@@ -254,7 +254,7 @@ def test_a_missing_library_raises_backend_error_naming_the_pip_extra(tmp_path):
 @pytest.fixture
 def numpy_only_op():
     """``PutAlong``: an op whose kernel calls a NumPy-only function (``put_along_axis``)."""
-    from retrograd.ops.registry import OPS, OpDef
+    from retrograd.ops.core.registry import OPS, OpDef
 
     def kernel(k, x, idx):
         out = k.xp.asarray(x, copy=True)
@@ -268,7 +268,7 @@ def numpy_only_op():
 
 def test_an_op_a_backend_cannot_run_names_the_op_and_the_backend(numpy_only_op):
     pytest.importorskip("torch")
-    from retrograd.ops.registry import append_op
+    from retrograd.ops.core.registry import append_op
     main = rg.Program()
     with rg.program_guard(main, rg.Program()):
         x = rg.data("x", [2, 3])

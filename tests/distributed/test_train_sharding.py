@@ -9,7 +9,7 @@ import json
 
 import numpy as np
 
-from retrograd.cli import main as cli_main
+from retrograd.cli.main import main as cli_main
 
 SMALL = ["--hidden", "16", "--embed", "8", "--seq-len", "16", "--batch", "8", "--sample-len", "5",
          "--no-plot", "--log-every", "1"]

@@ -11,7 +11,7 @@ import numpy as np
 import retrograd as rg
 from retrograd import Program
 from retrograd.backends import to_numpy
-from retrograd.ops.registry import append_op
+from retrograd.ops.core.registry import append_op
 
 N = 1000          # float64 elements: 8000 bytes per array
 A = N * 8

@@ -10,7 +10,7 @@ torch = pytest.importorskip("torch", reason="the reference values come from PyTo
 
 import retrograd as rg
 from retrograd import Program
-from retrograd.memory.schedules import make_plan
+from retrograd.memory.loops.schedules import make_plan
 
 N, D, H = 2, 3, 4
 

@@ -6,7 +6,7 @@ from functools import lru_cache
 import pytest
 
 import retrograd as rg
-from retrograd.memory import schedules as sc
+from retrograd.memory.loops import schedules as sc
 
 
 @lru_cache(maxsize=None)

@@ -10,7 +10,7 @@ torch = pytest.importorskip("torch", reason="the reference values come from PyTo
 import retrograd as rg
 from retrograd.autodiff.rewrites import BACKWARD_REWRITES
 from retrograd.ir.verify import verify_program
-from retrograd.ops.creation import shape_stand_in
+from retrograd.ops.array.creation import shape_stand_in
 
 N, D, B = 256, 16, 1024
 RNG = np.random.RandomState(0)

@@ -10,8 +10,8 @@ import pytest
 torch = pytest.importorskip("torch", reason="the reference values come from PyTorch (pip install torch)")
 
 import retrograd as rg
-from retrograd.memory.schedules import make_plan
-from retrograd.memory.step_rows import ROWS_MAX, row_bytes, rows_batchable, rows_chunk
+from retrograd.memory.loops.schedules import make_plan
+from retrograd.memory.loops.step_rows import (ROWS_MAX, row_bytes, rows_batchable, rows_chunk)
 
 T, N, V, E, H = 400, 8, 16, 8, 32
 

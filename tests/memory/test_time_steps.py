@@ -10,7 +10,7 @@ import pytest
 
 import retrograd as rg
 from retrograd.memory.sizes import resolve_shapes
-from retrograd.memory.time_steps import sink_time_step_ops
+from retrograd.memory.loops.time_steps import sink_time_step_ops
 
 T, N, V, E, H = 12, 3, 10, 5, 6
 

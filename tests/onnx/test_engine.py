@@ -7,7 +7,7 @@ import pytest
 pytest.importorskip("onnxruntime", reason="the engine needs onnxruntime (retrograd[onnx])")
 
 import retrograd as rg  # noqa: E402
-from retrograd.ops.registry import OPS, OpDef  # noqa: E402
+from retrograd.ops.core.registry import OPS, OpDef  # noqa: E402
 
 
 def _fc_training(optimizer=None):
@@ -122,7 +122,7 @@ def op_without_lowering():
 
 
 def test_an_op_without_a_lowering_is_a_backend_error_naming_it(op_without_lowering):
-    from retrograd.ops.registry import append_op
+    from retrograd.ops.core.registry import append_op
     main, startup = rg.Program(), rg.Program()
     with rg.program_guard(main, startup):
         x = rg.data("x", [3])
@@ -181,7 +181,7 @@ def test_startup_programs_run_on_the_engine_with_the_numpy_executors_numbers():
 
 
 def test_normal_draws_inside_a_loop_match_the_numpy_executor():
-    from retrograd.ops.registry import append_op
+    from retrograd.ops.core.registry import append_op
     main, startup = rg.Program(), rg.Program()
     with rg.program_guard(main, startup):
         n = rg.data("n", [], dtype="int64")

@@ -150,7 +150,7 @@ def test_initialisers_draw_the_backends_numbers_bit_for_bit():
 
 
 def test_normal_draws_inside_a_loop_change_per_iteration_like_the_executor():
-    from retrograd.ops.registry import append_op
+    from retrograd.ops.core.registry import append_op
     main, startup = rg.Program(), rg.Program()
     with rg.program_guard(main, startup):
         n = rg.data("n", [], dtype="int64")

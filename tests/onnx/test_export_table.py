@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 import retrograd as rg
-from retrograd.ops.lowering import LOWERINGS
+from retrograd.ops.core.lowering import LOWERINGS
 
 _spec = importlib.util.spec_from_file_location(
     "gradients_table", pathlib.Path(__file__).parents[1] / "ops" / "test_gradients_table.py")
@@ -88,7 +88,7 @@ def test_every_registered_op_lowers_or_is_refused_by_name():
 
 
 def test_unexportable_op_raises_backend_error_naming_op_and_block():
-    from retrograd.ops.registry import append_op
+    from retrograd.ops.core.registry import append_op
     main, startup = rg.Program(), rg.Program()
     with rg.program_guard(main, startup):
         x = rg.data("x", [3])

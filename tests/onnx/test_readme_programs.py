@@ -91,8 +91,8 @@ def _onnx_section_code() -> list[str]:
 def test_readme_onnx_section_runs(tmp_path, monkeypatch, capsys):
     """The README's ONNX examples as written: the export/training one, then sampling text with
     onnxruntime alone from a model `retrograd export` wrote."""
-    from retrograd.charlm import ModelConfig, build_training
-    from retrograd.cli import main as cli_main
+    from retrograd.models.charlm import ModelConfig, build_training
+    from retrograd.cli.main import main as cli_main
     monkeypatch.chdir(tmp_path)
     export_example, sampling_example, generator_example = _onnx_section_code()
     exec(compile(export_example, "README.md", "exec"), {})

@@ -6,8 +6,8 @@ import onnxruntime as ort
 import pytest
 
 import retrograd as rg
-from retrograd.charlm import VOCAB, ModelConfig, build_sampler, build_training
-from retrograd.cli import main as cli_main
+from retrograd.models.charlm import VOCAB, ModelConfig, build_sampler, build_training
+from retrograd.cli.main import main as cli_main
 
 
 def _saved_model(tmp_path, model: str):
@@ -84,7 +84,7 @@ def test_exported_generator_with_top_k_matches_sample_top_k(tmp_path, capsys):
     out = tmp_path / "g3.onnx"
     assert cli_main(["export", "--generate", "--top-k", "3", str(path), "-o", str(out)]) == 0
     capsys.readouterr()
-    from retrograd.onnx.sampler import generate_with_onnxruntime
+    from retrograd.cli.onnx_sampler import generate_with_onnxruntime
     text = generate_with_onnxruntime(out, "def ", 50, temperature=1.0, seed=4)
     assert text == _sample(path, capsys, "--length", "50", "--temperature", "1.0", "--seed", "4", "--top-k", "3")
     assert text != _sample(path, capsys, "--length", "50", "--temperature", "1.0", "--seed", "4")
@@ -94,7 +94,7 @@ def test_exported_generator_with_top_k_matches_sample_top_k(tmp_path, capsys):
 def test_the_lines_python_m_sampler_prints_generate_the_samples_text(tmp_path, capsys):
     """`python -m retrograd.onnx.sampler` prints the few lines a user needs; run as printed
     (the file name put in), they print what `retrograd sample` prints for the same options."""
-    from retrograd.onnx.sampler import main as sampler_main
+    from retrograd.cli.onnx_sampler import main as sampler_main
     _, _, path = _saved_model(tmp_path, "gru")
     assert cli_main(["export", "--generate", str(path), "-o", str(tmp_path / "g.onnx")]) == 0
     capsys.readouterr()
@@ -120,7 +120,7 @@ def test_a_saved_transformer_generates_the_same_text_in_onnxruntime(tmp_path, ca
     rg.save_params(exe.scope, str(path), t.main)
     assert cli_main(["export", "--generate", str(path), "-o", str(tmp_path / "t.onnx")]) == 0
     capsys.readouterr()
-    from retrograd.onnx.sampler import generate_with_onnxruntime
+    from retrograd.cli.onnx_sampler import generate_with_onnxruntime
     for seed in (0, 5):
         text = generate_with_onnxruntime(tmp_path / "t.onnx", "def ", 30, temperature=1.0, seed=seed)
         assert len(text) == 34

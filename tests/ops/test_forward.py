@@ -22,11 +22,11 @@ from hypothesis.extra import numpy as hnp
 
 import retrograd as rg
 from retrograd import backends as backend
-from retrograd.ops import math as ops_math
-from retrograd.ops.creation import shape_stand_in
-from retrograd.ops import nn as ops_nn
-from retrograd.ops import tensor as ops_tensor
-from retrograd.ops.registry import append_op
+from retrograd.ops.math import elementwise as ops_math
+from retrograd.ops.array.creation import shape_stand_in
+from retrograd.ops.nn import softmax_dropout as ops_nn
+from retrograd.ops.array import tensor as ops_tensor
+from retrograd.ops.core.registry import append_op
 
 # Every forward case runs on NumPy, on the strict Array API namespace (portability) and on
 # PyTorch (CPU) through array_api_compat (the torch backend's namespace); a namespace whose
@@ -710,7 +710,7 @@ def _gelu(g: Gen, type_: str) -> Case:
 
 @case("GeluGrad")
 def _gelu_grad(g: Gen, type_: str) -> Case:
-    from retrograd.ops.activation import gelu_grad
+    from retrograd.ops.math.activation import gelu_grad
     s, dtype, approximate = g.shape(), g.pick(FLOATS), g.pick(["none", "tanh"])
 
     def ref(x, dy):
@@ -782,7 +782,7 @@ def _arg(g: Gen, type_: str) -> Case:
 
 @case("FirstExtremeMask")
 def _first_extreme_mask(g: Gen, type_: str) -> Case:
-    from retrograd.ops.extrema import first_extreme_mask
+    from retrograd.ops.reduce.extrema import first_extreme_mask
     s, dtype, mode = g.shape(min_dims=1), g.pick(FLOATS), g.pick(["Max", "Min"])
     axes = sorted({g.int(0, len(s) - 1) for _ in range(g.int(1, len(s)))})
 
@@ -811,7 +811,7 @@ def _topk(g: Gen, type_: str) -> Case:
 
 @case("TakeAlongAxis", "PutAlongAxis")
 def _along_axis(g: Gen, type_: str) -> Case:
-    from retrograd.ops.extrema import put_along_axis, take_along_axis
+    from retrograd.ops.reduce.extrema import put_along_axis, take_along_axis
     s, dtype = g.shape(min_dims=1), g.pick(FLOATS)
     axis = g.int(-len(s), len(s) - 1)
     k = g.int(0, s[axis])

@@ -20,17 +20,17 @@ import numpy as np
 import pytest
 
 import retrograd as rg
-from retrograd.ops.math import expand_as, sum_to
-from retrograd.ops.nn import one_hot_like
-from retrograd.ops.nn import softmax_cross_entropy_grad
-from retrograd.ops.batch_norm import batch_norm_grad
-from retrograd.ops.norm import layer_norm_grad, rms_norm_grad
-from retrograd.ops.registry import append_op
-from retrograd.ops.rnn_cells import gru_unit_grad, lstm_unit_grad
-from retrograd.ops.tensor import gather_grad, reshape_as, slice_grad, split_like
+from retrograd.ops.math.elementwise import expand_as, sum_to
+from retrograd.ops.nn.softmax_dropout import one_hot_like
+from retrograd.ops.nn.softmax_dropout import softmax_cross_entropy_grad
+from retrograd.ops.nn.batch_norm import batch_norm_grad
+from retrograd.ops.nn.norm import layer_norm_grad, rms_norm_grad
+from retrograd.ops.core.registry import append_op
+from retrograd.ops.recurrent.cells import gru_unit_grad, lstm_unit_grad
+from retrograd.ops.array.tensor import gather_grad, reshape_as, slice_grad, split_like
 from retrograd.testing import check_gradients
-from retrograd.ops.indexing import dynamic_slice, index_grad, key_items
-from retrograd.ops.shape_ops import tile_grad
+from retrograd.ops.array.indexing import dynamic_slice, index_grad, key_items
+from retrograd.ops.array.shape_ops import tile_grad
 
 
 # --- input helpers ----------------------------------------------------------------------------
@@ -434,7 +434,7 @@ def _scan(r):
 
 
 def _recurrent(r):
-    from retrograd.ops.recurrent import recurrent
+    from retrograd.ops.recurrent.network import recurrent
 
     def rnn(x, h0, w, u):
         (h_all,), (h_last,) = recurrent(lambda xs, hs: [rg.tanh(xs[0] @ w + hs[0] @ u)], [x], [h0])
@@ -455,7 +455,7 @@ def _rounding(fn):
 
 def _recurrent_grad(r):
     """The first-order gradients of a recurrent op (a RecurrentNetworkGrad), differentiated again."""
-    from retrograd.ops.recurrent import recurrent
+    from retrograd.ops.recurrent.network import recurrent
 
     def rnn_grads(x, h0, w, u):
         (h_all,), (h_last,) = recurrent(lambda xs, hs: [rg.tanh(xs[0] @ w + hs[0] @ u)], [x], [h0])
@@ -493,7 +493,7 @@ def _conv(r):
 
 def _conv_grad_ops(r):
     """ConvInputGrad / ConvWeightGrad with strides, pads, dilations and groups (second order)."""
-    from retrograd.ops.conv import conv_input_grad, conv_weight_grad
+    from retrograd.ops.nn.conv import conv_input_grad, conv_weight_grad
     attrs = {"strides": [2, 1], "pads": [1, 0, 0, 2], "dilations": [1, 2], "groups": 2}
     x, w, dy = normal(r, 2, 4, 5, 5), normal(r, 6, 2, 2, 3), normal(r, 2, 6, 3, 3)
     return {"ConvInputGrad": [(lambda dy, w, x: conv_input_grad(dy, w, x, attrs), {"dy": dy, "w": w, "x": x})],
@@ -523,7 +523,7 @@ def _window_indices(r, x_shape, out_shape, attrs):
 
 
 def _pool_grad_ops(r):
-    from retrograd.ops.pool import avg_pool_grad, max_pool_gather, max_pool_grad
+    from retrograd.ops.nn.pool import avg_pool_grad, max_pool_gather, max_pool_grad
     attrs = {"kernel": [3, 3], "strides": [2, 1], "pads": [1, 1, 1, 1]}
     x, dy = normal(r, 2, 2, 5, 4), normal(r, 2, 2, 3, 4)
     ids = _window_indices(r, x.shape, dy.shape, attrs)
@@ -577,7 +577,7 @@ def _tensor_array_read(r):
 
 
 def _tensor_array_grads(r):
-    from retrograd.ops.tensor_array import read_grad, write_grad
+    from retrograd.ops.control.tensor_array import read_grad, write_grad
     i64 = lambda v: rg.constant(v, dtype="int64")  # noqa: E731
     return {
         "TensorArrayReadGrad": [(lambda dy: read_grad(dy, i64(4), i64(2)), {"dy": normal(r, 3)})],
@@ -621,7 +621,7 @@ def _topk(r):
 
 
 def _along(r):
-    from retrograd.ops.extrema import put_along_axis, take_along_axis
+    from retrograd.ops.reduce.extrema import put_along_axis, take_along_axis
     idx = np.argsort(r.random((3, 4)), axis=1)[:, :2]
     return {
         "TakeAlongAxis": [(lambda x, i: take_along_axis(x, i, 1), {"x": normal(r, 3, 4), "i": idx})],
@@ -670,7 +670,7 @@ def _gelu(r):
 
 
 def _gelu_grad(r):
-    from retrograd.ops.activation import gelu_grad
+    from retrograd.ops.math.activation import gelu_grad
     return [(lambda x, dy: gelu_grad(x, dy), {"x": normal(r, 3, 4) * 2.0, "dy": normal(r, 3, 4)}),
             (lambda x, dy: gelu_grad(x, dy, "tanh"), {"x": normal(r, 3, 4) * 2.0, "dy": normal(r, 3, 4)})]
 
@@ -707,7 +707,7 @@ def _attention_grad(r):
 
 
 def _heads(r):
-    from retrograd.ops.heads import merge_heads, split_heads
+    from retrograd.ops.nn.heads import merge_heads, split_heads
     return {"SplitHeads": [(lambda x: split_heads(x, 2), {"x": normal(r, 2, 3, 4)}),
                            (lambda x: split_heads(x, 3), {"x": normal(r, 4, 3)})],
             "MergeHeads": [(merge_heads, {"x": normal(r, 2, 3, 4, 2)}), (merge_heads, {"x": normal(r, 2, 3, 4)})]}

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 import retrograd as rg
-from retrograd.ops.registry import OPS, ROW_WISE_ELEMENTWISE, append_op
+from retrograd.ops.core.registry import OPS, ROW_WISE_ELEMENTWISE, append_op
 
 R = np.random.default_rng(21)
 N = 6         # rows on axis 0; the test keeps the first K of them

@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
 import retrograd as rg
-from retrograd.ops.shapes import broadcast_shapes
+from retrograd.ops.core.shapes import broadcast_shapes
 
 SETTINGS = settings(max_examples=50, deadline=None)
 

@@ -37,7 +37,7 @@ def test_global_norm_of_mixed_dtypes_fails_as_the_op_by_op_form_did():
 
 
 def test_global_norm_op_refuses_mixed_dtypes_naming_them():
-    from retrograd.ops.registry import append_op
+    from retrograd.ops.core.registry import append_op
     main = rg.Program()
     with rg.program_guard(main, rg.Program()):
         a, b = rg.data("a", [2], "float32"), rg.data("b", [2], "float64")

@@ -650,7 +650,7 @@ def test_executor_fuses_gru_where_the_backend_declares_it(kwargs, layers, monkey
 def test_a_backend_declaring_only_a_fused_gru_fuses_gru(monkeypatch):
     """NumPy faked to declare a GRU kernel and no LSTM one: its executor still rewrites the GRU (and
     runs GRUSequence's general kernels, counted), with the recurrence's numbers."""
-    module = importlib.import_module("retrograd.ops.gru_sequence")     # (rg.ops.gru_sequence is the builder)
+    module = importlib.import_module("retrograd.ops.recurrent.gru_sequence")     # (rg.ops.gru_sequence is the builder)
     calls, general = [], module.general_forward
 
     def counted(k, *args):

@@ -193,7 +193,7 @@ def test_torch_multi_adam_with_transposed_gradients_matches_numpy():
     each tensor as one flat buffer: unless every operand is made contiguous first, the update
     pairs a parameter's entries with the wrong gradient entries (training still ran, slower)."""
     pytest.importorskip("torch")
-    from retrograd import train
+    from retrograd.cli import train
     corpus, _ = train.load_corpus()
     losses = {}
     for backend in ("numpy", "torch"):

@@ -171,7 +171,7 @@ def test_check_finite_passes_scaled_dot_product_attention_with_minus_inf_mask(ba
 
 
 def test_check_finite_passes_top_k_sampling(backend):
-    from retrograd.generation import draw
+    from retrograd.models.generation import draw
     main = rg.Program()
     with rg.program_guard(main, rg.Program()):
         logits = rg.data("logits", [2, 5])
@@ -228,7 +228,7 @@ def test_check_finite_stops_at_inf_minus_inf_even_with_inf_inputs(backend):
 def test_check_finite_sampler_ops_name_generation_py_not_the_installed_script():
     # the sampler's ops are built in retrograd/generation.py: an error names that line, not the
     # installed `retrograd` script that called it
-    from retrograd.generation import draw
+    from retrograd.models.generation import draw
     main = rg.Program()
     with rg.program_guard(main, rg.Program()):
         logits = rg.data("logits", [1, 3])

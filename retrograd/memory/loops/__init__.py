@@ -1,0 +1,1 @@
+"""Budgets for loops: recurrent networks (``recurrent(..., recompute=<bytes>)``) and while loops under a byte budget, their checkpoint schedules over time steps, and the step rewrites a budgeted recurrence runs (state-free ops over chunks of steps, per-step output layers moved in, input projections taken back)."""

@@ -1,0 +1,407 @@
+"""``TensorArray``: a list of same-shaped tensors that grows as it is written, as a value.
+
+A TensorArray is a Var whose value is the stacked elements, ``[size, *element_shape]``;
+``write`` returns a new array (functional, so it is a loop var like any other), ``read``
+is a row, ``stack`` the value itself and ``size`` its first dimension (``Dim``). Ops::
+
+    TensorArrayNew(; element_shape, dtype)     -> [0, *element_shape] (unknown sizes: 0)
+    TensorArrayWrite(arr, i, x)                -> arr with row i set to x (i == size appends), size
+    TensorArrayRead(arr, i)                    -> arr[i] (i outside [0, size): ExecutionError), size
+    TensorArrayReadGrad(dy, rows, i)           -> zeros [rows, *dy.shape] with row i = dy
+    TensorArrayWriteGrad(d, rows, i, d_rows)   -> d cut (or zero-padded) to ``rows`` rows, row i
+                                                  zeroed (d_rows: d's rows, for its own gradient)
+
+Write and read also output the array's size (before the write): their gradients read that
+int64 scalar, never the array, so a backward keeps nothing of the array (in a loop, in a
+branch).
+
+Appends cost O(1) amortised: the kernel writes into a spare row of a capacity-doubling
+backing array and returns a view of its first ``size + 1`` rows. Views never see rows past
+their size, so sharing the backing is safe; a backing remembers how many rows have been
+handed out, and an append to an older (shorter) view, or an overwrite (i < size), copies.
+In ONNX a write is ``Concat`` + ``ScatterND`` + ``Slice`` on the stacked value (a copy per
+write: onnxruntime has no aliasing), so the exported model needs no sequence types.
+
+Gradients are built from these ops (linear in their first input), so they differentiate
+again. In a ``while_loop`` an array's size changes every iteration: ``while_loop`` declares
+its shape invariant ``[-1, *element_shape]`` by itself.
+"""
+from __future__ import annotations
+
+import threading
+import weakref
+from typing import Sequence
+
+from ... import backend
+from ...errors import ExecutionError, ProgramError, ShapeError
+from ...ir.dtypes import canonical
+from ...ir.program import Var
+from ..array.creation import constant
+from ..core.lowering import lowers
+from ..math.elementwise import maximum
+from ..array.tensor import dim
+from ..core.registry import append_op, defop
+from ..core.subblocks import merge_shapes, shapes_compatible
+
+
+# --- Shape rules -------------------------------------------------------------------------------
+
+def _check_index(var: Var) -> None:
+    if var.dtype not in ("int32", "int64") or var.shape not in ((), (1,)):
+        raise ShapeError(f"the index '{var.name}' must be an integer scalar, got {var.type_str()}")
+
+
+def _check_array(var: Var) -> None:
+    if var.ndim < 1:
+        raise ShapeError(f"'{var.name}' {var.type_str()} is not a TensorArray value [size, ...]")
+
+
+def _new_rule(ins, attrs):
+    return [((0,) + tuple(attrs["element_shape"]), attrs["dtype"])]
+
+
+def _write_rule(ins, attrs):
+    arr, i, x = ins
+    _check_array(arr)
+    _check_index(i)
+    if x.dtype != arr.dtype or not shapes_compatible(arr.shape[1:], x.shape):
+        raise ShapeError(f"cannot write '{x.name}' {x.type_str()} into a TensorArray of {arr.dtype} "
+                         f"elements shaped {list(arr.shape[1:])}")
+    return [((-1,) + merge_shapes(arr.shape[1:], x.shape), arr.dtype), ((), "int64")]
+
+
+def _read_rule(ins, attrs):
+    arr, i = ins
+    _check_array(arr)
+    _check_index(i)
+    return [(arr.shape[1:], arr.dtype), ((), "int64")]
+
+
+def _read_grad_rule(ins, attrs):
+    dy, rows, i = ins
+    _check_index(rows)
+    _check_index(i)
+    return [((-1,) + dy.shape, dy.dtype)]
+
+
+def _write_grad_rule(ins, attrs):
+    d, rows, i, d_rows = ins
+    _check_array(d)
+    for var in (rows, i, d_rows):
+        _check_index(var)
+    return [((-1,) + d.shape[1:], d.dtype)]
+
+
+# --- Kernels -------------------------------------------------------------------------------------
+
+class _Backings:
+    """Which backing array (and how many of its rows are handed out) each appended view shares.
+
+    Keyed by the view's id, with a weak reference to tell a live view from a reused id;
+    correctness never depends on this table, only the cost of an append does.
+    """
+
+    def __init__(self):
+        self.views: dict[int, tuple] = {}
+        self.lock = threading.Lock()
+
+    def append(self, xp, arr, x):
+        n = arr.shape[0]
+        with self.lock:
+            entry = self.views.get(id(arr))
+            if entry is not None and entry[0]() is arr:
+                backing, used = entry[1], entry[2]
+                if used[0] == n and n < backing.shape[0]:
+                    backing[n, ...] = x
+                    used[0] = n + 1
+                    return self._track(backing[:n + 1], backing, used)
+            backing = xp.empty((max(4, 2 * (n + 1)),) + tuple(x.shape), dtype=x.dtype)
+            if n:
+                backing[:n, ...] = arr
+            backing[n, ...] = x
+            return self._track(backing[:n + 1], backing, [n + 1])
+
+    def _track(self, view, backing, used):
+        key = id(view)
+        try:
+            ref = weakref.ref(view, lambda _, key=key: self._forget(key))
+        except TypeError:        # a library whose arrays take no weak references: every append copies
+            return view
+        self.views[key] = (ref, backing, used)
+        return view
+
+    def _forget(self, key: int) -> None:
+        entry = self.views.get(key)
+        if entry is not None and entry[0]() is None:
+            self.views.pop(key, None)
+
+
+_BACKINGS = _Backings()
+
+
+def _index(xp, i) -> int:
+    return int(xp.reshape(i, ()))
+
+
+def write_error(op, i: int, n: int) -> ExecutionError:
+    return ExecutionError(f"{op.where()}: write at index {i} of a TensorArray of size {n}; an index must "
+                          f"lie in [0, size] (size appends)")
+
+
+def read_error(op, i: int, n: int) -> ExecutionError:
+    return ExecutionError(f"{op.where()}: read at index {i} of a TensorArray of size {n}; an index must "
+                          "lie in [0, size)")
+
+
+def _element_error(op, arr_shape, x_shape) -> ExecutionError:
+    return ExecutionError(f"{op.where()}: cannot write an element shaped {list(x_shape)} into a TensorArray "
+                          f"whose elements are shaped {list(arr_shape[1:])}")
+
+
+@defop("TensorArrayNew", inputs=(), infer=_new_rule)
+def _tensor_array_new(k):
+    """An empty array: [0, *element_shape], unknown sizes 0 (the first write sets them)."""
+    shape = (0,) + tuple(max(d, 0) for d in k.attrs["element_shape"])
+    return k.xp.zeros(shape, dtype=backend.dtype_of(k.xp, k.attrs["dtype"]))
+
+
+@lowers("TensorArrayNew")
+def _tensor_array_new_onnx(g):
+    shape = [0] + [max(d, 0) for d in g.attrs["element_shape"]]
+    return [g.fill(g.const(shape, "int64"), 0, g.attrs["dtype"])]
+
+
+def _write_grad(g):
+    _, i, _ = g.x
+    rows = g.out[1]
+    return [write_grad(g.dy, rows, i, maximum(rows, i + 1)), None, read(g.dy, i)]
+
+
+@defop("TensorArrayWrite", inputs=("arr", "i", "x"), outputs=("out", "size"), infer=_write_rule, nondiff=(1,),
+       grad=_write_grad)
+def _tensor_array_write(k, arr, i, x):
+    """``arr`` with row i set to x: i == size appends (O(1) amortised), i < size copies."""
+    xp = k.xp
+    n, i = arr.shape[0], _index(xp, i)
+    if not 0 <= i <= n:
+        raise write_error(k.op, i, n)
+    if n and tuple(arr.shape[1:]) != tuple(x.shape):
+        raise _element_error(k.op, arr.shape, x.shape)
+    size = xp.asarray(n, dtype=backend.dtype_of(xp, "int64"))
+    if i == n:
+        return _BACKINGS.append(xp, arr, x), size
+    out = xp.asarray(arr, copy=True)
+    out[i, ...] = x
+    return out, size
+
+
+@lowers("TensorArrayWrite")
+def _tensor_array_write_onnx(g):
+    """Concat the element as a last row, ScatterND it into row i, keep max(size, i + 1) rows;
+    an empty array first takes the element's sizes (Pad)."""
+    arr, x = g.ins[0], g.ins[2]
+    n = g.scalar_dim(arr, 0)
+    i = _scalar_index_onnx(g, 1)
+    rank = g.in_vars[0].ndim
+    elem = g.node("Slice", [g.shape(arr), g.const([1], "int64"), g.const([rank], "int64")])
+    grow = g.node("Max", [g.node("Sub", [g.shape(x), elem]), g.const([0] * (rank - 1), "int64")])
+    if rank > 1:     # an element shaped unlike the (non-empty) array's elements
+        differs = g.cast(g.node("Not", [g.node("Equal", [elem, g.shape(x)])]), "int64")
+        mismatch = g.node("Greater", [g.node("ReduceMax", [differs], keepdims=0), g.const(0, "int64")])
+    else:
+        mismatch = g.const(False, "bool")
+    failed = g.node("Or", [g.node("Or", [g.node("Less", [i, g.const(0, "int64")]),
+                                         g.node("Greater", [i, n])]),
+                           g.node("And", [g.node("Greater", [n, g.const(0, "int64")]), mismatch])])
+    op = g.op
+
+    def verify(i_value, n_value):
+        if not 0 <= int(i_value) <= int(n_value):
+            raise write_error(op, int(i_value), int(n_value))
+        raise ExecutionError(f"{op.where()}: the element's shape differs from the TensorArray's elements")
+
+    ok = g.check(failed, "write index in [0, size] and element shape", verify, [i, n])
+    i = g.node("Where", [ok, i, i])
+    pads = g.node("Concat", [g.const([0] * rank, "int64"), g.const([0], "int64"), grow], axis=0)
+    base = g.node("Pad", [arr, pads])
+    row = g.node("Unsqueeze", [x, g.const([0], "int64")])
+    padded = g.node("Concat", [base, row], axis=0)
+    scattered = g.node("ScatterND", [padded, g.node("Reshape", [i, g.const([1, 1], "int64")]), row])
+    rows = g.node("Max", [n, g.node("Add", [i, g.const(1, "int64")])])
+    return [g.node("Slice", [scattered, g.const([0], "int64"), g.node("Reshape", [rows, g.const([1], "int64")]),
+                             g.const([0], "int64")]), n]
+
+
+def _scalar_index_onnx(g, position: int) -> str:
+    """The op's input ``position`` (an integer index) as an int64 scalar."""
+    value = g.ins[position]
+    value = g.cast(value, "int64") if g.in_vars[position].dtype != "int64" else value
+    return g.node("Reshape", [value, g.const([], "int64")])
+
+
+@defop("TensorArrayRead", inputs=("arr", "i"), outputs=("out", "size"), infer=_read_rule, nondiff=(1,),
+       grad=lambda g: [read_grad(g.dy, g.out[1], g.x[1]), None])
+def _tensor_array_read(k, arr, i):
+    """Row i of the array (ExecutionError outside [0, size))."""
+    n, i = arr.shape[0], _index(k.xp, i)
+    if not 0 <= i < n:
+        raise read_error(k.op, i, n)
+    return arr[i, ...], k.xp.asarray(n, dtype=backend.dtype_of(k.xp, "int64"))
+
+
+@lowers("TensorArrayRead")
+def _tensor_array_read_onnx(g):
+    arr = g.ins[0]
+    n = g.scalar_dim(arr, 0)
+    i = _scalar_index_onnx(g, 1)
+    op = g.op
+
+    def verify(i_value, n_value):
+        raise read_error(op, int(i_value), int(n_value))
+
+    failed = g.node("Or", [g.node("Less", [i, g.const(0, "int64")]), g.node("GreaterOrEqual", [i, n])])
+    ok = g.check(failed, "read index in [0, size)", verify, [i, n])
+    return [g.node("Gather", [arr, g.node("Where", [ok, i, i])], axis=0), n]
+
+
+@defop("TensorArrayReadGrad", inputs=("dy", "rows", "i"), infer=_read_grad_rule, nondiff=(1, 2),
+       grad=lambda g: [read(g.dy, g.x[2]), None, None])
+def _tensor_array_read_grad(k, dy, rows, i):
+    """Zeros ``[rows, *dy.shape]`` with row i = dy: the gradient reaching an array a read read."""
+    out = k.xp.zeros((_index(k.xp, rows),) + tuple(dy.shape), dtype=dy.dtype)
+    out[_index(k.xp, i), ...] = dy
+    return out
+
+
+@lowers("TensorArrayReadGrad")
+def _tensor_array_read_grad_onnx(g):
+    dy = g.ins[0]
+    rows = g.node("Reshape", [_scalar_index_onnx(g, 1), g.const([1], "int64")])
+    zeros = g.fill(g.node("Concat", [rows, g.shape(dy)], axis=0), 0, g.in_vars[0].dtype)
+    i = _scalar_index_onnx(g, 2)
+    row = g.node("Unsqueeze", [dy, g.const([0], "int64")])
+    return [g.node("ScatterND", [zeros, g.node("Reshape", [i, g.const([1, 1], "int64")]), row])]
+
+
+@defop("TensorArrayWriteGrad", inputs=("d", "rows", "i", "d_rows"), infer=_write_grad_rule, nondiff=(1, 2, 3),
+       grad=lambda g: [write_grad(g.dy, g.x[3], g.x[2], g.x[1]), None, None, None])
+def _tensor_array_write_grad(k, d, rows, i, d_rows):
+    """``d`` cut (or zero-padded) to ``rows`` rows, row i zeroed when it lies inside: the
+    gradient reaching the array a write replaced a row of. An append's is a view of ``d``."""
+    xp = k.xp
+    rows, i = _index(xp, rows), _index(xp, i)
+    if d.shape[0] >= rows:
+        out = d[:rows, ...]
+        if i >= rows:
+            return out
+        out = xp.asarray(out, copy=True)
+    else:
+        out = xp.zeros((rows,) + tuple(d.shape[1:]), dtype=d.dtype)
+        out[:d.shape[0], ...] = d
+    if 0 <= i < rows:
+        out[i, ...] = 0
+    return out
+
+
+@lowers("TensorArrayWriteGrad")
+def _tensor_array_write_grad_onnx(g):
+    d = g.ins[0]
+    rank = g.in_vars[0].ndim
+    rows = g.node("Reshape", [_scalar_index_onnx(g, 1), g.const([1], "int64")])
+    cut = g.node("Slice", [d, g.const([0], "int64"), rows, g.const([0], "int64")])
+    more = g.node("Max", [g.node("Sub", [rows, g.dim(cut, 0)]), g.const([0], "int64")])
+    fitted = g.node("Pad", [cut, g.node("Concat", [g.const([0] * rank, "int64"), more,
+                                                    g.const([0] * (rank - 1), "int64")], axis=0)])
+    i = _scalar_index_onnx(g, 2)
+    indices = g.node("Range", [g.const(0, "int64"), _scalar_index_onnx(g, 1), g.const(1, "int64")])
+    keep = g.node("Reshape", [g.node("Not", [g.node("Equal", [indices, i])]),
+                              g.const([-1] + [1] * (rank - 1), "int64")])
+    return [g.node("Where", [keep, fitted, g.const(0, g.in_vars[0].dtype)])]
+
+
+# --- Builders used by the gradient makers -------------------------------------------------------
+
+def write_grad(d: Var, rows: Var, i: Var, d_rows: Var) -> Var:
+    return append_op("TensorArrayWriteGrad", [d, rows, i, d_rows])[0]
+
+
+def read_grad(dy: Var, rows: Var, i: Var) -> Var:
+    return append_op("TensorArrayReadGrad", [dy, rows, i])[0]
+
+
+def read(arr: Var, i: Var) -> Var:
+    """Row i of a stacked array (a gradient array, say)."""
+    return append_op("TensorArrayRead", [arr, i])[0]
+
+
+# --- The front end ------------------------------------------------------------------------------
+
+def _as_index(i) -> Var:
+    if isinstance(i, Var):
+        return i
+    if isinstance(i, int) and not isinstance(i, bool):
+        return constant(i, dtype="int64")
+    raise ProgramError(f"a TensorArray index must be an int or an integer scalar Var, got {i!r}")
+
+
+class TensorArray(Var):
+    """A growable list of tensors of one dtype and element shape, as a value.
+
+    ``write`` returns a new array (the old one is unchanged), so arrays are
+    loop vars of ``rg.while_loop`` like any Var (their shape invariant
+    ``[-1, *element_shape]`` is declared for you), branch results of
+    ``rg.cond`` and values inside ``rg.recurrent`` steps. ``write(i, x)``
+    with ``i == size()`` appends (O(1) amortised), with ``i < size()``
+    replaces; ``read(i)`` outside ``[0, size())`` and ``write`` past the end
+    are ExecutionErrors naming the op. ``stack()`` is ``[size,
+    *element_shape]``. Reads, writes and stacks differentiate (to any order),
+    also with run-time trip counts.
+
+    Example::
+
+        arr = rg.TensorArray(dtype="float64", element_shape=[3])
+        def body(i, h, arr):
+            h = rg.tanh(h @ w)
+            return i + 1, h, arr.write(i, h)
+        _, h, arr = rg.while_loop(lambda i, h, arr: i < n, body, [rg.constant(0), h0, arr])
+        hs = arr.stack()                          # [n, 3]
+    """
+
+    def __init__(self, dtype="float32", element_shape=None):
+        if not isinstance(element_shape, (list, tuple)) or not all(
+                isinstance(d, int) and not isinstance(d, bool) and d >= -1 for d in element_shape):
+            raise ProgramError(f"TensorArray: element_shape must be a list of sizes (-1 where unknown), "
+                               f"got {element_shape!r}")
+        out = append_op("TensorArrayNew", [], {"element_shape": [int(d) for d in element_shape],
+                                               "dtype": canonical(dtype)},
+                        name="tensor_array")[0]
+        self.__dict__.update(out.__dict__)
+        self.element_shape = tuple(int(d) for d in element_shape)
+
+    @classmethod
+    def of(cls, var: Var, element_shape: Sequence[int] | None = None) -> "TensorArray":
+        """The Var ``var`` (a stacked value ``[size, ...]``) seen as a TensorArray."""
+        array = cls.__new__(cls)
+        array.__dict__.update(var.__dict__)
+        array.element_shape = tuple(var.shape[1:] if element_shape is None else element_shape)
+        return array
+
+    def write(self, i, x: Var) -> "TensorArray":
+        """A new array with element ``i`` set to ``x`` (``i == size()`` appends)."""
+        out = append_op("TensorArrayWrite", [self, _as_index(i), x], name="tensor_array")[0]
+        return TensorArray.of(out)
+
+    def read(self, i) -> Var:
+        """Element ``i`` (an ExecutionError at run time outside ``[0, size())``)."""
+        return read(self, _as_index(i))
+
+    def stack(self) -> Var:
+        """The elements stacked: ``[size, *element_shape]``."""
+        return self.block.var(self.name)
+
+    def size(self) -> Var:
+        """The number of elements, an int64 scalar Var."""
+        return dim(self, 0)
+
+    def __repr__(self) -> str:
+        return f"TensorArray({self.name}: {self.dtype}[size, {', '.join(map(str, self.element_shape))}])"

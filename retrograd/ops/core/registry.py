@@ -1,0 +1,287 @@
+"""The op registry: one ``OpDef`` per op type, filled by the ``defop`` decorator.
+
+An op is defined once, in one place::
+
+    @defop("Tanh", infer=same_as_first, grad=lambda g: [g.dy * (1.0 - g.y * g.y)])
+    def _tanh(k, x):
+        return k.xp.tanh(x)
+
+    def tanh(x):                       # the front-end builder users call
+        return append_op("Tanh", [x])[0]
+
+* ``infer(ins, attrs) -> [(shape, dtype), ...]`` is the shape/dtype rule; it
+  sees input Vars (shapes may hold -1) and raises ``ShapeError``.
+* the kernel ``(k, *arrays)`` returns one array, or a tuple for several
+  outputs; ``k.xp`` is the array namespace, ``k.attrs`` the attributes.
+* ``grad(g) -> [Var | None per input]`` builds the gradient with the same
+  builders users call (so gradients of gradients work); ``g.x``/``g.out``/
+  ``g.dout`` hold the forward inputs, outputs and output gradients.
+* extra keywords land in ``OpDef.extra``; ``shape_only=(i, ...)`` marks inputs
+  read only for their run-time shape (the ``like`` of ``SumTo``), so a pass
+  may bind a stand-in of that shape instead of keeping the value.
+  ``row_wise=(i, ...)`` (or ``ROW_WISE_ELEMENTWISE``: every input of the
+  output's rank) marks an op whose output rows, over every leading axis, are
+  made from the same rows of those inputs alone (the others read whole): the
+  memory passes may split it over time steps or micro-batches.
+  ``batch_rows=(i, ...)`` marks one separable over the first axis only (the
+  heads of attention, a layer norm); ``batch_broadcast=True`` lets its other
+  inputs broadcast over that axis (an attention mask).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Callable, Sequence
+
+from ...errors import ProgramError, ShapeError
+from ...ir.builder import capture_ops, current_block, emit
+from ...ir.location import here, located
+from ...ir.program import Block, Op, Var
+from ...ir.verify import OpSchema, register_op_schema
+
+Spec = tuple[tuple[int, ...], str]
+ROW_WISE_ELEMENTWISE = "elementwise"    # defop(row_wise=...): any input of the output's rank
+
+
+@dataclass(frozen=True)
+class OpDef:
+    type: str
+    kernel: Callable[..., Any]
+    infer: Callable[[list[Var], dict], list[Spec]]
+    grad: Callable[["GradCtx"], list] | None = None
+    inputs: tuple[str, ...] = ("x",)
+    outputs: tuple[str, ...] = ("out",)
+    nondiff_inputs: frozenset[int] = frozenset()
+    random: bool = False
+    doc: str = ""
+    extra: dict = field(default_factory=dict)
+
+    @property
+    def differentiable(self) -> bool:
+        return self.grad is not None
+
+    def input_differentiable(self, index: int) -> bool:
+        return self.grad is not None and index not in self.nondiff_inputs
+
+
+OPS: dict[str, OpDef] = {}
+
+
+def defop(type: str, *, infer, grad=None, inputs: Sequence[str] = ("x",),
+          outputs: Sequence[str] = ("out",), nondiff: Sequence[int] = (),
+          random: bool = False, **extra):
+    """Register the decorated kernel as op ``type`` with its shape rule and gradient.
+
+    Example::
+
+        @defop("Cube", infer=lambda ins, attrs: [(ins[0].shape, ins[0].dtype)],
+               grad=lambda g: [g.dout[0] * 3.0 * g.x[0] * g.x[0]])
+        def _cube(k, x):
+            return x * x * x
+    """
+    def register(kernel):
+        if type in OPS:
+            raise ProgramError(f"op type '{type}' is registered twice")
+        OPS[type] = OpDef(type=type, kernel=kernel, infer=infer, grad=grad,
+                          inputs=tuple(inputs), outputs=tuple(outputs),
+                          nondiff_inputs=frozenset(nondiff), random=random,
+                          doc=(kernel.__doc__ or "").strip(), extra=extra)
+        return kernel
+    return register
+
+
+def get_op_def(type: str) -> OpDef:
+    """The registered ``OpDef`` of op ``type``; ProgramError naming the known ops if none.
+
+    Example::
+
+        rg.get_op_def("MatMul").inputs            # ("x", "y")
+    """
+    opdef = OPS.get(type)
+    if opdef is None:
+        raise ProgramError(f"op type '{type}' is not registered; known ops: {', '.join(sorted(OPS))}")
+    return opdef
+
+
+def _describe(vars_: Sequence[Var]) -> str:
+    return ", ".join(f"{v.name}: {v.type_str()}" for v in vars_)
+
+
+def infer_specs(type: str, in_vars: list[Var], attrs: dict, block: Block,
+                building: bool = True) -> list[Spec]:
+    """Run the op's shape rule, re-raising its complaint with the op, block and inputs named.
+
+    While ``building`` (not checking a finished op), the message starts with
+    the user's line that is building the op.
+    """
+    opdef = get_op_def(type)
+    try:
+        return opdef.infer(in_vars, attrs)
+    except ShapeError as exc:
+        raise ShapeError(f"{_building_at(building)}{type} in block {block.idx}: {exc} "
+                         f"(inputs: {_describe(in_vars)})") from None
+
+
+def _building_at(building: bool) -> str:
+    """``"train.py:42: "`` for an error about an op being built (empty when unknown)."""
+    location = here() if building else None
+    return f"{location}: " if location else ""
+
+
+def append_op(type: str, inputs: Sequence[Var], attrs: dict | None = None, *,
+              outputs: Sequence[Var] | None = None, block: Block | None = None,
+              name: str | None = None) -> list[Var]:
+    """Build one op in the current block and return its output Vars.
+
+    ``outputs`` names existing Vars to write (loop-carried values, optimizer
+    updates); otherwise fresh outputs are created with shapes from the rule.
+
+    Example::
+
+        y, = rg.append_op("Tanh", [x])          # the op builders call this
+    """
+    block = block or current_block()
+    attrs = dict(attrs or {})
+    in_vars = list(inputs)
+    for var in in_vars:
+        if not isinstance(var, Var):
+            raise ProgramError(f"{_building_at(True)}{type} in block {block.idx}: input {var!r} "
+                               "is not a Var")
+        if not block.sees(var):
+            raise ProgramError(f"{_building_at(True)}{type} in block {block.idx}: input '{var.name}' "
+                               f"belongs to {block.home_of(var)}, which block {block.idx} cannot see")
+    specs = infer_specs(type, in_vars, attrs, block)
+    if outputs is None:
+        prefix = name or _snake(type)
+        outputs = [block.create_var(block.program.unique_name(prefix), shape, dtype)
+                   for shape, dtype in specs]
+    elif len(outputs) != len(specs):
+        raise ProgramError(f"{_building_at(True)}{type} in block {block.idx}: expects {len(specs)} outputs, got {len(outputs)}")
+    emit(Op(type, [v.name for v in in_vars], [v.name for v in outputs], attrs), block)
+    return list(outputs)
+
+
+def _snake(type: str) -> str:
+    out = []
+    for i, ch in enumerate(type):
+        if ch.isupper() and i and not type[i - 1].isupper():
+            out.append("_")
+        out.append(ch.lower())
+    return "".join(out)
+
+
+class GradCtx:
+    """What a gradient maker sees: the forward op's Vars and its output gradients."""
+
+    def __init__(self, op: Op, block: Block, out_grads: Sequence[Var | None],
+                 wanted: Sequence[bool] | None = None, callbacks: Sequence[Callable] = ()):
+        self.op = op
+        self.attrs = op.attrs
+        self.block = block
+        self.x = [block.var(n) for n in op.inputs]
+        self.out = [block.var(n) for n in op.outputs]
+        self.dout = list(out_grads)
+        # Which inputs' gradients the caller needs: makers of ops that compute all their
+        # input gradients in one kernel (RecurrentNetwork) skip the work for the others.
+        self.wanted = [True] * len(op.inputs) if wanted is None else list(wanted)
+        # append_backward's callbacks: makers that build a sub-block's backward pass them on.
+        self.callbacks = list(callbacks)
+
+    @property
+    def y(self) -> Var:
+        return self.out[0]
+
+    @property
+    def dy(self) -> Var:
+        return self.dout[0]
+
+
+def make_grad_ops(op: Op, out_grad_names: Sequence[str | None], block: Block | None = None,
+                  wanted: Sequence[bool] | None = None,
+                  callbacks: Sequence[Callable] = ()) -> tuple[list[Op], list[str | None]]:
+    """The Caffe2 ``GetGradientDefs`` contract: ``(grad_ops, input_grad_names)``.
+
+    The ops are built with their Vars declared in ``block`` (default: the
+    op's own block) but not placed in it; the caller (a backward pass)
+    decides where they go. With ``wanted``
+    (one flag per input), only the ops leading to wanted gradients are kept,
+    so makers can stay one-liners that build every input's gradient.
+    ``callbacks`` (``append_backward``'s) reach makers that build sub-block
+    backward passes (``GradCtx.callbacks``).
+
+    Example::
+
+        grad_ops, input_grads = rg.make_grad_ops(op, [dout.name])     # dout: the gradient of the op output
+    """
+    opdef = get_op_def(op.type)
+    if block is None:
+        if op.block is None:
+            raise ProgramError(f"{op.where()} is not placed in a block; pass block=")
+        block = op.block
+    if opdef.grad is None:
+        raise ProgramError(f"{op.where()} has no gradient maker; it cannot be on the path to the loss "
+                           f"(inputs: {', '.join(op.inputs)})")
+    from ...ir.builder import block_guard
+    out_grads = [None if n is None else block.var(n) for n in out_grad_names]
+    # The gradient's ops point at the line that built the forward op.
+    with block_guard(block), capture_ops() as grad_ops, located(op.location):
+        in_grads = opdef.grad(GradCtx(op, block, out_grads, wanted, callbacks))
+    if len(in_grads) != len(op.inputs):
+        raise ProgramError(f"gradient maker of {op.type} returned {len(in_grads)} gradients "
+                           f"for {len(op.inputs)} inputs")
+    names = [None if (g is None or not opdef.input_differentiable(i)
+                      or (wanted is not None and not wanted[i])) else g.name
+             for i, g in enumerate(in_grads)]
+    kept = _ops_leading_to(grad_ops, {n for n in names if n is not None})
+    _forget_outputs_of_dropped(grad_ops, kept, block)
+    return kept, names
+
+
+def _forget_outputs_of_dropped(built: list[Op], kept: list[Op], block: Block) -> None:
+    """Undeclare the Vars that only dropped ops wrote, so no dangling names remain."""
+    kept_ids = {id(op) for op in kept}
+    still_written = {n for op in kept for n in op.outputs}
+    for op in built:
+        if id(op) in kept_ids:
+            continue
+        for name in op.outputs:
+            var = block.vars.get(name)
+            if var is not None and name not in still_written:
+                del block.vars[name]
+                block.program.bump()
+
+
+def _ops_leading_to(ops: list[Op], needed: set[str]) -> list[Op]:
+    """The ops among ``ops`` that (transitively) write a name in ``needed``."""
+    from ...ir.analysis import op_reads
+    kept = []
+    needed = set(needed)
+    for op in reversed(ops):
+        if any(n in needed for n in op.outputs):
+            kept.append(op)
+            needed.update(op_reads(op))
+    kept.reverse()
+    return kept
+
+
+# Gradient makers of ops with sub-blocks (control flow, recurrent) build those blocks' backward with
+# autodiff's build_backward, which autodiff hands over here when imported: ops never imports autodiff.
+_BACKWARD_BUILDER: dict[str, Callable] = {}
+
+
+def register_backward_builder(fn: Callable) -> Callable:
+    """Called by ``retrograd/autodiff/backward.py`` with its ``build_backward``."""
+    _BACKWARD_BUILDER["build"] = fn
+    return fn
+
+
+def build_sub_backward(*args, **kwargs):
+    """``autodiff.build_backward(*args, **kwargs)`` for a sub-block's backward."""
+    if "build" not in _BACKWARD_BUILDER:
+        raise ProgramError("no backward builder is registered; import retrograd (or retrograd.autodiff)")
+    return _BACKWARD_BUILDER["build"](*args, **kwargs)
+
+
+# The verifier (ir/verify.py) checks op types and shape rules through this hook: the IR imports no ops.
+register_op_schema(OpSchema(
+    is_registered=lambda op_type: op_type in OPS,
+    infer=lambda op, in_vars, block: infer_specs(op.type, in_vars, op.attrs, block, building=False)))

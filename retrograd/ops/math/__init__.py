@@ -1,0 +1,1 @@
+"""Elementwise math: arithmetic and comparisons, activations, special functions, logic, trigonometry, rounding division."""

@@ -1,0 +1,1 @@
+"""The optimizers' update ops (SGD/momentum, Adam/AdamW, RMSProp, Adagrad, the step counter) and the multi-tensor ``FusedAdamUpdate`` the ``fuse_optimizer_updates`` pass makes; ``rg.optim`` builds them."""

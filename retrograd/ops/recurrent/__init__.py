@@ -1,0 +1,1 @@
+"""Recurrent networks: the RecurrentNetwork op (``rg.recurrent``), its gradient and scan form, steps and outputs, the LSTM/GRU cells, the fused LSTM/GRU sequence ops and their ONNX lowerings, reverse_sequence."""
