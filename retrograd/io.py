@@ -9,7 +9,10 @@
   dtypes, and only then touches the scope: a bad file changes nothing.
 
 The file is a plain ``.npz``: one array per persistable, keyed by its name,
-so ``np.load(path)`` reads it too. Files are the same on every backend: values
+so ``np.load(path)`` reads it too. ``save_params(..., with_program=True)`` also
+stores the program itself (its JSON form, as the int32 array ``__program__``,
+which ``read_params`` and ``load_params`` leave out and ``read_program``
+returns): ``retrograd show model.npz`` prints it. Files are the same on every backend: values
 are copied to the host to save, and ``scope.set`` moves loaded values onto the
 scope's backend (save on torch or CUDA, load on NumPy, and back).
 
@@ -37,7 +40,7 @@ from typing import Callable
 import numpy as np
 
 from .backends import dtype_name, to_numpy
-from .errors import FeedError
+from .errors import FeedError, ProgramError, RetrogradError
 from .ir.dtypes import DTYPES, numpy_dtype
 from .ir.program import Program, Var
 from .runtime.scope import Scope
@@ -65,16 +68,23 @@ def persistable_vars(program: Program) -> list[Var]:
     return [found[name] for name in sorted(found)]
 
 
-def save_params(scope: Scope, path: str | os.PathLike, program: Program) -> Path:
+PROGRAM_MEMBER = "__program__"    # int32 [n]: the UTF-8 bytes of the saved program's JSON
+
+
+def save_params(scope: Scope, path: str | os.PathLike, program: Program, *,
+                with_program: bool = False) -> Path:
     """Write ``program``'s persistable values from ``scope`` to ``path`` (``.npz``), atomically.
 
     Saves parameters and optimizer state (velocities, moments, step counts),
-    so ``load_params`` resumes training exactly.
+    so ``load_params`` resumes training exactly. ``with_program=True`` also
+    stores ``program`` (``read_program``); a program the JSON form cannot hold
+    is left out.
 
     Args:
         scope: The Scope holding the values (``exe.scope``).
         path: The file to write.
         program: The program whose persistable Vars are saved.
+        with_program: Also store ``program`` itself (``read_program``).
 
     Returns:
         The path written.
@@ -117,6 +127,8 @@ def save_params(scope: Scope, path: str | os.PathLike, program: Program) -> Path
             raise ParamFileError(f"cannot save '{name}' to {path}: its value is "
                                  f"{getattr(array, 'dtype', type(array).__name__)}; parameter files hold "
                                  f"arrays of {', '.join(DTYPES)} (never pickled objects)")
+    if with_program:
+        arrays.update(_program_member(program))
     if path.is_dir():
         raise ParamFileError(f"cannot save to {path}: it is a directory")
     if not path.parent.is_dir():
@@ -127,6 +139,39 @@ def save_params(scope: Scope, path: str | os.PathLike, program: Program) -> Path
     except OSError as exc:
         raise ParamFileError(f"cannot save to {path}: {exc.strerror or exc}") from None
     return path
+
+
+def _program_member(program: Program) -> dict[str, np.ndarray]:
+    try:
+        text = program.to_json()
+    except ProgramError:           # an op or attribute the JSON form cannot hold
+        return {}
+    return {PROGRAM_MEMBER: np.frombuffer(text.encode("utf-8"), dtype=np.uint8).astype(np.int32)}
+
+
+def read_program(path: str | os.PathLike) -> Program | None:
+    """The program stored in a parameter file by ``save_params(..., with_program=True)``, or None
+    when it holds none; ParamFileError when the file is not a parameter file.
+
+    Example::
+
+        print(rg.io.read_program("retrograd-lstm.npz"))
+    """
+    codes = _read_npz(Path(path), lambda name, shape, dtype: None, {}, keep_program=True).get(PROGRAM_MEMBER)
+    if codes is None:
+        return None
+    try:
+        return Program.from_json(np.asarray(codes, dtype=np.uint8).tobytes().decode("utf-8"))
+    except (UnicodeDecodeError, RetrogradError) as exc:
+        raise ParamFileError(f"{path}: its stored program is damaged ({exc})") from None
+
+
+def remove_stale_temps(path: str | os.PathLike) -> None:
+    """Remove temporary files a killed save of ``path`` left beside it (``.<name>.<pid>.<hex>.tmp``
+    of processes that are gone, or older than an hour)."""
+    path = Path(path)
+    if path.parent.is_dir():
+        _remove_stale_temps(path)
 
 
 # Temporary files are named ``.<file>.<pid>.<random>.tmp``. A save killed midway (SIGKILL,
@@ -247,7 +292,9 @@ _ARCHIVE_ERRORS = (zipfile.BadZipFile, zipfile.LargeZipFile, zlib.error, lzma.LZ
                    tokenize.TokenError)
 
 
-def _read_npz(path: Path, check: _Check, misfits: dict[str, str]) -> dict[str, np.ndarray]:
+def _read_npz(path: Path, check: _Check, misfits: dict[str, str],
+              keep_program: bool = False) -> dict[str, np.ndarray]:
+    """The arrays of the file (the stored program's only with ``keep_program``)."""
     if path.is_dir():
         raise ParamFileError(f"parameter file {path} is a directory")
     if not path.is_file():
@@ -260,8 +307,10 @@ def _read_npz(path: Path, check: _Check, misfits: dict[str, str]) -> dict[str, n
             for info in archive.infolist():
                 name = _member_name(info, path, arrays.keys() | misfits.keys())
                 with archive.open(info) as member:
-                    array = _read_member(member, info.file_size, name, check, path, misfits)
-                if array is not None:
+                    unchecked = name == PROGRAM_MEMBER       # not a persistable of any program
+                    array = _read_member(member, info.file_size, name,
+                                         (lambda *_: None) if unchecked else check, path, misfits)
+                if array is not None and (keep_program or name != PROGRAM_MEMBER):
                     arrays[name] = array
         return arrays
     except _ARCHIVE_ERRORS as exc:

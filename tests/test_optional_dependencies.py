@@ -42,3 +42,15 @@ def test_suite_collects_without_the_optional_libraries():
                           timeout=600)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-2000:]
     assert " error" not in done.stdout.lower().splitlines()[-1], done.stdout[-3000:]
+
+
+def test_test_extra_leaves_jax_to_the_peers_extra():
+    """Issue 30: the test install brought ~6 GB; jax is a reference some tests compare against
+    (they importorskip it), so it lives in the `peers` extra, not in `test`."""
+    import tomllib
+    extras = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]
+    assert not any(req.startswith(("jax", "jaxlib")) for req in extras["test"]), extras["test"]
+    assert any(req.startswith("jax") for req in extras["peers"]), extras.get("peers")
+    users = [path for path in (ROOT / "tests").rglob("*.py")
+             if re.search(r"^\s*(import jax|from jax)", path.read_text(encoding="utf-8"), re.M)]
+    assert not users, f"tests importing jax unconditionally (use pytest.importorskip): {users}"

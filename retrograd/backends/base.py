@@ -540,6 +540,15 @@ class Backend:
             A function ``compile(fn) -> fn`` with the same results, or None.
         """
         return None
+    # -- threads (runtime/threads.py) --------------------------------------------------
+    def thread_pools(self) -> tuple:
+        """This library's own thread pools, beyond the BLAS and OpenMP libraries threadpoolctl
+        finds: objects with ``get_num_threads()`` and ``set_num_threads(n)``, limited to the
+        executor's ``threads`` while a run computes."""
+        return ()
+
+    def fix_threads(self, threads: int) -> None:
+        """Thread settings this library takes once per process (made when an executor is created)."""
 
     def on_device(self):
         """The context the executor runs kernels in.

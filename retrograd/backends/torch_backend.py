@@ -113,6 +113,15 @@ class TorchBackend(Backend):
         self.cudnn_gru = torch_cudnn_rnn.CuDNNGRU(torch) if on_cuda and _has_cudnn_lstm(torch) else None
         self.fused_adam = _fused_adam_ops(torch) if dev.type == "cpu" else None   # (Adam, AdamW) or None
 
+    # -- threads (runtime/threads.py) ------------------------------------------------------
+    def thread_pools(self) -> tuple:
+        """torch's intra-op pool (``torch.get_num_threads`` / ``set_num_threads``)."""
+        return (self.torch,)
+
+    def fix_threads(self, threads: int) -> None:
+        """torch's inter-op pool, which takes its size once per process (``runtime/threads.py``)."""
+        fix_torch_interop_threads(self.torch, threads)
+
     # -- fused kernels (LSTMSequence): None where this backend has none for the arrays given ----
     def vendor_lstm(self, x):
         """The vendor LSTM for ``x``: oneDNN (CPU float32), cuDNN (CUDA), or None (general kernels)."""
@@ -509,3 +518,22 @@ def _unpermuted(array, order):
         inverse[dim] = position
     return array.permute(inverse)
 
+
+_interop_fixed: dict[int, int] = {}     # id(torch) -> the inter-op count it was given, once
+
+
+def fix_torch_interop_threads(torch, threads: int) -> bool:
+    """Give torch's inter-op pool ``threads`` threads, if torch still allows it: it takes the count
+    once per process, before any inter-op work (later calls raise RuntimeError; then the pool
+    keeps its size -- eager ops do not use it, only ``torch.jit.fork`` and the like). Returns
+    whether the pool has ``threads`` threads now."""
+    if torch.get_num_interop_threads() == threads:
+        return True
+    if id(torch) in _interop_fixed:
+        return False
+    _interop_fixed[id(torch)] = threads
+    try:
+        torch.set_num_interop_threads(threads)
+    except RuntimeError:
+        return False
+    return True

@@ -5,12 +5,15 @@ Examples::
     retrograd train                         # the main job: a character-level LSTM (retrograd/cli/train.py)
     retrograd sample retrograd-lstm.npz --length 400 --prompt "def "   # text from a saved model
     retrograd export retrograd-lstm.npz -o lm.onnx   # its sampling step as ONNX (retrograd/cli/onnx_sampler.py)
-    retrograd show model.json               # print a program saved with Program.to_json()
-    retrograd graph model.json -o model.svg # draw it (DOT text, or SVG/PNG through Graphviz's `dot`)
+    retrograd show retrograd-lstm.npz       # print the training program a model file holds
+    retrograd show model.json               # or a program saved with Program.to_json()
+    retrograd graph retrograd-lstm.npz -o model.svg # draw it (DOT text, or SVG/PNG through `dot`)
 
 User mistakes (a missing file, a malformed program) end with one line on
-stderr and exit status 2; argparse reports bad options the same way. Output
-cut short by the reader (``retrograd show m.json | head``) ends quietly.
+stderr and exit status 2; a bad option ends with argparse's message and a
+line pointing at ``--help`` (not the whole usage). Ctrl-C ends with one line
+and status 130. Output cut short by the reader (``retrograd show m.json |
+head``) ends quietly.
 
 Each subcommand is one ``_add_<name>(commands)`` function below that adds its
 parser and sets ``handler``; the jobs live in their own modules
@@ -24,6 +27,7 @@ import os
 import shutil
 import subprocess
 import sys
+import zipfile
 from pathlib import Path
 from typing import Sequence
 
@@ -31,6 +35,7 @@ from ..errors import RetrogradError
 from ..ir.program import Block, Program
 
 EXIT_USAGE = 2  # argparse's status for bad usage; bad input files get the same
+EXIT_INTERRUPTED = 130
 _RENDERED = {".svg": "svg", ".png": "png", ".pdf": "pdf"}
 
 
@@ -46,12 +51,17 @@ def main(argv: Sequence[str] | None = None) -> int:
         main(["show", "model.json"])
     """
     parser = _parser()
-    args = parser.parse_args(argv)
+    args, extra = parser.parse_known_args(argv)
+    if extra:       # named by the command's parser, whose --help lists its options
+        (parser.commands.get(args.command) or parser).error(f"unrecognized arguments: {' '.join(extra)}")
     if args.command is None:
         parser.print_help()
         return EXIT_USAGE
     try:
         return args.handler(args) or 0
+    except KeyboardInterrupt:           # during start-up (imports, reading files): one line
+        print(f"retrograd {args.command}: interrupted", file=sys.stderr)
+        return EXIT_INTERRUPTED
     except BrokenPipeError:
         _quiet_stdout()
         return 0
@@ -73,8 +83,17 @@ def _quiet_stdout() -> None:
         pass
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse, but a bad option prints its message first and a pointer to ``--help``, not the
+    whole usage (16 lines for ``train``) above the message."""
+
+    def error(self, message: str):
+        self.exit(EXIT_USAGE, f"{self.prog}: error: {message}\n"
+                              f"usage: {self.prog} [options]; `{self.prog} --help` lists them\n")
+
+
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog="retrograd",
         description="Define-then-run deep learning whose backward pass is a program.")
     from .. import __version__
@@ -82,6 +101,7 @@ def _parser() -> argparse.ArgumentParser:
     commands = parser.add_subparsers(dest="command", metavar="COMMAND")
     for add in (_add_train, _add_sample, _add_export, _add_show, _add_graph):
         add(commands)
+    parser.commands = commands.choices        # name -> the command's parser
     return parser
 
 
@@ -115,9 +135,10 @@ def _add_export(commands) -> None:
 
 
 def _add_show(commands) -> None:
-    show = commands.add_parser("show", help="print a saved program (JSON) as text",
-                               description="Print a program saved with Program.to_json().")
-    show.add_argument("file", help="program JSON file")
+    show = commands.add_parser("show", help="print a saved program (a model file or JSON) as text",
+                               description="Print the program a model file saved by `retrograd "
+                                           "train` holds, or one saved with Program.to_json().")
+    show.add_argument("file", help="model file (.npz) or program JSON file")
     show.add_argument("--locations", action="store_true",
                       help="end each op's line with the file:line that built it")
     show.set_defaults(handler=_show)
@@ -128,7 +149,7 @@ def _add_graph(commands) -> None:
                                 description="Write a saved program as a Graphviz graph: DOT "
                                             "text, or SVG/PNG/PDF (by the -o suffix) when "
                                             "Graphviz's `dot` is installed.")
-    graph.add_argument("file", help="program JSON file")
+    graph.add_argument("file", help="model file (.npz) or program JSON file")
     graph.add_argument("-o", "--output", help="output file (.dot, .svg, .png, .pdf); "
                                               "default: DOT on stdout")
     graph.set_defaults(handler=_graph)
@@ -142,6 +163,8 @@ def _load(path: str) -> Program:
         raise CliError(f"{path}: no such file")
     if not file.is_file():
         raise CliError(f"{path}: not a file")
+    if zipfile.is_zipfile(file):
+        return _load_model_file(file)
     try:
         text = file.read_text(encoding="utf-8")
     except UnicodeDecodeError as exc:
@@ -151,6 +174,16 @@ def _load(path: str) -> Program:
         return Program.from_json(text)
     except RetrogradError as exc:
         raise CliError(f"{path}: {exc}") from None
+
+
+def _load_model_file(file: Path) -> Program:
+    """The program a parameter file holds (``retrograd train`` saves its training program)."""
+    from ..io import read_program
+    program = read_program(file)
+    if program is None:
+        raise CliError(f"{file}: a parameter file without a program (saved before `retrograd train` "
+                       "stored its program, or by rg.save_params without with_program=True)")
+    return program
 
 
 def _show(args: argparse.Namespace) -> int:

@@ -9,9 +9,9 @@ parameters, draws the loss curve and prints a sample.
 Examples::
 
     retrograd train                                    # the default run: about 30 s on 2 cores
-    retrograd train --text notes.txt --text 'more/*.md'   # your own UTF-8 text
+    retrograd train --text notes.txt 'more/*.md'       # your own UTF-8 text
     retrograd train --steps 2000 --save m.npz --save-every 200 --log m.jsonl
-    retrograd train --resume m.npz --save m.npz --steps 500
+    retrograd train --resume m.npz --steps 500         # 500 more steps, same options, back into m.npz
     retrograd train --recompute 256K                   # byte sizes take K/M/G suffixes
     retrograd train --optimizer momentum --lr 0.1 --weight-decay 1e-4
 
@@ -21,6 +21,12 @@ or vocabulary, a ``--seq-len`` longer than the text, or a loss that diverges
 (non-finite, or far above where it started). The parameter file is only ever
 replaced by a complete, healthy checkpoint: a diverged or interrupted run
 leaves the last good one (and says which step it holds).
+
+No run replaces a model file it did not load or make, unless ``--save PATH``
+names it or ``--overwrite`` is given: a new run whose default file
+(``retrograd-<model>.npz``) exists saves to the next free name
+(``retrograd-<model>-2.npz``) and says so. A resumed run reads its options
+from the file (``retrograd/cli/resume.py``) and saves back into it.
 """
 from __future__ import annotations
 
@@ -45,11 +51,13 @@ from ..models.charlm import (BUILTIN_VOCAB, LR_SCHEDULES, MIN_CORPUS_CHARS, MODE
                              build_loss, build_training, builtin_corpus, check_seq_len,
                              config_from_params, decode, encode, generate, held_out_batches,
                              load_corpus, load_text, make_lr, optimizer_of, read_record,
-                             split_corpus, PRECISIONS)
+                             run_record, split_corpus, PRECISIONS)
 from ..errors import RetrogradError
 from ..models.generation import generate_text
-from ..io import ParamFileError, load_params, read_params, save_params
+from ..io import (ParamFileError, load_params, read_params, remove_stale_temps, save_params)
 from ..options import non_negative, non_negative_int, parse_recompute, positive  # noqa: F401
+from ..runtime.threads import ThreadLimit
+from .resume import (RECORDED, new_run_options, options_record, resumed_options, text_files_of)
 from . import plot
 from .termplot import loss_curve
 
@@ -64,9 +72,15 @@ def add_train_arguments(parser: argparse.ArgumentParser) -> None:
         run_train(parser.parse_args(["--steps", "50"]))
     """
     pos_int, pos_float = positive(int), positive(float)
-    add = parser.add_argument
-    add("--text", action="append", metavar="FILE", default=None,
-        help="train on this UTF-8 text file instead of the built-in corpus; repeat it, or give a "
+
+    def add(*flags, **options):
+        # The options a model file records are left out of the namespace when not given, so a
+        # resumed run takes the file's (retrograd/cli/resume.py); a new run takes RECORDED's defaults.
+        if flags[0][2:].replace("-", "_") in RECORDED:
+            options["default"] = argparse.SUPPRESS
+        parser.add_argument(*flags, **options)
+    add("--text", action="extend", nargs="+", metavar="FILE",
+        help="train on these UTF-8 text files instead of the built-in corpus: several paths, or a "
              "glob such as 'notes/*.md' (the vocabulary is every character of the text)")
     add("--model", choices=MODELS, default="lstm",
         help="lstm, gru, milstm (recurrent layers) or transformer (default: lstm)")
@@ -76,7 +90,9 @@ def add_train_arguments(parser: argparse.ArgumentParser) -> None:
     add("--embed", type=pos_int, default=64, help="character embedding size (default: 64)")
     add("--seq-len", type=pos_int, default=64, help="characters per training window (default: 64)")
     add("--batch", type=pos_int, default=32, help="windows per step (default: 32)")
-    add("--steps", type=pos_int, default=600, help="training steps to run (default: 600)")
+    add("--steps", type=pos_int, default=600,
+        help="training steps to run (default: 600); with --resume, steps to run after the "
+             "checkpoint's (the schedule keeps the length the first run gave it)")
     add("--lr", type=pos_float, default=3e-3, help="learning rate (default: 0.003)")
     add("--optimizer", choices=OPTIMIZERS, default="adam",
         help="optimizer (default: adam; momentum uses 0.9)")
@@ -93,15 +109,20 @@ def add_train_arguments(parser: argparse.ArgumentParser) -> None:
         help="recompute activations in the backward pass: per step, or under a byte budget "
              "such as 64M (default: none)")
     add("--save", metavar="PATH", default=None,
-        help="where to write the parameters (default: retrograd-<model>.npz)")
+        help="where to write the parameters (default: the --resume file, else retrograd-<model>.npz, "
+             "or the next free retrograd-<model>-N.npz when that exists)")
+    add("--overwrite", action="store_true",
+        help="replace retrograd-<model>.npz when it exists (without it, a new name is picked)")
     add("--resume", metavar="PATH", default=None,
-        help="start from parameters and optimizer state saved by an earlier run with the same model options")
+        help="continue a saved run: its parameters, optimizer state and options (model, sizes, "
+             "optimizer, schedule, text); options given again must agree")
+    add("--threads", type=pos_int, default=None,
+        help="threads of every library the run uses: BLAS, OpenMP, torch, onnxruntime (default: 1; "
+             "more help only with a large --hidden or --batch, and slow everything down when other "
+             "programs share the cores)")
     add("--precision", choices=tuple(PRECISIONS), default="fp32",
         help="fp32 (default), or mixed precision: bf16 / fp16 products with float32 weights "
              "(fp16 with dynamic loss scaling; rg.amp)")
-    add("--threads", type=pos_int, default=1,
-        help="BLAS threads per run (default: 1; more help only with a large --hidden or --batch, and "
-             "slow everything down when other programs share the cores)")
     add("--backend", choices=("auto", "numpy", "torch", "cupy", "onnxruntime"), default="auto",
         help="what runs the program (default: auto, the fastest installed for the run: torch, else "
              "the onnxruntime engine, else numpy; torch with --device/--graphs, not the engine under MPI "
@@ -163,7 +184,7 @@ def choose_backend(args: argparse.Namespace) -> str:
         order = ("torch", "numpy")
     for name in order:
         try:
-            rg.Executor(backend=name, device=args.device)
+            rg.Executor(backend=name, device=args.device, threads=getattr(args, "threads", None))
         except rg.BackendError:
             continue
         return name
@@ -176,30 +197,36 @@ def run_train(args: argparse.Namespace) -> int:
     Raises ``RetrogradError`` subclasses (one-line messages) for bad input and
     for a diverging loss; returns 130 after Ctrl-C.
     """
-    save_path = Path(args.save if args.save else f"retrograd-{args.model}.npz")
+    saved = read_params(args.resume) if args.resume else None   # a missing or corrupt file fails first
+    if saved is not None:
+        resumed_options(args, saved, args.resume)
+    else:
+        new_run_options(args)
+    save_path = save_target(args)
     _check_writable(save_path, "--save")
+    remove_stale_temps(save_path)        # a killed save's temporary file of this one
     if args.log:
         _check_writable(Path(args.log), "--log")
     if args.plot_file:
         _check_plot_file(Path(args.plot_file))
     args.backend = choose_backend(args)
-    saved = read_params(args.resume) if args.resume else None   # a missing or corrupt file fails first
     checkpoint = Checkpoint(save_path)
     job = None
     try:
-        text = TrainingText.load(args, saved)
-        cfg = ModelConfig(args.model, args.hidden, args.layers, args.embed, args.recompute,
-                          vocab=text.corpus.vocab, heads=args.heads)
-        if saved is not None:
-            check_resumable(saved, args.resume, cfg, args.optimizer)
-        job, cfg = _fit_recompute_budget(args, cfg, checkpoint, text)
-        out = _Reporter(args, job.first, text)
-        with _open_log(args, job.first) as log:
-            job.train(out, log)
-        checkpoint.save(job.exe, job.training, job.step_done)
-        sample = generate_text(job.exe, cfg, text.prompt, args.sample_len, args.temperature, args.seed) \
-            if rg.distributed.rank() == 0 else ""
-        out.finish(job.losses, job.val_losses, save_path, sample)
+        with command_threads(args.threads):     # the whole command, not only each run
+            text = TrainingText.load(args, saved)
+            cfg = ModelConfig(args.model, args.hidden, args.layers, args.embed, args.recompute,
+                              vocab=text.corpus.vocab, heads=args.heads)
+            if saved is not None:
+                check_resumable(saved, args.resume, cfg, args.optimizer)
+            job, cfg = _fit_recompute_budget(args, cfg, checkpoint, text)
+            out = _Reporter(args, job, text)
+            with _open_log(args, job.first) as log:
+                job.train(out, log)
+            checkpoint.save(job.exe, job.training, job.step_done)
+            sample = generate_text(job.exe, cfg, text.prompt, args.sample_len, args.temperature,
+                                   args.seed) if rg.distributed.rank() == 0 else ""
+            out.finish(job.losses, job.val_losses, save_path, sample)
     except KeyboardInterrupt:
         # The scope may hold a half-applied update: keep the last complete checkpoint instead.
         when = f"at step {job.step_done}" if job is not None else "before training started"
@@ -212,15 +239,44 @@ def run_train(args: argparse.Namespace) -> int:
     return 0
 
 
+def command_threads(threads: int | None):
+    """``with command_threads(n):`` the command's thread count holds for all of its process --
+    batches, checkpoints and sampling between the runs too -- not only inside each
+    ``Executor.run`` (the command owns its process; a library call would not)."""
+    pools = (sys.modules["torch"],) if "torch" in sys.modules else ()
+    return ThreadLimit(threads, pools).limit()
+
+
+def save_target(args) -> Path:
+    """Where the run saves: ``--save``, else the ``--resume`` file (the run loaded it), else
+    ``retrograd-<model>.npz`` -- or, when that exists and ``--overwrite`` is not given, the first
+    free ``retrograd-<model>-N.npz`` (said on a line of its own)."""
+    if args.save:
+        return Path(args.save)
+    if args.resume:
+        return Path(args.resume)
+    path = Path(f"retrograd-{args.model}.npz")
+    if getattr(args, "overwrite", False) or not path.exists():
+        return path
+    free = next(p for p in (path.with_name(f"{path.stem}-{n}{path.suffix}") for n in range(2, 10**6))
+                if not p.exists())
+    if rg.distributed.rank() == 0:
+        print(f"retrograd train: {path} exists and this run did not make it; saving to {free} "
+              "(--overwrite replaces it; --save PATH names the file)")
+    return free
+
+
 @dataclass
 class TrainingText:
     """What a run trains on: the corpus (``--text`` files or the built-in one), its training
-    and held-out ids, the sampling prompt and the step the run starts from."""
+    and held-out ids, the sampling prompt, the step the run starts from and the run record of
+    the file it resumes (None for a new run)."""
     corpus: Corpus
     train: np.ndarray
     held_out: np.ndarray
     prompt: str
     first_step: int
+    record: dict | None = None
 
     @classmethod
     def load(cls, args, saved: dict | None) -> "TrainingText":
@@ -230,7 +286,13 @@ class TrainingText:
         record = read_record(saved, args.resume) if saved is not None else {}
         first = int(np.asarray(saved.get("train.step", [0])).reshape(-1)[0]) if saved else 0
         # A resumed run keeps the prompt it was saved with (the file's record must stay the same).
-        return cls(corpus, train_ids, held_out, record.get("prompt", corpus.prompt), first)
+        return cls(corpus, train_ids, held_out, record.get("prompt", corpus.prompt), first, record or None)
+
+    def run_record(self, args, cfg: ModelConfig) -> dict:
+        """The record the run's file keeps: the resumed file's as it is, or a new one."""
+        if self.record is not None:
+            return self.record
+        return run_record(cfg, args.optimizer, self.prompt, options_record(args, text_files_of(self.corpus)))
 
 
 def check_resumable(saved: dict, where: str, cfg: ModelConfig, optimizer: str) -> None:
@@ -344,8 +406,8 @@ class Checkpoint:
     def save(self, exe, training: Training, step: int) -> None:
         if self.step != step:
             with _ctrl_c_deferred():    # the file and ``self.step`` change together
-                if rg.distributed.rank() == 0:
-                    save_params(exe.scope, self.path, training.main)
+                if rg.distributed.rank() == 0:       # the program too: `retrograd show FILE`
+                    save_params(exe.scope, self.path, training.main, with_program=True)
                 self.step = step
 
     def status(self) -> str:
@@ -384,11 +446,15 @@ class Job:
         if args.batch % ranks:
             raise TrainError(f"--batch {args.batch} does not split evenly over {ranks} MPI ranks; "
                              f"use a multiple of {ranks}")
-        lr = make_lr(args.lr_schedule, args.lr, args.warmup, total_steps=text.first_step + args.steps)
+        # The schedule's length: the first run's (a resumed cosine does not stretch), or for files
+        # that do not record it, this run's end.
+        self.schedule_steps = getattr(args, "schedule_steps", None) or text.first_step + args.steps
+        lr = make_lr(args.lr_schedule, args.lr, args.warmup, total_steps=self.schedule_steps)
         self.training = build_training(cfg, args.seq_len, args.optimizer, lr, args.clip_norm or None,
                                        args.seed, data_parallel=ranks > 1,
                                        weight_decay=args.weight_decay, prompt=text.prompt,
-                                       batch=args.batch // ranks, precision=args.precision)
+                                       batch=args.batch // ranks, precision=args.precision,
+                                       record=text.run_record(args, cfg))
         self.val_program, self.val_loss = build_loss(cfg, args.seq_len, data_parallel=ranks > 1)
         self.exe = rg.Executor(threads=args.threads, backend=args.backend, device=args.device,
                                graphs=args.graphs, check_finite=args.check_finite,
@@ -503,22 +569,25 @@ def _log_line(file, step: int, loss: float, cps: float, peak: int, val: float | 
 class _Reporter:
     """The rich progress bar and the text lines around it."""
 
-    def __init__(self, args, first: int, text: TrainingText):
+    def __init__(self, args, job: "Job", text: TrainingText):
         from rich.console import Console
         self.args = args
-        self.first = first
+        self.first = first = job.first
         self.total = first + args.steps
         # Several MPI ranks: rank 0 alone prints.
         self.console = Console(highlight=False, soft_wrap=True, quiet=rg.distributed.rank() != 0)
         self.every = args.log_every or max(1, args.steps // 10)
-        where = f"resuming {args.resume} at step {first}" if args.resume else "from scratch"
+        where = (f"resuming {args.resume} at step {first}, to step {first + args.steps}" if args.resume
+                 else "from scratch")
+        if args.lr_schedule != "constant":
+            where += f"; {args.lr_schedule} schedule over steps 1-{job.schedule_steps}"
         ranks = rg.distributed.world_size()
         where += f", on {ranks} MPI ranks ({args.batch // ranks} windows each)" if ranks > 1 else ""
         self.console.print(
             f"retrograd train: {args.model}, {args.layers} x {args.hidden} hidden, "
             f"{args.optimizer} lr {args.lr:g}, batch {args.batch} x {args.seq_len} chars, "
             f"{args.steps} steps {where}, precision {args.precision}, backend {args.backend}"
-            f"{'' if args.device is None else ' on ' + args.device}\n"
+            f"{'' if args.device is None else ' on ' + args.device}, {_threads_words(job.exe.threads)}\n"
             f"corpus: {text.corpus.describe(len(text.train), len(text.held_out))}")
 
     def reports(self, step: int) -> bool:
@@ -565,6 +634,10 @@ class _Reporter:
         self.console.print(f"saved parameters and optimizer state to {save_path}")
         self.console.print("sample:", style="bold")
         self.console.print(sample, markup=False)
+
+
+def _threads_words(threads: int) -> str:
+    return "1 thread" if threads == 1 else f"{threads} threads"
 
 
 def _megabytes(n: int) -> str:

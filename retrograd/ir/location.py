@@ -21,7 +21,9 @@ from contextlib import contextmanager
 from typing import Iterator
 
 _PACKAGE = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
-# The model of ``retrograd train`` is user code of the library, built here.
+# The models of ``retrograd train`` are user code of the library, built here (models/charlm.py; the
+# modules that build the sampler and the transformer call ``count_as_user_code(__file__)``), so
+# the command's errors name their lines, not the installed ``retrograd`` script.
 _USER_MODULES_INSIDE = {os.path.join(_PACKAGE, "models", "charlm.py")}
 _GLUE = {os.path.abspath(contextlib.__file__), os.path.abspath(functools.__file__)}
 
@@ -50,6 +52,19 @@ def _display(path: str) -> str:
     except ValueError:                            # another drive on Windows
         return path
     return path if relative.startswith(os.pardir) else relative
+
+
+def count_as_user_code(filename: str) -> None:
+    """Ops built in the module ``filename`` (inside retrograd) are located at its own lines.
+
+    Example::
+
+        count_as_user_code(__file__)       # at the top of a model-building module
+    """
+    path = os.path.abspath(filename)
+    _USER_MODULES_INSIDE.add(path)
+    _verdicts.pop(filename, None)
+    _verdicts.pop(path, None)
 
 
 def here() -> str | None:

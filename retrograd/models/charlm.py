@@ -209,7 +209,7 @@ def load_text(patterns: Sequence[str]) -> Corpus:
         corpus = load_text(["notes.txt", "more/*.md"])
     """
     texts, sources = [], []
-    for path in _expand(patterns):
+    for path in expand_patterns(patterns):
         text = _read_utf8(path)
         texts.append(text)
         sources.append((str(path), len(text)))
@@ -220,13 +220,14 @@ def load_text(patterns: Sequence[str]) -> Corpus:
     return Corpus(vocab.encode(text), vocab, sources, text[:PROMPT_CHARS])
 
 
-def _expand(patterns: Sequence[str]) -> list[Path]:
+def expand_patterns(patterns: Sequence[str]) -> list[Path]:
     found: list[Path] = []
     for pattern in patterns:
         matches = [Path(pattern)] if Path(pattern).exists() else \
             [Path(m) for m in sorted(glob.glob(pattern, recursive=True))]
         if not matches:
-            raise TrainError(f"--text {pattern}: no such file")
+            missing = "no file matches" if glob.has_magic(pattern) else "no such file"
+            raise TrainError(f"--text {pattern}: {missing}")
         for path in matches:
             if path.is_dir():
                 raise TrainError(f"--text {path}: is a directory; name its files "
@@ -470,7 +471,7 @@ PRECISIONS = {"fp32": None, "bf16": "bfloat16", "fp16": "float16"}
 def build_training(cfg: ModelConfig, seq_len: int, optimizer: str, lr,
                    clip_norm: float | None, seed: int, data_parallel: bool = False, *,
                    weight_decay: float | None = None, prompt: str = "def ", batch: int | None = None,
-                   precision: str = "fp32") -> Training:
+                   precision: str = "fp32", record: dict | None = None) -> Training:
     """The training program: mean cross-entropy of next characters, its backward pass and the updates.
 
     ``optimizer`` is a name of ``OPTIMIZERS``; ``lr`` a number or a schedule
@@ -478,7 +479,8 @@ def build_training(cfg: ModelConfig, seq_len: int, optimizer: str, lr,
     shard of the batch) the gradients are averaged over the ranks before the
     updates (``rg.distributed.DataParallel``) and ``loss`` is the whole
     batch's: the mean of the ranks' losses. The startup program also writes
-    ``RECORD`` (model kind, optimizer, vocabulary, ``prompt``), saved with the
+    ``RECORD`` (model kind, optimizer, vocabulary, ``prompt``; or ``record``,
+    the run record of a file a resumed run continues), saved with the
     parameters. A transformer's byte ``cfg.recompute`` bounds the whole step at ``batch``
     windows (``whole_step_budget``). ``precision`` ``"bf16"``/``"fp16"`` trains in mixed
     precision (``rg.amp.decorate``; fp16 with dynamic loss scaling).
@@ -505,7 +507,7 @@ def build_training(cfg: ModelConfig, seq_len: int, optimizer: str, lr,
             loss, = rg.distributed.all_reduce([loss], "mean")
         step = rg.optim.create_state("train.step", [1], "int64")
         rg.optim.increment(step)
-    _save_record(run_record(cfg, optimizer, prompt), main, startup)
+    _save_record(record if record is not None else run_record(cfg, optimizer, prompt), main, startup)
     return Training(main, startup, net, loss, step)
 
 
@@ -532,9 +534,10 @@ def whole_step_budget(cfg: ModelConfig, seq_len: int, batch: int | None) -> dict
 RECORD = "train.record"     # persistable int32 [n]: the code points of a JSON object
 
 
-def run_record(cfg: ModelConfig, optimizer: str, prompt: str = "def ") -> dict:
+def run_record(cfg: ModelConfig, optimizer: str, prompt: str = "def ", options: dict | None = None) -> dict:
     """What a parameter file keeps about its run besides the arrays: the model kind, the
-    optimizer, the vocabulary and the default sampling prompt.
+    optimizer, the vocabulary, the default sampling prompt and (``options``) the command's
+    options a resumed run reads back.
 
     Example::
 
@@ -544,6 +547,8 @@ def run_record(cfg: ModelConfig, optimizer: str, prompt: str = "def ") -> dict:
               "unknown": cfg.vocab.unknown, "prompt": prompt}
     if cfg.model == "transformer":
         record["heads"] = cfg.heads
+    if options is not None:
+        record["options"] = options
     return record
 
 

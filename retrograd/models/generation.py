@@ -48,8 +48,11 @@ import retrograd as rg
 
 from .charlm import ModelConfig
 from ..errors import ProgramError
+from ..ir.location import count_as_user_code
 from ..ops.array.tensor import dim
 from .transformer_lm import CachedStep
+
+count_as_user_code(__file__)     # the command's errors name this module's lines (ir/location.py)
 
 INPUTS = ("prompt", "length", "temperature", "seed", "top_k")
 

@@ -33,6 +33,9 @@ import retrograd as rg
 from ..ops.nn.heads import merge_heads, split_heads
 from ..ops.recurrent.cells import seq_linear
 from ..ops.array.tensor import dim
+from ..ir.location import count_as_user_code
+
+count_as_user_code(__file__)     # the command's errors name this module's lines (ir/location.py)
 
 
 def _embeddings(cfg, max_positions: int):

@@ -15,14 +15,14 @@ from ..errors import (BackendError, ExecutionError, FeedDeviceError, FeedError, 
 from ..ir.dtypes import FLOAT_DTYPES, is_low_float
 from ..ir.program import Block, Program, Var
 from ..passes.fuse_recurrent import fuse_recurrent_cells, has_recurrences
-from .finite import first_non_finite, non_finite_error
+from .finite import first_non_finite, non_finite_error, unasked_non_finite
 from .graphs import GraphRunner
 from .malloc import keep_freed_memory
 from .plan import Plan, compile_block
 from .engines import engine_for
 from .regions import RegionRunner
 from .scope import Scope
-from .threads import BlasThreads
+from .threads import ThreadLimit
 from .stats import MemoryMeter, RunStats
 
 
@@ -100,8 +100,11 @@ class Executor:
         backend: ``"numpy"`` (default), ``"torch"``, ``"cupy"`` or
             ``"onnxruntime"``, or a ``retrograd.backends.Backend``.
         device: e.g. ``"cpu"``, ``"cuda"``, ``"cuda:1"``.
-        threads: Caps BLAS threads while a run computes (default 1: the small
-            per-step products gain nothing from more; see ``runtime/threads.py``).
+        threads: The one thread count of every library a run uses: BLAS, OpenMP,
+            torch's intra-op (and, once per process, inter-op) pools, onnxruntime's
+            sessions (None: 1; the small per-step products gain little from more,
+            and more collapse when other processes share the cores; see
+            ``runtime/threads.py``).
         graphs: Replay runs as CUDA graphs (torch on CUDA only); ``"auto"``
             replays where the backend has graphs and a run's feed shapes repeat,
             and runs eagerly elsewhere (``runtime/graphs.py``).
@@ -109,10 +112,11 @@ class Executor:
             ops between two control-flow ops) as one ``torch.compile``d function
             (``runtime/regions.py``); the program is not changed, and results
             equal the eager run's within float rounding.
-        check_finite: Stop a run at the first op whose output holds NaN or Inf
-            with an ``ExecutionError`` naming the op, its inputs and the user's
-            line (one reduction per output; ``runtime/finite.py``). Such runs are
-            not replayed as device graphs but run op by op.
+        check_finite: Stop a run at the first op that makes a NaN, or an Inf from
+            finite inputs that its attributes do not ask for (``-inf`` masks
+            pass), with an ``ExecutionError`` naming the op, its inputs and the
+            user's line (one reduction per output; ``runtime/finite.py``). Such
+            runs are not replayed as device graphs but run op by op.
 
     Raises:
         BackendError: An unknown backend or device, a missing library, or
@@ -138,8 +142,12 @@ class Executor:
                  threads: int | None = None, graphs: bool | str = False, check_finite: bool = False,
                  compile: bool = False):
         keep_freed_memory()                # once per process: no page faults per step (runtime/malloc.py)
-        self.blas = BlasThreads(threads)   # BLAS threads during each run (runtime/threads.py)
+        limit = ThreadLimit(threads)       # checked before anything is built
         self.backend = _resolve_backend(xp, backend, device)
+        self.threads = limit.threads
+        self.backend.fix_threads(self.threads)
+        # every library's threads during each run (runtime/threads.py)
+        self.thread_limit = ThreadLimit(self.threads, self.backend.thread_pools())
         self.xp = self.backend.xp
         self.graphs = self._graph_runner(graphs)
         self.check_finite = bool(check_finite)
@@ -177,6 +185,10 @@ class Executor:
             raise BackendError(f'Executor(compile=True) needs backend "torch" (torch.compile), not '
                                f"{self._backend_str()}")
         return RegionRunner(self, compiler)
+
+    def __repr__(self) -> str:
+        return (f'Executor(backend="{self.backend.name}", device="{self.backend.device}", '
+                f"threads={self.threads}, check_finite={self.check_finite})")
 
     @property
     def run_context(self) -> RunContext:
@@ -319,7 +331,7 @@ class Executor:
         env = self._initial_env(plan, block, feed or {}, scope)
         for value in env.values():
             run.meter.hold(value)
-        with self.blas.limit(), self.backend.on_device():
+        with self.thread_limit.limit(), self.backend.on_device():
             fed = frozenset(k.name if isinstance(k, Var) else k for k in (feed or {}))
             env = self._execute_run(plan, env, fed, scope, fetch)
         for name in plan.persistable_writes:
@@ -454,10 +466,14 @@ class Executor:
         self._run.ops_run += len(steps)
 
     def _check_finite(self, step, args: list, result) -> None:
-        """ExecutionError when an output of ``step`` that the plan keeps holds NaN or Inf."""
+        """ExecutionError when an output of ``step`` that the plan keeps holds a NaN, or an Inf
+        the op was not asked for (the rule: ``runtime/finite.py``)."""
         live = step.k.live_outputs          # the others may be stand-ins nobody reads
         kept = [(name, value) for i, (name, value) in enumerate(zip(step.outputs, result)) if i in live]
-        bad = first_non_finite(self.xp, [n for n, _ in kept], [v for _, v in kept])
+        names, values = [n for n, _ in kept], [v for _, v in kept]
+        if first_non_finite(self.xp, names, values) is None:
+            return                          # the common case: one reduction per output
+        bad = unasked_non_finite(self.xp, step.op, names, values, args)
         if bad is not None:
             raise non_finite_error(step.op.where(), bad, dict(kept)[bad], zip(step.inputs, args))
 

@@ -1,4 +1,4 @@
-"""``Executor(check_finite=True)``: stop at the first op whose output holds NaN or Inf.
+"""``Executor(check_finite=True)``: stop at the first op that makes a NaN or an unasked Inf.
 
 After each op the executor asks ``first_non_finite`` about the op's float
 outputs: one reduction per output (``all(isfinite(value))``), so the check
@@ -13,8 +13,24 @@ Example::
     exe.run(main, feed=batch)
     # ExecutionError: model.py:12: op #3 Log in block 0 produced NaN in its output 'log_0'
     #   (4 NaN, 0 Inf of 8 values; inputs: sub_0: float32[2, 4] min -1.5 max 2, finite)
+
+The rule (``unasked_non_finite``): an op fails the check when it *makes* a
+non-finite value nobody asked for --
+
+* a NaN, always (unless the op's own attributes hold a NaN: ``rg.fill(s, nan)``);
+* an Inf, unless one of the op's inputs already held an infinity, or the op's
+  attributes hold one (``rg.fill_like(x, -np.inf)``, ``rg.constant([-np.inf])``),
+  or the op runs sub-blocks (a loop's or branch's values come from its body,
+  whose ops are checked one by one).
+
+So ``-inf`` masks pass (the fill asks for it; the ``where``, ``add`` and
+softmax after it read an infinity), and so do top-k sampling masks; an
+overflow (``exp`` of a large value), ``0/0``, ``log`` of a negative number or
+of zero stop the run at the op that made them.
 """
 from __future__ import annotations
+
+import math
 
 import numpy as np
 
@@ -37,6 +53,46 @@ def first_non_finite(xp, names, values) -> str | None:
         if not is_finite(xp, value):
             return name
     return None
+
+
+def unasked_non_finite(xp, op, names, values, inputs) -> str | None:
+    """The first of ``names`` (outputs of ``op``, values in ``values``) holding a non-finite value
+    the rule of this module does not allow, given the op's ``inputs`` (arrays); None if none."""
+    for name, value in zip(names, values):
+        if is_finite(xp, value):
+            continue
+        if not _asked(xp, op, value, inputs):
+            return name
+    return None
+
+
+def _asked(xp, op, value, inputs) -> bool:
+    """Whether the non-finite ``value`` that ``op`` made is one it was asked for."""
+    nan_asked, inf_asked = _attrs_hold(op.attrs)
+    if bool(xp.any(xp.isnan(value))) and not nan_asked:
+        return False
+    if not bool(xp.any(xp.isinf(value))):
+        return True
+    return inf_asked or bool(op.sub_blocks()) or any(_holds_inf(xp, a) for a in inputs)
+
+
+def _holds_inf(xp, value) -> bool:
+    return not is_finite(xp, value) and bool(xp.any(xp.isinf(value)))
+
+
+def _attrs_hold(attrs) -> tuple[bool, bool]:
+    """(a NaN, an infinity) somewhere in the attribute values (numbers, nested lists, arrays)."""
+    nan = inf = False
+    stack = list(attrs.values())
+    while stack:
+        item = stack.pop()
+        if isinstance(item, float):
+            nan, inf = nan or math.isnan(item), inf or math.isinf(item)
+        elif isinstance(item, (list, tuple)):
+            stack.extend(item)
+        elif isinstance(item, np.ndarray) and item.dtype.kind == "f":
+            nan, inf = nan or bool(np.isnan(item).any()), inf or bool(np.isinf(item).any())
+    return nan, inf
 
 
 def non_finite_error(where: str, name: str, value, inputs, note: str = "") -> ExecutionError:

@@ -66,7 +66,7 @@ def test_help_lists_the_commands():
 def test_unknown_option_is_a_usage_error(capsys):
     done = retrograd("--frobnicate")
     assert done.returncode == 2
-    assert "usage:" in done.stderr and "Traceback" not in done.stderr
+    assert "usage:" in done.stderr and "--frobnicate" in done.stderr and "Traceback" not in done.stderr
     from retrograd.cli.main import main
     for args in (["show", "x.json", "--frobnicate"], ["graph"], ["graph", "a.json", "-o"]):
         with pytest.raises(SystemExit) as info:
@@ -210,3 +210,49 @@ def test_broken_pipe_ends_quietly(tmp_path):
     proc.stdout.close()                  # what `head` does once it has its lines
     err = proc.stderr.read().decode()
     assert proc.wait(timeout=60) == 0 and err == ""
+
+
+# --- issue 30 ------------------------------------------------------------------------------------
+
+def test_argparse_errors_print_the_message_first_then_a_help_hint():
+    done = retrograd("train", "--hiden", "32")
+    assert done.returncode == 2
+    lines = done.stderr.strip().splitlines()
+    assert lines[0] == "retrograd train: error: unrecognized arguments: --hiden 32", done.stderr
+    assert len(lines) == 2 and "retrograd train --help" in lines[1], done.stderr
+    done = in_process("train", "--steps", "ten")
+    assert done.returncode == 2
+    assert done.stderr.splitlines()[0] == "retrograd train: error: argument --steps: 'ten' is not an integer"
+
+
+def test_show_and_graph_accept_a_model_file_holding_its_program(tmp_path):
+    main, startup = Program(), Program()
+    with rg.program_guard(main, startup):
+        x = rg.data("x", [-1, 4])
+        w = rg.create_parameter("w", [4, 2])
+        loss = rg.mean(rg.tanh(x @ w))
+        rg.optim.SGD(0.1).minimize(loss)
+    exe = rg.Executor()
+    exe.run(startup)
+    path = tmp_path / "m.npz"
+    rg.save_params(exe.scope, path, main, with_program=True)
+    done = in_process("show", str(path))
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == main.to_string().strip()
+    assert sorted(rg.read_params(path)) == ["w"]              # the program is not a parameter
+    dot = in_process("graph", str(path))
+    assert dot.returncode == 0 and dot.stdout.startswith("digraph program {") and '"b0:w"' in dot.stdout
+    bare = tmp_path / "bare.npz"
+    rg.save_params(exe.scope, bare, main)
+    _assert_one_line_error(in_process("show", str(bare)), "bare.npz", "without a program")
+
+
+def test_ctrl_c_during_start_up_is_one_line(monkeypatch):
+    from retrograd.cli import train
+
+    def interrupted(args):
+        raise KeyboardInterrupt
+    monkeypatch.setattr(train, "read_params", interrupted)
+    done = in_process("train", "--resume", "m.npz")
+    assert done.returncode == 130
+    assert done.stderr.strip() == "retrograd train: interrupted", done.stderr
