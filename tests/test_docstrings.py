@@ -44,7 +44,7 @@ NO_EXAMPLE = {
                  "linear", "global_norm", "softmax", "log_softmax", "add_along_axis", "cumsum", "cumprod",
                  "sort_descending", "take_along_axis", "put_along_axis", "random_uniform", "random_normal",
                  "random_keep_mask", "random_integers", "random_categorical", "kernel_for",
-                 "region_compiler", "relu", "relu_grad")},
+                 "region_compiler", "relu", "relu_grad", "thread_pools", "fix_threads")},
 }
 
 def _defined_names(module) -> list[str]:

@@ -542,13 +542,20 @@ class Backend:
         return None
     # -- threads (runtime/threads.py) --------------------------------------------------
     def thread_pools(self) -> tuple:
-        """This library's own thread pools, beyond the BLAS and OpenMP libraries threadpoolctl
-        finds: objects with ``get_num_threads()`` and ``set_num_threads(n)``, limited to the
-        executor's ``threads`` while a run computes."""
+        """This library's own thread pools, beyond the BLAS and OpenMP libraries threadpoolctl finds.
+
+        Returns:
+            Objects with ``get_num_threads()`` and ``set_num_threads(n)``, limited to the
+            executor's ``threads`` while a run computes (torch: the torch module).
+        """
         return ()
 
     def fix_threads(self, threads: int) -> None:
-        """Thread settings this library takes once per process (made when an executor is created)."""
+        """Thread settings this library takes once per process (made when an executor is created).
+
+        Args:
+            threads: The executor's thread count (torch: its inter-op pool).
+        """
 
     def on_device(self):
         """The context the executor runs kernels in.
