@@ -651,6 +651,29 @@ class Backend:
         """
         return special.erf(self.xp, x)
 
+    def relu(self, x):
+        """``x`` where positive, 0 elsewhere (NaN: 0).
+
+        Args:
+            x: An array of this backend.
+
+        Returns:
+            ``relu(x)``.
+        """
+        return self.xp.where(x > 0, x, self.xp.zeros_like(x))
+
+    def relu_grad(self, y, dy):
+        """``dy`` where ``y`` (relu's output) is positive, 0 elsewhere.
+
+        Args:
+            y: ``relu(x)``, an array of this backend.
+            dy: The output's gradient.
+
+        Returns:
+            ``dx``.
+        """
+        return self.xp.where(y > 0, dy, self.xp.zeros_like(dy))
+
     def gelu(self, x, approximate: str = "none"):
         """``torch.nn.functional.gelu``: ``x * Phi(x)``, or its tanh approximation.
 

@@ -221,6 +221,14 @@ class TorchBackend(Backend):
     def erf(self, x):
         return self.torch.special.erf(x)
 
+    def relu(self, x):
+        # threshold keeps x where x > 0 and writes 0 elsewhere, NaN included (as the general
+        # kernel); one vectorised pass, where ``where(x > 0, x, 0)`` makes three
+        return self.torch.threshold(x, 0, 0)
+
+    def relu_grad(self, y, dy):
+        return self.torch.ops.aten.threshold_backward(dy, y, 0)
+
     def gelu(self, x, approximate: str = "none"):
         return self.torch.nn.functional.gelu(x, approximate=approximate)
 

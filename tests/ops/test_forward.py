@@ -726,6 +726,15 @@ def _gelu_grad(g: Gen, type_: str) -> Case:
                 lambda x, dy: gelu_grad(x, dy, approximate), ref, rtol=1e-5)
 
 
+@case("ReluGrad")
+def _relu_grad(g: Gen, type_: str) -> Case:
+    from retrograd.ops.math.elementwise import relu_grad
+    s, dtype = g.shape(), g.pick(FLOATS)
+    y = np.maximum(g.floats(s, dtype), 0).astype(dtype)      # Relu's output: zeros and positives
+    return Case([(g.declare(s), y), (g.declare(s), g.floats(s, dtype))], relu_grad,
+                lambda y, dy: np.where(y > 0, dy, 0).astype(dy.dtype))
+
+
 @case("LogicalOr")
 def _logical_or(g: Gen, type_: str) -> Case:
     sa, sb = g.broadcastable(2)

@@ -675,6 +675,12 @@ def _gelu_grad(r):
             (lambda x, dy: gelu_grad(x, dy, "tanh"), {"x": normal(r, 3, 4) * 2.0, "dy": normal(r, 3, 4)})]
 
 
+def _relu_grad(r):
+    from retrograd.ops.math.elementwise import relu_grad
+    # y away from 0, where ReluGrad jumps (it is constant in y elsewhere)
+    return [(lambda y, dy: relu_grad(y, dy), {"y": away_from_zero(r, 3, 4), "dy": normal(r, 3, 4)})]
+
+
 def _softplus(r):
     return [(rg.softplus, {"x": normal(r, 3, 4) * 3.0}),
             (rg.softplus, {"x": np.array([-30.0, 19.5, 20.5, 25.0])})]
@@ -806,6 +812,7 @@ CASES = {
     # activations and special functions (issue 19)
     "Gelu": _gelu,
     "GeluGrad": _gelu_grad,
+    "ReluGrad": _relu_grad,
     "Silu": _unary(rg.silu),
     "LeakyRelu": _unary(lambda x: rg.leaky_relu(x, 0.1), away_from_zero),
     "Elu": _unary(lambda x: rg.elu(x, 1.5), away_from_zero),
@@ -933,7 +940,7 @@ CASES.update({"SoftmaxCrossEntropyGrad": _xent_grad})
 OPTIONAL_LIBRARIES = {"onnx", "onnxruntime", "torch", "cupy", "mpi4py", "jax", "matplotlib"}
 DOUBLE_BACKWARD += ["TensorArrayWrite", "TensorArrayRead", "TensorArrayReadGrad", "TensorArrayWriteGrad",
                     "CustomGradient"]
-DOUBLE_BACKWARD += ["Gelu", "GeluGrad", "Silu", "LeakyRelu", "Elu", "Softplus", "Erf", "Log1p", "Expm1", "Rsqrt",
+DOUBLE_BACKWARD += ["ReluGrad", "Gelu", "GeluGrad", "Silu", "LeakyRelu", "Elu", "Softplus", "Erf", "Log1p", "Expm1", "Rsqrt",
                     "Max", "Min", "TopK", "LogSumExp", "Prod", "CumSum"]   # CumProd: tests/ops/test_cumulative.py
 
 
