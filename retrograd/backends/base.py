@@ -308,6 +308,24 @@ class Backend:
         """
         return windows.conv(self.xp, x, w, strides, pads, dilations, groups)
 
+    def conv_bias(self, x, w, b, strides, pads, dilations, groups: int):
+        """The ``ConvBias`` kernel: ``conv(x, w)`` plus the bias ``b [F]`` along the filter axis.
+
+        Args:
+            x: The input.
+            w: The filters.
+            b: The bias, one per filter.
+            strides: One stride per spatial axis.
+            pads: In ONNX's order: every axis' before, then every axis' after.
+            dilations: One dilation per spatial axis.
+            groups: The number of groups.
+
+        Returns:
+            ``y``.
+        """
+        y = self.conv(x, w, strides, pads, dilations, groups)
+        return y + self.xp.reshape(b, (-1,) + (1,) * (y.ndim - 2))
+
     def conv_input_grad(self, dy, w, x_like, strides, pads, dilations, groups: int):
         """``dx``, the transposed convolution of ``dy``.
 

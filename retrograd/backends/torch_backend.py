@@ -74,8 +74,9 @@ def _import_torch():
 
 class TorchBackend(Backend):
     name = "torch"
-    # Adam for all parameters in one op (multi_adam); fc's product and bias add as one addmm
-    program_passes = ("fuse_optimizer_updates", "fuse_linear_bias")
+    # Adam for all parameters in one op (multi_adam); fc's product and bias add as one addmm; a
+    # convolution and its bias add as one oneDNN convolution
+    program_passes = ("fuse_optimizer_updates", "fuse_linear_bias", "fuse_conv_bias")
 
     def __init__(self, device: str | None = None):
         torch, compat = _import_torch()
@@ -340,6 +341,13 @@ class TorchBackend(Backend):
         if conv_nd is None:
             return super().conv(x, w, strides, [0] * 2 * (x.ndim - 2), dilations, groups)
         return conv_nd(x, w, None, list(strides), padding, list(dilations), groups)
+
+    def conv_bias(self, x, w, b, strides, pads, dilations, groups: int):
+        x, padding = self._symmetric(x, pads)
+        conv_nd = getattr(self.torch.nn.functional, f"conv{x.ndim - 2}d", None)
+        if conv_nd is None:
+            return super().conv_bias(x, w, b, strides, [0] * 2 * (x.ndim - 2), dilations, groups)
+        return conv_nd(x, w, b, list(strides), padding, list(dilations), groups)   # oneDNN adds b as it writes
 
     def conv_input_grad(self, dy, w, x_like, strides, pads, dilations, groups: int):
         nd, shape = len(strides), tuple(x_like.shape)

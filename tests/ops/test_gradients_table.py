@@ -500,6 +500,14 @@ def _conv_grad_ops(r):
             "ConvWeightGrad": [(lambda x, dy, w: conv_weight_grad(x, dy, w, attrs), {"x": x, "dy": dy, "w": w})]}
 
 
+def _conv_bias(r):
+    """ConvBias (what passes.fuse_conv_bias builds) with strides, pads, dilations and groups."""
+    from retrograd.ops.core.registry import append_op
+    attrs = {"strides": [2, 1], "pads": [1, 0, 0, 2], "dilations": [1, 2], "groups": 2}
+    return [(lambda x, w, b: append_op("ConvBias", [x, w, b], dict(attrs))[0],
+             {"x": normal(r, 2, 4, 5, 5), "w": normal(r, 6, 2, 2, 3), "b": normal(r, 6)})]
+
+
 def _distinct(r, *shape):
     """Values 0.1 apart at least (no ties inside a pooling window, whatever the step)."""
     return r.permutation(np.arange(np.prod(shape))).reshape(shape) * 0.1 - 1.0
@@ -793,6 +801,7 @@ CASES = {
     "AllReduce": _all_reduce,
     # convolution and pooling
     "Conv": _conv,
+    "ConvBias": _conv_bias,
     **{op_type: (lambda r, t=op_type: _conv_grad_ops(r)[t]) for op_type in ("ConvInputGrad", "ConvWeightGrad")},
     "MaxPool": _max_pool,
     "AvgPool": _avg_pool,
@@ -919,7 +928,7 @@ CASES.update({
     "Einsum": _einsum,
 })
 DOUBLE_BACKWARD += ["Index", "Scatter", "UpdateSlice", "Stack", "BroadcastTo", "Tile", "Pad", "Einsum"]
-DOUBLE_BACKWARD += ["Conv", "ConvInputGrad", "ConvWeightGrad", "MaxPool", "AvgPool"]
+DOUBLE_BACKWARD += ["Conv", "ConvBias", "ConvInputGrad", "ConvWeightGrad", "MaxPool", "AvgPool"]
 
 
 
