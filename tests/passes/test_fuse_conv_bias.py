@@ -8,6 +8,8 @@ import retrograd as rg
 from retrograd.ir.verify import verify_program
 from retrograd.passes import fuse_conv_bias
 
+pytestmark = pytest.mark.engine
+
 
 def _model(dtype="float32"):
     main, startup = rg.Program(random_seed=1), rg.Program(random_seed=1)
@@ -35,10 +37,11 @@ def _train(backend, main, startup, fetch, steps=3, dtype="float32", device=None)
             for _ in range(steps)], exe
 
 
-def test_every_conv_layer_takes_its_bias_and_trains_as_before(backend):
+@pytest.mark.parametrize("dtype", ["float64", "float32"])
+def test_every_conv_layer_takes_its_bias_and_trains_as_before(backend, dtype):
     """The fused program (run on every backend) trains as the unfused one on NumPy: losses and
-    parameters after 3 momentum steps, float64."""
-    main, startup, loss, _ = _model("float64")
+    parameters after 3 momentum steps."""
+    main, startup, loss, _ = _model(dtype)
     fused = main.clone()
     assert fuse_conv_bias(fused) == 3
     ops = fused.global_block().ops
@@ -46,11 +49,12 @@ def test_every_conv_layer_takes_its_bias_and_trains_as_before(backend):
     assert not any(op.type == "Add" and op.outputs[0] in ("c1", "c2", "t1") for op in ops)
     verify_program(fused)
     names = [loss.name, "c1.w", "c1.b", "c2.w", "c2.b", "t1.w", "t1.b"]
-    want, _ = _train("numpy", main, startup, names, dtype="float64")
-    got, _ = _train(backend.name, fused, startup, names, dtype="float64", device=backend.device)
+    want, _ = _train("numpy", main, startup, names, dtype=dtype)
+    got, _ = _train(backend.name, fused, startup, names, dtype=dtype, device=backend.device)
+    tol = dict(rtol=1e-9, atol=1e-10) if dtype == "float64" else dict(rtol=1e-4, atol=1e-5)
     for a, b in zip(got, want):
         for x, y in zip(a, b):
-            np.testing.assert_allclose(x, y, rtol=1e-9, atol=1e-10)
+            np.testing.assert_allclose(x, y, **tol)
 
 
 def test_conv_bias_matches_torch_with_gradients(backend):
