@@ -36,11 +36,11 @@ NO_EXAMPLE = {
     # shows how to reach one.
     **{f"retrograd.backends.Backend.{m}": "backend implementer interface, called by kernels"
        for m in ("matmul", "fused_attention", "fused_attention_grad",
-                 "multi_adam", "conv", "conv_input_grad", "conv_weight_grad", "max_pool", "max_pool_grad",
+                 "multi_adam", "conv", "conv_bias", "conv_input_grad", "conv_weight_grad", "max_pool", "max_pool_grad",
                  "max_pool_gather", "avg_pool", "avg_pool_grad", "einsum",
                  "capture_graph", "layer_norm", "layer_norm_backward",
                  "rms_norm", "rms_norm_backward", "channel_stats", "batch_norm", "batch_norm_backward",
-                 "erf", "gelu", "gelu_grad", "silu", "softplus", "elu", "leaky_relu", "logsumexp",
+                 "erf", "relu", "relu_grad", "gelu", "gelu_grad", "silu", "softplus", "elu", "leaky_relu", "logsumexp",
                  "linear", "global_norm", "softmax", "log_softmax", "add_along_axis", "cumsum", "cumprod",
                  "sort_descending", "take_along_axis", "put_along_axis", "random_uniform", "random_normal",
                  "random_keep_mask", "random_integers", "random_categorical", "kernel_for",

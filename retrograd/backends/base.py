@@ -324,6 +324,24 @@ class Backend:
         """
         return windows.conv(self.xp, x, w, strides, pads, dilations, groups)
 
+    def conv_bias(self, x, w, b, strides, pads, dilations, groups: int):
+        """The ``ConvBias`` kernel: ``conv(x, w)`` plus the bias ``b [F]`` along the filter axis.
+
+        Args:
+            x: The input.
+            w: The filters.
+            b: The bias, one per filter.
+            strides: One stride per spatial axis.
+            pads: In ONNX's order: every axis' before, then every axis' after.
+            dilations: One dilation per spatial axis.
+            groups: The number of groups.
+
+        Returns:
+            ``y``.
+        """
+        y = self.conv(x, w, strides, pads, dilations, groups)
+        return y + self.xp.reshape(b, (-1,) + (1,) * (y.ndim - 2))
+
     def conv_input_grad(self, dy, w, x_like, strides, pads, dilations, groups: int):
         """``dx``, the transposed convolution of ``dy``.
 
@@ -696,6 +714,29 @@ class Backend:
         """
         return special.erf(self.xp, x)
 
+    def relu(self, x):
+        """``x`` where positive, 0 elsewhere (NaN: 0).
+
+        Args:
+            x: An array of this backend.
+
+        Returns:
+            ``relu(x)``.
+        """
+        return self.xp.where(x > 0, x, self.xp.zeros_like(x))
+
+    def relu_grad(self, y, dy):
+        """``dy`` where ``y`` (relu's output) is positive, 0 elsewhere.
+
+        Args:
+            y: ``relu(x)``, an array of this backend.
+            dy: The output's gradient.
+
+        Returns:
+            ``dx``.
+        """
+        return self.xp.where(y > 0, dy, self.xp.zeros_like(dy))
+
     def gelu(self, x, approximate: str = "none"):
         """``torch.nn.functional.gelu``: ``x * Phi(x)``, or its tanh approximation.
 
@@ -710,31 +751,6 @@ class Backend:
             inner = math.sqrt(2.0 / math.pi) * (x + 0.044715 * (x * x * x))
             return 0.5 * x * (1.0 + self.xp.tanh(inner))
         return 0.5 * x * (1.0 + self.erf(x * math.sqrt(0.5)))
-
-    def relu(self, x):
-        """``max(x, 0)`` (``Relu``; torch's own relu).
-
-        Args:
-            x: An array of this backend.
-
-        Returns:
-            ``x`` where positive, else 0.
-        """
-        xp = self.xp
-        return xp.where(x > 0, x, xp.zeros_like(x))
-
-    def relu_grad(self, x, dy):
-        """``dy`` where ``x > 0``, else 0 (``ReluGrad``; torch's threshold_backward).
-
-        Args:
-            x: The relu's input.
-            dy: The gradient of its output.
-
-        Returns:
-            The gradient of its input.
-        """
-        xp = self.xp
-        return xp.where(x > 0, dy, xp.zeros_like(dy))
 
     def gelu_grad(self, x, dy, approximate: str = "none"):
         """``dy * d gelu / dx`` (torch's ``gelu_backward``).

@@ -10,8 +10,8 @@ exports, so the user's program is never changed.
   hyper-parameters become one ``FusedAdamUpdate`` (one flat buffer in ONNX).
 * ``fuse_linear_bias``: ``MatMul(x, w)`` + ``Add(y, b)`` as one ``SeqLinear(x, w, b)``
   (torch runs it as ``addmm``; the torch backend applies it to what it runs).
-* ``fuse_relu_grad``: ReLU's gradient ``where(x > 0, dy, 0)`` as one ``ReluGrad(x, dy)``
-  (torch's ``threshold_backward``; the torch backend applies it to what it runs).
+* ``fuse_conv_bias``: ``Conv(x, w)`` + ``Add(y, Reshape(b))`` as one ``ConvBias(x, w, b)``
+  (torch runs it as one oneDNN convolution; the torch backend applies it to what it runs).
 * ``expand_fused_ops``: whole-layer ops (``LSTMSequence``) back into the
   general ops they stand for (run by passes that schedule recurrences).
 * ``fuse_recurrent_cells``: a step-by-step LSTM or GRU recurrence (``layers.lstm``,
@@ -45,8 +45,7 @@ from ..ir.program import Program
 from ..ir.verify import verify_program
 from .expand_fused import expand_fused_ops  # noqa: F401  (the memory budget's first step)
 from .fuse_updates import fuse_optimizer_updates
-from .fuse_bias import fuse_linear_bias  # noqa: F401  (the torch backend's program_passes)
-from .fuse_relu_grad import fuse_relu_grad  # noqa: F401  (the torch backend's program_passes)
+from .fuse_bias import fuse_conv_bias, fuse_linear_bias  # noqa: F401  (the torch backend's program_passes)
 from .fuse_linear_loss import fuse_linear_cross_entropy  # noqa: F401  (the memory budget's output layers)
 from .fuse_recurrent import fuse_recurrent_cells  # noqa: F401  (the executor's, on vendor-kernel backends)
 from .for_test import make_test_program  # noqa: F401  (registers clone(for_test=True)'s pass)
@@ -92,4 +91,4 @@ def optimize_for_engine(program: Program, fetch=()) -> Program:
 
 
 __all__ = ["PASSES", "optimize_for_engine", "fuse_optimizer_updates", "fuse_recurrent_cells", "fuse_linear_bias",
-           "cast_to_low_precision"]
+           "fuse_conv_bias", "cast_to_low_precision"]

@@ -1,4 +1,5 @@
-"""``fuse_linear_bias``: a product followed by its bias add as one ``SeqLinear`` with the bias.
+"""``fuse_linear_bias``: a product followed by its bias add as one ``SeqLinear`` with the bias;
+``fuse_conv_bias``: a convolution followed by its bias add as one ``ConvBias``.
 
 The pattern, in the global block (what ``layers.fc`` builds: the product, then
 ``+ b``)::
@@ -13,6 +14,16 @@ block), be neither persistable nor kept (fetched), and ``x``/``w`` must not be
 written between the two ops. Gradient ops read ``out``'s gradient, ``x`` and
 ``w``, never ``y``, so a training program keeps its backward unchanged. The
 torch backend runs it on every program (``Backend.program_passes``).
+
+``fuse_conv_bias`` does the same for what ``layers.conv2d`` / ``conv1d`` build::
+
+    y   = Conv(x, w)
+    rb  = Reshape(b; shape=[-1, 1, ...])     (b [F], w [F, ...], y's dtype)
+    out = Add(y, rb)
+
+becomes ``out = ConvBias(x, w, b)`` (torch: oneDNN's convolution adds the bias
+as it writes, where the add was a second pass over ``[N, F, *out]``), on the
+same conditions; the ``Reshape`` stays for whatever else reads it.
 """
 from __future__ import annotations
 
@@ -95,3 +106,75 @@ def _unbiased_product(block: Block, op: Op) -> bool:
         return False
     x, w = (block.find_var(n) for n in op.inputs)
     return x is not None and w is not None and x.ndim == 2 and w.ndim == 2
+
+
+def fuse_conv_bias(program: Program, keep=frozenset()) -> int:
+    """Fuse ``Conv(x, w)`` then ``Add(y, Reshape(b))`` into one ``ConvBias(x, w, b)``, in place.
+
+    The pattern and its conditions are in the module docstring; the torch
+    backend runs it on every program (``Backend.program_passes``).
+
+    Args:
+        program: The program to rewrite (its global block).
+        keep: Names of values that must stay computed (fetches).
+
+    Returns:
+        How many matches were fused.
+
+    Example:
+        ```python
+        import numpy as np
+        import retrograd as rg
+
+        main, startup = rg.Program(), rg.Program()
+        with rg.program_guard(main, startup):
+            y = rg.layers.conv2d(rg.data("x", [-1, 1, 4, 4]), 2, 3, padding=1, name="c")   # Conv + Add
+        assert rg.passes.fuse_conv_bias(main, keep={"c"}) == 1
+        assert "ConvBias" in [op.type for op in main.global_block().ops]
+        exe = rg.Executor()
+        exe.run(startup)
+        (out,) = exe.run(main, feed={"x": np.zeros((1, 1, 4, 4), "float32")}, fetch_list=["c"])
+        assert np.allclose(out, exe.scope.get("c.b").reshape(1, 2, 1, 1))
+        ```
+    """
+    block = program.global_block()
+    readers = read_counts(program)
+    fused = 0
+    for add in [op for op in block.ops if op.type == "Add"]:
+        match = _match_conv(block, add, readers, keep)
+        if match is None:
+            continue
+        conv, bias = match
+        new = Op("ConvBias", [conv.inputs[0], conv.inputs[1], bias], [add.outputs[0]], dict(conv.attrs),
+                 location=add.location)
+        block.remove_op(block.ops.index(conv))
+        block.insert_op(block.ops.index(add), new)
+        block.remove_op(block.ops.index(add))
+        block.vars.pop(conv.outputs[0], None)
+        fused += 1
+    return fused
+
+
+def _match_conv(block: Block, add: Op, readers: dict[str, int], keep) -> tuple[Op, str] | None:
+    """(the Conv feeding ``add``, the name of its 1-D bias), or None."""
+    if len(add.inputs) != 2:
+        return None
+    producers = {name: next((op for op in block.ops if name in op.outputs), None) for name in add.inputs}
+    conv, reshape = (producers[n] for n in add.inputs)
+    if conv is None or conv.type != "Conv" or len(conv.outputs) != 1 or len(conv.inputs) != 2:
+        return None
+    y, rb, out = (block.find_var(n) for n in (*add.inputs, add.outputs[0]))
+    if y is None or out is None or y.persistable or y.name in keep or readers.get(y.name) != 1:
+        return None
+    if reshape is None or reshape.type != "Reshape" or len(reshape.inputs) != 1:
+        return None
+    b, w = block.find_var(reshape.inputs[0]), block.find_var(conv.inputs[1])
+    filters = w.shape[0] if w is not None else -1
+    if (b is None or b.ndim != 1 or b.dtype != y.dtype or filters < 0 or b.shape[0] != filters
+            or tuple(rb.shape) != (filters,) + (1,) * (y.ndim - 2) or out.ndim != y.ndim):
+        return None
+    start, end = min(block.ops.index(conv), block.ops.index(reshape)), block.ops.index(add)
+    operands = set(conv.inputs) | {b.name}
+    if any(operands & set(op.outputs) for op in block.ops[start + 1:end]):
+        return None
+    return conv, b.name

@@ -728,10 +728,11 @@ def _gelu_grad(g: Gen, type_: str) -> Case:
 
 @case("ReluGrad")
 def _relu_grad(g: Gen, type_: str) -> Case:
-    from retrograd.ops.math.activation import relu_grad
+    from retrograd.ops.math.elementwise import relu_grad
     s, dtype = g.shape(), g.pick(FLOATS)
-    return Case([(g.declare(s), g.floats(s, dtype)), (g.declare(s), g.floats(s, dtype))], relu_grad,
-                lambda x, dy: np.where(x > 0, dy, 0).astype(x.dtype))
+    y = np.maximum(g.floats(s, dtype), 0).astype(dtype)      # Relu's output: zeros and positives
+    return Case([(g.declare(s), y), (g.declare(s), g.floats(s, dtype))], relu_grad,
+                lambda y, dy: np.where(y > 0, dy, 0).astype(dy.dtype))
 
 
 @case("LogicalOr")

@@ -500,6 +500,14 @@ def _conv_grad_ops(r):
             "ConvWeightGrad": [(lambda x, dy, w: conv_weight_grad(x, dy, w, attrs), {"x": x, "dy": dy, "w": w})]}
 
 
+def _conv_bias(r):
+    """ConvBias (what passes.fuse_conv_bias builds) with strides, pads, dilations and groups."""
+    from retrograd.ops.core.registry import append_op
+    attrs = {"strides": [2, 1], "pads": [1, 0, 0, 2], "dilations": [1, 2], "groups": 2}
+    return [(lambda x, w, b: append_op("ConvBias", [x, w, b], dict(attrs))[0],
+             {"x": normal(r, 2, 4, 5, 5), "w": normal(r, 6, 2, 2, 3), "b": normal(r, 6)})]
+
+
 def _distinct(r, *shape):
     """Values 0.1 apart at least (no ties inside a pooling window, whatever the step)."""
     return r.permutation(np.arange(np.prod(shape))).reshape(shape) * 0.1 - 1.0
@@ -675,6 +683,12 @@ def _gelu_grad(r):
             (lambda x, dy: gelu_grad(x, dy, "tanh"), {"x": normal(r, 3, 4) * 2.0, "dy": normal(r, 3, 4)})]
 
 
+def _relu_grad(r):
+    from retrograd.ops.math.elementwise import relu_grad
+    # y away from 0, where ReluGrad jumps (it is constant in y elsewhere)
+    return [(lambda y, dy: relu_grad(y, dy), {"y": away_from_zero(r, 3, 4), "dy": normal(r, 3, 4)})]
+
+
 def _softplus(r):
     return [(rg.softplus, {"x": normal(r, 3, 4) * 3.0}),
             (rg.softplus, {"x": np.array([-30.0, 19.5, 20.5, 25.0])})]
@@ -787,6 +801,7 @@ CASES = {
     "AllReduce": _all_reduce,
     # convolution and pooling
     "Conv": _conv,
+    "ConvBias": _conv_bias,
     **{op_type: (lambda r, t=op_type: _conv_grad_ops(r)[t]) for op_type in ("ConvInputGrad", "ConvWeightGrad")},
     "MaxPool": _max_pool,
     "AvgPool": _avg_pool,
@@ -806,6 +821,7 @@ CASES = {
     # activations and special functions (issue 19)
     "Gelu": _gelu,
     "GeluGrad": _gelu_grad,
+    "ReluGrad": _relu_grad,
     "Silu": _unary(rg.silu),
     "LeakyRelu": _unary(lambda x: rg.leaky_relu(x, 0.1), away_from_zero),
     "Elu": _unary(lambda x: rg.elu(x, 1.5), away_from_zero),
@@ -912,7 +928,7 @@ CASES.update({
     "Einsum": _einsum,
 })
 DOUBLE_BACKWARD += ["Index", "Scatter", "UpdateSlice", "Stack", "BroadcastTo", "Tile", "Pad", "Einsum"]
-DOUBLE_BACKWARD += ["Conv", "ConvInputGrad", "ConvWeightGrad", "MaxPool", "AvgPool"]
+DOUBLE_BACKWARD += ["Conv", "ConvBias", "ConvInputGrad", "ConvWeightGrad", "MaxPool", "AvgPool"]
 
 
 
@@ -951,7 +967,7 @@ DOUBLE_BACKWARD += ["GatherElements", "ScatterElements"]
 OPTIONAL_LIBRARIES = {"onnx", "onnxruntime", "torch", "cupy", "mpi4py", "jax", "matplotlib"}
 DOUBLE_BACKWARD += ["TensorArrayWrite", "TensorArrayRead", "TensorArrayReadGrad", "TensorArrayWriteGrad",
                     "CustomGradient"]
-DOUBLE_BACKWARD += ["Gelu", "GeluGrad", "Silu", "LeakyRelu", "Elu", "Softplus", "Erf", "Log1p", "Expm1", "Rsqrt",
+DOUBLE_BACKWARD += ["ReluGrad", "Gelu", "GeluGrad", "Silu", "LeakyRelu", "Elu", "Softplus", "Erf", "Log1p", "Expm1", "Rsqrt",
                     "Max", "Min", "TopK", "LogSumExp", "Prod", "CumSum"]   # CumProd: tests/ops/test_cumulative.py
 
 

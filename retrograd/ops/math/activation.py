@@ -22,34 +22,6 @@ GELU_CUBIC = 0.044715
 SOFTPLUS_THRESHOLD = 20.0     # torch's default: softplus(x) = x above it
 
 
-# --- ReLU's gradient as one op -------------------------------------------------------------------
-# Relu's gradient maker writes where(x > 0, dy, 0) (differentiable again with rg ops); the torch
-# backend runs that pattern as ReluGrad (passes.fuse_relu_grad: torch's threshold_backward).
-
-@defop("ReluGrad", inputs=("x", "dy"), infer=float_same_as_first, row_wise=ROW_WISE_ELEMENTWISE)
-def _relu_grad(k, x, dy):
-    """``dy`` where ``x > 0``, else 0."""
-    return k.backend.relu_grad(x, dy)
-
-
-@lowers("ReluGrad")
-def _relu_grad_onnx(g):
-    x, dy = g.ins
-    zero = g.const(0.0, g.in_vars[0].dtype)
-    return [g.node("Where", [g.node("Greater", [x, zero]), dy, zero])]
-
-
-def relu_grad(x: Var, dy: Var) -> Var:
-    """``dy`` where ``x > 0``, else 0: the gradient of ``relu(x)`` given ``dy`` (no gradient of its own;
-    ``rg.relu``'s gradient maker writes ``where(x > 0, dy, 0)``, which is differentiable).
-
-    Example::
-
-        dx = relu_grad(x, dy)
-    """
-    return append_op("ReluGrad", [x, dy])[0]
-
-
 # --- GELU -----------------------------------------------------------------------------------------
 # Gelu's gradient is one fused op, GeluGrad(x, dy) = dy * gelu'(x) (torch's gelu_backward on the
 # torch backend); GeluGrad's own gradient is written with rg ops (gelu'' from the formulas below).

@@ -880,12 +880,39 @@ def _sigmoid(k, x):
 lowers("Sigmoid")(elementwise("Sigmoid"))
 
 
-@defop("Relu", infer=same_as_first, grad=lambda g: [where(g.x[0] > 0.0, g.dy, 0.0)], row_wise=ROW_WISE_ELEMENTWISE)
+@defop("Relu", infer=same_as_first, grad=lambda g: [relu_grad(g.y, g.dy)], row_wise=ROW_WISE_ELEMENTWISE)
 def _relu(k, x):
     return k.backend.relu(x)
 
 
 lowers("Relu")(elementwise("Relu"))
+
+
+# Relu's gradient is one op, ReluGrad(y, dy) = dy where y > 0, else 0 (torch's threshold_backward
+# on the torch backend, one pass instead of a comparison and a select). It reads Relu's output
+# (y > 0 exactly where x > 0, NaN included), so the input can be freed after the forward.
+@defop("ReluGrad", inputs=("y", "dy"), infer=lambda ins, attrs: [(ins[1].shape, ins[1].dtype)], nondiff=(0,),
+       grad=lambda g: [None, relu_grad(g.x[0], g.dy)], row_wise=ROW_WISE_ELEMENTWISE)
+def _relu_grad(k, y, dy):
+    """``dy`` where ``y`` (Relu's output) is positive, 0 elsewhere."""
+    return k.backend.relu_grad(y, dy)
+
+
+@lowers("ReluGrad")
+def _relu_grad_onnx(g):
+    y, dy = g.ins
+    zero = g.const(0.0, g.in_vars[1].dtype)
+    return [g.node("Where", [g.node("Greater", [y, g.const(0, g.in_vars[0].dtype)]), dy, zero])]
+
+
+def relu_grad(y: Var, dy: Var) -> Var:
+    """The gradient of ``relu`` given its output ``y`` and the output's gradient ``dy``, as one op.
+
+    Example::
+
+        dx = relu_grad(y, dy)          # dy where y > 0, else 0
+    """
+    return append_op("ReluGrad", [y, dy])[0]
 
 
 @defop("Square", infer=same_as_first, grad=lambda g: [g.dy * 2.0 * g.x[0]], row_wise=ROW_WISE_ELEMENTWISE)

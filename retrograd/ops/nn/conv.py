@@ -181,6 +181,40 @@ def _conv_general_onnx(g, x: str, w: str, w_var: Var) -> str:
     return wo.reshape_exact(g, y, [g.dim(x, 0), f, g.node("Shape", [pieces[0]], start=2)])
 
 
+# --- ConvBias: Conv with its bias added as it writes (passes.fuse_conv_bias) --------------------
+
+def _conv_bias_rule(ins, attrs):
+    x, w, b = ins
+    out = _conv_rule([x, w], attrs)
+    if b.ndim != 1 or b.dtype != x.dtype or (b.shape[0] >= 0 and w.shape[0] >= 0 and b.shape[0] != w.shape[0]):
+        raise ShapeError(f"the bias must be [F] of x's dtype for w {w.type_str()}, got {b.type_str()}")
+    return out
+
+
+def _conv_bias_grad(g):
+    from ..reduce.reductions import sum as reduce_sum      # (reductions import this family)
+    x, w, b = g.x
+    axes = [0] + list(range(2, x.ndim))
+    return [conv_input_grad(g.dy, w, x, g.attrs), conv_weight_grad(x, g.dy, w, g.attrs),
+            reduce_sum(g.dy, axes)]
+
+
+@defop("ConvBias", inputs=("x", "w", "b"), infer=_conv_bias_rule, grad=_conv_bias_grad)
+def _conv_bias(k, x, w, b):
+    """``Conv(x, w)`` plus ``b [F]`` on each filter's plane, in one kernel where the backend has one."""
+    return k.backend.conv_bias(x, w, b, *_window_attrs(k.attrs))
+
+
+@lowers("ConvBias")
+def _conv_bias_onnx(g):
+    strides, pads, dilations, groups = _window_attrs(g.attrs)
+    if g.out_vars[0].dtype == "float32":
+        return [g.node("Conv", g.ins, strides=strides, pads=pads, dilations=dilations, group=groups)]
+    y = _conv_general_onnx(g, g.ins[0], g.ins[1], g.in_vars[1])
+    nd = len(strides)
+    return [g.node("Add", [y, wo.reshape(g, g.ins[2], [-1] + [1] * nd)])]
+
+
 # --- ConvInputGrad: the transposed convolution --------------------------------------------------
 
 def _conv_input_grad_grad(g):

@@ -1,4 +1,4 @@
-"""gelu, silu, leaky_relu, elu, softplus against PyTorch (float64): values, first and second
+"""relu, gelu, silu, leaky_relu, elu, softplus against PyTorch (float64): values, first and second
 derivatives, on NumPy, torch-CPU and the onnxruntime engine; ``act=`` of fc."""
 from __future__ import annotations
 
@@ -16,6 +16,7 @@ pytestmark = pytest.mark.engine
 X = np.concatenate([np.linspace(-30.0, 30.0, 49) + 0.3, [-1e-3, 2e-3, 19.9, 20.1]])
 
 ACTIVATIONS = {
+    "relu": (rg.relu, F.relu),
     "gelu": (rg.gelu, F.gelu),
     "gelu_tanh": (lambda x: rg.gelu(x, approximate="tanh"), lambda t: F.gelu(t, approximate="tanh")),
     "silu": (rg.silu, F.silu),
@@ -97,3 +98,28 @@ def test_integer_inputs_are_refused_when_built(fn):
     with pytest.raises(rg.ShapeError, match="float32 or float64"):
         with rg.program_guard(rg.Program(), rg.Program()):
             fn(rg.data("i", [2], "int64"))
+
+
+def test_relu_gradient_is_one_relu_grad_op_reading_relus_output():
+    """Relu's gradient: one ReluGrad op (threshold_backward on torch), reading Relu's output, not its input
+    (the input need not be kept for the backward pass)."""
+    main = rg.Program()
+    with rg.program_guard(main, rg.Program()):
+        x = rg.data("x", [4], "float32", stop_gradient=False)
+        pre = x * 2.0
+        y = rg.relu(pre)
+        rg.gradients(rg.sum(y * y), [x])
+    ops = main.global_block().ops
+    grad_ops = [op for op in ops if op.type == "ReluGrad"]
+    assert len(grad_ops) == 1 and grad_ops[0].inputs[0] == y.name
+    assert not any(op.type in ("Greater", "Where") for op in ops)
+
+
+def test_relu_of_integers_matches_numpy(backend):
+    if backend.name == "onnxruntime":
+        pytest.skip("onnxruntime's Relu has no int64 kernel")
+    main = rg.Program()
+    with rg.program_guard(main, rg.Program()):
+        y = rg.relu(rg.data("i", [5], "int64"))
+    got, = backend.executor().run(main, feed={"i": np.array([-3, 0, 2, -1, 7])}, fetch_list=[y])
+    np.testing.assert_array_equal(got, [0, 0, 2, 0, 7])

@@ -131,6 +131,31 @@ def test_pool2d_matches_torch_to_second_order(backend, kind, case):
     _compare(backend, lambda x: ours(x, **case), lambda x: theirs(x, **case), {"x": x})
 
 
+@pytest.mark.parametrize("case", POOLS, ids=str)
+def test_max_pool_of_many_channels_with_ties_matches_torch(backend, case):
+    """16 channels (the torch backend pools a channels-last copy from 8 channels on), many ties (as after
+    a relu): values, gradients and second order as torch's NCHW max pool."""
+    r = np.random.default_rng(5)
+    x = np.maximum(r.integers(-2, 3, (2, 16, 7, 6)), 0) * 0.5
+    _compare(backend, lambda x: rg.max_pool2d(x, **case), lambda x: F.max_pool2d(x, **case), {"x": x})
+
+
+def test_torch_max_pool_of_many_channels_hands_back_nchw_tensors_of_torchs_values():
+    """The channels-last detour does not leak: contiguous NCHW outputs, the values and flat indices of
+    ATen's NCHW kernel (NaN and ties included), float32 and float64."""
+    backend = rg.Executor(backend="torch").backend
+    aten = torch.ops.aten
+    for dtype in (torch.float32, torch.float64):
+        x = torch.relu(torch.randn(3, 8, 9, 8, dtype=dtype))
+        x[0, 1, 2, 3], x[2, 7, 0, 0] = float("nan"), float("nan")
+        for kernel, strides, pads in [([2, 2], [2, 2], [0, 0, 0, 0]), ([3, 3], [2, 1], [1, 1, 1, 1])]:
+            y, indices = backend.max_pool(x, kernel, strides, pads)
+            want_y, want_indices = aten.max_pool2d_with_indices(x, kernel, strides, pads[:2])
+            assert y.is_contiguous() and indices.is_contiguous()
+            torch.testing.assert_close(y, want_y, rtol=0, atol=0, equal_nan=True)
+            assert torch.equal(indices, want_indices)
+
+
 def test_max_pool_gradient_goes_to_the_first_of_tied_elements(backend):
     """Ties: the first maximal element in the window's row-major order takes the whole gradient,
     as in torch; overlapping windows add up at a shared maximum."""
