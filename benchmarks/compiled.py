@@ -40,49 +40,29 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 
 import retrograd as rg  # noqa: E402
 from retrograd.cli import train  # noqa: E402
+import cnn  # noqa: E402  (benchmarks/cnn.py: the CNN, its batches and its PyTorch twin)
 
 RESULTS = ROOT / "benchmarks" / "results" / "compiled.md"
-CNN_BATCH, CNN_LR, CNN_MOMENTUM = 64, 0.01, 0.9
-
-
-# --- the CNN ------------------------------------------------------------------------------------------
-
-def _cnn_batches(count: int = 8):
-    rng = np.random.default_rng(0)
-    return [(rng.standard_normal((CNN_BATCH, 1, 28, 28)).astype("float32"),
-             rng.integers(0, 10, CNN_BATCH)) for _ in range(count)]
-
+# --- the CNN (benchmarks/cnn.py's model and batches) ----------------------------------------------
 
 def retrograd_cnn(compile: bool):
-    batches = _cnn_batches()
-    main, startup = rg.Program(), rg.Program()
-    with rg.program_guard(main, startup):
-        x = rg.data("x", [-1, 1, 28, 28])
-        y = rg.data("y", [-1], dtype="int64")
-        h = rg.max_pool2d(rg.layers.conv2d(x, 32, 3, padding=1, act="relu", name="c1"), 2)
-        h = rg.max_pool2d(rg.layers.conv2d(h, 64, 3, padding=1, act="relu", name="c2"), 2)
-        logits = rg.layers.fc(rg.reshape(h, [-1, 64 * 7 * 7]), 10, name="fc")
-        loss = rg.mean(rg.softmax_cross_entropy(logits, y))
-        rg.optim.Momentum(CNN_LR, CNN_MOMENTUM).minimize(loss)
+    batches = cnn.batches(8)
+    main, startup, loss, _ = cnn.build()
     exe = rg.Executor(backend="torch", compile=compile)
     exe.run(startup)
 
     def step(i: int) -> float:
-        xs, ys = batches[i % len(batches)]
-        return float(exe.run(main, feed={"x": xs, "y": ys}, fetch_list=[loss])[0])
+        return float(exe.run(main, feed=batches[i % len(batches)], fetch_list=[loss])[0])
     return step
 
 
 def torch_cnn(compile: bool):
     import torch
-    torch.manual_seed(0)
     nn = torch.nn
-    model = nn.Sequential(nn.Conv2d(1, 32, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2),
-                          nn.Conv2d(32, 64, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2),
-                          nn.Flatten(), nn.Linear(64 * 7 * 7, 10))
-    opt = torch.optim.SGD(model.parameters(), lr=CNN_LR, momentum=CNN_MOMENTUM)
+    model = cnn.torch_model()
+    opt = torch.optim.SGD(model.parameters(), lr=cnn.LR, momentum=cnn.MOMENTUM)
     forward = torch.compile(model) if compile else model
-    batches = [(torch.from_numpy(x), torch.from_numpy(y)) for x, y in _cnn_batches()]
+    batches = [(torch.from_numpy(b["x"]), torch.from_numpy(b["y"])) for b in cnn.batches(8)]
 
     def step(i: int) -> float:
         xs, ys = batches[i % len(batches)]
@@ -123,12 +103,12 @@ def jax_cnn():
     @jax.jit
     def train_step(p, v, x, y):
         loss, g = jax.value_and_grad(loss_fn)(p, x, y)
-        v = jax.tree_util.tree_map(lambda a, b: CNN_MOMENTUM * a + b, v, g)
-        p = jax.tree_util.tree_map(lambda q, a: q - CNN_LR * a, p, v)
+        v = jax.tree_util.tree_map(lambda a, b: cnn.MOMENTUM * a + b, v, g)
+        p = jax.tree_util.tree_map(lambda q, a: q - cnn.LR * a, p, v)
         return p, v, loss
 
     state = {"p": params, "v": jax.tree_util.tree_map(jnp.zeros_like, params)}
-    batches = _cnn_batches()
+    batches = [(b["x"], b["y"]) for b in cnn.batches(8)]
 
     def step(i: int) -> float:
         xs, ys = batches[i % len(batches)]
