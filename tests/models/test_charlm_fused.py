@@ -6,7 +6,7 @@ import pytest
 
 import retrograd as rg
 from retrograd.models import charlm
-from retrograd.cli import main as cli
+from retrograd.cli import main as retrograd_command
 
 torch = pytest.importorskip("torch")
 
@@ -69,8 +69,8 @@ def test_training_step_on_torch_runs_the_fused_lstm_with_numpys_numbers(onednn_c
 def test_retrograd_train_runs_the_fused_lstm_for_backend_torch(tmp_path, onednn_calls):
     sizes = ["--hidden", "16", "--embed", "8", "--seq-len", "8", "--batch", "4", "--sample-len", "4",
              "--steps", "1", "--no-plot", "--save", str(tmp_path / "m.npz")]
-    assert cli.main(["train", *sizes, "--backend", "torch"]) == 0
+    assert retrograd_command(["train", *sizes, "--backend", "torch"]) == 0
     assert (8, 4, 8) in onednn_calls                 # the training step's LSTM: [T, N, embed]
     onednn_calls.clear()
-    assert cli.main(["train", *sizes, "--backend", "numpy", "--save", str(tmp_path / "n.npz")]) == 0
+    assert retrograd_command(["train", *sizes, "--backend", "numpy", "--save", str(tmp_path / "n.npz")]) == 0
     assert not onednn_calls

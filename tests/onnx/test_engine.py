@@ -307,9 +307,9 @@ def test_a_node_that_fails_in_onnxruntime_names_its_op_and_line():
 
 IDS_OUT_OF_RANGE = {   # (build from a: float64[-1], ids: int64[-1]; feed)
     "gather high": (lambda a, ids: rg.gather(a, ids), {"a": np.ones(3), "ids": np.array([0, 3])}),
-    "gather negative": (lambda a, ids: rg.gather(a, ids), {"a": np.ones(3), "ids": np.array([1, -1])}),
+    "gather negative": (lambda a, ids: rg.gather(a, ids), {"a": np.ones(3), "ids": np.array([1, -4])}),
     "embedding negative": (lambda a, ids: rg.gather(rg.reshape(a, [3, 1]), ids),
-                           {"a": np.ones(3), "ids": np.array([[-3, 0]])}),
+                           {"a": np.ones(3), "ids": np.array([[-4, 0]])}),
     "xent label negative": (lambda a, ids: rg.softmax_cross_entropy(rg.unsqueeze(a, 0), rg.slice(ids, [0], [0], [1])),
                             {"a": np.ones(3), "ids": np.array([-1])}),
     "xent label high": (lambda a, ids: rg.softmax_cross_entropy(rg.unsqueeze(a, 0), rg.slice(ids, [0], [0], [1])),
@@ -337,10 +337,10 @@ def test_an_id_check_inside_a_loop_body_names_the_op():
         table, ids = rg.data("table", [4, 2], "float64"), rg.data("ids", [-1], "int64")
         _, total = rg.while_loop(lambda i, acc: i < 2, lambda i, acc: (i + 1, acc + rg.sum(rg.gather(table, ids))),
                                  [rg.constant(0), rg.fill([], 0.0, "float64")])
-    feed = {"table": np.ones((4, 2)), "ids": np.array([0, -1])}
+    feed = {"table": np.ones((4, 2)), "ids": np.array([0, -5])}    # [-4, 4) count from either end
     want, got = _both_raise(main, feed, [total])
-    assert "Gather in block 2 failed: IndexError: id -1" in want       # block 1: the condition
-    assert "Gather in block 2: ids must lie in [0, n)" in got
+    assert "Gather in block 2 failed: IndexError: id -5" in want       # block 1: the condition
+    assert "Gather in block 2: ids must lie in [-n, n)" in got
     feed["ids"] = np.array([0, 3])
     got, = rg.Executor(backend="onnxruntime").run(main, feed=feed, fetch_list=[total])
     assert float(got) == 8.0

@@ -990,6 +990,27 @@ def _differentiable_ops() -> set[str]:
     return {t for t, opdef in rg.OPS.items() if opdef.grad is not None}
 
 
+def _scale_loss(r):
+    """rg.amp's loss scaling (float32 only, as a loss and its scale are): linear in the loss,
+    so a large step is exact up to float32 rounding."""
+    from retrograd.amp.ops import scale_loss
+    eight = np.array([8.0], "float32")
+    return [(lambda x: rg.cast(scale_loss(rg.sum(rg.cast(x, "float32")), rg.constant(eight)), "float64"),
+             {"x": normal(r, 2, 3)}, {"eps": 1e-2, "rtol": 1e-3, "atol": 1e-3})]
+
+
+CASES.update({"ScaleLoss": _scale_loss})
+
+
+def _global_norm(r):
+    """The clip's norm of every gradient as one op (issue 22)."""
+    return [(lambda a, b: rg.optim.global_norm([a, b]), {"a": normal(r, 3, 4), "b": normal(r, 5)}),
+            (lambda a: rg.optim.global_norm([a * a, a]), {"a": normal(r, 2, 3)})]
+
+
+CASES.update({"GlobalNorm": _global_norm})
+
+
 def _cases(op_type: str):
     r = np.random.default_rng(sum(map(ord, op_type)))
     for case in CASES[op_type](r):
@@ -1057,12 +1078,3 @@ def _first_gradients(fn):
 def test_double_backward_matches_finite_differences(op_type, index, backend):
     fn, inputs, options = list(_cases(op_type))[index]
     check_gradients(_first_gradients(_builds(op_type, fn)), inputs, **options, **backend.kwargs)
-
-
-def _global_norm(r):
-    """The clip's norm of every gradient as one op (issue 22)."""
-    return [(lambda a, b: rg.optim.global_norm([a, b]), {"a": normal(r, 3, 4), "b": normal(r, 5)}),
-            (lambda a: rg.optim.global_norm([a * a, a]), {"a": normal(r, 2, 3)})]
-
-
-CASES.update({"GlobalNorm": _global_norm})

@@ -125,7 +125,7 @@ BAD = {
     "where cond": (lambda m, **_: rg.where(m, m, m), "Where", "m"),
     "where dtypes": (lambda m, b, f64, **_: rg.where(b, m, f64), "Where", "f64"),
     "sum axis": (lambda m, **_: rg.sum(m, axis=3), "Sum", "m"),
-    "dropout p": (lambda m, **_: rg.dropout(m, 1.0), None, "m"),
+    "dropout p": (lambda m, **_: rg.dropout(m, 1.5), None, "m"),
     "dropout int": (lambda ids, **_: rg.dropout(ids, 0.5), "Dropout", "ids"),
 }
 
@@ -153,7 +153,7 @@ RUNTIME = {
     "reshape": (lambda a, b, ids: rg.reshape(a, [2, -1]), "Reshape", {"a": np.ones(3)}),
     "squeeze": (lambda a, b, ids: rg.squeeze(a, 0), "Squeeze", {"a": np.ones(3)}),
     "gather high": (lambda a, b, ids: rg.gather(a, ids), "Gather", {"a": np.ones(3), "ids": np.array([0, 3])}),
-    "gather negative": (lambda a, b, ids: rg.gather(a, ids), "Gather", {"a": np.ones(3), "ids": np.array([-1])}),
+    "gather negative": (lambda a, b, ids: rg.gather(a, ids), "Gather", {"a": np.ones(3), "ids": np.array([-4])}),
     "xent label": (lambda a, b, ids: rg.softmax_cross_entropy(rg.unsqueeze(a, 0), rg.slice(ids, [0], [0], [1])),
                    "SoftmaxCrossEntropy", {"a": np.ones(3), "ids": np.array([3])}),
     "one_hot label": (lambda a, b, ids: rg.one_hot(ids, 2), "OneHot", {"ids": np.array([0, 2])}),
