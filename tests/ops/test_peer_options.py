@@ -3,10 +3,16 @@ backend (numpy, torch, the onnxruntime engine): values and float64 gradients aga
 autograd, the ONNX export run in onnxruntime alone."""
 from __future__ import annotations
 
+import sys
+from pathlib import Path
+
 import numpy as np
 import pytest
 
 import retrograd as rg
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))   # tests/ops: the shared ONNX reference
+from onnx_reference import exported  # noqa: E402
 
 torch = pytest.importorskip("torch", reason="the reference values come from PyTorch")
 
@@ -34,21 +40,6 @@ def torch_grad(outs, t):
     floats = [o for o in outs if o.dtype == torch.float64]
     loss = sum((o * torch.sin(o * (i + 1.0))).sum() for i, o in enumerate(floats))
     return torch.autograd.grad(loss, t)[0].numpy()
-
-
-def exported(build, feed):
-    """The outputs of ``build`` computed by the exported ONNX model in onnxruntime alone."""
-    ort = pytest.importorskip("onnxruntime", reason="runs the exported model")
-    pytest.importorskip("onnx", reason="ONNX export needs onnx")
-    main, startup = rg.Program(), rg.Program()
-    with rg.program_guard(main, startup):
-        xs = [rg.data(name, list(value.shape), value.dtype.name) for name, value in feed.items()]
-        outs = build(*xs)
-        outs = list(outs) if isinstance(outs, (list, tuple)) else [outs]
-    sess = ort.InferenceSession(rg.onnx.export(main, None, outs).SerializeToString(),
-                                providers=["CPUExecutionProvider"])
-    names = {i.name for i in sess.get_inputs()}
-    return sess.run([o.name for o in outs], {n: v for n, v in feed.items() if n in names})
 
 
 def rand(*shape, seed=0):

@@ -4,10 +4,16 @@ gather / scatter / scatter_add in float64 (values and autograd gradients) on eve
 (numpy, torch, the onnxruntime engine) and in the exported model run by onnxruntime alone."""
 from __future__ import annotations
 
+import sys
+from pathlib import Path
+
 import numpy as np
 import pytest
 
 import retrograd as rg
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))   # tests/ops: the shared ONNX reference
+from onnx_reference import exported  # noqa: E402
 
 torch = pytest.importorskip("torch", reason="the reference values come from PyTorch")
 
@@ -35,20 +41,6 @@ def torch_run(fn, feed, wrt=("x",)):
     loss = sum((o * torch.sin(o)).sum() for o in outs if o.dtype == torch.float64)
     grads = torch.autograd.grad(loss, [ts[n] for n in wrt]) if wrt else []
     return [o.detach().numpy() for o in outs] + [g.numpy() for g in grads]
-
-
-def exported(build, feed):
-    ort = pytest.importorskip("onnxruntime", reason="runs the exported model")
-    pytest.importorskip("onnx", reason="ONNX export needs onnx")
-    main, startup = rg.Program(), rg.Program()
-    with rg.program_guard(main, startup):
-        xs = [rg.data(name, list(value.shape), value.dtype.name) for name, value in feed.items()]
-        outs = build(*xs)
-        outs = list(outs) if isinstance(outs, (list, tuple)) else [outs]
-    sess = ort.InferenceSession(rg.onnx.export(main, None, outs).SerializeToString(),
-                                providers=["CPUExecutionProvider"])
-    names = {i.name for i in sess.get_inputs()}
-    return sess.run([o.name for o in outs], {n: v for n, v in feed.items() if n in names})
 
 
 def check(got, want, rtol=1e-12):

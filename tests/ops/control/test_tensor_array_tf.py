@@ -4,10 +4,16 @@ written in NumPy, with float64 gradients against torch autograd of the same comp
 backend (numpy, torch, the onnxruntime engine) and in the exported model."""
 from __future__ import annotations
 
+import sys
+from pathlib import Path
+
 import numpy as np
 import pytest
 
 import retrograd as rg
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))   # tests/ops: the shared ONNX reference
+from onnx_reference import exported  # noqa: E402
 
 torch = pytest.importorskip("torch", reason="the reference gradients come from PyTorch")
 
@@ -34,20 +40,6 @@ def torch_grad(fn, x0):
     outs = fn(t)
     loss = sum((o * torch.sin(o)).sum() for o in outs)
     return torch.autograd.grad(loss, t)[0].numpy()
-
-
-def exported(build, feed):
-    ort = pytest.importorskip("onnxruntime", reason="runs the exported model")
-    pytest.importorskip("onnx", reason="ONNX export needs onnx")
-    main, startup = rg.Program(), rg.Program()
-    with rg.program_guard(main, startup):
-        xs = [rg.data(n, list(v.shape), v.dtype.name) for n, v in feed.items()]
-        outs = build(*xs)
-        outs = list(outs) if isinstance(outs, (list, tuple)) else [outs]
-    sess = ort.InferenceSession(rg.onnx.export(main, None, outs).SerializeToString(),
-                                providers=["CPUExecutionProvider"])
-    names = {i.name for i in sess.get_inputs()}
-    return sess.run([o.name for o in outs], {n: v for n, v in feed.items() if n in names})
 
 
 # TF's TensorArray, written in NumPy: a list of elements; unwritten elements read as zeros.
