@@ -260,10 +260,10 @@ def test_issue32_item5_empty_tensor_array_with_run_time_element_size(backend):
     """A TensorArray(element_shape=[-1, 4]) carried by a zero-step scan that would write rows
     [N, 4] (N known only at run time) stacks to [0, N, 4], as NumPy's np.stack of the rows a
     step writes gives; one written before the scan keeps its rows; with steps the rows are the
-    writes; on every backend and exported."""
+    writes; the gradient is 8 * xs (empty for zero steps); on every backend and exported."""
     main = rg.Program()
     with rg.program_guard(main, rg.Program()):
-        xs = rg.data("xs", [-1, -1, 4])
+        xs = rg.data("xs", [-1, -1, 4], stop_gradient=False)
         y = rg.data("y", [-1, 4])
 
         def step(carry, x):
@@ -274,6 +274,7 @@ def test_issue32_item5_empty_tensor_array_with_run_time_element_size(backend):
         written = rg.TensorArray(dtype="float32", element_shape=[-1, 4]).write(0, y)
         (_, a, b), _ = rg.scan(step, [rg.constant(np.array(0)), empty, written], xs)
         stacks = [a.stack(), b.stack()]
+        stacks.append(rg.gradients(rg.sum(stacks[0] * stacks[0]), [xs])[0])    # d/dx sum((2x)^2) = 8x
     for n in (0, 3):
         feed = {"xs": _rand(n, 2, 4), "y": _rand(2, 4) + 1.0}
         rows = [feed["xs"][t] for t in range(n)]
@@ -281,6 +282,7 @@ def test_issue32_item5_empty_tensor_array_with_run_time_element_size(backend):
                 np.stack([feed["y"]] + [r + 1.0 for r in rows])]
         assert want[0].shape == (n, 2, 4) and want[1].shape == (n + 1, 2, 4)
         want[0] = want[0] * 2.0
+        want.append(8.0 * feed["xs"])
         _, got = _run(backend, main, feed, stacks)
         for g, w in zip(got, want):
             assert g.shape == w.shape
