@@ -255,6 +255,59 @@ def test_issue32_item5_zero_step_scan_keeps_row_shape(backend):
     np.testing.assert_allclose(got_ys[1], want + feed["xs"][1], rtol=1e-6)
 
 
+
+def test_issue32_item5_empty_tensor_array_with_run_time_element_size(backend):
+    """A TensorArray(element_shape=[-1, 4]) carried by a zero-step scan that would write rows
+    [N, 4] (N known only at run time) stacks to [0, N, 4], as NumPy's np.stack of the rows a
+    step writes gives; one written before the scan keeps its rows; with steps the rows are the
+    writes; the gradient is 8 * xs (empty for zero steps); on every backend and exported."""
+    main = rg.Program()
+    with rg.program_guard(main, rg.Program()):
+        xs = rg.data("xs", [-1, -1, 4], stop_gradient=False)
+        y = rg.data("y", [-1, 4])
+
+        def step(carry, x):
+            i, a, b = carry
+            return (i + 1, a.write(i, x * 2.0), b.write(i + 1, x + 1.0)), []
+
+        empty = rg.TensorArray(dtype="float32", element_shape=[-1, 4])
+        written = rg.TensorArray(dtype="float32", element_shape=[-1, 4]).write(0, y)
+        (_, a, b), _ = rg.scan(step, [rg.constant(np.array(0)), empty, written], xs)
+        stacks = [a.stack(), b.stack()]
+        stacks.append(rg.gradients(rg.sum(stacks[0] * stacks[0]), [xs])[0])    # d/dx sum((2x)^2) = 8x
+    for n in (0, 3):
+        feed = {"xs": _rand(n, 2, 4), "y": _rand(2, 4) + 1.0}
+        rows = [feed["xs"][t] for t in range(n)]
+        want = [np.stack(rows) if n else np.zeros((0, 2, 4), "float32"),
+                np.stack([feed["y"]] + [r + 1.0 for r in rows])]
+        assert want[0].shape == (n, 2, 4) and want[1].shape == (n + 1, 2, 4)
+        want[0] = want[0] * 2.0
+        want.append(8.0 * feed["xs"])
+        _, got = _run(backend, main, feed, stacks)
+        for g, w in zip(got, want):
+            assert g.shape == w.shape
+            np.testing.assert_allclose(g, w, rtol=1e-6)
+        for g, w in zip(_exported(main, feed, stacks), want):
+            assert g.shape == w.shape
+            np.testing.assert_allclose(g, w, rtol=1e-6)
+
+
+def test_issue32_item5_empty_tensor_array_step_failing_on_zero_rows_names_it():
+    """Where the one step on zero rows fails, the ExecutionError names the scan's TensorArray
+    rather than handing on a [0, 0, 4] stack."""
+    main = rg.Program()
+    with rg.program_guard(main, rg.Program()):
+        xs = rg.data("xs", [-1, -1, 4])
+
+        def step(carry, x):
+            i, a = carry
+            return (i + 1, a.write(i, rg.reshape(x, [2, 4]))), []     # no [2, 4] in zero rows
+
+        empty = rg.TensorArray(dtype="float32", element_shape=[-1, 4])
+        (_, a), _ = rg.scan(step, [rg.constant(np.array(0)), empty], xs)
+    with pytest.raises(rg.ExecutionError, match="TensorArray"):
+        rg.Executor().run(main, feed={"xs": np.zeros((0, 0, 4), "float32")}, fetch_list=[a.stack()])
+
 # --- item 9: refusals that should work ------------------------------------------------------------
 
 def test_issue32_item9_cumprod_in_while_loop_body(backend):

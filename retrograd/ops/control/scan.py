@@ -77,7 +77,11 @@ def _build_scan(where: str, count: Var, inits: list[Var], xs: list[Var], step: C
              "ys_full": [True] * len(ys), "reverse": bool(reverse)}
     if any(isinstance(v, TensorArray) for v in inits):   # carried arrays grow: each step's shapes kept
         attrs["ragged"] = True
-    if any(d < 0 for y in ys for d in y.shape):    # zero steps: one step on zero rows gives ys' sizes
+    # an empty carried array whose element sizes are -1 would stack to 0 for them after zero steps
+    arrays = [j for j, v in enumerate(inits) if isinstance(v, TensorArray) and any(d < 0 for d in v.shape[1:])]
+    if arrays:
+        attrs["array_carries"] = arrays
+    if arrays or any(d < 0 for y in ys for d in y.shape):    # zero steps: one step on zero rows gives the sizes
         attrs["zero_step_shapes"] = True
     attrs.update(streams.stream_attrs(body))    # a loop key when the step draws random numbers
     outs = append_op("Scan", [count] + inits + xs + [block.var(n) for n in reads], attrs, name="scan")
@@ -97,7 +101,9 @@ def _carried(body: Block, init: Var) -> Var:
 def scan(fn: Callable, init, xs, reverse: bool = False):
     """``carry, y_t = fn(carry, x_t)`` over axis 0 of ``xs``; returns ``(carry, ys)`` (as ``jax.lax.scan``).
 
-    T is read at run time (T = 0 gives ``init`` and empty ``ys``). ``fn`` is
+    T is read at run time (T = 0 gives ``init`` and empty ``ys``; sizes declared -1 in a
+    ``ys`` or in an empty carried TensorArray's elements come from one step run on zero rows,
+    so the stacks are ``[0, *what a step gives]``). ``fn`` is
     called once, to build the step, and may read any variable of the enclosing
     blocks; gradients reach ``init``, ``xs`` and those variables (summed over
     steps), to any order.

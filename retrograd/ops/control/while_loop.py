@@ -256,8 +256,10 @@ def _scan(k, count, *arrays):
         run.meter.release(out)
     computed = dict(zip(stacked, kept.stacks(reverse=attrs["reverse"])))
     if n == 0 and attrs.get("zero_step_shapes"):
-        computed.update(_zero_step_stacks(k, stacked, bindings_of=lambda rows: {
-            **consts, **dict(zip(attrs["carry_binds"], carries)), **dict(zip(attrs["x_binds"], rows))}, xs=xs))
+        def bindings_of(rows):
+            return {**consts, **dict(zip(attrs["carry_binds"], carries)), **dict(zip(attrs["x_binds"], rows))}
+        computed.update(_zero_step_stacks(k, stacked, bindings_of=bindings_of, xs=xs))
+        carries = _zero_step_arrays(k, carries, bindings_of=bindings_of, xs=xs)
     computed.update(shaped)
     return as_outputs(list(carries) + or_stand_ins(k, c, len(likes), computed))
 
@@ -283,6 +285,30 @@ def _zero_step_stacks(k, stacked: list[int], bindings_of: Callable, xs) -> dict:
                              f"{', '.join(repr(n) for n in names)} (declared with -1) comes only from a "
                              f"step, which failed on zero rows: {type(exc).__name__}: {exc}") from exc
     return {j: xp.zeros((0,) + tuple(v.shape), dtype=v.dtype) for j, v in zip(unknown, values)}
+
+
+def _zero_step_arrays(k, carries: list, bindings_of: Callable, xs) -> list:
+    """For a Scan of zero iterations, its carried TensorArrays that are still empty and were
+    declared with -1 element sizes (``array_carries``): ``[0, *element shape]`` of one step run on
+    zero rows, the element a step would write (without it the -1 sizes would stack as 0). Where
+    that step fails, an ExecutionError names the scan and the TensorArray."""
+    attrs, xp = k.attrs, k.xp
+    empty = [j for j in attrs.get("array_carries") or [] if carries[j].shape[0] == 0]
+    if not empty:
+        return carries
+    rows = [xp.zeros(tuple(x.shape[1:]), dtype=x.dtype) for x in xs]
+    names = [attrs["body_outs"][j] for j in empty]
+    try:
+        values = k.run.run_block(attrs["body"], bindings_of(rows), names, streams.stream(attrs, 0))
+    except ExecutionError as exc:
+        arrays = ", ".join(repr(k.op.inputs[1 + j]) for j in empty)
+        raise ExecutionError(f"{k.op.where()}: zero iterations, and the element shape of the empty "
+                             f"TensorArray {arrays} (declared with -1) comes only from a step's write, "
+                             f"which failed on zero rows: {type(exc).__name__}: {exc}") from exc
+    out = list(carries)
+    for j, v in zip(empty, values):
+        out[j] = xp.zeros((0,) + tuple(v.shape[1:]), dtype=carries[j].dtype)
+    return out
 
 
 def _row(stack, i: int, sizes):
@@ -328,7 +354,40 @@ def _scan_onnx(g):
             rank = g.in_vars[like].ndim
             tail = g.node("Sub", [g.shape(g.ins[like]), g.shape(stacks[j])])
             stacks[j] = g.node("Pad", [stacks[j], g.node("Concat", [g.const([0] * rank, "int64"), tail], axis=0)])
-    return outs[:c] + _zero_step_stacks_onnx(g, count, stacks)
+    return _zero_step_arrays_onnx(g, count, outs[:c]) + _zero_step_stacks_onnx(g, count, stacks)
+
+
+def _zero_step_arrays_onnx(g, count: str, finals: list[str]) -> list[str]:
+    """The kernel's ``_zero_step_arrays``: behind an If on zero iterations, each carried
+    TensorArray of ``array_carries`` is its initial value reshaped to ``[its rows, *the element
+    shape of one step run on zero rows]`` (the same value when it has rows: a write keeps them)."""
+    a = g.attrs
+    arrays = a.get("array_carries") or []
+    if not arrays or not a.get("zero_step_shapes"):
+        return finals
+    c, s = len(a["carry_binds"]), len(a["x_binds"])
+    step = g.child()
+    step.stream(step.const(0, "int64"))
+    rows = [step.fill(step.node("Shape", [x], start=1), 0, var.dtype)
+            for x, var in zip(g.ins[1 + c:1 + c + s], g.in_vars[1 + c:1 + c + s])]
+    inits = _carry_inits(g, range(1, 1 + c))
+    values = step.lower(a["body"], {**dict(zip(a["carry_binds"], inits)), **dict(zip(a["x_binds"], rows))},
+                        [a["body_outs"][j] for j in arrays])
+    shaped, kept, types = [], g.child(), []
+    for j, value in zip(arrays, values):
+        shape = step.node("Concat", [step.node("Shape", [inits[j]], end=1), step.node("Shape", [value], start=1)],
+                          axis=0)
+        shaped.append(step.node("Reshape", [inits[j], shape], allowzero=1))
+        types.append((g.out_vars[j].dtype, [None] * g.out_vars[j].ndim))
+    passed = [kept.node("Identity", [finals[j]]) for j in arrays]
+    name = f"{g.op.outputs[arrays[0]]}.zero_steps"
+    chosen = g.nodes("If", [g.node("Equal", [count, g.const(0, "int64")])], len(arrays),
+                     then_branch=step.finish(name, [(v, *t) for v, t in zip(shaped, types)]),
+                     else_branch=kept.finish(f"{name}.else", [(v, *t) for v, t in zip(passed, types)]))
+    out = list(finals)
+    for j, value in zip(arrays, chosen):
+        out[j] = value
+    return out
 
 
 def _zero_step_stacks_onnx(g, count: str, stacks: list[str]) -> list[str]:
