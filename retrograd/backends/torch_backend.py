@@ -388,6 +388,8 @@ class TorchBackend(Backend):
         return conv_nd(x, w, None, list(strides), padding, list(dilations), groups)
 
     def conv_bias(self, x, w, b, strides, pads, dilations, groups: int):
+        if _empty(x, w):      # as conv: torch gives [N, 0, ...] for 0 input channels
+            return super().conv_bias(x, w, b, strides, pads, dilations, groups)
         x, padding = self._symmetric(x, pads)
         conv_nd = getattr(self.torch.nn.functional, f"conv{x.ndim - 2}d", None)
         if conv_nd is None:

@@ -107,7 +107,8 @@ def _conv_layer(nd, kind, x, num_filters, kernel_size, stride, padding, act, nam
         raise build_error(what, f"num_filters must be a positive int, got {num_filters!r}")
     kernel = per_axis(kernel_size, nd, "kernel_size", what)
     channels = x.shape[1]
-    bound = 1.0 / math.sqrt(channels * math.prod(kernel))
+    fan_in = channels * math.prod(kernel)
+    bound = 1.0 / math.sqrt(fan_in) if fan_in > 0 else 0.0     # torch.nn.Conv2d: 0 input channels, zero bias
     w = create_parameter(f"{name}.w", [int(num_filters), channels, *kernel], dtype=x.dtype,
                          init=("uniform", -bound, bound))
     b = create_parameter(f"{name}.b", [int(num_filters)], dtype=x.dtype, init=("uniform", -bound, bound))

@@ -110,3 +110,29 @@ def test_torch_backend_runs_conv_bias_and_still_fetches_the_convolution():
     product = next(op.outputs[0] for op in main.global_block().ops if op.type == "Conv")
     value, = exe.run(main, feed=_feed(np.random.default_rng(1)), fetch_list=[product])
     assert value.shape == (3, 4, 5, 4)
+
+
+@pytest.mark.parametrize("shape", [(2, 0, 5, 5), (0, 3, 5, 5), (1, 1, 1, 1)])
+def test_conv_layer_with_an_empty_or_size_one_axis_gives_numpys_shapes_and_the_bias(backend, shape):
+    """Regression (review): the torch backend's ConvBias (what the fuse pass makes of every
+    conv layer there) called torch's conv without conv's size-0 guard, and with 0 input channels
+    torch returns [N, 0, H, W]: the wrong shape, and a failing gradient. A layer over 0 input
+    channels is its bias everywhere (torch.nn.Conv2d(0, 4, 3) gives the same), and layers.conv2d
+    no longer divides by zero initialising it."""
+    main, startup = rg.Program(random_seed=3), rg.Program(random_seed=3)
+    with rg.program_guard(main, startup):
+        x = rg.data("x", list(shape), stop_gradient=False)
+        y = rg.layers.conv2d(x, 4, 3, padding=1, name="c")
+        (dx,) = rg.gradients(rg.sum(y * y), [x])
+    exe = backend.executor()
+    exe.run(startup)
+    xb = np.random.default_rng(0).standard_normal(shape).astype("float32")
+    y_v, dx_v = exe.run(main, feed={"x": xb}, fetch_list=[y, dx])
+    w, b = (rg.backends.to_numpy(exe.scope.get(name)) for name in ("c.w", "c.b"))
+    padded = np.pad(xb, [(0, 0), (0, 0), (1, 1), (1, 1)])
+    want = np.zeros((shape[0], 4, shape[2], shape[3]), "float32") + b[None, :, None, None]
+    for i in range(shape[2]):                       # the convolution written out
+        for j in range(shape[3]):
+            want[:, :, i, j] += np.einsum("ncij,fcij->nf", padded[:, :, i:i + 3, j:j + 3], w)
+    np.testing.assert_allclose(y_v, want, rtol=1e-5, atol=1e-5)
+    assert dx_v.shape == shape
