@@ -545,6 +545,7 @@ class TensorArray(Var):
             assert out.shape == (1, 3)
             ```
         """
+        _check_written(self)
         return self.block.var(self.name)
 
     def size(self) -> Var:
@@ -806,6 +807,19 @@ class RaggedTensorArray:
 
     def __repr__(self) -> str:
         return f"RaggedTensorArray({self.x.name}: lengths {self.lengths})"
+
+
+def _check_written(array: TensorArray) -> None:
+    """ShapeError for the stack of an array no write reaches whose element sizes are partly -1:
+    nothing gives them (TensorFlow refuses to stack such an empty list; NumPy's stack of no
+    arrays too)."""
+    if array._unshaped:
+        return
+    made = next((op for op in reversed(array.block.ops) if array.name in op.outputs), None)
+    if made is not None and made.type == "TensorArrayNew" and any(d < 0 for d in made.attrs["element_shape"]):
+        raise ShapeError(f"{made.where()}: the TensorArray '{array.name}' (element_shape "
+                         f"{list(made.attrs['element_shape'])}) is never written, so the sizes declared -1 are "
+                         "unknown and its stack has no shape; declare them in element_shape")
 
 
 def _check_rows(x: Var, what: str) -> None:

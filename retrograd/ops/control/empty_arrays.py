@@ -1,0 +1,202 @@
+"""The element shape of a ``while_loop``'s TensorArray that no iteration wrote.
+
+``TensorArray(element_shape=[-1, D])`` starts as ``[0, 0, D]``: the -1 sizes are set by the
+first write. A ``while_loop`` that runs zero iterations (or whose body never writes) hands the
+array back unwritten, and its stack would be ``[0, 0, D]`` where NumPy's ``np.stack`` of the rows
+the body writes gives ``[0, N, D]``. The body is not run (its condition is false: running it
+could fail, e.g. reading row ``i`` of an empty sequence), so the sizes come from shapes alone:
+
+* ``element_sources`` re-runs the shape rules of the body's ops on probe shapes in which every
+  run-time size of the loop's inputs (initial loop vars, outer values the body reads) is a
+  distinct sentinel; a -1 element size that comes out as an input's sentinel is that input's
+  size at run time (``[N, D]`` written from ``x[i]`` of ``x [T, N, D]``: x's axis 1). Where a
+  rule refuses two different sentinels (``h + x[i]``: N and N'), they are made one (the op
+  would refuse them at run time too unless they are equal). A size that comes out otherwise
+  (computed from several sizes, or from values: a reshape to a fed shape) stays unknown.
+* The kernels and the ONNX lowering take those sizes of the run-time inputs for every array
+  that is still empty after the loop (``[0, *sizes]``); where a size stays unknown, reading
+  the array's value raises ExecutionError naming the TensorArray and the while_loop, as
+  TensorFlow refuses to stack an empty list with a partly unknown element shape (its size
+  still reads 0).
+"""
+from __future__ import annotations
+
+from typing import Sequence
+
+from ...errors import ExecutionError, RetrogradError
+from ...ir.analysis import op_reads
+from ...ir.program import Op, Var
+from ..core.registry import get_op_def
+
+_BASES = (1_000_003, 2_000_029)     # two probes: a size equal in both that is no sentinel is a constant
+_STRIDE = 1_009
+_MAX_MERGES = 16
+
+
+def element_sources(op: Op, j: int) -> list:
+    """For loop var ``j`` (a TensorArray) of a While, one entry per element axis: an int (a size
+    known when built or the same in every probe), ``(input position, axis)`` (that input's
+    run-time size) or None (unknown)."""
+    attrs = op.attrs
+    body, n = attrs["body"], len(attrs["carry_binds"])
+    name = attrs["body_outs"][j]
+    declared = op.block.var(op.inputs[j]).shape[1:]
+    dims = _input_dims(op, n)
+    classes = {key: c for c, key in enumerate(dims)}      # (position, axis) -> class
+    for _ in range(_MAX_MERGES):
+        probes = [_probe(op, body, n, dims, classes, base) for base in _BASES]
+        failed = next((p for p in probes if isinstance(p, tuple)), None)
+        if failed is None:
+            break
+        if not _merge(classes, failed):
+            return [d if d >= 0 else None for d in declared]
+    else:
+        return [d if d >= 0 else None for d in declared]
+    shapes = [p.get(name) for p in probes]
+    if shapes[0] is None or len(shapes[0]) != len(declared) + 1:
+        return [d if d >= 0 else None for d in declared]
+    members = {}
+    for key, c in classes.items():
+        members.setdefault(c, key)
+    out = []
+    for axis, d in enumerate(declared):
+        a, b = shapes[0][axis + 1], shapes[1][axis + 1]
+        if d >= 0:
+            out.append(d)
+        elif a == b and 0 <= a < _BASES[0]:
+            out.append(int(a))
+        else:
+            c = _class_of(a, _BASES[0])
+            out.append(members[c] if c is not None and c == _class_of(b, _BASES[1]) else None)
+    return out
+
+
+def _input_dims(op: Op, n: int) -> list[tuple[int, int]]:
+    """Every (input position, axis) of the While whose size is known only at run time, but a
+    TensorArray loop var's element axes (an unwritten array has 0 there)."""
+    arrays = set(op.attrs.get("array_carries") or ())
+    return [(p, axis) for p, name in enumerate(op.inputs)
+            for axis, d in enumerate(op.block.var(name).shape) if d < 0 and not (p in arrays and axis > 0)]
+
+
+def _class_of(size: int, base: int) -> int | None:
+    c, rest = divmod(size - base, _STRIDE)
+    return c if rest == 0 and c >= 0 else None
+
+
+def _probe(op: Op, body, n: int, dims, classes: dict, base: int):
+    """The body's shapes with the inputs' run-time sizes as sentinels of ``base``; on a rule
+    that refuses them, ``(sentinel classes among that op's inputs,)`` instead."""
+    sentinel = {key: base + _STRIDE * classes[key] for key in dims}
+    shapes: dict[str, tuple] = {}
+    for p, name in enumerate(op.inputs):
+        shape = tuple(sentinel.get((p, axis), d) for axis, d in enumerate(op.block.var(name).shape))
+        shapes[op.attrs["carry_binds"][p] if p < n else name] = shape
+    for inner in body.ops:
+        ins = [body.find_var(name) for name in inner.inputs]
+        if any(v is None for v in ins):
+            continue
+        probes = [Var(v.block, v.name, shapes.get(v.name, v.shape), v.dtype) for v in ins]
+        rule = _ON_EMPTY.get(inner.type, get_op_def(inner.type).infer)
+        try:
+            specs = rule(probes, inner.attrs)
+        except (RetrogradError, KeyError, IndexError, TypeError, ValueError):
+            found = {_class_of(d, base) for v in probes for d in v.shape} - {None}
+            return (tuple(sorted(found)),)
+        for out, (shape, _) in zip(inner.outputs, specs):
+            var = body.find_var(out)
+            declared = var.shape if var is not None else tuple(shape)
+            if len(declared) == len(shape):
+                shapes[out] = tuple(d if d >= 0 else int(s) for d, s in zip(declared, shape))
+    return shapes
+
+
+# An empty array takes the sizes of the element written into it (the kernel's first write), where
+# the shape rule keeps only the sizes the array and the element share.
+_ON_EMPTY = {"TensorArrayWrite": lambda ins, attrs: [((-1,) + tuple(ins[2].shape), ins[0].dtype), ((), "int64")]}
+
+
+def _merge(classes: dict, failed: tuple) -> bool:
+    """Make the first two sentinel classes of a refusing op one; False when there are none."""
+    found = failed[0]
+    if len(found) < 2:
+        return False
+    keep, drop = found[0], found[1]
+    for key, c in classes.items():
+        if c == drop:
+            classes[key] = keep
+    return True
+
+
+def array_sources(op: Op) -> dict[int, list]:
+    """``element_sources`` of each TensorArray loop var with -1 element sizes (``array_carries``)."""
+    return {j: element_sources(op, j) for j in op.attrs.get("array_carries") or []}
+
+
+def value_read(op: Op, j: int, live: bool) -> bool:
+    """Whether output ``j`` is read for its value (by ops of its block other than ``size()``'s
+    Dim over axis 0, or fetched: ``live`` with no reader in the block)."""
+    name = op.outputs[j]
+    readers = [o for o in op.block.ops if o is not op and name in op_reads(o)]
+    if not readers:
+        return live
+    return live and any(not (o.type == "Dim" and o.attrs.get("axis") == 0) for o in readers)
+
+
+def unknown_error(op: Op, j: int, sources: Sequence) -> ExecutionError:
+    declared = list(op.block.var(op.inputs[j]).shape[1:])
+    unknown = [axis for axis, s in enumerate(sources) if s is None]
+    return ExecutionError(
+        f"{op.where()}: the while_loop wrote nothing into the TensorArray '{op.inputs[j]}' (loop var {j}, "
+        f"element_shape {declared}), and the size of element axis {', '.join(map(str, unknown))} (declared -1) "
+        "follows from no shape the loop's inputs have, so its stack has no shape (TensorFlow refuses "
+        "to stack it too; its size() still reads 0). Declare the size in element_shape, or write "
+        "the array before the loop")
+
+
+def fill_empty(k, inputs: Sequence, outputs: list) -> list:
+    """The While kernel's outputs with each TensorArray loop var still empty ``[0, *sizes]`` from
+    ``element_sources`` (ExecutionError where a size is unknown and the value is read)."""
+    op, xp = k.op, k.xp
+    for j in op.attrs.get("array_carries") or []:
+        arr = outputs[j]
+        if arr.shape[0] != 0:
+            continue
+        sources = element_sources(op, j)
+        if any(s is None for s in sources):
+            if value_read(op, j, j in k.live_outputs):
+                raise unknown_error(op, j, sources)
+            continue
+        shape = [s if isinstance(s, int) else inputs[s[0]].shape[s[1]] for s in sources]
+        outputs[j] = xp.zeros((0,) + tuple(int(d) for d in shape), dtype=arr.dtype)
+    return outputs
+
+
+def fill_empty_onnx(g, finals: list[str]) -> list[str]:
+    """``fill_empty`` in ONNX: each TensorArray loop var reshaped to ``[0, *sizes]`` where it is
+    empty (its own shape otherwise); a run-time check where a size is unknown and the value is
+    read."""
+    op = g.op
+    out = list(finals)
+    for j in op.attrs.get("array_carries") or []:
+        sources = element_sources(op, j)
+        arr = finals[j]
+        rows = g.node("Shape", [arr], start=0, end=1)
+        empty = g.node("Equal", [g.node("Reshape", [rows, g.const([], "int64")]), g.const(0, "int64")])
+        if any(s is None for s in sources):
+            if value_read(op, j, True):
+                ok = g.check(empty, f"TensorArray '{op.inputs[j]}' written by no iteration",
+                             lambda j=j, sources=sources: _raise(unknown_error(op, j, sources)))
+                out[j] = g.node("Where", [ok, arr, arr])
+            continue
+        sizes = [g.const([s], "int64") if isinstance(s, int)
+                 else g.node("Shape", [g.ins[s[0]]], start=s[1], end=s[1] + 1) for s in sources]
+        wanted = g.node("Concat", [g.const([0], "int64")] + sizes, axis=0)
+        shape = g.node("Where", [empty, wanted, g.node("Shape", [arr])])
+        out[j] = g.node("Reshape", [arr, shape], allowzero=1)
+    return out
+
+
+def _raise(error: Exception):
+    raise error
+
