@@ -308,6 +308,100 @@ def test_issue32_item5_empty_tensor_array_step_failing_on_zero_rows_names_it():
     with pytest.raises(rg.ExecutionError, match="TensorArray"):
         rg.Executor().run(main, feed={"xs": np.zeros((0, 0, 4), "float32")}, fetch_list=[a.stack()])
 
+def _zero_iteration_loop(element):
+    """A while_loop over the rows of xs [T, N, 4] writing ``element(h, row)`` into a
+    TensorArray(element_shape=[-1, 4]) per iteration, and its h [N, 4]; T = dim(xs, 0)."""
+    from retrograd.ops.array.tensor import dim
+    main = rg.Program()
+    with rg.program_guard(main, rg.Program()):
+        xs = rg.data("xs", [-1, -1, 4], stop_gradient=False)
+        h0 = rg.data("h0", [-1, 4], stop_gradient=False)
+        arr = rg.TensorArray(dtype="float32", element_shape=[-1, 4])
+
+        def body(i, h, a):
+            h = rg.tanh(h + xs[i])
+            return i + 1, h, a.write(i, element(h, xs[i]))
+        _, h, arr = rg.while_loop(lambda i, h, a: i < dim(xs, 0), body, [rg.constant(np.array(0)), h0, arr])
+    return main, xs, h0, h, arr
+
+
+def test_issue32_item5_zero_iteration_while_loop_tensor_array_keeps_run_time_sizes(backend):
+    """A TensorArray(element_shape=[-1, 4]) that a while_loop of zero iterations never wrote stacks
+    to [0, N, 4] (NumPy's np.stack of the rows the body writes, N from the loop inputs' run-time
+    shapes: x[i] of x [T, N, 4] and h [N, 4]), not [0, 0, 4]; with iterations the rows are the
+    writes; the gradient of sum(stack^2) + sum(h) equals torch's; every backend and exported."""
+    main, xs, h0, h, arr = _zero_iteration_loop(lambda h, row: h * row)
+    with rg.program_guard(main):
+        stack, size = arr.stack(), arr.size()
+        loss = rg.sum(stack * stack) + rg.sum(h)
+        grads = rg.gradients(loss, [xs, h0])
+    fetch = [stack, size, h] + grads
+    for steps in (0, 3):
+        feed = {"xs": _rand(steps, 2, 4), "h0": _rand(2, 4) + 1.0}
+        tx, th0 = (torch.tensor(feed[k], dtype=torch.float64, requires_grad=True) for k in ("xs", "h0"))
+        th, rows = th0, []
+        for t in range(steps):
+            th = torch.tanh(th + tx[t])
+            rows.append(th * tx[t])
+        tstack = torch.stack(rows) if rows else torch.zeros((0, 2, 4), dtype=torch.float64)
+        tl = (tstack * tstack).sum() + th.sum()
+        want = [tstack.detach().numpy(), np.array(steps), th.detach().numpy()]
+        want += [np.zeros_like(feed[k]) if g is None else g.numpy()
+                 for k, g in zip(("xs", "h0"), torch.autograd.grad(tl, [tx, th0], allow_unused=True))]
+        assert want[0].shape == (steps, 2, 4)
+        _, got = _run(backend, main, feed, fetch)
+        for g, w in zip(got, want):
+            assert np.shape(g) == np.shape(w)
+            np.testing.assert_allclose(g, w, rtol=1e-5, atol=1e-6)
+        for g, w in zip(_exported(main, feed, fetch), want):
+            assert np.shape(g) == np.shape(w)
+            np.testing.assert_allclose(g, w, rtol=1e-5, atol=1e-6)
+
+
+def test_issue32_item5_zero_iteration_while_loop_unknown_element_size_names_the_array(backend):
+    """Where no input shape gives the size (rows [2N, 4] from a concat), reading the stack of the
+    array no iteration wrote raises ExecutionError naming the TensorArray, the while_loop and
+    the user's line (TensorFlow refuses to stack it too); size() still reads 0, and with
+    iterations the stack is the writes. Exported, the run fails in the check node."""
+    main, xs, h0, h, arr = _zero_iteration_loop(lambda h, row: rg.concat([h, row]))
+    with rg.program_guard(main):
+        stack, size = arr.stack(), arr.size()
+    feed = {"xs": _rand(0, 2, 4), "h0": _rand(2, 4)}
+    _, (got_size, got_h) = _run(backend, main, feed, [size, h])
+    assert got_size == 0
+    np.testing.assert_array_equal(got_h, feed["h0"])
+    with pytest.raises(rg.ExecutionError, match=r"test_edge_cases.py:\d+: .*While.*TensorArray "
+                                                 r"'tensor_array_\d+'.*element_shape \[-1, 4\]") as err:
+        _run(backend, main, feed, [stack])
+    assert "While in block 0 wrote nothing into the TensorArray" in str(err.value)
+    with pytest.raises(Exception, match="written by no iteration"):
+        _exported(main, feed, [stack])
+    feed["xs"] = _rand(2, 2, 4)
+    _, (got,) = _run(backend, main, feed, [stack])
+    th = np.tanh(feed["h0"] + feed["xs"][0])
+    np.testing.assert_allclose(got[0], np.concatenate([th, feed["xs"][0]]), rtol=1e-5)
+    assert got.shape == (2, 4, 4)
+
+
+def test_issue32_item5_never_written_tensor_array_stack_is_a_shape_error():
+    """A TensorArray(element_shape=[-1, 4]) that nothing writes has no element size to stack
+    with (TF: "Tried to stack elements of an empty list with non-fully-defined element_shape";
+    np.stack([]) refuses too): a ShapeError when built, naming it. A fully declared one stacks
+    to [0, 3, 4] and size() of either is 0."""
+    main = rg.Program()
+    with rg.program_guard(main, rg.Program()):
+        unknown = rg.TensorArray(dtype="float32", element_shape=[-1, 4])
+        with pytest.raises(rg.ShapeError, match=r"TensorArray 'tensor_array_\d+' \(element_shape \[-1, 4\]\) "
+                                                r"is never written"):
+            unknown.stack()
+        with pytest.raises(rg.ShapeError, match="never written"):
+            unknown.gather([0])
+        known = rg.TensorArray(dtype="float32", element_shape=[3, 4])
+        fetch = [known.stack(), unknown.size()]
+    stacked, size = rg.Executor().run(main, feed={}, fetch_list=fetch)
+    assert stacked.shape == (0, 3, 4) and size == 0
+
+
 # --- item 9: refusals that should work ------------------------------------------------------------
 
 def test_issue32_item9_cumprod_in_while_loop_body(backend):

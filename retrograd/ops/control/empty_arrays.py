@@ -14,17 +14,17 @@ could fail, e.g. reading row ``i`` of an empty sequence), so the sizes come from
   would refuse them at run time too unless they are equal). A size that comes out otherwise
   (computed from several sizes, or from values: a reshape to a fed shape) stays unknown.
 * The kernels and the ONNX lowering take those sizes of the run-time inputs for every array
-  that is still empty after the loop (``[0, *sizes]``); where a size stays unknown, reading
-  the array's value raises ExecutionError naming the TensorArray and the while_loop, as
-  TensorFlow refuses to stack an empty list with a partly unknown element shape (its size
-  still reads 0).
+  that is still empty after the loop (``[0, *sizes]``). Where a size stays unknown
+  (``unresolved``), ``stack()`` (and ``gather``/``concat``) reads the array through a
+  ``TensorArrayStack`` check: an ExecutionError naming the TensorArray, the while_loop and the
+  line when the array is empty, as TensorFlow refuses to stack an empty list with a partly
+  unknown element shape (its ``size()`` still reads 0).
 """
 from __future__ import annotations
 
 from typing import Sequence
 
-from ...errors import ExecutionError, RetrogradError
-from ...ir.analysis import op_reads
+from ...errors import RetrogradError
 from ...ir.program import Op, Var
 from ..core.registry import get_op_def
 
@@ -133,30 +133,31 @@ def array_sources(op: Op) -> dict[int, list]:
     return {j: element_sources(op, j) for j in op.attrs.get("array_carries") or []}
 
 
-def value_read(op: Op, j: int, live: bool) -> bool:
-    """Whether output ``j`` is read for its value (by ops of its block other than ``size()``'s
-    Dim over axis 0, or fetched: ``live`` with no reader in the block)."""
-    name = op.outputs[j]
-    readers = [o for o in op.block.ops if o is not op and name in op_reads(o)]
-    if not readers:
-        return live
-    return live and any(not (o.type == "Dim" and o.attrs.get("axis") == 0) for o in readers)
-
-
-def unknown_error(op: Op, j: int, sources: Sequence) -> ExecutionError:
-    declared = list(op.block.var(op.inputs[j]).shape[1:])
-    unknown = [axis for axis, s in enumerate(sources) if s is None]
-    return ExecutionError(
-        f"{op.where()}: the while_loop wrote nothing into the TensorArray '{op.inputs[j]}' (loop var {j}, "
-        f"element_shape {declared}), and the size of element axis {', '.join(map(str, unknown))} (declared -1) "
-        "follows from no shape the loop's inputs have, so its stack has no shape (TensorFlow refuses "
-        "to stack it too; its size() still reads 0). Declare the size in element_shape, or write "
-        "the array before the loop")
+def unresolved(block, name: str) -> str | None:
+    """For the value ``name`` of ``block``: when a While's TensorArray loop var gives it and a size
+    of its elements follows from no input shape, why its stack has no shape when no iteration
+    wrote it (the message of the ExecutionError reading it raises); else None."""
+    made = next((op for op in reversed(block.ops) if name in op.outputs), None)
+    if made is None or made.type != "While":
+        return None
+    j = made.outputs.index(name)
+    if j not in (made.attrs.get("array_carries") or ()):
+        return None
+    sources = element_sources(made, j)
+    if all(s is not None for s in sources):
+        return None
+    declared = list(made.block.var(made.inputs[j]).shape[1:])
+    unknown = ", ".join(str(axis) for axis, s in enumerate(sources) if s is None)
+    return (f"the while_loop at {made.where()} wrote nothing into the TensorArray '{made.inputs[j]}' "
+            f"(loop var {j}, element_shape {declared}), and the size of element axis {unknown} (declared -1) "
+            "follows from no shape the loop's inputs have, so its stack has no shape (TensorFlow refuses "
+            "to stack it too; its size() still reads 0). Declare the size in element_shape, or write "
+            "the array before the loop")
 
 
 def fill_empty(k, inputs: Sequence, outputs: list) -> list:
-    """The While kernel's outputs with each TensorArray loop var still empty ``[0, *sizes]`` from
-    ``element_sources`` (ExecutionError where a size is unknown and the value is read)."""
+    """The While kernel's outputs with each TensorArray loop var still empty ``[0, *sizes]`` where
+    ``element_sources`` gives every size (else unchanged: reading its stack raises, ``unresolved``)."""
     op, xp = k.op, k.xp
     for j in op.attrs.get("array_carries") or []:
         arr = outputs[j]
@@ -164,8 +165,6 @@ def fill_empty(k, inputs: Sequence, outputs: list) -> list:
             continue
         sources = element_sources(op, j)
         if any(s is None for s in sources):
-            if value_read(op, j, j in k.live_outputs):
-                raise unknown_error(op, j, sources)
             continue
         shape = [s if isinstance(s, int) else inputs[s[0]].shape[s[1]] for s in sources]
         outputs[j] = xp.zeros((0,) + tuple(int(d) for d in shape), dtype=arr.dtype)
@@ -173,30 +172,19 @@ def fill_empty(k, inputs: Sequence, outputs: list) -> list:
 
 
 def fill_empty_onnx(g, finals: list[str]) -> list[str]:
-    """``fill_empty`` in ONNX: each TensorArray loop var reshaped to ``[0, *sizes]`` where it is
-    empty (its own shape otherwise); a run-time check where a size is unknown and the value is
-    read."""
+    """``fill_empty`` in ONNX: each TensorArray loop var whose sizes ``element_sources`` gives,
+    reshaped to ``[0, *sizes]`` where it is empty (its own shape otherwise)."""
     op = g.op
     out = list(finals)
     for j in op.attrs.get("array_carries") or []:
         sources = element_sources(op, j)
-        arr = finals[j]
-        rows = g.node("Shape", [arr], start=0, end=1)
-        empty = g.node("Equal", [g.node("Reshape", [rows, g.const([], "int64")]), g.const(0, "int64")])
         if any(s is None for s in sources):
-            if value_read(op, j, True):
-                ok = g.check(empty, f"TensorArray '{op.inputs[j]}' written by no iteration",
-                             lambda j=j, sources=sources: _raise(unknown_error(op, j, sources)))
-                out[j] = g.node("Where", [ok, arr, arr])
             continue
+        arr = finals[j]
+        rows = g.node("Reshape", [g.node("Shape", [arr], start=0, end=1), g.const([], "int64")])
         sizes = [g.const([s], "int64") if isinstance(s, int)
                  else g.node("Shape", [g.ins[s[0]]], start=s[1], end=s[1] + 1) for s in sources]
         wanted = g.node("Concat", [g.const([0], "int64")] + sizes, axis=0)
-        shape = g.node("Where", [empty, wanted, g.node("Shape", [arr])])
+        shape = g.node("Where", [g.node("Equal", [rows, g.const(0, "int64")]), wanted, g.node("Shape", [arr])])
         out[j] = g.node("Reshape", [arr, shape], allowzero=1)
     return out
-
-
-def _raise(error: Exception):
-    raise error
-

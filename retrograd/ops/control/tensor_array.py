@@ -44,6 +44,7 @@ from ..math.elementwise import maximum
 from ..array.tensor import dim
 from ..core.registry import append_op, defop
 from ..core.subblocks import merge_shapes, shapes_compatible
+from .empty_arrays import unresolved
 
 
 # --- Shape rules -------------------------------------------------------------------------------
@@ -321,6 +322,28 @@ def _tensor_array_write_grad_onnx(g):
     return [g.node("Where", [keep, fitted, g.const(0, g.in_vars[0].dtype)])]
 
 
+@defop("TensorArrayStack", inputs=("arr",), infer=lambda ins, attrs: [(ins[0].shape, ins[0].dtype)],
+       grad=lambda g: [g.dy])
+def _tensor_array_stack(k, arr):
+    """The array itself; ExecutionError when it is empty: its element sizes are then unknown
+    (a while_loop's array that no iteration wrote, ``empty_arrays.unresolved``)."""
+    if arr.shape[0] == 0:
+        raise ExecutionError(f"{k.op.where()}: stack of an empty TensorArray: {k.attrs['why']}")
+    return arr
+
+
+@lowers("TensorArrayStack")
+def _tensor_array_stack_onnx(g):
+    op, arr = g.op, g.ins[0]
+    empty = g.node("Equal", [g.scalar_dim(arr, 0), g.const(0, "int64")])
+
+    def verify():
+        raise ExecutionError(f"{op.where()}: stack of an empty TensorArray: {op.attrs['why']}")
+
+    ok = g.check(empty, "stack of a TensorArray written by no iteration", verify)
+    return [g.node("Where", [ok, arr, arr])]
+
+
 # --- Builders used by the gradient makers -------------------------------------------------------
 
 def write_grad(d: Var, rows: Var, i: Var, d_rows: Var) -> Var:
@@ -546,6 +569,9 @@ class TensorArray(Var):
             ```
         """
         _check_written(self)
+        why = unresolved(self.block, self.name)
+        if why is not None:     # empty after a while_loop, its element sizes are unknown: checked
+            return append_op("TensorArrayStack", [self.block.var(self.name)], {"why": why})[0]
         return self.block.var(self.name)
 
     def size(self) -> Var:
