@@ -552,8 +552,15 @@ class TensorArray(Var):
     def stack(self) -> Var:
         """The elements stacked: ``[size, *element_shape]``.
 
+        An array a ``while_loop`` wrote nothing into has the -1 element sizes the
+        loop inputs' shapes give (``empty_arrays.py``); where none gives them, the
+        stack of the empty array is an ExecutionError naming it and the loop.
+
         Returns:
             A Var ``[size, *element_shape]``.
+
+        Raises:
+            ShapeError: The array is never written and has -1 element sizes.
 
         Example:
             ```python
