@@ -442,6 +442,31 @@ def test_issue32_item9_conv_and_pools_float64_empty_batch(backend):
     assert [g.shape for g in exported] == [(0, 3, 5, 5), (0, 2, 5, 5), (3, 2, 3, 3)]
 
 
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+def test_issue32_pools_with_zero_channels(backend, dtype):
+    """max_pool2d/avg_pool2d (padded, and with a run-time channel count) over 0 channels give
+    [N, 0, Ho, Wo] and an empty gradient on every backend and exported (onnxruntime's pooling
+    refused 0 channels); with channels the same program equals torch's."""
+    main = rg.Program()
+    with rg.program_guard(main, rg.Program()):
+        x = rg.data("x", [-1, -1, 5, 5], dtype, stop_gradient=False)
+        ym, ya = rg.max_pool2d(x, 3, stride=2, padding=1), rg.avg_pool2d(x, 2, padding=1)
+        dx, = rg.gradients(rg.sum(ym * ym) + rg.sum(ya), [x])
+    for channels in (0, 2):
+        feed = {"x": _rand(3, channels, 5, 5).astype(dtype)}
+        tx = torch.tensor(feed["x"], dtype=torch.float64, requires_grad=True)
+        padded = torch.nn.functional.pad(tx, (0, 0, 0, 0, 0, 1))     # torch refuses 0 channels
+        tm = torch.nn.functional.max_pool2d(padded, 3, stride=2, padding=1)[:, :-1]
+        ta = torch.nn.functional.avg_pool2d(padded, 2, padding=1)[:, :-1]
+        want = [tm.detach().numpy(), ta.detach().numpy(),
+                torch.autograd.grad((tm * tm).sum() + ta.sum(), [tx])[0].numpy()]
+        assert want[0].shape == (3, channels, 3, 3) and want[1].shape == (3, channels, 3, 3)
+        for got in (_run(backend, main, feed, [ym, ya, dx])[1], _exported(main, feed, [ym, ya, dx])):
+            for g, w in zip(got, want):
+                assert g.shape == w.shape
+                np.testing.assert_allclose(g, w, rtol=1e-5, atol=1e-6)
+
+
 def test_issue32_item9_gradient_of_empty_slice_with_var_index(backend):
     main = rg.Program()
     with rg.program_guard(main, rg.Program()):
