@@ -575,20 +575,84 @@ def test_issue32_item10_memory_budget_plans_einsum_diagonal(backend):
     np.testing.assert_allclose(got[1], torch.autograd.grad(tl, [tw])[0].numpy(), rtol=1e-4, atol=1e-5)
 
 
-@pytest.mark.engine_skip("memory_budget is planned when the program is built")
-def test_issue32_item10_memory_budget_names_what_cannot_be_planned(backend):
-    """A TensorArray written by a while_loop has a length known only at run time: memory_budget
-    says so (and what to do), not "pass feed_shapes" when every feed shape was given."""
+def _tensor_array_loop(budget, trips=16, max_iters=None, hidden=128, shapes=None):
+    """x [64, 32] -> h [64, hidden]; a while_loop of ``trips`` iterations (an int, or a fed int64
+    scalar "n") of two tanh layers writing mean(h * h, axis=1) [64] into a TensorArray
+    (element_shape [-1]) per iteration; loss = sum(stack) + sum(h); append_backward under
+    ``memory_budget=budget``."""
     main, startup = rg.Program(), rg.Program()
     with rg.program_guard(main, startup):
-        x = rg.data("x", [-1, 3])
-        h = rg.tanh(rg.matmul(x, rg.create_parameter("w", [3, 3])))
-        arr = rg.TensorArray(dtype="float32", element_shape=[-1, 3])
-        _, h, arr = rg.while_loop(lambda i, h, a: i < 3, lambda i, h, a: (i + 1, rg.tanh(h), a.write(i, h)),
-                                  [rg.constant(np.array(0)), h, arr])
+        x = rg.data("x", [-1, 32])
+        n = rg.data("n", [], "int64") if trips is None else trips
+        h = rg.tanh(rg.matmul(x, rg.create_parameter("w", [32, hidden])))
+        w2, w3 = rg.create_parameter("w2", [hidden, hidden]), rg.create_parameter("w3", [hidden, hidden])
+
+        def body(i, h, a):
+            h = rg.tanh(rg.matmul(rg.tanh(rg.matmul(h, w2)), w3))
+            return i + 1, h, a.write(i, rg.mean(h * h, axis=1))
+        _, h, arr = rg.while_loop(lambda i, h, a: i < n, body,
+                                  [rg.constant(np.array(0)), h, rg.TensorArray(element_shape=[-1])],
+                                  max_iters=max_iters)
         loss = rg.sum(arr.stack()) + rg.sum(h)
-        with pytest.raises(rg.ProgramError) as refused:
-            rg.append_backward(loss, memory_budget=1 << 20, feed_shapes={"x": (8, 3)})
+        pairs = rg.append_backward(loss, memory_budget=budget, feed_shapes=shapes or {"x": (64, 32)})
+    return main, startup, [loss] + [g for _, g in pairs]
+
+
+def _least_budget(build) -> int:
+    with pytest.raises(rg.ProgramError, match="least budget that fits is") as refused:
+        build(64)
+    return refused.value.least_budget
+
+
+@pytest.mark.engine_skip("the executor's measured peak (last_stats.peak_bytes)")
+@pytest.mark.parametrize("bound", ["counted", "max_iters"])
+def test_issue32_item10_memory_budget_over_while_loop_with_tensor_array(backend, bound):
+    """memory_budget plans a while_loop carrying a TensorArray where its trip count is fixed
+    (i < 16) or bounded (max_iters=16 over a fed n): the budgeted loop recomputes (the least
+    budget is well below storing everything), the measured peak stays within each budget and
+    the gradients equal the unbudgeted run's (and torch's)."""
+    def build(budget):
+        if bound == "counted":
+            return _tensor_array_loop(budget)
+        return _tensor_array_loop(budget, trips=None, max_iters=16)
+    least = _least_budget(build)
+    feed = {"x": _rand(64, 32)} if bound == "counted" else {"x": _rand(64, 32), "n": np.array(16)}
+    main, startup, fetch = build(None)
+    exe, ref = _run(backend, main, feed, fetch, startup)
+    params = {p: np.asarray(exe.scope.get(p)) for p in ("w", "w2", "w3")}
+    store_all = main.memory_plan.planned_peak if getattr(main, "memory_plan", None) else None
+    for budget in (least, least * 3 // 2):
+        main, startup, fetch = build(budget)
+        assert main.memory_plan.activation_budget is not None        # the loop recomputes
+        assert store_all is None or budget < store_all
+        exe = backend.executor()
+        exe.run(startup)
+        for p, v in params.items():
+            exe.scope.set(p, v)
+        got = exe.run(main, feed=feed, fetch_list=fetch)
+        assert exe.last_stats.peak_bytes <= budget
+        for g, r in zip(got, ref):
+            np.testing.assert_allclose(g, r, rtol=1e-6, atol=1e-7)
+    tx = torch.tensor(feed["x"], dtype=torch.float64)
+    tw = [torch.tensor(params[p], dtype=torch.float64, requires_grad=True) for p in ("w", "w2", "w3")]
+    th, rows = torch.tanh(tx @ tw[0]), []
+    for _ in range(16):
+        th = torch.tanh(torch.tanh(th @ tw[1]) @ tw[2])
+        rows.append((th * th).mean(1))
+    tl = torch.stack(rows).sum() + th.sum()
+    np.testing.assert_allclose(got[0], tl.item(), rtol=1e-5)
+    for g, w in zip(got[1:], torch.autograd.grad(tl, tw)):
+        np.testing.assert_allclose(g, w.numpy(), rtol=1e-3, atol=1e-4)
+
+
+@pytest.mark.engine_skip("memory_budget is planned when the program is built")
+def test_issue32_item10_memory_budget_names_what_cannot_be_planned(backend):
+    """A while_loop whose trip count is a fed value and unbounded writes a TensorArray of a
+    length known only at run time: memory_budget names the loop (its line) and how to bound it
+    (max_iters=), not "pass feed_shapes" when every feed shape was given."""
+    with pytest.raises(rg.ProgramError) as refused:
+        _tensor_array_loop(1 << 20, trips=None)
     message = str(refused.value)
-    assert "cannot be planned" in message and "tensor_array" in message and "recompute=" in message
+    assert "cannot be planned" in message and "max_iters=" in message and "recompute=" in message
+    assert "test_edge_cases.py:" in message and "While" in message
     assert "pass feed_shapes" not in message
