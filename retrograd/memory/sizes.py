@@ -53,7 +53,7 @@ def resolve_shapes(block: Block, feed_shapes: Mapping[str, Sequence[int]] | None
         if op.type == "While":    # what its trip count decides, where the program fixes it
             while_shapes(op, shapes, values, resolve_shapes)
         elif op.type == "Scan":
-            scan_shapes(op, shapes, resolve_shapes)
+            scan_shapes(op, shapes, values, resolve_shapes)
         elif op.type == "WhileBudgetGrad":
             budget_grad_shapes(op, shapes, resolve_shapes)
         if op.sub_blocks():

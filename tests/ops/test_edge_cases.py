@@ -645,6 +645,49 @@ def test_issue32_item10_memory_budget_over_while_loop_with_tensor_array(backend,
         np.testing.assert_allclose(g, w.numpy(), rtol=1e-3, atol=1e-4)
 
 
+@pytest.mark.engine_skip("the executor's measured peak (last_stats.peak_bytes)")
+def test_issue32_item10_memory_budget_plans_scan(backend):
+    """memory_budget plans an rg.scan (its trip count is xs' length, which feed_shapes gives): it
+    names the least budget (not "pass feed_shapes"); at it the measured peak stays within and the
+    gradients equal the unbudgeted run's and torch's."""
+    shapes = {"xs": (12, 16, 8)}
+
+    def build(budget):
+        main, startup = rg.Program(), rg.Program()
+        with rg.program_guard(main, startup):
+            xs = rg.data("xs", [-1, -1, 8])
+            w = rg.create_parameter("w", [8, 8])
+
+            def step(h, x):
+                h = rg.tanh(rg.matmul(rg.tanh(rg.matmul(h, w)) + x, w))
+                return h, rg.mean(h * h, axis=1)
+            h_last, ys = rg.scan(step, rg.tanh(xs[0]), xs)
+            loss = rg.sum(ys) + rg.sum(h_last)
+            pairs = rg.append_backward(loss, memory_budget=budget, feed_shapes=shapes)
+        return main, startup, [loss] + [g for _, g in pairs]
+    least = _least_budget(build)
+    feed = {"xs": _rand(*shapes["xs"])}
+    main, startup, fetch = build(None)
+    exe, ref = _run(backend, main, feed, fetch, startup)
+    w = np.asarray(exe.scope.get("w"))
+    main, startup, fetch = build(least)
+    exe = backend.executor()
+    exe.run(startup)
+    exe.scope.set("w", w)
+    got = exe.run(main, feed=feed, fetch_list=fetch)
+    assert exe.last_stats.peak_bytes <= least
+    for g, r in zip(got, ref):
+        np.testing.assert_allclose(g, r, rtol=1e-6, atol=1e-7)
+    tx, tw = torch.tensor(feed["xs"], dtype=torch.float64), torch.tensor(w, dtype=torch.float64, requires_grad=True)
+    th, rows = torch.tanh(tx[0]), []
+    for t in range(shapes["xs"][0]):
+        th = torch.tanh((torch.tanh(th @ tw) + tx[t]) @ tw)
+        rows.append((th * th).mean(1))
+    tl = torch.stack(rows).sum() + th.sum()
+    np.testing.assert_allclose(got[0], tl.item(), rtol=1e-5)
+    np.testing.assert_allclose(got[1], torch.autograd.grad(tl, [tw])[0].numpy(), rtol=1e-4, atol=1e-4)
+
+
 @pytest.mark.engine_skip("memory_budget is planned when the program is built")
 def test_issue32_item10_memory_budget_names_what_cannot_be_planned(backend):
     """A while_loop whose trip count is a fed value and unbounded writes a TensorArray of a

@@ -118,9 +118,10 @@ def while_shapes(op: Op, shapes: dict, values: dict, resolve) -> None:
     _keep_body_shapes(a["body"], inner, shapes)
 
 
-def scan_shapes(op: Op, shapes: dict, resolve) -> None:
-    """The shapes of a Scan's body values (a loop's gradient) at its resolved inputs: carries,
-    rows of the sliced inputs, outer values."""
+def scan_shapes(op: Op, shapes: dict, values: dict, resolve) -> None:
+    """The shapes of a Scan's (``rg.scan``'s, a loop gradient's) stacked values ``[n, *y]`` where
+    its trip count n is known (a ``Dim`` of a fed shape), and of its body values at its resolved
+    inputs: carries, rows of the sliced inputs, outer values."""
     a = op.attrs
     c, s = len(a["carry_binds"]), len(a["x_binds"])
     known = _known_inputs(op, shapes, list(a["carry_binds"]) + list(a["x_binds"]), list(range(1, 1 + c + s)))
@@ -128,8 +129,16 @@ def scan_shapes(op: Op, shapes: dict, resolve) -> None:
         if name in known:
             known[name] = known[name][1:]
     inner = _resolved(resolve, a["body"], known)
-    if inner is not None:
-        _keep_body_shapes(a["body"], inner, shapes)
+    if inner is None:
+        return
+    _keep_body_shapes(a["body"], inner, shapes)
+    trips = int_value(op.block, op.inputs[0], values)
+    for m, (y, like) in enumerate(zip(a["ys"], a["ys_like"])):
+        shape = inner.get(y) if like is None else None
+        out = op.outputs[c + m]
+        if trips is not None and shape is not None and all(d >= 0 for d in shape) \
+                and any(d < 0 for d in shapes.get(out, (-1,))):
+            shapes[out] = (trips,) + tuple(shape)
 
 
 def budget_grad_shapes(op: Op, shapes: dict, resolve) -> None:
@@ -187,12 +196,13 @@ def unbounded_loops(block: Block, unknown) -> str:
     """What to do about the While ops of ``block`` whose outputs have sizes the planner could not
     give (``unknown``): each named, with how to bound its trip count (empty when none)."""
     unknown = set(unknown)
-    loops = [op for op in block.ops if op.type == "While" and unknown & set(op.outputs)]
+    loops = [op for op in block.ops if op.type in ("While", "Scan") and unknown & set(op.outputs)]
     if not loops:
         return ""
     named = "; ".join(op.where() for op in loops[:3])
-    return (f"the trip count of the while_loop at {named} is known only at run time: bound it with "
-            "max_iters=, count it against a size feed_shapes gives (i < n), or ")
+    return (f"the trip count of the loop at {named} is known only at run time: bound a while_loop with "
+            "max_iters= or count it against a size feed_shapes gives (i < n); a scan's is its xs' "
+            "length, a fori_loop's its bounds (ints, or sizes feed_shapes gives); or ")
 
 
 def largest_loop_vars(sizer, op: Op) -> int:
