@@ -486,6 +486,50 @@ def test_issue32_item9_gradient_of_empty_slice_with_var_index(backend):
             np.testing.assert_allclose(g, w, rtol=1e-5, atol=1e-6)
 
 
+@pytest.mark.parametrize("kind", ["map", "scan"])
+@pytest.mark.parametrize("level", ["ORT_ENABLE_BASIC", "ORT_ENABLE_ALL"])
+def test_issue32_item9_exported_cond_gradient_over_scan_with_parameter_initializers(kind, level):
+    """A cond whose predicate reads only parameters and whose branch is a scan stacking x's rows
+    (rg.map, or rg.scan with a carry), with its gradient, exported with the parameters as
+    initializers: onnxruntime folds the If and inlines the branch, and then failed building its
+    Loop that had no condition and no loop-carried value ("vector::reserve"). The model now
+    runs at every optimization level and equals NumPy's executor and torch."""
+    ort = pytest.importorskip("onnxruntime")
+    main, startup = rg.Program(), rg.Program()
+    with rg.program_guard(main, startup):
+        x = rg.data("x", [-1, 3], stop_gradient=False)
+        p = rg.create_parameter("p", [4, 3])
+
+        def branch():
+            if kind == "map":
+                ys = rg.map(rg.tanh, x)
+            else:
+                _, ys = rg.scan(lambda c, r: (c + r, rg.tanh(r)), rg.zeros_like(x[0]), x)
+            return rg.sum(ys * ys)
+        out = rg.cond(rg.sum(p) > -100.0, branch, lambda: rg.sum(x) * 0.5)
+        dx, = rg.gradients(out, [x])
+    exe = rg.Executor()
+    exe.run(startup)
+    feed = {"x": _rand(5, 3)}
+    want = exe.run(main, feed=feed, fetch_list=[out, dx])
+    tx = torch.tensor(feed["x"], dtype=torch.float64, requires_grad=True)
+    if kind == "map":
+        ty = torch.tanh(tx)
+    else:
+        ty = torch.stack([torch.tanh(r) for r in tx])
+    tl = (ty * ty).sum()
+    np.testing.assert_allclose(want[0], tl.item(), rtol=1e-5)
+    np.testing.assert_allclose(want[1], torch.autograd.grad(tl, [tx])[0].numpy(), rtol=1e-4, atol=1e-5)
+    model = rg.onnx.export(main, None, [out, dx], scope=exe.scope)
+    assert [i.name for i in model.graph.initializer] == ["p"]
+    options = ort.SessionOptions()
+    options.graph_optimization_level = getattr(ort.GraphOptimizationLevel, level)
+    sess = ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
+    got = sess.run([out.name, dx.name], feed)
+    for g, w in zip(got, want):
+        np.testing.assert_allclose(g, w, rtol=1e-5, atol=1e-6)
+
+
 # --- item 7: a padded, strided conv2d under memory_budget stays within it -----------------------
 
 @pytest.mark.engine_skip("the executor's measured peak (last_stats.peak_bytes)")
