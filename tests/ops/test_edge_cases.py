@@ -325,12 +325,18 @@ def _zero_iteration_loop(element):
     return main, xs, h0, h, arr
 
 
-def test_issue32_item5_zero_iteration_while_loop_tensor_array_keeps_run_time_sizes(backend):
+@pytest.mark.parametrize("written", ["product", "cond"])
+def test_issue32_item5_zero_iteration_while_loop_tensor_array_keeps_run_time_sizes(backend, written):
     """A TensorArray(element_shape=[-1, 4]) that a while_loop of zero iterations never wrote stacks
     to [0, N, 4] (NumPy's np.stack of the rows the body writes, N from the loop inputs' run-time
-    shapes: x[i] of x [T, N, 4] and h [N, 4]), not [0, 0, 4]; with iterations the rows are the
-    writes; the gradient of sum(stack^2) + sum(h) equals torch's; every backend and exported."""
-    main, xs, h0, h, arr = _zero_iteration_loop(lambda h, row: h * row)
+    shapes: x[i] of x [T, N, 4] and h [N, 4], also through a cond in the body), not [0, 0, 4];
+    with iterations the rows are the writes; the gradient of sum(stack^2) + sum(h) equals
+    torch's; every backend and exported."""
+    if written == "product":
+        main, xs, h0, h, arr = _zero_iteration_loop(lambda h, row: h * row)
+    else:       # sum(row) > -100 always holds: the same rows as "product"
+        main, xs, h0, h, arr = _zero_iteration_loop(
+            lambda h, row: rg.cond(rg.sum(row) > -100.0, lambda: h * row, lambda: h))
     with rg.program_guard(main):
         stack, size = arr.stack(), arr.size()
         loss = rg.sum(stack * stack) + rg.sum(h)

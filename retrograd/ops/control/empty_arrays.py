@@ -91,23 +91,71 @@ def _probe(op: Op, body, n: int, dims, classes: dict, base: int):
     for p, name in enumerate(op.inputs):
         shape = tuple(sentinel.get((p, axis), d) for axis, d in enumerate(op.block.var(name).shape))
         shapes[op.attrs["carry_binds"][p] if p < n else name] = shape
-    for inner in body.ops:
-        ins = [body.find_var(name) for name in inner.inputs]
+    return _walk(body, shapes, base)
+
+
+def _walk(block, shapes: dict, base: int):
+    """``shapes`` completed over ``block``'s ops (a failure tuple as ``_probe``'s)."""
+    for inner in block.ops:
+        ins = [block.find_var(name) for name in inner.inputs]
         if any(v is None for v in ins):
             continue
         probes = [Var(v.block, v.name, shapes.get(v.name, v.shape), v.dtype) for v in ins]
         rule = _ON_EMPTY.get(inner.type, get_op_def(inner.type).infer)
         try:
-            specs = rule(probes, inner.attrs)
+            specs = [shape for shape, _ in rule(probes, inner.attrs)]
         except Exception:       # a rule refusing the probe (sentinel sizes that differ, say)
             found = {_class_of(d, base) for v in probes for d in v.shape} - {None}
             return (tuple(sorted(found)),)
-        for out, (shape, _) in zip(inner.outputs, specs):
-            var = body.find_var(out)
+        nested = _NESTED.get(inner.type)
+        if nested is not None:
+            specs = nested(inner, probes, specs, shapes, base)
+            if isinstance(specs, tuple):
+                return specs
+        for out, shape in zip(inner.outputs, specs):
+            var = block.find_var(out)
             declared = var.shape if var is not None else tuple(shape)
             if len(declared) == len(shape):
                 shapes[out] = tuple(d if d >= 0 else int(s) for d, s in zip(declared, shape))
     return shapes
+
+
+def _if_shapes(op: Op, probes, specs, shapes: dict, base: int):
+    """An If's outputs: each branch walked on the operands' probe shapes; a size the branches
+    agree on (else the rule's)."""
+    a = op.attrs
+    found = []
+    for block, binds, outs in zip(a["blocks"], a["binds"], a["outs"]):
+        inner = _walk(block, {**shapes, **{b: v.shape for b, v in zip(binds, probes[1:])}}, base)
+        if isinstance(inner, tuple):
+            return inner
+        found.append([inner.get(o) if isinstance(o, str) else None if o is None else probes[1 + o].shape
+                      for o in outs])
+    merged = []
+    for i, shape in enumerate(specs):
+        got = [f[i] for f in found if f[i] is not None]
+        if got and all(len(g) == len(shape) for g in got):
+            shape = tuple(g[0] if all(x[k] == g[0] for x in got) and g[0] >= 0 else d
+                          for k, (g, d) in enumerate(zip(zip(*got), shape)))
+        merged.append(shape)
+    return merged
+
+
+def _while_shapes(op: Op, probes, specs, shapes: dict, base: int):
+    """A While's loop vars keep their shapes (without shape_invariants): the initial ones'; a
+    TensorArray loop var keeps its elements' (its rows change)."""
+    n = len(op.attrs["carry_binds"])
+    if not op.attrs.get("ragged"):
+        return [probes[j].shape if j < n else shape for j, shape in enumerate(specs)]
+    out = list(specs)
+    for j in op.attrs.get("array_carries") or ():
+        given = probes[j].shape
+        if len(given) == len(out[j]):
+            out[j] = (out[j][0],) + tuple(g if g >= 0 else d for g, d in zip(given[1:], out[j][1:]))
+    return out
+
+
+_NESTED = {"If": _if_shapes, "While": _while_shapes}
 
 
 # An empty array takes the sizes of the element written into it (the kernel's first write), where
