@@ -208,8 +208,8 @@ def fill_empty(k, inputs: Sequence, outputs: list) -> list:
     op, xp = k.op, k.xp
     for j in op.attrs.get("array_carries") or []:
         arr = outputs[j]
-        if arr.shape[0] != 0:
-            continue
+        if arr.shape[0] != 0 or any(arr.shape[1 + a] != 0 for a in _unknown_axes(op, j)):
+            continue        # written, or empty with sizes of its own (the rows of a value)
         sources = element_sources(op, j)
         if any(s is None for s in sources):
             continue
@@ -218,9 +218,15 @@ def fill_empty(k, inputs: Sequence, outputs: list) -> list:
     return outputs
 
 
+def _unknown_axes(op: Op, j: int) -> list[int]:
+    """The element axes declared -1 of the While's loop var ``j``."""
+    return [a for a, d in enumerate(op.block.var(op.inputs[j]).shape[1:]) if d < 0]
+
+
 def fill_empty_onnx(g, finals: list[str]) -> list[str]:
     """``fill_empty`` in ONNX: each TensorArray loop var whose sizes ``element_sources`` gives,
-    reshaped to ``[0, *sizes]`` where it is empty (its own shape otherwise)."""
+    reshaped to ``[0, *sizes]`` where it is empty with 0 for them (its rows and those sizes all 0:
+    the max of them is 0); its own shape otherwise."""
     op = g.op
     out = list(finals)
     for j in op.attrs.get("array_carries") or []:
@@ -228,10 +234,12 @@ def fill_empty_onnx(g, finals: list[str]) -> list[str]:
         if any(s is None for s in sources):
             continue
         arr = finals[j]
-        rows = g.node("Reshape", [g.node("Shape", [arr], start=0, end=1), g.const([], "int64")])
+        own = g.node("Shape", [arr])
+        unknown = g.node("Gather", [own, g.const([0] + [1 + a for a in _unknown_axes(op, j)], "int64")])
+        placeholder = g.node("Equal", [g.node("ReduceMax", [unknown], keepdims=0), g.const(0, "int64")])
         sizes = [g.const([s], "int64") if isinstance(s, int)
                  else g.node("Shape", [g.ins[s[0]]], start=s[1], end=s[1] + 1) for s in sources]
         wanted = g.node("Concat", [g.const([0], "int64")] + sizes, axis=0)
-        shape = g.node("Where", [g.node("Equal", [rows, g.const(0, "int64")]), wanted, g.node("Shape", [arr])])
+        shape = g.node("Where", [placeholder, wanted, own])
         out[j] = g.node("Reshape", [arr, shape], allowzero=1)
     return out
