@@ -305,6 +305,20 @@ class TorchBackend(Backend):
         storage = array.untyped_storage()
         return storage.data_ptr(), storage.nbytes()
 
+    def layouts(self, arrays) -> tuple:
+        # (Backend.layouts) a tensor's storage object is one per buffer: it is the key itself
+        buffers: dict = {}
+        described: list = []
+        count = 0
+        for array in arrays:
+            storage = array.untyped_storage()
+            if storage not in buffers:
+                buffers[storage] = (count, storage.nbytes())
+                count += 1
+            index, nbytes = buffers[storage]
+            described += [(index, nbytes, array.shape, array.dtype, array.stride())]
+        return tuple(described)
+
     def on_device(self):
         # retrograd differentiates programs itself: torch's autograd bookkeeping (version
         # counters, autograd dispatch) is pure cost here, ~15% of a small LSTM step.

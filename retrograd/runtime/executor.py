@@ -23,7 +23,12 @@ from .engines import engine_for
 from .regions import RegionRunner
 from .scope import Scope
 from .threads import ThreadLimit
-from .stats import MemoryMeter, RunStats
+from .stats import MemoryMeter, MeterRecord, RunStats
+
+MAX_METER_RECORDS = 16      # starts remembered per plan (a run from another start is metered op by op)
+# Development check: meter every run op by op and compare with the record a replay would use
+# (AssertionError on a difference). tests/runtime/test_meter_replay.py turns it on.
+CHECK_METER_REPLAY = False
 
 
 class RunContext:
@@ -45,6 +50,8 @@ class RunContext:
         self.scope: Scope | None = None
         self.rng_path: tuple[int, ...] = ()
         self.deferred_checks: list | None = None    # a list while a device graph is captured
+        # (plan, start, MeterRecord or None) of the run starting: Executor.execute meters it by record
+        self.metered_start: tuple | None = None
 
     @contextmanager
     def random_stream(self, stream: tuple[int, int] | None) -> Iterator[None]:
@@ -329,8 +336,12 @@ class Executor:
         run.scope = scope
         run.rng_path = ()
         env = self._initial_env(plan, block, feed or {}, scope)
-        for value in env.values():
-            run.meter.hold(value)
+        start = self._meter_start(plan, env)
+        record = None if start is None or CHECK_METER_REPLAY else plan.meter_records.get(start)
+        if record is None:
+            for value in env.values():
+                run.meter.hold(value)
+        run.metered_start = None if start is None else (plan, start, record)    # for execute()
         with self.thread_limit.limit(), self.backend.on_device():
             fed = frozenset(k.name if isinstance(k, Var) else k for k in (feed or {}))
             env = self._execute_run(plan, env, fed, scope, fetch)
@@ -352,6 +363,84 @@ class Executor:
             results = [self.backend.to_numpy(r) if self.backend.owns(r) else r for r in results]
         self.last_stats = RunStats(time.perf_counter() - started, run.ops_run, run.meter.peak)
         return results
+
+    # -- the memory meter, counted once per start of a straight-line plan (stats.MeterRecord) -----
+    def _meter_start(self, plan: Plan, env: dict):
+        """The key of this run's ``MeterRecord`` (the starting values' names and ``Backend.layouts``),
+        or None where the run is metered op by op: a plan with control flow or whose kernels use
+        the meter, device graphs, compiled regions, ``check_finite``."""
+        if (not plan.straight_line or plan.meter_records is None or self.graphs is not None
+                or self.regions is not None or self.check_finite):
+            return None
+        try:
+            return tuple(env), self.backend.layouts(env.values())
+        except (AttributeError, TypeError):      # a value the backend cannot describe
+            return None
+
+    def _record_steps(self, plan: Plan, start: tuple, env: dict) -> None:
+        """Run ``plan`` metered op by op, and keep what the meter counted for runs from ``start``."""
+        meter = self._run.meter
+        record = MeterRecord(meter.peak)
+        holds = meter.holds
+        self._metered_steps(plan.steps, env, record)
+        replayed = plan.meter_records.get(start)
+        if CHECK_METER_REPLAY and replayed is not None and replayed != record:
+            raise AssertionError(f"memory meter replay differs from the count: {replayed} != {record}")
+        if meter.holds - holds != sum(len(s.outputs) for s in plan.steps) or None in record.shapes:
+            plan.meter_records = None            # kernels hold values themselves: always metered
+        elif len(plan.meter_records) < MAX_METER_RECORDS:
+            plan.meter_records[start] = record
+
+    def _replay_steps(self, plan: Plan, record: MeterRecord, env: dict) -> None:
+        """Run ``plan`` over ``env`` as ``execute_steps`` does, its memory count taken from
+        ``record``; at the first step whose output shapes differ from the record's, the meter
+        counts op by op from there on."""
+        shapes = record.shapes
+        for i, step in enumerate(plan.steps):
+            try:
+                args = [env[n] for n in step.inputs]
+            except KeyError as exc:
+                raise _missing_input(step, exc) from None
+            try:
+                result = step.kernel(step.k, *args)
+            except Exception as exc:
+                error = self._kernel_error(step, exc, args)
+                if error is None:
+                    raise
+                raise error from exc
+            if step.single:
+                result = (result,)
+            same = True
+            for value, shape in zip(result, shapes[i]):
+                if value is None:
+                    same = same and shape is None
+                else:
+                    try:
+                        same = same and value.shape == shape
+                    except AttributeError:
+                        same = False
+            if not same:
+                self._meter_from(plan, record, i, env, result)
+                return
+            for name, value in zip(step.outputs, result):
+                env[name] = value
+            for name in step.dead:
+                if name in env:
+                    del env[name]
+        self._run.ops_run += len(plan.steps)
+        self._run.meter.peak = record.peak
+
+    def _meter_from(self, plan: Plan, record: MeterRecord, index: int, env: dict, result) -> None:
+        """Count the rest of a replayed run op by op from step ``index`` (whose ``result`` is in):
+        the meter holds what ``env`` holds, and the peak before is the record's."""
+        run = self._run
+        meter = run.meter = MemoryMeter(self.backend.buffer_of)
+        for value in env.values():
+            meter.hold(value)
+        meter.peak = max(meter.peak, record.peak_before(index))
+        self._store(plan.steps[index], result, env, meter)
+        run.ops_run += index + 1
+        self._metered_steps(plan.steps[index + 1:], env, None)
 
     def _execute_run(self, plan: Plan, env: dict, fed: frozenset, scope: Scope, fetch: list[str]) -> dict:
         """Run a top-level plan: eagerly, or replaying its device graph (``graphs=True``)."""
@@ -397,7 +486,14 @@ class Executor:
             assert list(env[y.name]) == [1.0, 1.0]
             ```
         """
-        if self.regions is not None and not self.check_finite:
+        top = self._run.metered_start
+        if top is not None and top[0] is plan:      # the top-level plan of a run, once: metered by record
+            self._run.metered_start = None
+            if top[2] is not None:
+                self._replay_steps(plan, top[2], env)
+            else:
+                self._record_steps(plan, top[1], env)
+        elif self.regions is not None and not self.check_finite:
             self.regions.execute(plan, env)
         else:
             self.execute_steps(plan.steps, env)
@@ -426,44 +522,62 @@ class Executor:
             assert list(env[y.name]) == [1.0, 1.0]
             ```
         """
+        self._metered_steps(steps, env, None)
+
+    def _metered_steps(self, steps: Sequence, env: dict, record: MeterRecord | None) -> None:
+        """``execute_steps``, each value held on the meter; ``record`` (if given) takes each step's
+        output shapes and the peak after it."""
         meter = self._run.meter
-        hold, release = meter.hold, meter.release
         for step in steps:
             try:
                 args = [env[n] for n in step.inputs]
             except KeyError as exc:
-                raise ExecutionError(f"{step.op.where()} reads '{exc.args[0]}', which has no value "
-                                     "(not fed, not initialised, or freed)") from None
+                raise _missing_input(step, exc) from None
             try:
                 result = step.kernel(step.k, *args)
-            except BackendError as exc:
-                raise BackendError(f"{step.op.where()} cannot run on {self._backend_str()}: {exc}") from exc
-            except RetrogradError:
-                raise
-            except (AttributeError, NotImplementedError) as exc:
-                if isinstance(exc, AttributeError) and not _is_namespace(getattr(exc, "obj", None), self.xp):
-                    raise kernel_failure(step.op.where(), exc) from exc
-                # The namespace lacks a function the kernel calls: the op does not run here.
-                raise BackendError(f"{step.op.where()} cannot run on {self._backend_str()}: "
-                                   f"{type(exc).__name__}: {exc}") from exc
             except Exception as exc:
-                raise kernel_failure(step.op.where(), exc, zip(step.inputs, args)) from exc
-            outputs = step.outputs
-            if len(outputs) == 1:
+                error = self._kernel_error(step, exc, args)
+                if error is None:
+                    raise
+                raise error from exc
+            if step.single:
                 result = (result,)
             if self.check_finite:
                 self._check_finite(step, args, result)
-            for name, value in zip(outputs, result):
-                old = env.get(name)
-                env[name] = value
-                hold(value)            # before releasing the old value: both lived while the op ran
-                if old is not None:
-                    release(old)
-            for name in step.dead:
-                value = env.pop(name, None)
-                if value is not None:
-                    release(value)
+            self._store(step, result, env, meter)
+            if record is not None:
+                record.shapes.append(_shapes(result))
+                record.peaks.append(meter.peak)
         self._run.ops_run += len(steps)
+
+    @staticmethod
+    def _store(step, result, env: dict, meter: MemoryMeter) -> None:
+        """Put ``step``'s outputs into ``env`` and drop its dead values, holding and releasing on ``meter``."""
+        hold, release = meter.hold, meter.release
+        for name, value in zip(step.outputs, result):
+            old = env.get(name)
+            env[name] = value
+            hold(value)            # before releasing the old value: both lived while the op ran
+            if old is not None:
+                release(old)
+        for name in step.dead:
+            value = env.pop(name, None)
+            if value is not None:
+                release(value)
+
+    def _kernel_error(self, step, exc: Exception, args: list) -> Exception | None:
+        """The error to raise for ``exc`` from ``step``'s kernel (None: ``exc`` itself)."""
+        if isinstance(exc, BackendError):
+            return BackendError(f"{step.op.where()} cannot run on {self._backend_str()}: {exc}")
+        if isinstance(exc, RetrogradError):
+            return None
+        if isinstance(exc, (AttributeError, NotImplementedError)):
+            if isinstance(exc, AttributeError) and not _is_namespace(getattr(exc, "obj", None), self.xp):
+                return kernel_failure(step.op.where(), exc)
+            # The namespace lacks a function the kernel calls: the op does not run here.
+            return BackendError(f"{step.op.where()} cannot run on {self._backend_str()}: "
+                                f"{type(exc).__name__}: {exc}")
+        return kernel_failure(step.op.where(), exc, zip(step.inputs, args))
 
     def _check_finite(self, step, args: list, result) -> None:
         """ExecutionError when an output of ``step`` that the plan keeps holds a NaN, or an Inf
@@ -687,6 +801,25 @@ def _refuse_overwritten_feeds(plan: Plan, fed: dict) -> None:
         if writers:
             raise FeedError(f"feed '{name}' would be ignored: {writers[0]} computes it before anything "
                             "reads it; feed that op's inputs instead, or fetch it")
+
+
+def _missing_input(step, exc: KeyError) -> ExecutionError:
+    return ExecutionError(f"{step.op.where()} reads '{exc.args[0]}', which has no value "
+                          "(not fed, not initialised, or freed)")
+
+
+def _shapes(result) -> tuple | None:
+    """The shapes of a step's outputs (None for an uncomputed one), or None if one is not an array."""
+    shapes = []
+    for value in result:
+        shape = None if value is None else getattr(value, "shape", _NO_SHAPE)
+        if shape is _NO_SHAPE:
+            return None
+        shapes.append(shape)
+    return tuple(shapes)
+
+
+_NO_SHAPE = object()
 
 
 def _first_reader(plan: Plan, name: str) -> str:

@@ -1,0 +1,150 @@
+"""Executor overhead (issue 34 item 3): Python calls per training step and steps/s, eager runs.
+
+Two steps, each against the same model in PyTorch eager, one thread:
+
+* the default ``retrograd train`` step (char-LSTM LM: embedding 64 -> LSTM 128 -> 96
+  characters, batch 32 x 64, Adam + clipping at 5) on the torch backend (``benchmarks/train.py``);
+* the GPT-style char transformer step of ``examples/gpt_chars.py`` (width 64, 4 heads, 2 blocks,
+  batch 32 x 64, AdamW + clipping at 1) on the torch backend (``benchmarks/train_transformer.py``).
+
+Python calls per step: cProfile's total calls (primitive and recursive, as
+``pstats`` counts them) over ``--profile-steps`` steps after warm-up, divided by
+the steps. Steps/s: alternating rounds of ``--round`` steps after warm-up, the
+median round. ``--executor-only`` also reports the executor's own time per step
+with every kernel replaced by its cached result (what the kernels compute is
+taken out: what is left is dispatch, memory metering, write-back).
+
+    python benchmarks/executor_overhead.py                 # both steps, 8 rounds of 5 steps
+    python benchmarks/executor_overhead.py --rounds 3 --only lstm
+"""
+from __future__ import annotations
+
+import argparse
+import cProfile
+import os
+import pstats
+import statistics
+import sys
+import time
+from pathlib import Path
+
+for _var in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
+    os.environ.setdefault(_var, "1")
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+import retrograd as rg  # noqa: E402
+from retrograd.cli import train  # noqa: E402
+
+
+def lstm_steppers(args) -> dict:
+    import train as bench       # benchmarks/train.py
+    from retrograd.models import charlm
+    corpus, _ = charlm.load_corpus()
+    opts = argparse.Namespace(model="lstm", hidden=128, layers=1, embed=64, seq_len=64, batch=32, lr=3e-3,
+                              clip_norm=5.0)
+    step, exe = bench.retrograd_stepper(opts, corpus, backend="torch")
+    step.executor = exe
+    return {"retrograd (torch backend)": step, "PyTorch eager": bench.torch_stepper(opts, corpus)}
+
+
+def transformer_steppers(args) -> dict:
+    import train_transformer as tt
+    from retrograd.models import charlm
+    g = tt.gpt_module()
+    corpus, _ = charlm.load_corpus()
+    return {"retrograd (torch backend)": tt.retrograd_stepper(g, corpus, "torch", 32, 3e-3, 1000),
+            "PyTorch eager": tt.torch_stepper(g, corpus, 32, 3e-3, 1)}
+
+
+def calls_per_step(step, steps: int) -> float:
+    profile = cProfile.Profile()
+    profile.enable()
+    for i in range(steps):
+        step(i)
+    profile.disable()
+    return pstats.Stats(profile).total_calls / steps
+
+
+def steps_per_second(steppers: dict, rounds: int, per_round: int) -> dict:
+    times = {k: [] for k in steppers}
+    for _ in range(rounds):
+        for name, step in steppers.items():
+            started = time.perf_counter()
+            for i in range(per_round):
+                step(i)
+            times[name].append((time.perf_counter() - started) / per_round)
+    return {k: 1.0 / statistics.median(v) for k, v in times.items()}
+
+
+def executor_only(step) -> float:
+    """Seconds per step of the executor alone: each plan step's kernel replaced by its cached result."""
+    exe = step.executor
+    plans = list(exe._plans.values())
+    saved = []
+    for plan in plans:
+        for s in plan.steps:
+            result = {}
+
+            def cached(k, *args, _kernel=s.kernel, _result=result):
+                if "v" not in _result:
+                    _result["v"] = _kernel(k, *args)
+                return _result["v"]
+            saved.append((s, s.kernel))
+            s.kernel = cached
+        if hasattr(plan, "invalidate"):
+            plan.invalidate()
+    try:
+        step(0)
+        step(0)
+        started = time.perf_counter()
+        for _ in range(20):
+            step(0)
+        return (time.perf_counter() - started) / 20
+    finally:
+        for s, kernel in saved:
+            s.kernel = kernel
+        for plan in plans:
+            if hasattr(plan, "invalidate"):
+                plan.invalidate()
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--only", choices=("lstm", "transformer"))
+    parser.add_argument("--rounds", type=int, default=8)
+    parser.add_argument("--round", type=int, default=5)
+    parser.add_argument("--profile-steps", type=int, default=5)
+    parser.add_argument("--executor-only", action="store_true")
+    args = parser.parse_args()
+    import torch
+    torch.set_num_threads(1)
+    workloads = {"char-LSTM LM (`retrograd train` default)": lstm_steppers,
+                 "GPT-style char transformer": transformer_steppers}
+    if args.only:
+        workloads = {k: v for k, v in workloads.items() if args.only in k.lower()}
+    print("| step | framework | Python calls / step | steps/s | x PyTorch eager |")
+    print("|---|---|---:|---:|---:|")
+    for title, build in workloads.items():
+        steppers = build(args)
+        for step in steppers.values():
+            for i in range(3):
+                step(i)
+        calls = {k: calls_per_step(s, args.profile_steps) for k, s in steppers.items()}
+        speed = steps_per_second(steppers, args.rounds, args.round)
+        base = speed["PyTorch eager"]
+        for name in steppers:
+            print(f"| {title} | {name} | {calls[name]:,.0f} | {speed[name]:.1f} | {speed[name] / base:.2f} |",
+                  flush=True)
+        if args.executor_only:
+            own = executor_only(steppers["retrograd (torch backend)"])
+            print(f"  executor alone (kernels cached): {own * 1e3:.3f} ms/step", flush=True)
+    with open("/proc/loadavg") as f:
+        print("load average:", " ".join(f.read().split()[:3]))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
