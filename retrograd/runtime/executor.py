@@ -52,6 +52,8 @@ class RunContext:
         self.deferred_checks: list | None = None    # a list while a device graph is captured
         # (plan, start, MeterRecord or None) of the run starting: Executor.execute meters it by record
         self.metered_start: tuple | None = None
+        self.replayed: MeterRecord | None = None    # the record the top-level plan was replayed from
+        self.recorded: MeterRecord | None = None    # the record this run made
 
     @contextmanager
     def random_stream(self, stream: tuple[int, int] | None) -> Iterator[None]:
@@ -335,6 +337,7 @@ class Executor:
         run.ops_run = 0
         run.scope = scope
         run.rng_path = ()
+        run.replayed = run.recorded = None
         env = self._initial_env(plan, block, feed or {}, scope)
         start = self._meter_start(plan, env)
         record = None if start is None or CHECK_METER_REPLAY else plan.meter_records.get(start)
@@ -345,10 +348,7 @@ class Executor:
         with self.thread_limit.limit(), self.backend.on_device():
             fed = frozenset(k.name if isinstance(k, Var) else k for k in (feed or {}))
             env = self._execute_run(plan, env, fed, scope, fetch)
-        for name in plan.persistable_writes:
-            if name in env:
-                scope.set(name, env[name])
-                self._trust(block, name, env[name])
+        self._write_back(plan, block, env, scope)
         results = []
         for name in fetch:
             if name not in env:
@@ -390,6 +390,32 @@ class Executor:
             plan.meter_records = None            # kernels hold values themselves: always metered
         elif len(plan.meter_records) < MAX_METER_RECORDS:
             plan.meter_records[start] = record
+            self._run.recorded = record          # its trusted writes are filled in after the run
+
+    def _write_back(self, plan: Plan, block: Block, env: dict, scope: Scope) -> None:
+        """The persistable values the run wrote go back to ``scope``, trusted for the next run (``_trust``).
+
+        After a run replayed from a record (``_replay_steps``) the values its recorded run proved
+        (backend arrays of the declared shape and dtype: the replay's outputs have the record's
+        shapes, and a kernel's dtypes follow its inputs') are stored and trusted unchecked."""
+        run = self._run
+        proven = run.replayed.trusted_writes if run.replayed is not None else ()
+        plain = type(scope).set is Scope.set
+        trusted, version = self._trusted, block.program.version
+        checked = []
+        for name in plan.persistable_writes:
+            if name not in env:
+                continue
+            value = env[name]
+            if plain and name in proven:
+                scope.vars[name] = value        # what Scope.set does with the backend's array
+                trusted[name] = (weakref.ref(value), block, version)
+                continue
+            scope.set(name, value)
+            if self._trust(block, name, value):
+                checked += [name]
+        if run.recorded is not None:
+            run.recorded.trusted_writes = frozenset(checked)
 
     def _replay_steps(self, plan: Plan, record: MeterRecord, env: dict) -> None:
         """Run ``plan`` over ``env`` as ``execute_steps`` does, its memory count taken from
@@ -398,7 +424,7 @@ class Executor:
         shapes = record.shapes
         for i, step in enumerate(plan.steps):
             try:
-                args = [env[n] for n in step.inputs]
+                args = tuple(map(env.__getitem__, step.inputs))
             except KeyError as exc:
                 raise _missing_input(step, exc) from None
             try:
@@ -427,8 +453,10 @@ class Executor:
             for name in step.dead:
                 if name in env:
                     del env[name]
-        self._run.ops_run += len(plan.steps)
-        self._run.meter.peak = record.peak
+        run = self._run
+        run.ops_run += len(plan.steps)
+        run.meter.peak = record.peak
+        run.replayed = record
 
     def _meter_from(self, plan: Plan, record: MeterRecord, index: int, env: dict, result) -> None:
         """Count the rest of a replayed run op by op from step ``index`` (whose ``result`` is in):
@@ -530,7 +558,7 @@ class Executor:
         meter = self._run.meter
         for step in steps:
             try:
-                args = [env[n] for n in step.inputs]
+                args = tuple(map(env.__getitem__, step.inputs))
             except KeyError as exc:
                 raise _missing_input(step, exc) from None
             try:
@@ -715,7 +743,7 @@ class Executor:
             scope.set(name, checked)   # moved and cast once, not on every run
         return checked
 
-    def _trust(self, block: Block, name: str, value) -> None:
+    def _trust(self, block: Block, name: str, value) -> bool:
         """Remember that ``value``, just written back under ``name``, has the dtype and shape
         ``block`` declares (on this backend's device: a kernel's output): the next run reading
         the very same array from a scope needs no ``checked_persistable`` checks."""
@@ -723,11 +751,13 @@ class Executor:
         if (var is None or not self.backend.owns(value) or tuple(value.shape) != var.shape
                 or dtype_name(value.dtype) != var.dtype):
             self._trusted.pop(name, None)
-            return
+            return False
         try:
             self._trusted[name] = (weakref.ref(value), block, block.program.version)
         except TypeError:           # an array type without weak references: checked every run
             self._trusted.pop(name, None)
+            return False
+        return True
 
     def check_run_values(self, block: Block, feed: dict, fetch: Sequence[str], scope: Scope) -> dict:
         """The values a run of ``fetch`` starts from (feeds and persistables read), checked as ``run`` checks them.
@@ -766,9 +796,15 @@ class Executor:
     def _initial_env(self, plan: Plan, block: Block, feed: dict, scope: Scope) -> dict:
         env = self.checked_feeds(block, feed, plan)
         _refuse_overwritten_feeds(plan, env)
+        trusted, version, held = self._trusted, block.program.version, scope.vars
         for name in plan.free_reads:
             if name in env:
                 continue
+            if name in held and name in trusted:        # checked_persistable's first case, inline
+                value, (ref, trusted_block, trusted_version) = held[name], trusted[name]
+                if ref() is value and trusted_block is block and trusted_version == version:
+                    env[name] = value
+                    continue
             env[name] = self.checked_persistable(block, name, scope, lambda: _first_reader(plan, name))
         return env
 

@@ -119,6 +119,8 @@ class MeterRecord:
     start_peak: int
     peaks: list = field(default_factory=list)
     shapes: list = field(default_factory=list)
+    # the persistable writes the recorded run found of the declared shape and dtype (Executor._write_back)
+    trusted_writes: frozenset = field(default=frozenset(), compare=False)
 
     @property
     def peak(self) -> int:
