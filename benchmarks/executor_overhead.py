@@ -16,6 +16,7 @@ taken out: what is left is dispatch, memory metering, write-back).
 
     python benchmarks/executor_overhead.py                 # both steps, 8 rounds of 5 steps
     python benchmarks/executor_overhead.py --rounds 3 --only lstm
+    python benchmarks/executor_overhead.py --code=/tmp/before     # the package of another checkout
 """
 from __future__ import annotations
 
@@ -34,6 +35,10 @@ for _var in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
+# --code DIR: time the retrograd package under DIR (an older checkout) with these benchmarks
+CODE = next((a.split("=", 1)[1] for a in sys.argv if a.startswith("--code=")), None)
+if CODE:
+    sys.path.insert(0, CODE)
 
 import retrograd as rg  # noqa: E402
 from retrograd.cli import train  # noqa: E402
@@ -118,6 +123,7 @@ def main() -> int:
     parser.add_argument("--round", type=int, default=5)
     parser.add_argument("--profile-steps", type=int, default=5)
     parser.add_argument("--executor-only", action="store_true")
+    parser.add_argument("--code", help="DIR holding the retrograd package to time (--code=DIR)")
     args = parser.parse_args()
     import torch
     torch.set_num_threads(1)
@@ -125,6 +131,7 @@ def main() -> int:
                  "GPT-style char transformer": transformer_steppers}
     if args.only:
         workloads = {k: v for k, v in workloads.items() if args.only in k.lower()}
+    print(f"retrograd from {Path(rg.__file__).parent}")
     print("| step | framework | Python calls / step | steps/s | x PyTorch eager |")
     print("|---|---|---:|---:|---:|")
     for title, build in workloads.items():

@@ -15,7 +15,8 @@ from retrograd.runtime.stats import MemoryMeter
 
 
 def _holds(monkeypatch) -> list:
-    """A list that grows by one per ``MemoryMeter.hold`` call."""
+    """A list that grows by one per ``MemoryMeter.hold`` call (runs replayed as they are by default)."""
+    monkeypatch.setattr(executor_module, "CHECK_METER_REPLAY", False)
     calls = []
     real = MemoryMeter.hold
 
@@ -165,6 +166,7 @@ def test_a_kernel_holding_values_on_the_meter_keeps_the_plan_metered(backend, mo
 
 
 def test_the_development_check_catches_a_record_that_differs(monkeypatch):
+    monkeypatch.setattr(executor_module, "CHECK_METER_REPLAY", False)
     main, total = _chain_program()
     exe = rg.Executor()
     x = np.ones((4, 8), "float32")
