@@ -306,16 +306,17 @@ class TorchBackend(Backend):
         return storage.data_ptr(), storage.nbytes()
 
     def layouts(self, arrays) -> tuple:
-        # (Backend.layouts) a tensor's storage object is one per buffer: it is the key itself
+        # (Backend.layouts) buffers told apart as buffer_of tells them: by the storage's address
         buffers: dict = {}
         described: list = []
         count = 0
         for array in arrays:
             storage = array.untyped_storage()
-            if storage not in buffers:
-                buffers[storage] = (count, storage.nbytes())
+            key = storage.data_ptr()
+            if key not in buffers:
+                buffers[key] = (count, storage.nbytes())
                 count += 1
-            index, nbytes = buffers[storage]
+            index, nbytes = buffers[key]
             described += [(index, nbytes, array.shape, array.dtype, array.stride())]
         return tuple(described)
 

@@ -592,7 +592,7 @@ class Executor:
             if value is not None:
                 release(value)
 
-    def _kernel_error(self, step, exc: Exception, args: list) -> Exception | None:
+    def _kernel_error(self, step, exc: Exception, args: Sequence) -> Exception | None:
         """The error to raise for ``exc`` from ``step``'s kernel (None: ``exc`` itself)."""
         if isinstance(exc, BackendError):
             return BackendError(f"{step.op.where()} cannot run on {self._backend_str()}: {exc}")
@@ -795,7 +795,8 @@ class Executor:
     def _initial_env(self, plan: Plan, block: Block, feed: dict, scope: Scope) -> dict:
         env = self.checked_feeds(block, feed, plan)
         _refuse_overwritten_feeds(plan, env)
-        trusted, version, held = self._trusted, block.program.version, scope.vars
+        trusted, version = self._trusted, block.program.version
+        held = scope.vars if type(scope).find is Scope.find else {}
         for name in plan.free_reads:
             if name in env:
                 continue
