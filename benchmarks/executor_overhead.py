@@ -9,10 +9,11 @@ Two steps, each against the same model in PyTorch eager, one thread:
 
 Python calls per step: cProfile's total calls (primitive and recursive, as
 ``pstats`` counts them) over ``--profile-steps`` steps after warm-up, divided by
-the steps (the fewer of two such counts). Steps/s: alternating rounds of ``--round`` steps after warm-up, the
-median round. ``--executor-only`` also reports the executor's own time per step
-with every kernel replaced by its cached result (what the kernels compute is
-taken out: what is left is dispatch, memory metering, write-back).
+the steps (the fewer of two such counts). Steps/s: alternating rounds of ``--round`` steps after
+warm-up, the median round, in wall time and in this process's CPU time. ``--executor-only`` also
+reports the executor's own CPU time per step with every kernel replaced by its cached result (what
+the kernels compute is taken out: what is left is dispatch, memory metering, write-back, and the
+step's batch, feed conversion and fetch).
 
     python benchmarks/executor_overhead.py                 # both steps, 8 rounds of 5 steps
     python benchmarks/executor_overhead.py --rounds 3 --only lstm
@@ -78,19 +79,26 @@ def calls_per_step(step, steps: int) -> float:
     return min(counts)
 
 
-def steps_per_second(steppers: dict, rounds: int, per_round: int) -> dict:
-    times = {k: [] for k in steppers}
+def step_times(steppers: dict, rounds: int, per_round: int) -> dict:
+    """Name -> (median wall seconds, median CPU seconds of this process) per step over the rounds.
+
+    CPU time is what the step itself used: on a shared machine it moves less with other
+    processes' load than wall time (one thread each)."""
+    wall = {k: [] for k in steppers}
+    cpu = {k: [] for k in steppers}
     for _ in range(rounds):
         for name, step in steppers.items():
-            started = time.perf_counter()
+            started, started_cpu = time.perf_counter(), time.process_time()
             for i in range(per_round):
                 step(i)
-            times[name].append((time.perf_counter() - started) / per_round)
-    return {k: 1.0 / statistics.median(v) for k, v in times.items()}
+            wall[name].append((time.perf_counter() - started) / per_round)
+            cpu[name].append((time.process_time() - started_cpu) / per_round)
+    return {k: (statistics.median(wall[k]), statistics.median(cpu[k])) for k in steppers}
 
 
 def executor_only(step) -> float:
-    """Seconds per step of the executor alone: each plan step's kernel replaced by its cached result."""
+    """CPU seconds per step of the executor alone: each plan step's kernel replaced by its cached
+    result (the step still makes its batch, converts the feeds and fetches the loss)."""
     exe = step.executor
     plans = list(exe._plans.values())
     saved = []
@@ -109,10 +117,10 @@ def executor_only(step) -> float:
     try:
         step(0)
         step(0)
-        started = time.perf_counter()
-        for _ in range(20):
+        started = time.process_time()
+        for _ in range(40):
             step(0)
-        return (time.perf_counter() - started) / 20
+        return (time.process_time() - started) / 40
     finally:
         for s, kernel in saved:
             s.kernel = kernel
@@ -137,22 +145,24 @@ def main() -> int:
     if args.only:
         workloads = {k: v for k, v in workloads.items() if args.only in k.lower()}
     print(f"retrograd from {Path(rg.__file__).parent}")
-    print("| step | framework | Python calls / step | steps/s | x PyTorch eager |")
-    print("|---|---|---:|---:|---:|")
+    print("| step | framework | Python calls / step | ms / step (wall) | steps/s | x PyTorch eager "
+          "| CPU ms / step | x PyTorch eager (CPU) |")
+    print("|---|---|---:|---:|---:|---:|---:|---:|")
     for title, build in workloads.items():
         steppers = build(args)
         for step in steppers.values():
             for i in range(3):
                 step(i)
         calls = {k: calls_per_step(s, args.profile_steps) for k, s in steppers.items()}
-        speed = steps_per_second(steppers, args.rounds, args.round)
-        base = speed["PyTorch eager"]
+        times = step_times(steppers, args.rounds, args.round)
+        wall0, cpu0 = times["PyTorch eager"]
         for name in steppers:
-            print(f"| {title} | {name} | {calls[name]:,.0f} | {speed[name]:.1f} | {speed[name] / base:.2f} |",
-                  flush=True)
+            wall, cpu = times[name]
+            print(f"| {title} | {name} | {calls[name]:,.0f} | {wall * 1e3:.1f} | {1 / wall:.1f} | {wall0 / wall:.2f} "
+                  f"| {cpu * 1e3:.1f} | {cpu0 / cpu:.2f} |", flush=True)
         if args.executor_only:
             own = executor_only(steppers["retrograd (torch backend)"])
-            print(f"  executor alone (kernels cached): {own * 1e3:.3f} ms/step", flush=True)
+            print(f"  executor alone (kernels cached): {own * 1e3:.3f} CPU ms/step", flush=True)
     with open("/proc/loadavg") as f:
         print("load average:", " ".join(f.read().split()[:3]))
     return 0
