@@ -7,6 +7,9 @@ Two steps, each against the same model in PyTorch eager, one thread:
 * the GPT-style char transformer step of ``examples/gpt_chars.py`` (width 64, 4 heads, 2 blocks,
   batch 32 x 64, AdamW + clipping at 1) on the torch backend (``benchmarks/train_transformer.py``).
 
+Beside the default executor, "every op metered" is the same executor with the memory meter
+counting every value of every run op by op (no ``MeterRecord`` replay), as before issue 34 item 3.
+
 Python calls per step: cProfile's total calls (primitive and recursive, as
 ``pstats`` counts them) over ``--profile-steps`` steps after warm-up, divided by
 the steps (the fewer of two such counts). Steps/s: alternating rounds of ``--round`` steps after
@@ -51,9 +54,12 @@ def lstm_steppers(args) -> dict:
     corpus, _ = charlm.load_corpus()
     opts = argparse.Namespace(model="lstm", hidden=128, layers=1, embed=64, seq_len=64, batch=32, lr=3e-3,
                               clip_norm=5.0)
-    step, exe = bench.retrograd_stepper(opts, corpus, backend="torch")
-    step.executor = exe
-    return {"retrograd (torch backend)": step, "PyTorch eager": bench.torch_stepper(opts, corpus)}
+    steppers = {}
+    for name in (RETROGRAD, METERED):
+        step, exe = bench.retrograd_stepper(opts, corpus, backend="torch")
+        step.executor = exe
+        steppers[name] = step
+    return with_metered({**steppers, "PyTorch eager": bench.torch_stepper(opts, corpus)})
 
 
 def transformer_steppers(args) -> dict:
@@ -61,8 +67,32 @@ def transformer_steppers(args) -> dict:
     from retrograd.models import charlm
     g = tt.gpt_module()
     corpus, _ = charlm.load_corpus()
-    return {"retrograd (torch backend)": tt.retrograd_stepper(g, corpus, "torch", 32, 3e-3, 1000),
-            "PyTorch eager": tt.torch_stepper(g, corpus, 32, 3e-3, 1)}
+    return with_metered({RETROGRAD: tt.retrograd_stepper(g, corpus, "torch", 32, 3e-3, 1000),
+                         METERED: tt.retrograd_stepper(g, corpus, "torch", 32, 3e-3, 1000),
+                         "PyTorch eager": tt.torch_stepper(g, corpus, 32, 3e-3, 1)})
+
+
+RETROGRAD = "retrograd (torch backend)"
+METERED = "retrograd, every op metered"
+
+
+def with_metered(steppers: dict) -> dict:
+    """``steppers`` with the METERED one's plans metered op by op after its first run, as before
+    issue 34 item 3 (no ``MeterRecord``: the meter's hold/release per value, write-back checked);
+    dropped where this retrograd has no records (an older checkout: --code)."""
+    step = steppers[METERED]
+    if not hasattr(step.executor.run_context, "metered_start"):
+        del steppers[METERED]
+        return steppers
+
+    def metered(i: int) -> float:
+        loss = step(i)
+        for plan in step.executor._plans.values():
+            plan.meter_records = None
+        return loss
+    metered.executor = step.executor
+    steppers[METERED] = metered
+    return steppers
 
 
 def calls_per_step(step, steps: int) -> float:
@@ -112,8 +142,6 @@ def executor_only(step) -> float:
                 return _result["v"]
             saved.append((s, s.kernel))
             s.kernel = cached
-        if hasattr(plan, "invalidate"):
-            plan.invalidate()
     try:
         step(0)
         step(0)
@@ -124,9 +152,6 @@ def executor_only(step) -> float:
     finally:
         for s, kernel in saved:
             s.kernel = kernel
-        for plan in plans:
-            if hasattr(plan, "invalidate"):
-                plan.invalidate()
 
 
 def main() -> int:
@@ -161,8 +186,10 @@ def main() -> int:
             print(f"| {title} | {name} | {calls[name]:,.0f} | {wall * 1e3:.1f} | {1 / wall:.1f} | {wall0 / wall:.2f} "
                   f"| {cpu * 1e3:.1f} | {cpu0 / cpu:.2f} |", flush=True)
         if args.executor_only:
-            own = executor_only(steppers["retrograd (torch backend)"])
-            print(f"  executor alone (kernels cached): {own * 1e3:.3f} CPU ms/step", flush=True)
+            for name in (RETROGRAD, METERED):
+                if name in steppers:
+                    own = executor_only(steppers[name])
+                    print(f"  {name}, executor alone (kernels cached): {own * 1e3:.3f} CPU ms/step", flush=True)
     with open("/proc/loadavg") as f:
         print("load average:", " ".join(f.read().split()[:3]))
     return 0
