@@ -58,8 +58,8 @@ class Plan:
     # No op runs a sub-block (control flow): the steps are the whole run, and the memory meter's
     # count of a run is a function of where it starts (``stats.MeterRecord``, ``Executor.run``).
     straight_line: bool = False
-    # start (``Backend.layouts`` of the values the run starts from) -> MeterRecord, or None for a
-    # plan whose kernels hold values on the meter themselves (it is metered op by op)
+    # start (the names and ``Backend.layouts`` of the values a run starts from) -> MeterRecord, or
+    # None for a plan whose kernels hold values on the meter themselves (it is metered op by op)
     meter_records: dict = field(default_factory=dict)
 
 
