@@ -106,11 +106,14 @@ def test_output_sizes_that_depend_on_values_are_metered_from_where_they_differ(b
         n = rg.data("n", [], dtype="int64")
         r = rg.cast(rg.arange(n), "float32")
         total = rg.sum(rg.exp(r * 0.001))
-    exe = backend.executor()
+    exe, metered = backend.executor(), backend.executor()
     peaks = {}
     for size in (10, 10, 1000, 10, 1000):
         out, = exe.run(main, feed={"n": np.int64(size)}, fetch_list=[total])
         np.testing.assert_allclose(out, np.sum(np.exp(np.arange(size, dtype="float32") * 0.001)), rtol=1e-5)
+        metered.plan_for(main.global_block(), frozenset([total.name])).meter_records = None
+        metered.run(main, feed={"n": np.int64(size)}, fetch_list=[total])
+        assert exe.last_stats.peak_bytes == metered.last_stats.peak_bytes
         peaks.setdefault(size, set()).add(exe.last_stats.peak_bytes)
     assert len(peaks[10]) == 1 and len(peaks[1000]) == 1
     small, large = peaks[10].pop(), peaks[1000].pop()
