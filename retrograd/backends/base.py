@@ -514,6 +514,39 @@ class Backend:
         """
         raise NotImplementedError
 
+    def layouts(self, arrays) -> tuple:
+        """A hashable description of ``arrays`` as the memory meter and kernels see them.
+
+        Per array: which earlier array's buffer it shares (an index), its buffer's
+        bytes, shape, dtype and strides. Two runs of a plan that start from equal
+        descriptions hold the same bytes at each step (``runtime/stats.py``'s
+        ``MeterRecord``).
+
+        Args:
+            arrays: Arrays of this backend.
+
+        Returns:
+            A tuple with one entry per array.
+
+        Example:
+            ```python
+            import numpy as np
+            import retrograd as rg
+
+            be = rg.backends.get_backend("numpy")
+            x = np.zeros((2, 3), "float32")
+            assert be.layouts([x, x.T])[1][0] == 0           # x.T shares x's buffer
+            assert be.layouts([x]) != be.layouts([x.T.copy()])
+            ```
+        """
+        buffers: dict = {}
+        described = []
+        for array in arrays:
+            key, nbytes = self.buffer_of(array)
+            described.append((buffers.setdefault(key, len(buffers)), nbytes, tuple(array.shape),
+                              str(array.dtype), getattr(array, "strides", None)))
+        return tuple(described)
+
     def device_memory(self) -> int | None:
         """Bytes the library holds on the device now, or None where it does not say (host).
 

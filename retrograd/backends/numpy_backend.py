@@ -221,6 +221,22 @@ class NumpyBackend(Backend):
         np.put_along_axis(x, indices, np.take_along_axis(x, indices, axis) + values, axis)
         return x
 
+    def layouts(self, arrays) -> tuple:
+        # (Backend.layouts) an array that owns its memory is its own buffer: no walk to the base
+        buffers: dict = {}
+        described: list = []
+        count = 0
+        for array in arrays:
+            if type(array) is np.ndarray and array.base is None:
+                key, nbytes = id(array), array.nbytes
+            else:
+                key, nbytes = self.buffer_of(array)
+            if key not in buffers:
+                buffers[key] = count
+                count += 1
+            described += [(buffers[key], nbytes, array.shape, array.dtype, array.strides)]
+        return tuple(described)
+
     def buffer_of(self, array) -> tuple[int, int]:
         if not isinstance(array, np.ndarray):      # a NumPy scalar (np.sum of an array)
             return id(array), int(getattr(array, "nbytes", 0))

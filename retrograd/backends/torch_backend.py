@@ -305,6 +305,21 @@ class TorchBackend(Backend):
         storage = array.untyped_storage()
         return storage.data_ptr(), storage.nbytes()
 
+    def layouts(self, arrays) -> tuple:
+        # (Backend.layouts) buffers told apart as buffer_of tells them: by the storage's address
+        buffers: dict = {}
+        described: list = []
+        count = 0
+        for array in arrays:
+            storage = array.untyped_storage()
+            key = storage.data_ptr()
+            if key not in buffers:
+                buffers[key] = (count, storage.nbytes())
+                count += 1
+            index, nbytes = buffers[key]
+            described += [(index, nbytes, array.shape, array.dtype, array.stride())]
+        return tuple(described)
+
     def on_device(self):
         # retrograd differentiates programs itself: torch's autograd bookkeeping (version
         # counters, autograd dispatch) is pure cost here, ~15% of a small LSTM step.

@@ -23,7 +23,12 @@ from .engines import engine_for
 from .regions import RegionRunner
 from .scope import Scope
 from .threads import ThreadLimit
-from .stats import MemoryMeter, RunStats
+from .stats import MemoryMeter, MeterRecord, RunStats
+
+MAX_METER_RECORDS = 16      # starts remembered per plan (a run from another start is metered op by op)
+# Development check: meter every run op by op and compare with the record a replay would use
+# (AssertionError on a difference). tests/runtime/test_meter_replay.py turns it on.
+CHECK_METER_REPLAY = False
 
 
 class RunContext:
@@ -45,6 +50,10 @@ class RunContext:
         self.scope: Scope | None = None
         self.rng_path: tuple[int, ...] = ()
         self.deferred_checks: list | None = None    # a list while a device graph is captured
+        # (plan, start, MeterRecord or None) of the run starting: Executor.execute meters it by record
+        self.metered_start: tuple | None = None
+        self.replayed: MeterRecord | None = None    # the record the top-level plan was replayed from
+        self.recorded: MeterRecord | None = None    # the record this run made
 
     @contextmanager
     def random_stream(self, stream: tuple[int, int] | None) -> Iterator[None]:
@@ -328,16 +337,18 @@ class Executor:
         run.ops_run = 0
         run.scope = scope
         run.rng_path = ()
+        run.replayed = run.recorded = None
         env = self._initial_env(plan, block, feed or {}, scope)
-        for value in env.values():
-            run.meter.hold(value)
+        start = self._meter_start(plan, env)
+        record = None if start is None or CHECK_METER_REPLAY else plan.meter_records.get(start)
+        if record is None:
+            for value in env.values():
+                run.meter.hold(value)
+        run.metered_start = None if start is None else (plan, start, record)    # for execute()
         with self.thread_limit.limit(), self.backend.on_device():
             fed = frozenset(k.name if isinstance(k, Var) else k for k in (feed or {}))
             env = self._execute_run(plan, env, fed, scope, fetch)
-        for name in plan.persistable_writes:
-            if name in env:
-                scope.set(name, env[name])
-                self._trust(block, name, env[name])
+        self._write_back(plan, block, env, scope)
         results = []
         for name in fetch:
             if name not in env:
@@ -352,6 +363,111 @@ class Executor:
             results = [self.backend.to_numpy(r) if self.backend.owns(r) else r for r in results]
         self.last_stats = RunStats(time.perf_counter() - started, run.ops_run, run.meter.peak)
         return results
+
+    # -- the memory meter, counted once per start of a straight-line plan (stats.MeterRecord) -----
+    def _meter_start(self, plan: Plan, env: dict):
+        """The key of this run's ``MeterRecord`` (the starting values' names and ``Backend.layouts``),
+        or None where the run is metered op by op: a plan with control flow or whose kernels use
+        the meter, device graphs, compiled regions, ``check_finite``."""
+        if (not plan.straight_line or plan.meter_records is None or self.graphs is not None
+                or self.regions is not None or self.check_finite):
+            return None
+        try:
+            return tuple(env), self.backend.layouts(env.values())
+        except (AttributeError, TypeError):      # a value the backend cannot describe
+            return None
+
+    def _record_steps(self, plan: Plan, start: tuple, env: dict) -> None:
+        """Run ``plan`` metered op by op, and keep what the meter counted for runs from ``start``."""
+        meter = self._run.meter
+        record = MeterRecord(meter.peak)
+        holds = meter.holds
+        self._metered_steps(plan.steps, env, record)
+        if CHECK_METER_REPLAY and start in plan.meter_records:
+            _check_replay(plan.meter_records[start], record)
+        if meter.holds - holds != sum(len(s.outputs) for s in plan.steps) or None in record.shapes:
+            plan.meter_records = None            # kernels hold values themselves: always metered
+        elif len(plan.meter_records) < MAX_METER_RECORDS:
+            plan.meter_records[start] = record
+            self._run.recorded = record          # its trusted writes are filled in after the run
+
+    def _write_back(self, plan: Plan, block: Block, env: dict, scope: Scope) -> None:
+        """The persistable values the run wrote go back to ``scope``, trusted for the next run (``_trust``).
+
+        After a run replayed from a record (``_replay_steps``) the values its recorded run proved
+        (backend arrays of the declared shape and dtype: the replay's outputs have the record's
+        shapes, and a kernel's dtypes follow its inputs') are stored and trusted unchecked."""
+        run = self._run
+        proven = run.replayed.trusted_writes if run.replayed is not None else ()
+        plain = type(scope).set is Scope.set
+        trusted, version = self._trusted, block.program.version
+        checked = []
+        for name in plan.persistable_writes:
+            if name not in env:
+                continue
+            value = env[name]
+            if plain and name in proven:
+                scope.vars[name] = value        # what Scope.set does with the backend's array
+                trusted[name] = (weakref.ref(value), block, version)
+                continue
+            scope.set(name, value)
+            if self._trust(block, name, value):
+                checked += [name]
+        if run.recorded is not None:
+            run.recorded.trusted_writes = frozenset(checked)
+
+    def _replay_steps(self, plan: Plan, record: MeterRecord, env: dict) -> None:
+        """Run ``plan`` over ``env`` as ``execute_steps`` does, its memory count taken from
+        ``record``; at the first step whose output shapes differ from the record's, the meter
+        counts op by op from there on."""
+        shapes = record.shapes
+        for i, step in enumerate(plan.steps):
+            try:
+                args = tuple(map(env.__getitem__, step.inputs))
+            except KeyError as exc:
+                raise _missing_input(step, exc) from None
+            try:
+                result = step.kernel(step.k, *args)
+            except Exception as exc:
+                error = self._kernel_error(step, exc, args)
+                if error is None:
+                    raise
+                raise error from exc
+            if step.single:
+                result = (result,)
+            same = True
+            for value, shape in zip(result, shapes[i]):
+                if value is None:
+                    same = same and shape is None
+                else:
+                    try:
+                        same = same and value.shape == shape
+                    except AttributeError:
+                        same = False
+            if not same:
+                self._meter_from(plan, record, i, env, result)
+                return
+            for name, value in zip(step.outputs, result):
+                env[name] = value
+            for name in step.dead:
+                if name in env:
+                    del env[name]
+        run = self._run
+        run.ops_run += len(plan.steps)
+        run.meter.peak = record.peak
+        run.replayed = record
+
+    def _meter_from(self, plan: Plan, record: MeterRecord, index: int, env: dict, result) -> None:
+        """Count the rest of a replayed run op by op from step ``index`` (whose ``result`` is in):
+        the meter holds what ``env`` holds, and the peak before is the record's."""
+        run = self._run
+        meter = run.meter = MemoryMeter(self.backend.buffer_of)
+        for value in env.values():
+            meter.hold(value)
+        meter.peak = max(meter.peak, record.peak_before(index))
+        self._store(plan.steps[index], result, env, meter)
+        run.ops_run += index + 1
+        self._metered_steps(plan.steps[index + 1:], env, None)
 
     def _execute_run(self, plan: Plan, env: dict, fed: frozenset, scope: Scope, fetch: list[str]) -> dict:
         """Run a top-level plan: eagerly, or replaying its device graph (``graphs=True``)."""
@@ -397,7 +513,14 @@ class Executor:
             assert list(env[y.name]) == [1.0, 1.0]
             ```
         """
-        if self.regions is not None and not self.check_finite:
+        top = self._run.metered_start
+        if top is not None and top[0] is plan:      # the top-level plan of a run, once: metered by record
+            self._run.metered_start = None
+            if top[2] is not None:
+                self._replay_steps(plan, top[2], env)
+            else:
+                self._record_steps(plan, top[1], env)
+        elif self.regions is not None and not self.check_finite:
             self.regions.execute(plan, env)
         else:
             self.execute_steps(plan.steps, env)
@@ -426,44 +549,62 @@ class Executor:
             assert list(env[y.name]) == [1.0, 1.0]
             ```
         """
+        self._metered_steps(steps, env, None)
+
+    def _metered_steps(self, steps: Sequence, env: dict, record: MeterRecord | None) -> None:
+        """``execute_steps``, each value held on the meter; ``record`` (if given) takes each step's
+        output shapes and the peak after it."""
         meter = self._run.meter
-        hold, release = meter.hold, meter.release
         for step in steps:
             try:
-                args = [env[n] for n in step.inputs]
+                args = tuple(map(env.__getitem__, step.inputs))
             except KeyError as exc:
-                raise ExecutionError(f"{step.op.where()} reads '{exc.args[0]}', which has no value "
-                                     "(not fed, not initialised, or freed)") from None
+                raise _missing_input(step, exc) from None
             try:
                 result = step.kernel(step.k, *args)
-            except BackendError as exc:
-                raise BackendError(f"{step.op.where()} cannot run on {self._backend_str()}: {exc}") from exc
-            except RetrogradError:
-                raise
-            except (AttributeError, NotImplementedError) as exc:
-                if isinstance(exc, AttributeError) and not _is_namespace(getattr(exc, "obj", None), self.xp):
-                    raise kernel_failure(step.op.where(), exc) from exc
-                # The namespace lacks a function the kernel calls: the op does not run here.
-                raise BackendError(f"{step.op.where()} cannot run on {self._backend_str()}: "
-                                   f"{type(exc).__name__}: {exc}") from exc
             except Exception as exc:
-                raise kernel_failure(step.op.where(), exc, zip(step.inputs, args)) from exc
-            outputs = step.outputs
-            if len(outputs) == 1:
+                error = self._kernel_error(step, exc, args)
+                if error is None:
+                    raise
+                raise error from exc
+            if step.single:
                 result = (result,)
             if self.check_finite:
                 self._check_finite(step, args, result)
-            for name, value in zip(outputs, result):
-                old = env.get(name)
-                env[name] = value
-                hold(value)            # before releasing the old value: both lived while the op ran
-                if old is not None:
-                    release(old)
-            for name in step.dead:
-                value = env.pop(name, None)
-                if value is not None:
-                    release(value)
+            self._store(step, result, env, meter)
+            if record is not None:
+                record.shapes.append(_shapes(result))
+                record.peaks.append(meter.peak)
         self._run.ops_run += len(steps)
+
+    @staticmethod
+    def _store(step, result, env: dict, meter: MemoryMeter) -> None:
+        """Put ``step``'s outputs into ``env`` and drop its dead values, holding and releasing on ``meter``."""
+        hold, release = meter.hold, meter.release
+        for name, value in zip(step.outputs, result):
+            old = env.get(name)
+            env[name] = value
+            hold(value)            # before releasing the old value: both lived while the op ran
+            if old is not None:
+                release(old)
+        for name in step.dead:
+            value = env.pop(name, None)
+            if value is not None:
+                release(value)
+
+    def _kernel_error(self, step, exc: Exception, args: Sequence) -> Exception | None:
+        """The error to raise for ``exc`` from ``step``'s kernel (None: ``exc`` itself)."""
+        if isinstance(exc, BackendError):
+            return BackendError(f"{step.op.where()} cannot run on {self._backend_str()}: {exc}")
+        if isinstance(exc, RetrogradError):
+            return None
+        if isinstance(exc, (AttributeError, NotImplementedError)):
+            if isinstance(exc, AttributeError) and not _is_namespace(getattr(exc, "obj", None), self.xp):
+                return kernel_failure(step.op.where(), exc)
+            # The namespace lacks a function the kernel calls: the op does not run here.
+            return BackendError(f"{step.op.where()} cannot run on {self._backend_str()}: "
+                                f"{type(exc).__name__}: {exc}")
+        return kernel_failure(step.op.where(), exc, zip(step.inputs, args))
 
     def _check_finite(self, step, args: list, result) -> None:
         """ExecutionError when an output of ``step`` that the plan keeps holds a NaN, or an Inf
@@ -601,7 +742,7 @@ class Executor:
             scope.set(name, checked)   # moved and cast once, not on every run
         return checked
 
-    def _trust(self, block: Block, name: str, value) -> None:
+    def _trust(self, block: Block, name: str, value) -> bool:
         """Remember that ``value``, just written back under ``name``, has the dtype and shape
         ``block`` declares (on this backend's device: a kernel's output): the next run reading
         the very same array from a scope needs no ``checked_persistable`` checks."""
@@ -609,11 +750,13 @@ class Executor:
         if (var is None or not self.backend.owns(value) or tuple(value.shape) != var.shape
                 or dtype_name(value.dtype) != var.dtype):
             self._trusted.pop(name, None)
-            return
+            return False
         try:
             self._trusted[name] = (weakref.ref(value), block, block.program.version)
         except TypeError:           # an array type without weak references: checked every run
             self._trusted.pop(name, None)
+            return False
+        return True
 
     def check_run_values(self, block: Block, feed: dict, fetch: Sequence[str], scope: Scope) -> dict:
         """The values a run of ``fetch`` starts from (feeds and persistables read), checked as ``run`` checks them.
@@ -652,9 +795,16 @@ class Executor:
     def _initial_env(self, plan: Plan, block: Block, feed: dict, scope: Scope) -> dict:
         env = self.checked_feeds(block, feed, plan)
         _refuse_overwritten_feeds(plan, env)
+        trusted, version = self._trusted, block.program.version
+        held = scope.vars if type(scope).find is Scope.find else {}
         for name in plan.free_reads:
             if name in env:
                 continue
+            if name in held and name in trusted:        # checked_persistable's first case, inline
+                value, (ref, trusted_block, trusted_version) = held[name], trusted[name]
+                if ref() is value and trusted_block is block and trusted_version == version:
+                    env[name] = value
+                    continue
             env[name] = self.checked_persistable(block, name, scope, lambda: _first_reader(plan, name))
         return env
 
@@ -687,6 +837,36 @@ def _refuse_overwritten_feeds(plan: Plan, fed: dict) -> None:
         if writers:
             raise FeedError(f"feed '{name}' would be ignored: {writers[0]} computes it before anything "
                             "reads it; feed that op's inputs instead, or fetch it")
+
+
+def _check_replay(replayed: MeterRecord, counted: MeterRecord) -> None:
+    """AssertionError where a replay of ``replayed`` would report another count than ``counted``
+    (op by op): up to the first step whose output shapes differ, from where a replay counts op by op."""
+    same = 0
+    while (same < len(counted.shapes) and same < len(replayed.shapes)
+           and counted.shapes[same] == replayed.shapes[same]):
+        same += 1
+    if (replayed.start_peak, replayed.peaks[:same]) != (counted.start_peak, counted.peaks[:same]):
+        raise AssertionError(f"memory meter replay differs from the count: {replayed} != {counted}")
+
+
+def _missing_input(step, exc: KeyError) -> ExecutionError:
+    return ExecutionError(f"{step.op.where()} reads '{exc.args[0]}', which has no value "
+                          "(not fed, not initialised, or freed)")
+
+
+def _shapes(result) -> tuple | None:
+    """The shapes of a step's outputs (None for an uncomputed one), or None if one is not an array."""
+    shapes = []
+    for value in result:
+        shape = None if value is None else getattr(value, "shape", _NO_SHAPE)
+        if shape is _NO_SHAPE:
+            return None
+        shapes.append(shape)
+    return tuple(shapes)
+
+
+_NO_SHAPE = object()
 
 
 def _first_reader(plan: Plan, name: str) -> str:

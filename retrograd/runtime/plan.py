@@ -1,7 +1,7 @@
 """Compiling a block into a plan: kernels resolved, liveness known, once per program version."""
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from ..ir.analysis import lifetimes
 from ..ir.program import Block, Op
@@ -44,6 +44,9 @@ class Step:
     op: Op
     index: int
 
+    def __post_init__(self):
+        self.single = len(self.outputs) == 1     # the kernel returns the one output itself
+
 
 @dataclass
 class Plan:
@@ -52,6 +55,12 @@ class Plan:
     free_reads: list[str]        # values the block needs from outside (feeds, scope, bindings)
     keep: frozenset[str]
     persistable_writes: list[str]   # written back to the scope after a run
+    # No op runs a sub-block (control flow): the steps are the whole run, and the memory meter's
+    # count of a run is a function of where it starts (``stats.MeterRecord``, ``Executor.run``).
+    straight_line: bool = False
+    # start (the names and ``Backend.layouts`` of the values a run starts from) -> MeterRecord, or
+    # None for a plan whose kernels hold values on the meter themselves (it is metered op by op)
+    meter_records: dict = field(default_factory=dict)
 
 
 def compile_block(block: Block, keep: frozenset[str], backend, run) -> Plan:
@@ -63,4 +72,11 @@ def compile_block(block: Block, keep: frozenset[str], backend, run) -> Plan:
     steps = [Step(backend.kernel_for(get_op_def(t.op.type).kernel, t.op, block),
                   KernelCtx(backend, t.op, run, t.live_outputs),
                   tuple(t.op.inputs), tuple(t.op.outputs), t.dead, t.op, t.index) for t in timed.ops]
-    return Plan(block, steps, timed.free_reads, keep, timed.persistable_writes)
+    return Plan(block, steps, timed.free_reads, keep, timed.persistable_writes,
+                not any(_has_block(s.op) for s in steps))
+
+
+def _has_block(op: Op) -> bool:
+    """Whether ``op`` runs a sub-block (an attribute holds a Block or a list of them)."""
+    return any(isinstance(v, Block) or (isinstance(v, (list, tuple)) and any(isinstance(b, Block) for b in v))
+               for v in op.attrs.values())

@@ -1,7 +1,7 @@
 """What a run cost: wall time, ops run, and the peak of live array bytes."""
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -52,8 +52,10 @@ class MemoryMeter:
         self.seen: dict[int, list] = {}
         self.total = 0
         self.peak = 0
+        self.holds = 0          # hold() calls (the executor tells its own from a kernel's)
 
     def hold(self, array) -> None:
+        self.holds += 1
         if type(array) is np.ndarray and array.base is None:   # the common case, kept fast
             key, nbytes = id(array), array.nbytes
         elif array is None:         # an output nothing reads, which the kernel did not compute
@@ -93,3 +95,38 @@ class MemoryMeter:
         if entry[1] == 0:
             del self.live[key]
             self.total -= entry[0]
+
+
+@dataclass
+class MeterRecord:
+    """What the memory meter counted in one run of a straight-line plan, op by op.
+
+    A run of the same plan from the same start (``Backend.layouts`` of the
+    values it starts from: shapes, dtypes, strides, buffers shared) holds the
+    same arrays at the same points: kernels make outputs of the sizes, and
+    views or copies, their inputs' layouts decide. So the executor meters such
+    a plan once per start and replays the record (``Executor.run``): no
+    ``hold``/``release`` per value. Each replayed step's output shapes are
+    compared with ``shapes`` (a kernel whose output size depends on values); at
+    the first difference the meter takes over from ``peaks`` of the steps
+    before, op by op.
+
+    Attributes:
+        start_peak: Bytes held before the first step (the starting values).
+        peaks: The meter's peak after each step.
+        shapes: Each step's output shapes (None for an output left uncomputed).
+    """
+    start_peak: int
+    peaks: list = field(default_factory=list)
+    shapes: list = field(default_factory=list)
+    # the persistable writes the recorded run found of the declared shape and dtype (Executor._write_back)
+    trusted_writes: frozenset = field(default=frozenset(), compare=False)
+
+    @property
+    def peak(self) -> int:
+        """The run's peak bytes."""
+        return self.peaks[-1] if self.peaks else self.start_peak
+
+    def peak_before(self, index: int) -> int:
+        """The peak up to (not including) step ``index``."""
+        return self.peaks[index - 1] if index else self.start_peak
