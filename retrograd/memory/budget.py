@@ -50,6 +50,7 @@ from ..ir.program import Block, Program, Var
 from ..ops.recurrent.steps import is_budget
 from .auto import build_model
 from .binomial import Units, apply_binomial
+from .chain_peak import ChainPeak
 from .lifetimes import ForwardValues
 from .micro_batches import accumulate_micro_batches, loss_over_rows, micro_batch_counts, separable_region
 from .peak import Sizer, planned_peak
@@ -328,6 +329,9 @@ class _Search:
         self.loops = any(op.attrs.get("recompute") == _PLACEHOLDER or op.attrs.get("budget") == _PLACEHOLDER
                          for op in block.ops if op.type in LOOP_TYPES + LOOP_GRAD_TYPES)
         self.by_schedule: dict[tuple, int | None] = {}
+        # Without them the peak of a schedule comes from the chain model: the rewrite replayed on
+        # records of the ops, no copy of the program (chain_peak.py; 10,000 ops in seconds, not minutes).
+        self.model_peaks = None if self.loops else ChainPeak.of(block, info, self.units, keep, self.shapes)
 
     def _loop_least(self, block: Block) -> int:
         """The least budget a loop op can run with: one taped step (what its backward reads of one
@@ -346,6 +350,9 @@ class _Search:
             if schedule is not None and schedule in self.by_schedule:
                 self.peaks[activation] = self.by_schedule[schedule]
                 return self.peaks[activation]
+            if schedule is not None and self.model_peaks is not None:
+                self.peaks[activation] = self.by_schedule[schedule] = self._model_peak(activation)
+                return self.peaks[activation]
             scratch = self.program.clone()
             try:
                 self._configure(scratch, activation)
@@ -356,6 +363,17 @@ class _Search:
             if schedule is not None:
                 self.by_schedule[schedule] = self.peaks[activation]
         return self.peaks[activation]
+
+    def _model_peak(self, activation: int) -> int | None:
+        """The chain model's planned peak of what ``_configure`` makes of the program."""
+        if self.units.count < 2 or activation >= self.model.store_all:
+            return self.model_peaks.peak(None)
+        try:
+            plan = budget_plan(self.units.count, max(activation, self.tape_bytes), self.state_bytes, self.tape_bytes)
+        except ProgramError as exc:
+            self.why = exc
+            return None
+        return self.model_peaks.peak(plan)
 
     def _schedule(self, activation: int) -> tuple | None:
         """What ``_configure(program, activation)`` makes of the program when no loop takes the

@@ -1,0 +1,146 @@
+"""The planned peak of a binomial schedule over a feed-forward chain, without rewriting the program.
+
+``budget._Search`` tries activation budgets one after another (a bisection,
+~20 trials); each trial used to copy the program, rewrite the copy's backward
+(``binomial.apply_binomial``) and plan it (``peak.planned_peak``): minutes for
+10,000 ops. Here the program is read once (every op's reads, outputs, sizes
+and held bytes, named by strings) and a schedule's rewrite is replayed on
+those records: ``binomial.plan_groups`` picks the copies exactly as the
+rewrite does (one function serves both), a copy is a record reading the
+current names and writing fresh integer names of its original's size, and the
+gradient ops read the latest copy registered before them. The planned peak is
+then the walk ``planned_peak`` makes (``ir.analysis.lifetimes``: the same ops
+skipped, the same values freed after the same op), on the records::
+
+    program (read once)            a schedule's records             the walk
+    op 12: h3 = Tanh(m3)           ...                              needed ops, last reads,
+    ...                            copy: 7 = Tanh(5)   (of h3)      free reads, then bytes
+    op 40: d = Mul(g, h3)          op 40: d = Mul(g, 7)             added and dropped
+
+The model covers programs whose ops' held bytes do not depend on the
+schedule: no budgeted loop, no op with a per-op rule in ``peak.HOLDS``
+(``ChainPeak.of`` answers None for the others; the search then plans copies).
+The search checks the rewritten program's real planned peak once at the end.
+"""
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass
+
+from ..ir.program import Block
+from .binomial import ChainOps, Units, plan_groups
+from .lifetimes import ForwardValues
+from .loops.schedules import Plan
+from .peak import HOLDS, Sizer, _sub_block_holds
+from .recompute import RECOMPUTE_ATTR
+from .sizes import Shapes
+
+
+@dataclass
+class ChainPeak:
+    """A block's ops as records for ``peak(plan)``: ``(reads, outputs, held bytes)`` per op."""
+    chain: ChainOps
+    n_forward: int
+    ops: list[tuple[list, list, int]]
+    copies: list[bool]                   # per op: a recompute copy already (its reads stay)
+    sizes: dict                          # name -> bytes
+    keep: frozenset
+    persistable: frozenset
+
+    @staticmethod
+    def of(block: Block, info: ForwardValues, units: Units, keep, shapes: Shapes) -> "ChainPeak | None":
+        """The model of ``block`` (forward ``block.ops[:info.n_forward]``); None when an op's held
+        bytes depend on the schedule or a size is unknown (plan copies then)."""
+        if any(op.type in HOLDS for op in block.ops):
+            return None
+        chain = ChainOps.of(block, info, units)
+        sizer = Sizer(block, shapes)
+        names = {n for reads in chain.reads for n in reads} | {n for outs in chain.outputs for n in outs}
+        sizes = {n: sizer.of(n) for n in names}
+        held = [_sub_block_holds(sizer, op, frozenset())[0] if op.sub_blocks() else 0 for op in block.ops]
+        if sizer.unknown:
+            return None
+        ops = list(zip(chain.reads, chain.outputs, held))
+        persistable = frozenset(n for n in names if (var := block.find_var(n)) is not None and var.persistable)
+        return ChainPeak(chain, info.n_forward, ops, [RECOMPUTE_ATTR in op.attrs for op in block.ops], sizes,
+                         frozenset(keep), persistable)
+
+    def peak(self, plan: Plan) -> int:
+        """The planned peak of the program ``apply_binomial(..., plan)`` would make (``plan`` None:
+        as it is)."""
+        sizes = dict(self.sizes)
+        fresh = itertools.count()
+        ops = self.ops
+
+        def copy(indices: list[int], current: dict) -> tuple[list, dict]:
+            mapping, made = dict(current), []
+            for i in indices:
+                reads, outs, held = ops[i]
+                reads = [mapping.get(n, n) for n in reads]
+                for name in outs:
+                    mapping[name] = new = next(fresh)
+                    sizes[new] = sizes[name]
+                made.append((reads, [mapping[n] for n in outs], held))
+            return made, mapping
+
+        stream = ops if plan is None else self._stream(plan_groups(self.chain, plan, copy))
+        return self._walk(stream, sizes)
+
+    def _stream(self, groups) -> list[tuple[list, list, int]]:
+        """The rewritten op sequence (``binomial._insert``: copies before their op, then every
+        gradient op reading the latest copy registered before it)."""
+        before: dict[int, list] = {}
+        marks: dict[int, list] = {}
+        for at, copies, register in groups:
+            before.setdefault(at, []).extend(copies)
+            marks.setdefault(at, []).append(register)
+        stream = list(self.ops[:self.n_forward])
+        latest: dict = {}
+        for i in range(self.n_forward, len(self.ops) + 1):
+            stream += before.get(i, ())
+            for register in marks.get(i, ()):
+                latest.update(register)
+            if i == len(self.ops):
+                break
+            reads, outs, held = self.ops[i]
+            if latest and not self.copies[i]:
+                reads = [latest.get(n, n) for n in reads]
+            stream.append((reads, outs, held))
+        return stream
+
+    def _walk(self, ops: list, sizes: dict) -> int:
+        """``planned_peak``'s walk over ``lifetimes(keep)`` of the records."""
+        keep, persistable = self.keep, self.persistable
+        needed, kept = set(keep), []
+        for op in reversed(ops):
+            if any(n in needed or n in persistable for n in op[1]):
+                kept.append(op)
+                needed.update(op[0])
+        kept.reverse()
+        last_read: dict = {}
+        for i, (reads, _, _) in enumerate(kept):
+            for name in reads:
+                last_read[name] = i
+        written: set = set()
+        held_now: dict = {}                  # the free reads first (ir.analysis.free_reads_of_ops)
+        for reads, outs, _ in kept:
+            for name in reads:
+                if name not in written and name not in held_now:
+                    held_now[name] = sizes.get(name, 0)
+            written.update(outs)
+        total = peak = sum(held_now.values())
+        for i, (reads, outs, held) in enumerate(kept):
+            made = 0
+            for name in outs:
+                made += sizes.get(name, 0)
+            if total + held + made > peak:
+                peak = total + held + made
+            for name in outs:
+                size = sizes.get(name, 0)
+                total += size - held_now.get(name, 0)
+                held_now[name] = size
+            for name in dict.fromkeys(reads + outs):
+                if last_read.get(name, -1) <= i and name not in keep and name not in persistable:
+                    total -= held_now.pop(name, 0)
+        return peak
+
