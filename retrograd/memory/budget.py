@@ -410,9 +410,7 @@ class _Search:
         self.most_a = max(self.most_a, budget)       # a loop's own keep never needs more than all
         if fits(self.most_a):
             return self.most_a, self.peak(self.most_a)
-        if not fits(self.least_a):
-            return None
-        lo, hi = self.least_a, self.most_a            # fits(lo), not fits(hi)
+        lo, hi = self.least_a, self.most_a            # fits(lo) (asked last), not fits(hi)
         for _ in range(_TRIALS):
             if hi - lo <= max(1, lo // 64):
                 break
@@ -421,6 +419,10 @@ class _Search:
                 lo = mid
             else:
                 hi = mid
+        # The least activation budget is the costliest schedule to plan (every unit recomputed from
+        # the start: quadratic in the units); asked only when no larger one fits.
+        if lo == self.least_a and not fits(lo):
+            return None
         return lo, self.peak(lo)
 
     def least(self) -> int:
