@@ -126,7 +126,7 @@ def fit_memory_budget(loss: Var, memory_budget: int, feed_shapes: Mapping | None
     # The budget schedules recurrences over time steps: whole-layer vendor ops become the general
     # RecurrentNetwork they stand for.
     expand_fused_ops(program)
-    store_all = _store_all_peak(loss, feed_shapes, build)
+    store_all, scratch = _store_all_peak(loss, feed_shapes, build)
     if store_all is not None and store_all <= budget:
         pairs, _ = build()
         _record(program, BudgetPlan(total, store_all + reserve, store_all + reserve, None))
@@ -149,14 +149,18 @@ def fit_memory_budget(loss: Var, memory_budget: int, feed_shapes: Mapping | None
     # re-run. Taken when it fits. Else ops over every time step of a recurrence's states run
     # inside its steps (time_steps.py) when the budget needs it: step by step they cost more time
     # than one GEMM over all steps.
+    searched: list[_Scratch] = []       # the search _fits made and the program version it searched
     if _keeps_states(loss.block) and _fits(loss, feed_shapes, build, budget, keep_states=True):
         _keep_states(loss.block)
-    elif not _fits(loss, feed_shapes, build, budget):
+    elif not _fits(loss, feed_shapes, build, budget, scratch=scratch, searched=searched):
         sink_time_step_ops(program, loss.block, resolve_shapes(loss.block, feed_shapes))
+    same = bool(searched) and searched[0].version == program.version and not getattr(build, "callbacks", None)
     _budget_loops(loss.block)
     pairs, n_forward = build()
     keep = [loss.name] + [g.name for _, g in pairs]
     search = _Search(program, loss, n_forward, keep, feed_shapes)
+    if same:        # this program is the one _fits searched (built the same way): its peaks hold
+        search.share(searched[0].search)
     best = search.best(budget)
     if best is None:
         least = search.least() if accumulated is None else min(search.least(), accumulated[2])
@@ -202,17 +206,37 @@ def _keep_states(block: Block) -> None:
     block.program.bump()
 
 
-def _fits(loss: Var, feed_shapes, build, budget: int, keep_states: bool = False) -> bool:
+@dataclass
+class _Scratch:
+    """A copy of the program with its backward built (``build(real=False)``), made at ``version``."""
+    program: Program
+    version: int
+    pairs: list
+    n_forward: int
+    search: "_Search | None" = None
+
+
+def _fits(loss: Var, feed_shapes, build, budget: int, keep_states: bool = False, scratch: _Scratch | None = None,
+          searched: list | None = None) -> bool:
     """True when some schedule of the program as it is fits ``budget`` (searched on a copy), with
-    ``keep_states`` when its recurrent ops keep every states tensor."""
-    scratch = loss.block.program.clone()
-    block = scratch.global_block()
-    if keep_states:
-        _keep_states(block)
-    _budget_loops(block)
-    pairs, n_forward = build(block.var(loss.name), real=False)
-    keep = [loss.name] + [g.name for _, g in pairs]
-    search = _Search(scratch, block.var(loss.name), n_forward, keep, feed_shapes)
+    ``keep_states`` when its recurrent ops keep every states tensor. ``scratch``: the store-all
+    copy, searched instead of a new one when nothing changed since (no loop to budget either);
+    ``searched`` gets the search made."""
+    program = loss.block.program
+    if keep_states or scratch is None or scratch.version != program.version or _has_loops(program.global_block()):
+        version = program.version
+        copy = program.clone()
+        block = copy.global_block()
+        if keep_states:
+            _keep_states(block)
+        _budget_loops(block)
+        pairs, n_forward = build(block.var(loss.name), real=False)
+        scratch = _Scratch(copy, version, pairs, n_forward)
+    block = scratch.program.global_block()
+    keep = [loss.name] + [g.name for _, g in scratch.pairs]
+    search = scratch.search = _Search(scratch.program, block.var(loss.name), scratch.n_forward, keep, feed_shapes)
+    if searched is not None:
+        searched.append(scratch)
     best = search.best(budget)
     if best is None or not keep_states:
         return best is not None
@@ -263,19 +287,25 @@ def _check_budget(memory_budget) -> int:
     return memory_budget
 
 
-def _store_all_peak(loss: Var, feed_shapes, build) -> int | None:
+def _store_all_peak(loss: Var, feed_shapes, build) -> tuple[int | None, _Scratch]:
     """The planned peak of storing everything, built on a copy (None when a loop's trip count
-    decides it: what it keeps per iteration has no size before the run)."""
-    scratch = loss.block.program.clone()
-    block = scratch.global_block()
-    pairs, _ = build(block.var(loss.name), real=False)
+    decides it: what it keeps per iteration has no size before the run), and that copy."""
+    version = loss.block.program.version
+    copy = loss.block.program.clone()
+    block = copy.global_block()
+    pairs, n_forward = build(block.var(loss.name), real=False)
+    scratch = _Scratch(copy, version, pairs, n_forward)
     keep = [loss.name] + [g.name for _, g in pairs]
     try:
-        return planned_peak(block, keep, feed_shapes)
+        return planned_peak(block, keep, feed_shapes), scratch
     except ProgramError:
         if any(op.type == "While" for op in block.ops):
-            return None
+            return None, scratch
         raise
+
+
+def _has_loops(block: Block) -> bool:
+    return any(op.type in LOOP_TYPES for op in block.ops)
 
 
 def _record(program: Program, plan: BudgetPlan) -> None:
@@ -332,6 +362,10 @@ class _Search:
         # Without them the peak of a schedule comes from the chain model: the rewrite replayed on
         # records of the ops, no copy of the program (chain_peak.py; 10,000 ops in seconds, not minutes).
         self.model_peaks = None if self.loops else ChainPeak.of(block, info, self.units, keep, self.shapes)
+
+    def share(self, other: "_Search") -> None:
+        """Take the planned peaks ``other`` found: a search of the same program built the same way."""
+        self.peaks, self.by_schedule, self.why = other.peaks, other.by_schedule, other.why
 
     def _loop_least(self, block: Block) -> int:
         """The least budget a loop op can run with: one taped step (what its backward reads of one

@@ -31,7 +31,7 @@ from ..ir.program import Block
 from .binomial import ChainOps, Units, plan_groups
 from .lifetimes import ForwardValues
 from .loops.schedules import Plan
-from .peak import HOLDS, Sizer, _sub_block_holds
+from .peak import HOLDS, Sizer, op_holds
 from .recompute import RECOMPUTE_ATTR
 from .sizes import Shapes
 
@@ -57,7 +57,7 @@ class ChainPeak:
         sizer = Sizer(block, shapes)
         names = {n for reads in chain.reads for n in reads} | {n for outs in chain.outputs for n in outs}
         sizes = {n: sizer.of(n) for n in names}
-        held = [_sub_block_holds(sizer, op, frozenset())[0] if op.sub_blocks() else 0 for op in block.ops]
+        held = [op_holds(sizer, op, frozenset())[0] if op.sub_blocks() else 0 for op in block.ops]
         if sizer.unknown:
             return None
         ops = list(zip(chain.reads, chain.outputs, held))
@@ -110,37 +110,40 @@ class ChainPeak:
 
     def _walk(self, ops: list, sizes: dict) -> int:
         """``planned_peak``'s walk over ``lifetimes(keep)`` of the records."""
-        keep, persistable = self.keep, self.persistable
-        needed, kept = set(keep), []
-        for op in reversed(ops):
-            if any(n in needed or n in persistable for n in op[1]):
+        persistable = self.persistable
+        protected = self.keep | persistable           # never freed
+        needed, kept = set(self.keep), []
+        for op in reversed(ops):                      # ir.analysis.needed_ops
+            if not needed.isdisjoint(op[1]) or not persistable.isdisjoint(op[1]):
                 kept.append(op)
                 needed.update(op[0])
         kept.reverse()
         last_read: dict = {}
-        for i, (reads, _, _) in enumerate(kept):
-            for name in reads:
+        for i, op in enumerate(kept):
+            for name in op[0]:
                 last_read[name] = i
         written: set = set()
-        held_now: dict = {}                  # the free reads first (ir.analysis.free_reads_of_ops)
+        held_now: dict = {}                           # the free reads (ir.analysis.free_reads_of_ops)
         for reads, outs, _ in kept:
             for name in reads:
                 if name not in written and name not in held_now:
-                    held_now[name] = sizes.get(name, 0)
+                    held_now[name] = sizes[name]
             written.update(outs)
         total = peak = sum(held_now.values())
         for i, (reads, outs, held) in enumerate(kept):
-            made = 0
+            made = held
             for name in outs:
-                made += sizes.get(name, 0)
-            if total + held + made > peak:
-                peak = total + held + made
+                made += sizes[name]
+            if total + made > peak:
+                peak = total + made
             for name in outs:
-                size = sizes.get(name, 0)
+                size = sizes[name]
                 total += size - held_now.get(name, 0)
                 held_now[name] = size
-            for name in dict.fromkeys(reads + outs):
-                if last_read.get(name, -1) <= i and name not in keep and name not in persistable:
+            for name in reads:                        # dead after the op (a second pop finds nothing)
+                if last_read[name] <= i and name not in protected:
+                    total -= held_now.pop(name, 0)
+            for name in outs:
+                if last_read.get(name, -1) <= i and name not in protected:
                     total -= held_now.pop(name, 0)
         return peak
-
