@@ -162,6 +162,18 @@ def fit_memory_budget(loss: Var, memory_budget: int, feed_shapes: Mapping | None
     if same:        # this program is the one _fits searched (built the same way): its peaks hold
         search.share(searched[0].search)
     best = search.best(budget)
+    if best is not None:
+        undo = _Undo(program) if search.modelled else None
+        units, live = _apply(search, program, keep, feed_shapes, best[0])
+        # For the programs the chain model takes (no loop) what is live at once is what a schedule
+        # reserves: its peak is the rewritten program's. Should they differ, the model has a
+        # defect: the program is put back and searched the old way (a copy per trial).
+        if undo is not None and live != best[1]:
+            undo.restore()
+            search.forget_model()
+            best = search.best(budget)
+            if best is not None:
+                units, live = _apply(search, program, keep, feed_shapes, best[0])
     if best is None:
         least = search.least() if accumulated is None else min(search.least(), accumulated[2])
         least += reserve
@@ -173,12 +185,35 @@ def fit_memory_budget(loss: Var, memory_budget: int, feed_shapes: Mapping | None
         error.least_budget = least        # for callers that offer the least budget instead
         raise error
     activation, peak = best
-    units = search.apply(program, activation)
-    # The fit counts what the loops' schedules reserve; the plan reports what is live at once.
-    live = planned_peak(program.global_block(), keep, feed_shapes, live=True)
     _record(program, BudgetPlan(total, live + reserve, None if store_all is None else store_all + reserve,
                                 activation, units, reserved_peak=peak + reserve))
     return pairs
+
+
+def _apply(search: "_Search", program: Program, keep: list[str], feed_shapes, activation: int) -> tuple[int, int]:
+    """Configure ``program`` for ``activation``: (units under a binomial schedule, planned peak).
+    The fit counts what the loops' schedules reserve; the plan reports what is live at once."""
+    units = search.apply(program, activation)
+    return units, planned_peak(program.global_block(), keep, feed_shapes, live=True)
+
+
+class _Undo:
+    """What the rewrite of a schedule changes (ops, what they read, variables, blocks), to put back."""
+
+    def __init__(self, program: Program):
+        self.program, self.n_blocks = program, len(program.blocks)
+        self.blocks = [(b, list(b.ops), dict(b.vars)) for b in program.blocks]
+        self.ops = [(op, op.inputs, op.attrs) for b in program.blocks for op in b.ops]
+
+    def restore(self) -> None:
+        del self.program.blocks[self.n_blocks:]
+        for block, ops, names in self.blocks:
+            block.ops[:] = ops
+            block.vars.clear()
+            block.vars.update(names)
+        for op, inputs, attrs in self.ops:
+            op.inputs, op.attrs = inputs, attrs
+        self.program.bump()
 
 
 def _budget_loops(block: Block) -> None:
@@ -361,11 +396,26 @@ class _Search:
         self.by_schedule: dict[tuple, int | None] = {}
         # Without them the peak of a schedule comes from the chain model: the rewrite replayed on
         # records of the ops, no copy of the program (chain_peak.py; 10,000 ops in seconds, not minutes).
-        self.model_peaks = None if self.loops else ChainPeak.of(block, info, self.units, keep, self.shapes)
+        self.info = info
+        self.model_peaks: ChainPeak | None | bool = not self.loops      # True: not built yet
+        self.modelled = False        # some peak came from the chain model
 
     def share(self, other: "_Search") -> None:
         """Take the planned peaks ``other`` found: a search of the same program built the same way."""
         self.peaks, self.by_schedule, self.why = other.peaks, other.by_schedule, other.why
+        self.modelled = other.modelled
+
+    def _chain_model(self) -> ChainPeak | None:
+        """The chain model of the program (built on first use; None with loops or ops it cannot take)."""
+        if self.model_peaks is True:
+            block = self.program.global_block()
+            self.model_peaks = ChainPeak.of(block, self.info, self.units, self.keep, self.shapes)
+        return self.model_peaks or None
+
+    def forget_model(self) -> None:
+        """Plan every schedule on a copy of the program from now on (``peak``)."""
+        self.model_peaks, self.modelled = None, False
+        self.peaks, self.by_schedule = {}, {}
 
     def _loop_least(self, block: Block) -> int:
         """The least budget a loop op can run with: one taped step (what its backward reads of one
@@ -384,8 +434,9 @@ class _Search:
             if schedule is not None and schedule in self.by_schedule:
                 self.peaks[activation] = self.by_schedule[schedule]
                 return self.peaks[activation]
-            if schedule is not None and self.model_peaks is not None:
+            if schedule is not None and self._chain_model() is not None:
                 self.peaks[activation] = self.by_schedule[schedule] = self._model_peak(activation)
+                self.modelled = True
                 return self.peaks[activation]
             scratch = self.program.clone()
             try:
