@@ -158,9 +158,10 @@ def fit_memory_budget(loss: Var, memory_budget: int, feed_shapes: Mapping | None
     _budget_loops(loss.block)
     pairs, n_forward = build()
     keep = [loss.name] + [g.name for _, g in pairs]
-    search = _Search(program, loss, n_forward, keep, feed_shapes)
-    if same:        # this program is the one _fits searched (built the same way): its peaks hold
-        search.share(searched[0].search)
+    if same and _same_ops(searched[0].program.global_block(), loss.block):
+        search = searched[0].search     # _fits searched this very program (a copy, built the same way)
+    else:
+        search = _Search(program, loss, n_forward, keep, feed_shapes)
     best = search.best(budget)
     if best is not None:
         undo = _Undo(program) if search.modelled else None
@@ -249,6 +250,7 @@ class _Scratch:
     pairs: list
     n_forward: int
     search: "_Search | None" = None
+    shapes: dict | None = None          # resolved for feed_shapes
 
 
 def _fits(loss: Var, feed_shapes, build, budget: int, keep_states: bool = False, scratch: _Scratch | None = None,
@@ -269,7 +271,8 @@ def _fits(loss: Var, feed_shapes, build, budget: int, keep_states: bool = False,
         scratch = _Scratch(copy, version, pairs, n_forward)
     block = scratch.program.global_block()
     keep = [loss.name] + [g.name for _, g in scratch.pairs]
-    search = scratch.search = _Search(scratch.program, block.var(loss.name), scratch.n_forward, keep, feed_shapes)
+    search = scratch.search = _Search(scratch.program, block.var(loss.name), scratch.n_forward, keep, feed_shapes,
+                                      scratch.shapes)
     if searched is not None:
         searched.append(scratch)
     best = search.best(budget)
@@ -332,11 +335,18 @@ def _store_all_peak(loss: Var, feed_shapes, build) -> tuple[int | None, _Scratch
     scratch = _Scratch(copy, version, pairs, n_forward)
     keep = [loss.name] + [g.name for _, g in pairs]
     try:
-        return planned_peak(block, keep, feed_shapes), scratch
+        scratch.shapes = resolve_shapes(block, feed_shapes)
+        return planned_peak(block, keep, feed_shapes, shapes=scratch.shapes), scratch
     except ProgramError:
         if any(op.type == "While" for op in block.ops):
             return None, scratch
         raise
+
+
+def _same_ops(a: Block, b: Block) -> bool:
+    """True when the two blocks run the same ops on the same names (a copy built like the original)."""
+    return len(a.ops) == len(b.ops) and all(
+        x.type == y.type and x.inputs == y.inputs and x.outputs == y.outputs for x, y in zip(a.ops, b.ops))
 
 
 def _has_loops(block: Block) -> bool:
@@ -367,13 +377,13 @@ def _one_step_tape(sizer: Sizer, op) -> int:
 
 
 class _Search:
-    """Planned peaks of the program for activation budgets ``A`` (each tried on a copy)."""
+    """Planned peaks of the program for activation budgets ``A`` (from the chain model, else each tried on a copy)."""
 
-    def __init__(self, program: Program, loss: Var, n_forward: int, keep: list[str], feed_shapes):
+    def __init__(self, program: Program, loss: Var, n_forward: int, keep: list[str], feed_shapes, shapes=None):
         self.program, self.loss, self.n_forward, self.keep = program, loss, n_forward, keep
         self.feed_shapes = feed_shapes
         block = program.global_block()
-        self.shapes = resolve_shapes(block, feed_shapes)
+        self.shapes = shapes if shapes is not None else resolve_shapes(block, feed_shapes)
         info = ForwardValues.of(block, n_forward)
         sizes = {n: estimated_bytes(block.var(n), self.shapes) for n in info.writers}
         self.model = build_model(info, loss.name, sizes)
@@ -399,11 +409,6 @@ class _Search:
         self.info = info
         self.model_peaks: ChainPeak | None | bool = not self.loops      # True: not built yet
         self.modelled = False        # some peak came from the chain model
-
-    def share(self, other: "_Search") -> None:
-        """Take the planned peaks ``other`` found: a search of the same program built the same way."""
-        self.peaks, self.by_schedule, self.why = other.peaks, other.by_schedule, other.why
-        self.modelled = other.modelled
 
     def _chain_model(self) -> ChainPeak | None:
         """The chain model of the program (built on first use; None with loops or ops it cannot take)."""

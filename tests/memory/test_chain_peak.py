@@ -46,7 +46,7 @@ def _program(kinds, widths, budget_bytes=None, rows=16):
     """The chain ``kinds`` (fc widths ``widths``) with its backward: (program, loss, keep)."""
     main, startup = Program(random_seed=0), Program(random_seed=0)
     with rg.program_guard(main, startup):
-        h = rg.data("x", [-1, WIDTH])
+        h = rg.layers.fc(rg.data("x", [-1, WIDTH]), WIDTH, name="in")     # a parameter whatever follows
         for i, (kind, width) in enumerate(zip(kinds, widths)):
             h = _layer(h, kind, width, i)
         loss = rg.mean(h * h)
