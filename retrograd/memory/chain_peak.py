@@ -109,28 +109,30 @@ class ChainPeak:
         return stream
 
     def _walk(self, ops: list, sizes: dict) -> int:
-        """``planned_peak``'s walk over ``lifetimes(keep)`` of the records."""
-        persistable = self.persistable
-        protected = self.keep | persistable           # never freed
-        needed, kept = set(self.keep), []
-        for op in reversed(ops):                      # ir.analysis.needed_ops
-            if not needed.isdisjoint(op[1]) or not persistable.isdisjoint(op[1]):
-                kept.append(op)
-                needed.update(op[0])
-        kept.reverse()
-        last_read: dict = {}
-        for i, op in enumerate(kept):
-            for name in op[0]:
-                last_read[name] = i
-        written: set = set()
-        held_now: dict = {}                           # the free reads (ir.analysis.free_reads_of_ops)
-        for reads, outs, _ in kept:
+        """``planned_peak``'s walk over ``lifetimes(keep)`` of the records. One backward pass finds
+        the needed ops (``ir.analysis.needed_ops``), each value's last read (counted from the end)
+        and the free reads (a value whose first use is a read); one forward pass adds and drops bytes."""
+        protected = self.keep | self.persistable     # needed, never freed
+        last: dict = {}                              # name -> its last reader, counted from the end
+        first_read: dict = {}                        # name -> its first use is a read
+        kept = []
+        for op in reversed(ops):
+            reads, outs = op[0], op[1]
+            if protected.isdisjoint(outs) and last.keys().isdisjoint(outs):
+                continue
+            k = len(kept)
+            kept.append(op)
+            for name in outs:
+                first_read[name] = False
             for name in reads:
-                if name not in written and name not in held_now:
-                    held_now[name] = sizes[name]
-            written.update(outs)
+                if name not in last:
+                    last[name] = k
+                first_read[name] = True
+        held_now = {name: sizes[name] for name, read in first_read.items() if read}
         total = peak = sum(held_now.values())
-        for i, (reads, outs, held) in enumerate(kept):
+        end = len(kept)
+        for j in range(end - 1, -1, -1):             # forward order: j ops after this one
+            reads, outs, held = kept[j]
             made = held
             for name in outs:
                 made += sizes[name]
@@ -140,10 +142,10 @@ class ChainPeak:
                 size = sizes[name]
                 total += size - held_now.get(name, 0)
                 held_now[name] = size
-            for name in reads:                        # dead after the op (a second pop finds nothing)
-                if last_read[name] <= i and name not in protected:
+            for name in reads:                       # dead after the op (a second pop finds nothing)
+                if last[name] >= j and name not in protected:
                     total -= held_now.pop(name, 0)
             for name in outs:
-                if last_read.get(name, -1) <= i and name not in protected:
+                if last.get(name, end) >= j and name not in protected:
                     total -= held_now.pop(name, 0)
         return peak
