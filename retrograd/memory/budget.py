@@ -30,6 +30,12 @@ gradients). The policy, in order:
    planned peak at the smallest ``A``, or of the most micro-batches when that is
    less), and that budget then works.
 
+Each trial's planned peak comes from the chain model (``chain_peak.py``: the
+schedule's rewrite replayed on records of the ops) when no loop takes the
+budget, else from a copy of the program configured for it; the program is
+rewritten once, for the budget chosen, and its planned peak checked against
+the model's (a disagreement falls back to copies).
+
 The mechanisms (copies of forward ops, budgeted loop kernels) are the other
 modules' business; this one only decides.
 """
