@@ -205,10 +205,12 @@ def _apply(search: "_Search", program: Program, keep: list[str], feed_shapes, ac
 
 
 class _Undo:
-    """What the rewrite of a schedule changes (ops, what they read, variables, blocks), to put back."""
+    """What the rewrite of a schedule changes (ops, what they read, variables, blocks, the counts
+    behind ``unique_name``), to put back."""
 
     def __init__(self, program: Program):
         self.program, self.n_blocks = program, len(program.blocks)
+        self.name_counts = dict(program._name_counts)
         self.blocks = [(b, list(b.ops), dict(b.vars)) for b in program.blocks]
         self.ops = [(op, op.inputs, op.attrs) for b in program.blocks for op in b.ops]
 
@@ -220,6 +222,8 @@ class _Undo:
             block.vars.update(names)
         for op, inputs, attrs in self.ops:
             op.inputs, op.attrs = inputs, attrs
+        self.program._name_counts.clear()
+        self.program._name_counts.update(self.name_counts)
         self.program.bump()
 
 
@@ -257,6 +261,7 @@ class _Scratch:
     n_forward: int
     search: "_Search | None" = None
     shapes: dict | None = None          # resolved for feed_shapes
+    store_all: int | None = None        # its planned peak as built (storing everything)
 
 
 def _fits(loss: Var, feed_shapes, build, budget: int, keep_states: bool = False, scratch: _Scratch | None = None,
@@ -279,6 +284,8 @@ def _fits(loss: Var, feed_shapes, build, budget: int, keep_states: bool = False,
     keep = [loss.name] + [g.name for _, g in scratch.pairs]
     search = scratch.search = _Search(scratch.program, block.var(loss.name), scratch.n_forward, keep, feed_shapes,
                                       scratch.shapes)
+    if scratch.store_all is not None and not search.loops:     # the schedule "all" leaves the copy as built
+        search.by_schedule[("all",)] = scratch.store_all
     if searched is not None:
         searched.append(scratch)
     best = search.best(budget)
@@ -342,7 +349,8 @@ def _store_all_peak(loss: Var, feed_shapes, build) -> tuple[int | None, _Scratch
     keep = [loss.name] + [g.name for _, g in pairs]
     try:
         scratch.shapes = resolve_shapes(block, feed_shapes)
-        return planned_peak(block, keep, feed_shapes, shapes=scratch.shapes), scratch
+        scratch.store_all = planned_peak(block, keep, feed_shapes, shapes=scratch.shapes)
+        return scratch.store_all, scratch
     except ProgramError:
         if any(op.type == "While" for op in block.ops):
             return None, scratch

@@ -46,6 +46,7 @@ class ChainPeak:
     sizes: dict                          # name -> bytes
     keep: frozenset
     persistable: frozenset
+    renamed: list[int]                   # gradient ops reading a value a schedule may register a copy of
 
     @staticmethod
     def of(block: Block, info: ForwardValues, units: Units, keep, shapes: Shapes) -> "ChainPeak | None":
@@ -62,8 +63,11 @@ class ChainPeak:
             return None
         ops = list(zip(chain.reads, chain.outputs, held))
         persistable = frozenset(n for n in names if (var := block.find_var(n)) is not None and var.persistable)
-        return ChainPeak(chain, info.n_forward, ops, [RECOMPUTE_ATTR in op.attrs for op in block.ops], sizes,
-                         frozenset(keep), persistable)
+        copies = [RECOMPUTE_ATTR in op.attrs for op in block.ops]
+        registered = {n for state in units.states for n in state}
+        registered.update(n for values in chain.temporaries for n in values if n in info.backward_reads)
+        renamed = [i for i in range(info.n_forward, len(ops)) if not copies[i] and not registered.isdisjoint(ops[i][0])]
+        return ChainPeak(chain, info.n_forward, ops, copies, sizes, frozenset(keep), persistable, renamed)
 
     def peak(self, plan: Plan) -> int:
         """The planned peak of the program ``apply_binomial(..., plan)`` would make (``plan`` None:
@@ -88,24 +92,30 @@ class ChainPeak:
 
     def _stream(self, groups) -> list[tuple[list, list, int]]:
         """The rewritten op sequence (``binomial._insert``: copies before their op, then every
-        gradient op reading the latest copy registered before it)."""
+        gradient op reading the latest copy registered before it). Runs of ops that read no value
+        a copy may stand for are taken as they are."""
+        ops = self.ops
         before: dict[int, list] = {}
         marks: dict[int, list] = {}
         for at, copies, register in groups:
             before.setdefault(at, []).extend(copies)
             marks.setdefault(at, []).append(register)
-        stream = list(self.ops[:self.n_forward])
+        renamed = set(self.renamed)
+        stream = ops[:self.n_forward]
         latest: dict = {}
-        for i in range(self.n_forward, len(self.ops) + 1):
-            stream += before.get(i, ())
-            for register in marks.get(i, ()):
-                latest.update(register)
-            if i == len(self.ops):
-                break
-            reads, outs, held = self.ops[i]
-            if latest and not self.copies[i]:
-                reads = [latest.get(n, n) for n in reads]
-            stream.append((reads, outs, held))
+        position = self.n_forward
+        for i in sorted(renamed.union(before)):
+            stream += ops[position:i]
+            position = i
+            if i in before:
+                stream += before[i]
+                for register in marks[i]:
+                    latest.update(register)
+            if i in renamed:
+                reads, outs, held = ops[i]
+                stream.append(([latest.get(n, n) for n in reads], outs, held))
+                position = i + 1
+        stream += ops[position:]
         return stream
 
     def _walk(self, ops: list, sizes: dict) -> int:
