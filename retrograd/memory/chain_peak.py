@@ -143,19 +143,19 @@ class ChainPeak:
         end = len(kept)
         for j in range(end - 1, -1, -1):             # forward order: j ops after this one
             reads, outs, held = kept[j]
-            made = held
-            for name in outs:
-                made += sizes[name]
-            if total + made > peak:
-                peak = total + made
+            made = total + held                      # what is held while the op runs
             for name in outs:
                 size = sizes[name]
+                made += size
                 total += size - held_now.get(name, 0)
-                held_now[name] = size
+                if last.get(name, end) >= j and name not in protected:     # read by nothing later
+                    held_now.pop(name, None)
+                    total -= size
+                else:
+                    held_now[name] = size
+            if made > peak:
+                peak = made
             for name in reads:                       # dead after the op (a second pop finds nothing)
                 if last[name] >= j and name not in protected:
-                    total -= held_now.pop(name, 0)
-            for name in outs:
-                if last.get(name, end) >= j and name not in protected:
                     total -= held_now.pop(name, 0)
         return peak
