@@ -69,7 +69,7 @@ class ChainPeak:
         renamed = [i for i in range(info.n_forward, len(ops)) if not copies[i] and not registered.isdisjoint(ops[i][0])]
         return ChainPeak(chain, info.n_forward, ops, copies, sizes, frozenset(keep), persistable, renamed)
 
-    def peak(self, plan: Plan) -> int:
+    def peak(self, plan: Plan | None) -> int:
         """The planned peak of the program ``apply_binomial(..., plan)`` would make (``plan`` None:
         as it is)."""
         sizes = dict(self.sizes)
