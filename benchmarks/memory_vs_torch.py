@@ -38,6 +38,7 @@ cores are shared, wall clock there measures the other jobs).
     PYTHONPATH=. python benchmarks/memory_vs_torch.py --small --out benchmarks/results/memory_vs_torch_small
 
     PYTHONPATH=. python benchmarks/memory_vs_torch.py --planning 1000    # planning time, 10,007 ops
+    PYTHONPATH=. python benchmarks/memory_vs_torch.py --planning 100,200,500,1000   # 1k, 2k, 5k, 10k ops
 
 ``--out PREFIX`` writes PREFIX.md (the table, command, machine, load) and PREFIX.png (the plot).
 ``--worker`` is internal: one point, printed as one JSON line.
@@ -314,7 +315,7 @@ def planning_time(layers: int, fraction: float = 0.5, rows: int = 1024, width: i
     budgeted, _ = build(budget)
     budget_s = time.process_time() - started
     return (f"| MLP, {layers} layers | {len(main.global_block().ops):,} | {len(budgeted.global_block().ops):,} | "
-            f"{store_all_s:.2f} s | {report_s:.2f} s | {budget_s:.1f} s |")
+            f"{store_all_s:.2f} s | {report_s:.2f} s | {budget_s:.2f} s | {budget_s - store_all_s:.2f} s |")
 
 
 # --- the sweep -----------------------------------------------------------------------------------
@@ -459,8 +460,9 @@ def main() -> None:
     parser.add_argument("--out", default=None, help="write PREFIX.md, PREFIX.json and PREFIX.png")
     parser.add_argument("--from-log", nargs="+", default=None, help="make the table and plot from the "
                         "JSON lines of earlier runs' output (a later line of the same point wins, unless an error)")
-    parser.add_argument("--planning", type=int, default=None, metavar="LAYERS",
-                        help="instead of the sweep: planning time of a LAYERS-deep MLP (1000: 10,007 ops)")
+    parser.add_argument("--planning", default=None, metavar="LAYERS",
+                        help="instead of the sweep: planning time of a LAYERS-deep MLP (1000: 10,007 ops; "
+                        "a comma-separated list: one row each)")
     parser.add_argument("--worker", choices=("retrograd", "torch"), help=argparse.SUPPRESS)
     parser.add_argument("--fraction", type=float, default=1.0, help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -472,8 +474,10 @@ def main() -> None:
         print(json.dumps(result), flush=True)
         return
     if args.planning:
-        print("| program | ops | budgeted ops | store-all append_backward | rg.memory.report | budgeted append_backward |")
-        print(planning_time(args.planning), f"load {os.getloadavg()[0]:.2f}")
+        print("| program | ops | budgeted ops | store-all append_backward | rg.memory.report | budgeted append_backward "
+              "| of which planning | load |")
+        for layers in args.planning.split(","):
+            print(planning_time(int(layers)), f"{os.getloadavg()[0]:.2f} |", flush=True)
         return
     load0 = os.getloadavg()
     started = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())

@@ -24,6 +24,7 @@ alive because copies read them.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Callable
 
 from ..ir.analysis import op_reads
 from ..ir.program import Block, Op
@@ -50,37 +51,70 @@ class Units:
         return Units(starts, [[]] + [list(c) for c in model.checkpoints] + [[]])
 
 
+@dataclass
+class ChainOps:
+    """What the rewrite reads of the block, read once: every op's reads and outputs, which forward
+    ops may run again, and each unit's temporaries. ``apply_binomial`` and the planner's peak
+    model (``chain_peak.py``) both follow a plan through ``plan_groups`` over it."""
+    info: ForwardValues
+    units: Units
+    reads: list[list[str]]
+    outputs: list[list[str]]
+    recomputable: list[bool]              # per forward op
+    temporaries: list[set[str]]           # per unit
+
+    @staticmethod
+    def of(block: Block, info: ForwardValues, units: Units) -> "ChainOps":
+        recomputable_ = [recomputable(op, info) for op in block.ops[:info.n_forward]]
+        chain = ChainOps(info, units, [op_reads(op) for op in block.ops], [list(op.outputs) for op in block.ops],
+                         recomputable_, [])
+        chain.temporaries = [_unit_values(info, units, u) for u in range(units.count)]
+        return chain
+
+
 def apply_binomial(block: Block, info: ForwardValues, units: Units, plan: Plan) -> int:
     """Rewrite the backward after ``block.ops[:info.n_forward]`` to follow ``plan``; return copies made."""
-    temporaries = {u: _unit_values(info, units, u) for u in range(units.count)}
+    chain = ChainOps.of(block, info, units)
+
+    def copy(indices: list[int], current: dict[str, str]) -> tuple[list[Op], dict[str, str]]:
+        return copy_ops(block, [block.ops[i] for i in indices], dict(current))
+
+    return _insert(block, info.n_forward, plan_groups(chain, plan, copy))
+
+
+def plan_groups(chain: ChainOps, plan: Plan, copy: Callable) -> list[tuple[int, list, dict[str, str]]]:
+    """The copies ``plan`` inserts: ``(before op, copies, registrations)`` per reverse, in order.
+    ``copy(op indices, current names) -> (copies, forward name -> copy name)`` makes the copies
+    (ops, or the peak model's stand-ins for them)."""
+    info, units = chain.info, chain.units
     stored: dict[int, dict[str, str]] = {0: {}}
     for t in plan.sweep_stores:
         stored[t] = {n: n for n in units.states[t]}
     current: dict[str, str] = {}
-    pending: list[Op] = []
-    groups: list[tuple[int, list[Op], dict[str, str]]] = []    # (insert before op, copies, registrations)
+    pending: list = []
+    groups: list[tuple[int, list, dict[str, str]]] = []    # (insert before op, copies, registrations)
     at = info.n_forward
     for action in plan.actions():
         if isinstance(action, Restore):
             current = dict(stored[action.step])
         elif isinstance(action, Advance):
             wanted = set(units.states[action.stop])
-            copies, mapping = _copies(block, info, units, temporaries, action.start, action.stop, wanted, current)
+            copies, mapping = copy(_chosen(chain, action.start, action.stop, wanted), current)
             pending += copies
             current = {n: mapping.get(n, n) for n in units.states[action.stop]}
         elif isinstance(action, Store):
             stored[action.step] = dict(current)
         elif isinstance(action, Reverse):
-            values = set().union(*(temporaries[u] for u in range(action.start, action.stop)))
+            values = set().union(*chain.temporaries[action.start:action.stop])
             values -= set(units.states[action.stop])
             wanted = {n for n in values if n in info.backward_reads}
-            copies, mapping = _copies(block, info, units, temporaries, action.start, action.stop, wanted, current)
+            copies, mapping = copy(_chosen(chain, action.start, action.stop, wanted), current)
             register = {n: current.get(n, n) for n in units.states[action.start]}
             register.update({n: mapping[n] for n in wanted if n in mapping})
-            at = _first_reader(block, at, set(register) | wanted)
+            at = _first_reader(chain, at, set(register) | wanted)
             groups.append((at, pending + copies, register))
             pending = []
-    return _insert(block, info.n_forward, groups)
+    return groups
 
 
 def _unit_values(info: ForwardValues, units: Units, u: int) -> set[str]:
@@ -88,22 +122,22 @@ def _unit_values(info: ForwardValues, units: Units, u: int) -> set[str]:
             for n in info.block.ops[i].outputs if info.is_temporary(n)}
 
 
-def _copies(block: Block, info: ForwardValues, units: Units, temporaries, start: int, stop: int,
-            wanted: set[str], current: dict[str, str]) -> tuple[list[Op], dict[str, str]]:
-    """Copies of the ops of units ``start..stop-1`` producing ``wanted``, reading ``current``."""
-    ops = block.ops[units.starts[start]:units.starts[stop]]
-    inside = set().union(*(temporaries[u] for u in range(start, stop))) if stop > start else set()
+def _chosen(chain: ChainOps, start: int, stop: int, wanted: set[str]) -> list[int]:
+    """Indices of the ops of units ``start..stop-1`` producing ``wanted`` (in order)."""
+    first, last = chain.units.starts[start], chain.units.starts[stop]
+    inside = set().union(*chain.temporaries[start:stop])
     chosen, need = [], set(wanted)
-    for op in reversed(ops):
-        if any(n in need for n in op.outputs) and recomputable(op, info):
-            chosen.append(op)
-            need.update(n for n in op_reads(op) if n in inside)
-    return copy_ops(block, chosen[::-1], dict(current))
+    for i in range(last - 1, first - 1, -1):
+        if chain.recomputable[i] and any(n in need for n in chain.outputs[i]):
+            chosen.append(i)
+            need.update(n for n in chain.reads[i] if n in inside)
+    return chosen[::-1]
 
 
-def _first_reader(block: Block, start: int, names: set[str]) -> int:
-    for i in range(start, len(block.ops)):
-        if any(n in names for n in op_reads(block.ops[i])):
+def _first_reader(chain: ChainOps, start: int, names: set[str]) -> int:
+    reads = chain.reads
+    for i in range(start, len(reads)):
+        if any(n in names for n in reads[i]):
             return i
     return start
 

@@ -30,6 +30,12 @@ gradients). The policy, in order:
    planned peak at the smallest ``A``, or of the most micro-batches when that is
    less), and that budget then works.
 
+Each trial's planned peak comes from the chain model (``chain_peak.py``: the
+schedule's rewrite replayed on records of the ops) when no loop takes the
+budget, else from a copy of the program configured for it; the program is
+rewritten once, for the budget chosen, and its planned peak checked against
+the model's (a disagreement falls back to copies).
+
 The mechanisms (copies of forward ops, budgeted loop kernels) are the other
 modules' business; this one only decides.
 """
@@ -50,6 +56,7 @@ from ..ir.program import Block, Program, Var
 from ..ops.recurrent.steps import is_budget
 from .auto import build_model
 from .binomial import Units, apply_binomial
+from .chain_peak import ChainPeak
 from .lifetimes import ForwardValues
 from .micro_batches import accumulate_micro_batches, loss_over_rows, micro_batch_counts, separable_region
 from .peak import Sizer, planned_peak
@@ -126,7 +133,7 @@ def fit_memory_budget(loss: Var, memory_budget: int, feed_shapes: Mapping | None
     # The budget schedules recurrences over time steps: whole-layer vendor ops become the general
     # RecurrentNetwork they stand for.
     expand_fused_ops(program)
-    store_all = _store_all_peak(loss, feed_shapes, build)
+    store_all, scratch = _store_all_peak(loss, feed_shapes, build)
     if store_all is not None and store_all <= budget:
         pairs, _ = build()
         _record(program, BudgetPlan(total, store_all + reserve, store_all + reserve, None))
@@ -149,15 +156,32 @@ def fit_memory_budget(loss: Var, memory_budget: int, feed_shapes: Mapping | None
     # re-run. Taken when it fits. Else ops over every time step of a recurrence's states run
     # inside its steps (time_steps.py) when the budget needs it: step by step they cost more time
     # than one GEMM over all steps.
+    searched: list[_Scratch] = []       # the search _fits made and the program version it searched
     if _keeps_states(loss.block) and _fits(loss, feed_shapes, build, budget, keep_states=True):
         _keep_states(loss.block)
-    elif not _fits(loss, feed_shapes, build, budget):
+    elif not _fits(loss, feed_shapes, build, budget, scratch=scratch, searched=searched):
         sink_time_step_ops(program, loss.block, resolve_shapes(loss.block, feed_shapes))
+    same = bool(searched) and searched[0].version == program.version and not getattr(build, "callbacks", None)
     _budget_loops(loss.block)
     pairs, n_forward = build()
     keep = [loss.name] + [g.name for _, g in pairs]
-    search = _Search(program, loss, n_forward, keep, feed_shapes)
+    if same and _same_ops(searched[0].program.global_block(), loss.block):
+        search = searched[0].search     # _fits searched this very program (a copy, built the same way)
+    else:
+        search = _Search(program, loss, n_forward, keep, feed_shapes)
     best = search.best(budget)
+    if best is not None:
+        undo = _Undo(program) if search.modelled else None
+        units, live = _apply(search, program, keep, feed_shapes, best[0])
+        # For the programs the chain model takes (no loop) what is live at once is what a schedule
+        # reserves: its peak is the rewritten program's. Should they differ, the model has a
+        # defect: the program is put back and searched the old way (a copy per trial).
+        if undo is not None and live != best[1]:
+            undo.restore()
+            search.forget_model()
+            best = search.best(budget)
+            if best is not None:
+                units, live = _apply(search, program, keep, feed_shapes, best[0])
     if best is None:
         least = search.least() if accumulated is None else min(search.least(), accumulated[2])
         least = least if store_all is None else min(least, store_all)     # storing everything fits too
@@ -170,12 +194,39 @@ def fit_memory_budget(loss: Var, memory_budget: int, feed_shapes: Mapping | None
         error.least_budget = least        # for callers that offer the least budget instead
         raise error
     activation, peak = best
-    units = search.apply(program, activation)
-    # The fit counts what the loops' schedules reserve; the plan reports what is live at once.
-    live = planned_peak(program.global_block(), keep, feed_shapes, live=True)
     _record(program, BudgetPlan(total, live + reserve, None if store_all is None else store_all + reserve,
                                 activation, units, reserved_peak=peak + reserve))
     return pairs
+
+
+def _apply(search: "_Search", program: Program, keep: list[str], feed_shapes, activation: int) -> tuple[int, int]:
+    """Configure ``program`` for ``activation``: (units under a binomial schedule, planned peak).
+    The fit counts what the loops' schedules reserve; the plan reports what is live at once."""
+    units = search.apply(program, activation)
+    return units, planned_peak(program.global_block(), keep, feed_shapes, live=True)
+
+
+class _Undo:
+    """What the rewrite of a schedule changes (ops, what they read, variables, blocks, the counts
+    behind ``unique_name``), to put back."""
+
+    def __init__(self, program: Program):
+        self.program, self.n_blocks = program, len(program.blocks)
+        self.name_counts = dict(program._name_counts)
+        self.blocks = [(b, list(b.ops), dict(b.vars)) for b in program.blocks]
+        self.ops = [(op, op.inputs, op.attrs) for b in program.blocks for op in b.ops]
+
+    def restore(self) -> None:
+        del self.program.blocks[self.n_blocks:]
+        for block, ops, names in self.blocks:
+            block.ops[:] = ops
+            block.vars.clear()
+            block.vars.update(names)
+        for op, inputs, attrs in self.ops:
+            op.inputs, op.attrs = inputs, attrs
+        self.program._name_counts.clear()
+        self.program._name_counts.update(self.name_counts)
+        self.program.bump()
 
 
 def _budget_loops(block: Block) -> None:
@@ -203,17 +254,42 @@ def _keep_states(block: Block) -> None:
     block.program.bump()
 
 
-def _fits(loss: Var, feed_shapes, build, budget: int, keep_states: bool = False) -> bool:
+@dataclass
+class _Scratch:
+    """A copy of the program with its backward built (``build(real=False)``), made at ``version``."""
+    program: Program
+    version: int
+    pairs: list
+    n_forward: int
+    search: "_Search | None" = None
+    shapes: dict | None = None          # resolved for feed_shapes
+    store_all: int | None = None        # its planned peak as built (storing everything)
+
+
+def _fits(loss: Var, feed_shapes, build, budget: int, keep_states: bool = False, scratch: _Scratch | None = None,
+          searched: list | None = None) -> bool:
     """True when some schedule of the program as it is fits ``budget`` (searched on a copy), with
-    ``keep_states`` when its recurrent ops keep every states tensor."""
-    scratch = loss.block.program.clone()
-    block = scratch.global_block()
-    if keep_states:
-        _keep_states(block)
-    _budget_loops(block)
-    pairs, n_forward = build(block.var(loss.name), real=False)
-    keep = [loss.name] + [g.name for _, g in pairs]
-    search = _Search(scratch, block.var(loss.name), n_forward, keep, feed_shapes)
+    ``keep_states`` when its recurrent ops keep every states tensor. ``scratch``: the store-all
+    copy, searched instead of a new one when nothing changed since (no loop to budget either);
+    ``searched`` gets the search made."""
+    program = loss.block.program
+    if keep_states or scratch is None or scratch.version != program.version or _has_loops(program.global_block()):
+        version = program.version
+        copy = program.clone()
+        block = copy.global_block()
+        if keep_states:
+            _keep_states(block)
+        _budget_loops(block)
+        pairs, n_forward = build(block.var(loss.name), real=False)
+        scratch = _Scratch(copy, version, pairs, n_forward)
+    block = scratch.program.global_block()
+    keep = [loss.name] + [g.name for _, g in scratch.pairs]
+    search = scratch.search = _Search(scratch.program, block.var(loss.name), scratch.n_forward, keep, feed_shapes,
+                                      scratch.shapes)
+    if scratch.store_all is not None and not search.loops:     # the schedule "all" leaves the copy as built
+        search.by_schedule[("all",)] = scratch.store_all
+    if searched is not None:
+        searched.append(scratch)
     best = search.best(budget)
     if best is None or not keep_states:
         return best is not None
@@ -264,19 +340,33 @@ def _check_budget(memory_budget) -> int:
     return memory_budget
 
 
-def _store_all_peak(loss: Var, feed_shapes, build) -> int | None:
+def _store_all_peak(loss: Var, feed_shapes, build) -> tuple[int | None, _Scratch]:
     """The planned peak of storing everything, built on a copy (None when a loop's trip count
-    decides it: what it keeps per iteration has no size before the run)."""
-    scratch = loss.block.program.clone()
-    block = scratch.global_block()
-    pairs, _ = build(block.var(loss.name), real=False)
+    decides it: what it keeps per iteration has no size before the run), and that copy."""
+    version = loss.block.program.version
+    copy = loss.block.program.clone()
+    block = copy.global_block()
+    pairs, n_forward = build(block.var(loss.name), real=False)
+    scratch = _Scratch(copy, version, pairs, n_forward)
     keep = [loss.name] + [g.name for _, g in pairs]
     try:
-        return planned_peak(block, keep, feed_shapes)
+        scratch.shapes = resolve_shapes(block, feed_shapes)
+        scratch.store_all = planned_peak(block, keep, feed_shapes, shapes=scratch.shapes)
+        return scratch.store_all, scratch
     except ProgramError:
         if any(op.type == "While" for op in block.ops):
-            return None
+            return None, scratch
         raise
+
+
+def _same_ops(a: Block, b: Block) -> bool:
+    """True when the two blocks run the same ops on the same names (a copy built like the original)."""
+    return len(a.ops) == len(b.ops) and all(
+        x.type == y.type and x.inputs == y.inputs and x.outputs == y.outputs for x, y in zip(a.ops, b.ops))
+
+
+def _has_loops(block: Block) -> bool:
+    return any(op.type in LOOP_TYPES for op in block.ops)
 
 
 def _record(program: Program, plan: BudgetPlan) -> None:
@@ -304,13 +394,13 @@ def _one_step_tape(sizer: Sizer, op) -> int:
 
 
 class _Search:
-    """Planned peaks of the program for activation budgets ``A`` (each tried on a copy)."""
+    """Planned peaks of the program for activation budgets ``A`` (from the chain model, else each tried on a copy)."""
 
-    def __init__(self, program: Program, loss: Var, n_forward: int, keep: list[str], feed_shapes):
+    def __init__(self, program: Program, loss: Var, n_forward: int, keep: list[str], feed_shapes, shapes=None):
         self.program, self.loss, self.n_forward, self.keep = program, loss, n_forward, keep
         self.feed_shapes = feed_shapes
         block = program.global_block()
-        self.shapes = resolve_shapes(block, feed_shapes)
+        self.shapes = shapes if shapes is not None else resolve_shapes(block, feed_shapes)
         info = ForwardValues.of(block, n_forward)
         sizes = {n: estimated_bytes(block.var(n), self.shapes) for n in info.writers}
         self.model = build_model(info, loss.name, sizes)
@@ -331,6 +421,23 @@ class _Search:
         self.loops = any(op.attrs.get("recompute") == _PLACEHOLDER or op.attrs.get("budget") == _PLACEHOLDER
                          for op in block.ops if op.type in LOOP_TYPES + LOOP_GRAD_TYPES)
         self.by_schedule: dict[tuple, int | None] = {}
+        # Without them the peak of a schedule comes from the chain model: the rewrite replayed on
+        # records of the ops, no copy of the program (chain_peak.py; 10,000 ops in seconds, not minutes).
+        self.info = info
+        self.model_peaks: ChainPeak | None | bool = not self.loops      # True: not built yet
+        self.modelled = False        # some peak came from the chain model
+
+    def _chain_model(self) -> ChainPeak | None:
+        """The chain model of the program (built on first use; None with loops or ops it cannot take)."""
+        if self.model_peaks is True:
+            block = self.program.global_block()
+            self.model_peaks = ChainPeak.of(block, self.info, self.units, self.keep, self.shapes)
+        return self.model_peaks or None
+
+    def forget_model(self) -> None:
+        """Plan every schedule on a copy of the program from now on (``peak``)."""
+        self.model_peaks, self.modelled = None, False
+        self.peaks, self.by_schedule = {}, {}
 
     def _loop_least(self, block: Block) -> int:
         """The least budget a loop op can run with: one taped step (what its backward reads of one
@@ -349,6 +456,10 @@ class _Search:
             if schedule is not None and schedule in self.by_schedule:
                 self.peaks[activation] = self.by_schedule[schedule]
                 return self.peaks[activation]
+            if schedule is not None and self._chain_model() is not None:
+                self.peaks[activation] = self.by_schedule[schedule] = self._model_peak(activation)
+                self.modelled = True
+                return self.peaks[activation]
             scratch = self.program.clone()
             try:
                 self._configure(scratch, activation)
@@ -359,6 +470,17 @@ class _Search:
             if schedule is not None:
                 self.by_schedule[schedule] = self.peaks[activation]
         return self.peaks[activation]
+
+    def _model_peak(self, activation: int) -> int | None:
+        """The chain model's planned peak of what ``_configure`` makes of the program."""
+        if self.units.count < 2 or activation >= self.model.store_all:
+            return self.model_peaks.peak(None)
+        try:
+            plan = budget_plan(self.units.count, max(activation, self.tape_bytes), self.state_bytes, self.tape_bytes)
+        except ProgramError as exc:
+            self.why = exc
+            return None
+        return self.model_peaks.peak(plan)
 
     def _schedule(self, activation: int) -> tuple | None:
         """What ``_configure(program, activation)`` makes of the program when no loop takes the
@@ -395,9 +517,7 @@ class _Search:
         self.most_a = max(self.most_a, budget)       # a loop's own keep never needs more than all
         if fits(self.most_a):
             return self.most_a, self.peak(self.most_a)
-        if not fits(self.least_a):
-            return None
-        lo, hi = self.least_a, self.most_a            # fits(lo), not fits(hi)
+        lo, hi = self.least_a, self.most_a            # fits(lo) (asked last), not fits(hi)
         for _ in range(_TRIALS):
             if hi - lo <= max(1, lo // 64):
                 break
@@ -406,6 +526,10 @@ class _Search:
                 lo = mid
             else:
                 hi = mid
+        # The least activation budget is the costliest schedule to plan (every unit recomputed from
+        # the start: quadratic in the units); asked only when no larger one fits.
+        if lo == self.least_a and not fits(lo):
+            return None
         return lo, self.peak(lo)
 
     def least(self) -> int:

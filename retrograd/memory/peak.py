@@ -286,6 +286,12 @@ HOLDS: dict[str, Callable] = {
 }
 
 
+def op_holds(sizer: Sizer, op, live) -> tuple[int, list[int]]:
+    """What ``op`` holds while it runs besides its inputs, and its outputs' bytes (``live``: the
+    positions of outputs read later): the per-op model ``planned_peak`` walks with."""
+    return _holds(sizer, op, live)
+
+
 def _holds(sizer: Sizer, op, live) -> tuple[int, list[int]]:
     rule = HOLDS.get(op.type)
     if rule is not None:
