@@ -51,7 +51,9 @@ from ...ops.core.lowering import lowers
 from ...ops.recurrent.network_onnx import backward_loop_onnx, forward_loop_onnx
 from ...ops.core.registry import GradCtx, append_op, defop
 from ..recompute import seen_from
-from .schedules import (Plan, StepRunner, budget_plan, make_plan, minimum_budget, run_backward)
+from .schedules import (Advance, Plan, Restore, Reverse, StepRunner, budget_plan, make_plan, minimum_budget,
+                        run_backward)
+from .. import policies
 from .step_rows import (BatchedSteps, InputRows, OutputRows, input_row_ops, output_row_ops,
                         row_bytes, rows_batchable, rows_chunk)
 
@@ -59,10 +61,28 @@ SCHEDULE_LEN = 4          # [T, segment, slots, from_alls]
 
 
 def output_specs(inits: list[Var], attrs: dict) -> list:
-    """Shapes of the outputs a budgeted RecurrentNetwork gets once a gradient is built."""
+    """Shapes of the outputs a budgeted RecurrentNetwork gets once a gradient is built: the last
+    segment's tape (``budget_tail``, ``policies.py``), the checkpoints and the schedule."""
     if not attrs.get("budget_outputs"):
         return []
-    return [((-1,) + tuple(v.shape), v.dtype) for v in inits] + [((SCHEDULE_LEN,), "int64")]
+    return ([((-1,) + tuple(v.shape), v.dtype) for v in tail_vars(attrs, inits)]
+            + [((-1,) + tuple(v.shape), v.dtype) for v in inits] + [((SCHEDULE_LEN,), "int64")])
+
+
+def tail_vars(attrs: dict, inits: list) -> list:
+    """What the forward keeps of its last segment for the backward (``budget_tail``): a row per
+    step of each tape value, and unless every states tensor is kept, the states (one more row:
+    the state the segment starts from). Vars of the step block (tape) and ``inits`` (states)."""
+    if not attrs.get("budget_tail"):
+        return []
+    step = attrs["step"]
+    return [step.var(n) for n in attrs["budget_tape"]] + ([] if all(attrs["budget_all"]) else list(inits))
+
+
+def tail_range(plan: Plan) -> tuple[int, int]:
+    """The steps of the segment the backward reverses first (the schedule's last segment)."""
+    first = next((a for a in plan.actions() if isinstance(a, Reverse)), None)
+    return (first.start, first.stop) if first is not None else (plan.steps, plan.steps)
 
 
 # --- running steps ------------------------------------------------------------------------------
@@ -189,12 +209,14 @@ def forward_kernel(k, *arrays):
     state = list(inits)
     plan, ckpts, where = None, [], {}
     tape_names = list(attrs.get("budget_tape", ()))
+    tail = _Tail(xp, held, attrs, from_alls) if graded and attrs.get("budget_tail") else None
     for t in range(steps):
         if t in where:
             for buf, value in zip(ckpts, state):
                 buf[where[t], ...] = value
         measure = graded and plan is None
-        new, extra = runner.run_step(t, state, tape_names if measure else ())
+        taping = measure or (tail is not None and tail.covers(t))
+        new, extra = runner.run_step(t, state, tape_names if taping else ())
         runner.hold(new)
         if measure:
             state_bytes = _nbytes(inits)
@@ -204,6 +226,10 @@ def forward_kernel(k, *arrays):
             if not from_alls:
                 where = {s: j for j, s in enumerate(plan.sweep_stores)}
                 ckpts = [held.add(xp.empty((len(where),) + tuple(v.shape), dtype=v.dtype)) for v in inits]
+            if tail is not None:
+                tail.start(plan, steps)
+        if tail is not None and tail.covers(t):
+            tail.store(t, state, new, extra)
         for buf, value in zip(bufs, new):
             if buf is not None:
                 buf[t + 1, ...] = value
@@ -224,10 +250,61 @@ def forward_kernel(k, *arrays):
     if attrs.get("budget_outputs"):
         if not ckpts:    # no checkpoints taken (none planned, or not live in this plan)
             ckpts = [_empty(xp, v) for v in inits]
+        outputs += tail.outputs() if tail is not None else _empty_tail(xp, attrs, inits)
         outputs += ckpts
         outputs.append(xp.asarray([steps, plan.segment, plan.slots, int(from_alls)], dtype=xp.int64))
     held.release()
     return tuple(outputs)
+
+
+class _Tail:
+    """The last segment's tape as the forward sweep makes it (``policies.py``, "keep_tail"): rows
+    ``t - a`` of each tape value and, unless the states tensors are kept, rows ``t - a + 1`` of each
+    state (row 0: the state step ``a`` starts from), ``a`` the segment's first step. The buffers
+    have the backward's segment length, so it reuses them for the other segments' tape."""
+
+    def __init__(self, xp, held: Held, attrs: dict, from_alls: bool):
+        self.xp, self.held, self.from_alls = xp, held, from_alls
+        self.n_tape = len(attrs.get("budget_tape", ()))
+        self.first = self.stop = -1
+        self.rows = 0
+        self.tape: list = [None] * self.n_tape
+        self.states: list = []
+
+    def start(self, plan: Plan, steps: int) -> None:
+        self.first, self.stop = tail_range(plan)
+        self.rows = max(1, min(plan.segment, steps))
+
+    def covers(self, t: int) -> bool:
+        return self.first <= t < self.stop
+
+    def store(self, t: int, state: list, new: list, values: list) -> None:
+        xp, row = self.xp, t - self.first
+        for j, value in enumerate(values[:self.n_tape]):
+            if self.tape[j] is None:
+                self.tape[j] = self.held.add(xp.empty((self.rows,) + tuple(value.shape), dtype=value.dtype))
+            self.tape[j][row, ...] = value
+        if self.from_alls:
+            return
+        if not self.states:
+            self.states = [self.held.add(xp.empty((self.rows + 1,) + tuple(v.shape), dtype=v.dtype)) for v in new]
+            for buf, value in zip(self.states, state):
+                buf[0, ...] = value
+        for buf, value in zip(self.states, new):
+            buf[row + 1, ...] = value
+
+    def outputs(self) -> list:
+        return [b if b is not None else self.xp.empty((0,), dtype="float32") for b in self.tape] + self.states
+
+
+def _empty_tail(xp, attrs: dict, inits) -> list:
+    """Empty stand-ins of the tail outputs (no backward in this plan, or no tail kept)."""
+    if not attrs.get("budget_tail"):
+        return []
+    step = attrs["step"]
+    tape = [xp.empty((0,) + tuple(max(d, 0) for d in step.var(n).shape), dtype=step.var(n).dtype)
+            for n in attrs["budget_tape"]]
+    return tape + ([] if all(attrs["budget_all"]) else [_empty(xp, v) for v in inits])
 
 
 def _empty(xp, like):
@@ -323,7 +400,13 @@ def grad_maker(g: GradCtx) -> list[Var | None]:
         attrs["budget_tape"] = list(bstep.saved)
         attrs["budget_batched"] = batched_rows(bstep.batched, bstep.block, bstep.saved)
         attrs["budget_outputs"] = True
+        # The recompute policy in force (policies.py): keep the last segment's tape from the forward.
+        attrs["budget_tail"] = policies.keeps_tail() and not bstep.saved_shape
         prefix = op.outputs[0]
+        inits = [block.var(n) for n in op.inputs[lay.n_seq:lay.n_seq + k]]
+        for var in tail_vars(attrs, inits):
+            op.outputs.append(block.create_var(fresh_name(block.program, f"{prefix}.tail"), (-1,) + tuple(var.shape),
+                                               var.dtype).name)
         for name in attrs["states"]:
             var = attrs["step"].var(name)
             out = block.create_var(fresh_name(block.program, f"{name}.ckpt"), (-1,) + var.shape, var.dtype)
@@ -336,8 +419,10 @@ def grad_maker(g: GradCtx) -> list[Var | None]:
     alls_given = all(attrs["budget_all"])
     alls = [block.var(n) for n in op.outputs[0:2 * k:2]] if alls_given else []
     extra = [block.var(n) for n in op.outputs[-(k + 1):]]
+    n_tail = len(op.outputs) - 3 * k - 1
+    tails = [block.var(n) for n in op.outputs[2 * k:2 * k + n_tail]]
     d_all, d_last = douts[0::2], douts[1::2]
-    inputs = list(g.x[:lay.n_inputs]) + alls + extra
+    inputs = list(g.x[:lay.n_inputs]) + alls + extra + tails
     inputs += [d for d in d_all if d is not None] + [d for d in d_last if d is not None]
     grad_of = [i for i, w in enumerate(wanted) if w]
     grad_attrs = {
@@ -349,7 +434,7 @@ def grad_maker(g: GradCtx) -> list[Var | None]:
         "dall_given": [d is not None for d in d_all], "dlast_given": [d is not None for d in d_last],
         "dnext": bstep.dnext, "fetch_seq": bstep.fetch_seq, "fetch_state": bstep.fetch_state,
         "fetch_outer": bstep.fetch_outer, "batched": bstep.batched, "grad_of": grad_of,
-        "budget": int(attrs["recompute"]),
+        "budget": int(attrs["recompute"]), "n_tail": n_tail,
     }
     streams.copy_stream(attrs, grad_attrs)   # re-run steps draw the forward's random numbers
     outs = append_op("RecurrentNetworkBudgetGrad", inputs, grad_attrs, name="rnn_grad")
@@ -382,32 +467,40 @@ class _Layout:
     n_alls: int          # the states tensors (all states, or none: ``alls_given``)
     n_dall: int
     n_dlast: int
+    n_tail: int = 0      # the forward's last-segment tape (``tail_vars``)
 
     @staticmethod
     def of(attrs: dict) -> "_Layout":
         fwd = RnnLayout(len(attrs["inputs_t"]), len(attrs["states"]), bool(attrs["has_lengths"]),
                         int(attrs["n_outer"]))
         n_alls = fwd.n_state if attrs.get("alls_given", True) else 0
-        return _Layout(fwd, n_alls, sum(map(bool, attrs["dall_given"])), sum(map(bool, attrs["dlast_given"])))
+        return _Layout(fwd, n_alls, sum(map(bool, attrs["dall_given"])), sum(map(bool, attrs["dlast_given"])),
+                       int(attrs.get("n_tail", 0)))
 
     def split(self, items):
-        """(forward inputs, state alls or [], checkpoints, schedule, d_all given, d_last given)."""
+        """(forward inputs, state alls or [], checkpoints, schedule, d_all given, d_last given);
+        ``split_tail`` the tail."""
         n, a, k = self.fwd.n_inputs, self.n_alls, self.fwd.n_state
         rest = list(items[n:])
+        d = a + k + 1 + self.n_tail
         return (list(items[:n]), rest[:a], rest[a:a + k], rest[a + k],
-                rest[a + k + 1:a + k + 1 + self.n_dall], rest[a + k + 1 + self.n_dall:])
+                rest[d:d + self.n_dall], rest[d + self.n_dall:])
+
+    def split_tail(self, items) -> list:
+        start = self.fwd.n_inputs + self.n_alls + self.fwd.n_state + 1
+        return list(items[start:start + self.n_tail])
 
 
 def _grad_rule(ins: list[Var], attrs: dict):
     lay = _Layout.of(attrs)
-    expected = lay.fwd.n_inputs + lay.n_alls + lay.fwd.n_state + 1 + lay.n_dall + lay.n_dlast
+    expected = lay.fwd.n_inputs + lay.n_alls + lay.fwd.n_state + 1 + lay.n_tail + lay.n_dall + lay.n_dlast
     if len(ins) != expected:
         raise ShapeError(f"expects {expected} inputs from its attributes, got {len(ins)}")
     return [(ins[i].shape, ins[i].dtype) for i in attrs["grad_of"]]
 
 
 @defop("RecurrentNetworkBudgetGrad", inputs=("forward_inputs*", "state_alls*", "checkpoints*", "schedule",
-                                             "d_all*", "d_last*"),
+                                             "tail*", "d_all*", "d_last*"),
        outputs=("grads*",), infer=_grad_rule)
 def _budget_grad_kernel(k, *arrays):
     """Carry out the forward's checkpoint plan: advance, re-run segments with tape, run their backward."""
@@ -430,7 +523,8 @@ def _budget_grad_kernel(k, *arrays):
         checkpoints[t] = [a[t - 1] for a in alls] if from_alls else [c[j] for c in ckpts]
     back = _Backward(k, lay, seqs, inits, lengths, outers, per_state(attrs["dall_given"], d_all),
                      per_state(attrs["dlast_given"], d_last), plan.segment, alls if from_alls else None)
-    run_backward(plan, checkpoints, back)
+    actions = back.take_tail(lay.split_tail(arrays), plan)
+    run_backward(plan, checkpoints, back, actions)
     return back.results()
 
 
@@ -487,7 +581,29 @@ class _Backward(StepRunner):
         self.seg_states: list = [None] * n_state
         self.seg_tape: list = [None] * len(self.tape)
         self.stand_ins: dict = {}
+        self.tail: tuple[int, int] | None = None     # the steps whose tape the forward kept
+        self.tail_start: list = []
         self.at_once = self._batched_steps(k, seqs, int(attrs["budget"]))
+
+    def take_tail(self, tails: list, plan: Plan) -> list:
+        """Use the forward's last-segment tape (``_Tail``) as this segment's tape and as the buffers
+        of the others; the plan's actions, without those that only led to that segment's start."""
+        actions = plan.actions()
+        n_tape = len(self.tape)
+        if not tails or any(int(b.shape[0]) == 0 for b in tails):
+            return actions
+        self.tail = tail_range(plan)
+        self.seg_tape = list(tails[:n_tape])
+        first = self.tail[0]
+        if self.alls is None:
+            self.seg_states = [b[1:] for b in tails[n_tape:]]
+            self.tail_start = [b[0] for b in tails[n_tape:]]
+        else:
+            self.tail_start = list(self.inits) if first == 0 else [a[first - 1] for a in self.alls]
+        r = next(i for i, a in enumerate(actions) if isinstance(a, Reverse))
+        if all(isinstance(a, (Restore, Advance)) for a in actions[:r]):
+            actions = actions[r:]          # nothing to advance to: the tail holds the segment
+        return actions
 
     # -- StepRunner --------------------------------------------------------------------------
     def advance(self, state, start: int, stop: int):
@@ -510,7 +626,10 @@ class _Backward(StepRunner):
         self.steps.release(state)
 
     def reverse(self, state, start: int, stop: int) -> None:
-        self._tape(state, start, stop)
+        if (start, stop) == self.tail:         # kept by the forward sweep (policies.py, "keep_tail")
+            state, self.tail = self.tail_start, None
+        else:
+            self._tape(state, start, stop)
         n = stop - start
         collect = TimeBatches(self.xp, Held(self.k.run.meter), n, self.attrs["batched"], self.fetch_seq, self.tape)
         dseq = [None if d is None else d[start:stop] for d in self.dseq]

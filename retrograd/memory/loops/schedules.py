@@ -447,14 +447,15 @@ class StepRunner:
         return None
 
 
-def run_backward(plan: Plan, checkpoints: dict, runner: StepRunner) -> None:
-    """Carry out ``plan.actions()``; ``checkpoints`` maps steps to kept states (0 and the sweep's stores).
+def run_backward(plan: Plan, checkpoints: dict, runner: StepRunner, actions: list | None = None) -> None:
+    """Carry out ``plan.actions()`` (or ``actions``, a part of them); ``checkpoints`` maps steps to
+    kept states (0 and the sweep's stores).
 
     Checkpoints the plan drops are handed back to ``runner.drop``; the initial
     state (step 0) is the caller's.
     """
     current, owned = None, False          # owned: current came from runner.advance
-    for action in plan.actions():
+    for action in plan.actions() if actions is None else actions:
         if isinstance(action, Restore):
             if owned:
                 runner.release(current)
