@@ -24,7 +24,7 @@ from ..ir.analysis import lifetimes, op_reads
 from ..ir.program import Block, Var
 from ..ops.recurrent.network_grad import TimeBatches
 from ..ops.recurrent.steps import is_budget
-from .loops.rnn_budget import SCHEDULE_LEN, batched_bytes, batched_rows, checkpoint_plan
+from .loops.rnn_budget import SCHEDULE_LEN, batched_bytes, batched_rows, checkpoint_plan, tail_shared
 from .shape_reads import stand_in_names
 from .loops.step_rows import (input_row_ops, output_row_ops, row_bytes, rows_batchable, rows_chunk)
 from .sizes import Shapes, resolve_shapes
@@ -185,7 +185,7 @@ def _rnn_grad_holds(sizer: Sizer, op, live) -> tuple[int, list[int]]:
         # The forward's tail (policies.py, "keep_tail") is an input, live already: its buffers are
         # the segments' tape.
         n_tail = int(attrs.get("n_tail", 0))
-        if n_tail:
+        if n_tail and not tail_shared(op):
             first = len(op.inputs) - n_tail - sum(map(bool, attrs["dall_given"])) - sum(map(bool, attrs["dlast_given"]))
             kept = max(0, kept - sum(sizer.live.get(n, 0) for n in op.inputs[first:first + n_tail]))
         held = max(held, sizer.block_bytes(attrs["step"], rows)) + kept

@@ -76,7 +76,19 @@ def tail_vars(attrs: dict, inits: list) -> list:
     if not attrs.get("budget_tail"):
         return []
     step = attrs["step"]
-    return [step.var(n) for n in attrs["budget_tape"]] + ([] if all(attrs["budget_all"]) else list(inits))
+    return [step.var(n) for n in attrs["budget_tape"]] + (list(inits) if attrs.get("budget_tail_states") else [])
+
+
+def tail_shared(grad_op: Op) -> bool:
+    """True when another op of the block reads a tail input of ``grad_op`` (a second gradient of the
+    same forward): then the tail's buffers are not reused for the other segments' tape."""
+    n_tail = int(grad_op.attrs.get("n_tail", 0))
+    if not n_tail:
+        return False
+    lay = _Layout.of(grad_op.attrs)
+    first = lay.fwd.n_inputs + lay.n_alls + lay.fwd.n_state + 1
+    names = set(grad_op.inputs[first:first + n_tail])
+    return any(names & set(op_reads(other)) for other in grad_op.block.ops if other is not grad_op)
 
 
 def tail_range(plan: Plan) -> tuple[int, int]:
@@ -209,7 +221,7 @@ def forward_kernel(k, *arrays):
     state = list(inits)
     plan, ckpts, where = None, [], {}
     tape_names = list(attrs.get("budget_tape", ()))
-    tail = _Tail(xp, held, attrs, from_alls) if graded and attrs.get("budget_tail") else None
+    tail = _Tail(xp, held, attrs) if graded and attrs.get("budget_tail") else None
     for t in range(steps):
         if t in where:
             for buf, value in zip(ckpts, state):
@@ -250,7 +262,7 @@ def forward_kernel(k, *arrays):
     if attrs.get("budget_outputs"):
         if not ckpts:    # no checkpoints taken (none planned, or not live in this plan)
             ckpts = [_empty(xp, v) for v in inits]
-        outputs += tail.outputs() if tail is not None else _empty_tail(xp, attrs, inits)
+        outputs += tail.outputs(inits) if tail is not None else _empty_tail(xp, attrs, inits)
         outputs += ckpts
         outputs.append(xp.asarray([steps, plan.segment, plan.slots, int(from_alls)], dtype=xp.int64))
     held.release()
@@ -263,13 +275,15 @@ class _Tail:
     state (row 0: the state step ``a`` starts from), ``a`` the segment's first step. The buffers
     have the backward's segment length, so it reuses them for the other segments' tape."""
 
-    def __init__(self, xp, held: Held, attrs: dict, from_alls: bool):
-        self.xp, self.held, self.from_alls = xp, held, from_alls
+    def __init__(self, xp, held: Held, attrs: dict):
+        self.xp, self.held = xp, held
+        self.with_states = bool(attrs.get("budget_tail_states"))
         self.n_tape = len(attrs.get("budget_tape", ()))
         self.first = self.stop = -1
         self.rows = 0
         self.tape: list = [None] * self.n_tape
         self.states: list = []
+        self.attrs = attrs
 
     def start(self, plan: Plan, steps: int) -> None:
         self.first, self.stop = tail_range(plan)
@@ -283,8 +297,11 @@ class _Tail:
         for j, value in enumerate(values[:self.n_tape]):
             if self.tape[j] is None:
                 self.tape[j] = self.held.add(xp.empty((self.rows,) + tuple(value.shape), dtype=value.dtype))
+            elif tuple(self.tape[j].shape[1:]) != tuple(value.shape):   # a step value's shape changed:
+                self.drop()                                           # the backward re-runs the segment
+                return
             self.tape[j][row, ...] = value
-        if self.from_alls:
+        if not self.with_states:
             return
         if not self.states:
             self.states = [self.held.add(xp.empty((self.rows + 1,) + tuple(v.shape), dtype=v.dtype)) for v in new]
@@ -293,8 +310,16 @@ class _Tail:
         for buf, value in zip(self.states, new):
             buf[row + 1, ...] = value
 
-    def outputs(self) -> list:
-        return [b if b is not None else self.xp.empty((0,), dtype="float32") for b in self.tape] + self.states
+    def drop(self) -> None:
+        for buf in [b for b in self.tape if b is not None] + self.states:
+            self.held.drop(buf)
+        self.first = self.stop = -1
+        self.tape, self.states = [None] * self.n_tape, []
+
+    def outputs(self, inits) -> list:
+        if any(b is None for b in self.tape) or (self.with_states and not self.states):
+            return _empty_tail(self.xp, {**self.attrs}, inits)
+        return self.tape + self.states
 
 
 def _empty_tail(xp, attrs: dict, inits) -> list:
@@ -304,7 +329,7 @@ def _empty_tail(xp, attrs: dict, inits) -> list:
     step = attrs["step"]
     tape = [xp.empty((0,) + tuple(max(d, 0) for d in step.var(n).shape), dtype=step.var(n).dtype)
             for n in attrs["budget_tape"]]
-    return tape + ([] if all(attrs["budget_all"]) else [_empty(xp, v) for v in inits])
+    return tape + ([_empty(xp, v) for v in inits] if attrs.get("budget_tail_states") else [])
 
 
 def _empty(xp, like):
@@ -402,6 +427,7 @@ def grad_maker(g: GradCtx) -> list[Var | None]:
         attrs["budget_outputs"] = True
         # The recompute policy in force (policies.py): keep the last segment's tape from the forward.
         attrs["budget_tail"] = policies.keeps_tail() and not bstep.saved_shape
+        attrs["budget_tail_states"] = attrs["budget_tail"] and not all(attrs["budget_all"])
         prefix = op.outputs[0]
         inits = [block.var(n) for n in op.inputs[lay.n_seq:lay.n_seq + k]]
         for var in tail_vars(attrs, inits):
@@ -523,7 +549,9 @@ def _budget_grad_kernel(k, *arrays):
         checkpoints[t] = [a[t - 1] for a in alls] if from_alls else [c[j] for c in ckpts]
     back = _Backward(k, lay, seqs, inits, lengths, outers, per_state(attrs["dall_given"], d_all),
                      per_state(attrs["dlast_given"], d_last), plan.segment, alls if from_alls else None)
-    actions = back.take_tail(lay.split_tail(arrays), plan)
+    if k.cached is None:
+        k.cached = tail_shared(op)
+    actions = back.take_tail(lay.split_tail(arrays), plan, reuse=not k.cached)
     run_backward(plan, checkpoints, back, actions)
     return back.results()
 
@@ -583,20 +611,25 @@ class _Backward(StepRunner):
         self.stand_ins: dict = {}
         self.tail: tuple[int, int] | None = None     # the steps whose tape the forward kept
         self.tail_start: list = []
+        self.tail_tape = self.tail_states = None     # the tail's buffers when another op reads them too
         self.at_once = self._batched_steps(k, seqs, int(attrs["budget"]))
 
-    def take_tail(self, tails: list, plan: Plan) -> list:
-        """Use the forward's last-segment tape (``_Tail``) as this segment's tape and as the buffers
-        of the others; the plan's actions, without those that only led to that segment's start."""
+    def take_tail(self, tails: list, plan: Plan, reuse: bool) -> list:
+        """Use the forward's last-segment tape (``_Tail``) as this segment's tape and, with ``reuse``
+        (no other op reads it), as the buffers of the others; the plan's actions, without those that
+        only led to that segment's start."""
         actions = plan.actions()
         n_tape = len(self.tape)
-        if not tails or any(int(b.shape[0]) == 0 for b in tails):
+        if not tails or any(int(b.shape[0]) == 0 for b in tails) or (
+                self.alls is None and len(tails) != n_tape + len(self.inits)):
             return actions
         self.tail = tail_range(plan)
         self.seg_tape = list(tails[:n_tape])
+        self.tail_tape = None if reuse else self.seg_tape
         first = self.tail[0]
         if self.alls is None:
             self.seg_states = [b[1:] for b in tails[n_tape:]]
+            self.tail_states = None if reuse else self.seg_states
             self.tail_start = [b[0] for b in tails[n_tape:]]
         else:
             self.tail_start = list(self.inits) if first == 0 else [a[first - 1] for a in self.alls]
@@ -629,6 +662,10 @@ class _Backward(StepRunner):
         if (start, stop) == self.tail:         # kept by the forward sweep (policies.py, "keep_tail")
             state, self.tail = self.tail_start, None
         else:
+            if self.tail_tape is not None and self.seg_tape is self.tail_tape:   # read by another op too
+                self.seg_tape = [None] * len(self.tape)
+            if self.tail_states is not None and self.seg_states is self.tail_states:
+                self.seg_states = [None] * len(self.seg_states)
             self._tape(state, start, stop)
         n = stop - start
         collect = TimeBatches(self.xp, Held(self.k.run.meter), n, self.attrs["batched"], self.fetch_seq, self.tape)
