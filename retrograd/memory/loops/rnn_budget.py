@@ -169,7 +169,8 @@ def _nbytes(arrays) -> int:
     return int(sum(int(np.prod(a.shape)) * np.dtype(dtype_name(a.dtype)).itemsize for a in arrays))
 
 
-def checkpoint_plan(steps: int, budget: int, state_bytes: int, tape_bytes: int, from_alls: bool) -> Plan:
+def checkpoint_plan(steps: int, budget: int, state_bytes: int, tape_bytes: int, from_alls: bool,
+                    align_end: bool = False) -> Plan:
     """The schedule a budgeted RecurrentNetwork runs (its kernels and the planner, ``peak.py``, ask
     here alike): with every state kept (``from_alls``), segments of as many steps as the budget holds;
     else ``schedules.budget_plan``. Raises ProgramError when one step does not fit.
@@ -183,13 +184,15 @@ def checkpoint_plan(steps: int, budget: int, state_bytes: int, tape_bytes: int, 
         if budget < tape_bytes:
             budget_plan(steps, budget, state_bytes, tape_bytes)   # raises with the minimum
         segment = max(1, min(steps, budget // tape_bytes)) if tape_bytes else max(steps, 1)
-        return make_plan(steps, segment, -(-steps // segment))
-    return budget_plan(steps, budget, state_bytes, tape_bytes)
+        return make_plan(steps, segment, -(-steps // segment), align_end)
+    plan = budget_plan(steps, budget, state_bytes, tape_bytes)
+    return make_plan(plan.steps, plan.segment, plan.slots, True) if align_end else plan
 
 
 def _plan(op: Op, steps: int, budget: int, state_bytes: int, tape_bytes: int, from_alls: bool) -> Plan:
     try:
-        return checkpoint_plan(steps, budget, state_bytes, tape_bytes, from_alls)
+        return checkpoint_plan(steps, budget, state_bytes, tape_bytes, from_alls,
+                               bool(tail_vars(op.attrs, op.attrs["states"])))   # as the backward's n_tail > 0
     except ProgramError as exc:
         error = ExecutionError(f"{op.where()}: {exc}")
         error.least_budget = getattr(exc, "least_budget", None)
@@ -543,7 +546,7 @@ def _budget_grad_kernel(k, *arrays):
         raise ExecutionError(f"{op.where()}: the forward kept its states tensors for this backward, but it "
                              f"received {[list(a.shape) for a in alls]} for {steps} steps (a stand-in "
                              "of an output the forward's plan did not keep)")
-    plan = make_plan(steps, max(segment, 1), slots)
+    plan = make_plan(steps, max(segment, 1), slots, align_end=lay.n_tail > 0)
     checkpoints = {0: list(inits)}
     for j, t in enumerate(plan.sweep_stores):
         checkpoints[t] = [a[t - 1] for a in alls] if from_alls else [c[j] for c in ckpts]

@@ -239,7 +239,7 @@ class Plan:
         return self.advances + self.steps
 
 
-def make_plan(steps: int, segment: int, slots: int) -> Plan:
+def make_plan(steps: int, segment: int, slots: int, align_end: bool = False) -> Plan:
     """The binomial schedule of ``steps`` steps in segments of ``segment`` with ``slots`` checkpoints.
 
     Args:
@@ -285,7 +285,10 @@ def make_plan(steps: int, segment: int, slots: int) -> Plan:
 
     # Work items: ("rev", first segment, count, free slots, on the sweep) or ("act", action).
     work: list = [("rev", 0, n, min(slots, max(n - 1, 0)), True)] if n else []
-    bound = lambda j: min(j * segment, steps)  # noqa: E731  (segment index -> time step)
+    if align_end:       # the first segment is the short one, the last a whole one (policies.py: keep_tail)
+        bound = lambda j: max(steps - (n - j) * segment, 0)  # noqa: E731
+    else:
+        bound = lambda j: min(j * segment, steps)  # noqa: E731  (segment index -> time step)
     while work:
         item = work.pop()
         if item[0] == "act":
