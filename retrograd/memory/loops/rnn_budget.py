@@ -224,7 +224,7 @@ def forward_kernel(k, *arrays):
     state = list(inits)
     plan, ckpts, where = None, [], {}
     tape_names = list(attrs.get("budget_tape", ()))
-    tail = _Tail(xp, held, attrs) if graded and attrs.get("budget_tail") else None
+    tail = _Tail(k, held, attrs) if graded and attrs.get("budget_tail") else None
     for t in range(steps):
         if t in where:
             for buf, value in zip(ckpts, state):
@@ -265,7 +265,7 @@ def forward_kernel(k, *arrays):
     if attrs.get("budget_outputs"):
         if not ckpts:    # no checkpoints taken (none planned, or not live in this plan)
             ckpts = [_empty(xp, v) for v in inits]
-        outputs += tail.outputs(inits) if tail is not None else _empty_tail(xp, attrs, inits)
+        outputs += tail.outputs(inits) if tail is not None else _empty_tail(k, attrs, inits)
         outputs += ckpts
         outputs.append(xp.asarray([steps, plan.segment, plan.slots, int(from_alls)], dtype=xp.int64))
     held.release()
@@ -278,8 +278,8 @@ class _Tail:
     state (row 0: the state step ``a`` starts from), ``a`` the segment's first step. The buffers
     have the backward's segment length, so it reuses them for the other segments' tape."""
 
-    def __init__(self, xp, held: Held, attrs: dict):
-        self.xp, self.held = xp, held
+    def __init__(self, k, held: Held, attrs: dict):
+        self.k, self.xp, self.held = k, k.xp, held
         self.with_states = bool(attrs.get("budget_tail_states"))
         self.n_tape = len(attrs.get("budget_tape", ()))
         self.first = self.stop = -1
@@ -321,16 +321,16 @@ class _Tail:
 
     def outputs(self, inits) -> list:
         if any(b is None for b in self.tape) or (self.with_states and not self.states):
-            return _empty_tail(self.xp, {**self.attrs}, inits)
+            return _empty_tail(self.k, self.attrs, inits)
         return self.tape + self.states
 
 
-def _empty_tail(xp, attrs: dict, inits) -> list:
+def _empty_tail(k, attrs: dict, inits) -> list:
     """Empty stand-ins of the tail outputs (no backward in this plan, or no tail kept)."""
     if not attrs.get("budget_tail"):
         return []
-    step = attrs["step"]
-    tape = [xp.empty((0,) + tuple(max(d, 0) for d in step.var(n).shape), dtype=step.var(n).dtype)
+    xp, step = k.xp, attrs["step"]
+    tape = [xp.empty((0,) + tuple(max(d, 0) for d in step.var(n).shape), dtype=k.backend.dtype_of(step.var(n).dtype))
             for n in attrs["budget_tape"]]
     return tape + ([_empty(xp, v) for v in inits] if attrs.get("budget_tail_states") else [])
 
