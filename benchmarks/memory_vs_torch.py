@@ -131,14 +131,15 @@ def measure(step, steps: int) -> dict:
 
 # --- retrograd -----------------------------------------------------------------------------------
 
-def rg_program(model: str, size: Size, budget: int | None):
-    """The training step's program (forward, loss, backward) of ``retrograd train --model model``."""
+def rg_program(model: str, size: Size, budget: int | None, policy: str | None = None):
+    """The training step's program (forward, loss, backward) of ``retrograd train --model model``,
+    built under the recompute policy ``policy`` (``rg.memory.policies``; None: the default)."""
     import retrograd as rg
     from retrograd.models.charlm import ModelConfig, build_net
     cfg = ModelConfig(model="transformer" if model == "tfm" else "lstm", hidden=size.hidden,
                       layers=size.layers, embed=size.embed, heads=size.heads)
     main, startup = rg.Program(random_seed=0), rg.Program(random_seed=0)
-    with rg.program_guard(main, startup):
+    with rg.memory.policies.policy(policy or rg.memory.policies.DEFAULT), rg.program_guard(main, startup):
         net = build_net(cfg, size.seq, with_states=False)
         targets = rg.data("next_chars", [size.seq, -1], dtype="int64")
         loss = rg.mean(rg.softmax_cross_entropy(net.logits, rg.reshape(targets, [-1])))
@@ -163,12 +164,12 @@ def rg_store_all(model: str, size: Size) -> dict:
     return {"planned": peak, "kept": kept, "least": least, "least_fraction": 1 - (peak - least) / kept}
 
 
-def rg_worker(model: str, size: Size, fraction: float, steps: int) -> dict:
+def rg_worker(model: str, size: Size, fraction: float, steps: int, policy: str | None = None) -> dict:
     import retrograd as rg
     base = rg_store_all(model, size)
     budget = None if fraction >= 1 else int(base["planned"] - (1 - fraction) * base["kept"])
     started = time.perf_counter()
-    main, startup, fetch, shapes = rg_program(model, size, budget)
+    main, startup, fetch, shapes = rg_program(model, size, budget, policy)
     plan_s = time.perf_counter() - started
     exe = rg.Executor(threads=1)
     exe.run(startup)
@@ -320,10 +321,11 @@ def planning_time(layers: int, fraction: float = 0.5, rows: int = 1024, width: i
 # --- the sweep -----------------------------------------------------------------------------------
 
 def run_point(side: str, model: str, small: bool, fraction: float, steps: int, backend: str,
-              timeout: int) -> dict:
+              timeout: int, policy: str | None = None) -> dict:
     """One point in a fresh process (the environment of ``ENV``)."""
     cmd = [sys.executable, str(Path(__file__).resolve()), "--worker", side, "--models", model,
            "--fraction", repr(fraction), "--steps", str(steps), "--torch-backend", backend]
+    cmd += ["--policy", policy] if policy else []
     cmd += ["--small"] if small else []
     env = dict(os.environ, **ENV, PYTHONPATH=str(ROOT))
     env.pop("RETROGRAD_MALLOC", None)
@@ -361,7 +363,7 @@ def sweep(model: str, args) -> list[dict]:
         for side in ("retrograd", "torch"):
             if side == "torch" and args.no_torch:
                 continue
-            r = run_point(side, model, args.small, f, args.steps, args.torch_backend, args.timeout)
+            r = run_point(side, model, args.small, f, args.steps, args.torch_backend, args.timeout, args.policy)
             r.update(side=side, model=model, fraction=f, size=str(size))
             rows.append(r)
             print(json.dumps({k: v for k, v in r.items() if k != "times"}), flush=True)
@@ -461,13 +463,15 @@ def main() -> None:
                         "JSON lines of earlier runs' output (a later line of the same point wins, unless an error)")
     parser.add_argument("--planning", type=int, default=None, metavar="LAYERS",
                         help="instead of the sweep: planning time of a LAYERS-deep MLP (1000: 10,007 ops)")
+    parser.add_argument("--policy", default=None, help="retrograd's recompute policy (rg.memory.policies."
+                        "POLICIES: keep_tail, the default; checkpoints, the one before issue 35's second round)")
     parser.add_argument("--worker", choices=("retrograd", "torch"), help=argparse.SUPPRESS)
     parser.add_argument("--fraction", type=float, default=1.0, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.worker:
         model = args.models
         size = SIZES[(model, args.small)]
-        result = (rg_worker(model, size, args.fraction, args.steps) if args.worker == "retrograd"
+        result = (rg_worker(model, size, args.fraction, args.steps, args.policy) if args.worker == "retrograd"
                   else torch_worker(model, size, args.fraction, args.steps, args.torch_backend))
         print(json.dumps(result), flush=True)
         return
