@@ -48,6 +48,7 @@ from ..passes.fuse_linear_loss import fuse_linear_cross_entropy
 from ..errors import ProgramError
 from ..ir.program import Block, Program, Var
 from ..ops.recurrent.steps import is_budget
+from . import policies
 from .auto import build_model
 from .binomial import Units, apply_binomial
 from .lifetimes import ForwardValues
@@ -130,6 +131,10 @@ def fit_memory_budget(loss: Var, memory_budget: int, feed_shapes: Mapping | None
         pairs, _ = build()
         _record(program, BudgetPlan(total, store_all + reserve, store_all + reserve, None))
         return pairs
+    # Values the backward reads only for their shape, freed first (policies.py: nothing recomputed).
+    pairs = _stored_freeing_shape_reads(loss, feed_shapes, build, budget, total, reserve, store_all)
+    if pairs is not None:
+        return pairs
     # An output layer feeding softmax_cross_entropy holds one chunk of its logits at a time: one
     # more GEMM, but the room it frees lets the loops keep more (on the LSTM LM at 25% of
     # store-all's peak, fusing only when nothing fits without it took 2x the time).
@@ -137,6 +142,9 @@ def fit_memory_budget(loss: Var, memory_budget: int, feed_shapes: Mapping | None
     # A transformer stack runs in micro-batches, each one's backward right after its forward
     # (micro_batches.py): nothing is recomputed, where recomputing whole sub-layers over the batch
     # re-ran the attention and still held one sub-layer's activations over the whole batch.
+    pairs = _stored_freeing_shape_reads(loss, feed_shapes, build, budget, total, reserve, store_all)
+    if pairs is not None:
+        return pairs
     accumulated = _accumulate_micro_batches(loss, feed_shapes, build, budget)
     if accumulated is not None and accumulated[0] is not None:
         pairs, chunks, peak = accumulated
@@ -173,6 +181,19 @@ def fit_memory_budget(loss: Var, memory_budget: int, feed_shapes: Mapping | None
     live = planned_peak(program.global_block(), keep, feed_shapes, live=True)
     _record(program, BudgetPlan(total, live + reserve, None if store_all is None else store_all + reserve,
                                 activation, units, reserved_peak=peak + reserve))
+    return pairs
+
+
+def _stored_freeing_shape_reads(loss: Var, feed_shapes, build, budget: int, total: int, reserve: int,
+                                store_all: int | None) -> list | None:
+    """Store everything but what the backward reads only for its shape, when that fits: built and
+    recorded, its pairs; else None (``policies.py``)."""
+    stored = policies.store_all_freeing_shape_reads(loss, feed_shapes, build, budget)
+    if stored is None:
+        return None
+    pairs, peak = stored
+    _record(loss.block.program, BudgetPlan(total, peak + reserve, None if store_all is None else store_all + reserve,
+                                           None))
     return pairs
 
 

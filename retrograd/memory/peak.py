@@ -198,7 +198,7 @@ def _rnn_grad_holds(sizer: Sizer, op, live) -> tuple[int, list[int]]:
         held += min(plan.segment, steps) * _output_rows_bytes(op, outer, rows)
     else:                             # store-all: the time-batched buffers span all steps
         held += _time_batches(sizer, op, rows, steps)
-    outs = [sizer.of(op.inputs[i]) for i in attrs["grad_of"]]
+    outs = [sizer.of(name) for name in op.outputs]    # (an input may be a shape stand-in: policies.py)
     # While the steps run, the sequences' gradients and the outer ones summed step by step exist;
     # the time-batched products are made after, when the loop's buffers are gone.
     looping = sum(size for position, size in zip(attrs["grad_of"], outs) if _grown_in_loop(op, position))

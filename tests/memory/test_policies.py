@@ -1,6 +1,7 @@
-"""Recompute policies of the memory budget (``retrograd/memory/policies.py``): ``keep_tail`` (the
-default) keeps the last segment's tape of a budgeted recurrence from its forward sweep;
-``checkpoints`` re-runs every segment. Both give store-all's gradients (the reference: the same
+"""Recompute policies of the memory budget (``retrograd/memory/policies.py``): ``cheap_first`` (the
+default) first frees what the backward reads only for its shape, then as ``keep_tail`` keeps the
+last segment's tape of a budgeted recurrence from its forward sweep; ``checkpoints`` re-runs every
+segment. All give store-all's gradients (the reference: the same
 program storing everything, itself checked against PyTorch in test_step_rows.py / test_budget.py),
 both stay within the budget, and keep_tail re-runs fewer steps."""
 from __future__ import annotations
@@ -18,7 +19,7 @@ RNG = np.random.RandomState(3)
 FEED = {"ids": RNG.randint(0, VOCAB, (STEPS, BATCH)), "labels": RNG.randint(0, VOCAB, (STEPS, BATCH))}
 
 
-def _lm(budget, policy="keep_tail", dtype="float64", second_gradient=False):
+def _lm(budget, policy=rg.memory.policies.DEFAULT, dtype="float64", second_gradient=False):
     """The LSTM LM of ``retrograd train`` in small: embedding, one LSTM, the output layer."""
     main, startup = Program(random_seed=0), Program(random_seed=0)
     with rg.memory.policies.policy(policy), rg.program_guard(main, startup):
@@ -52,11 +53,11 @@ def _recurrent(main):
 
 
 def test_the_default_policy_is_keep_tail_and_unknown_names_are_refused():
-    assert rg.memory.policies.current() == rg.memory.policies.DEFAULT == "keep_tail"
+    assert rg.memory.policies.current() == rg.memory.policies.DEFAULT == "cheap_first"
     with pytest.raises(rg.ProgramError, match="unknown memory policy 'fastest'"):
         with rg.memory.policies.policy("fastest"):
             pass
-    assert rg.memory.policies.current() == "keep_tail"
+    assert rg.memory.policies.current() == "cheap_first"
 
 
 @pytest.mark.parametrize("share", [0.5, 0.3])
@@ -65,9 +66,10 @@ def test_keep_tail_gradients_equal_store_all_within_the_budget(backend, share):
     measured peak is within the budget."""
     ref, _ = _run(_lm(None), backend)
     budget = int(share * _store_all_peak())
-    for policy in ("keep_tail", "checkpoints"):
+    for policy in ("cheap_first", "keep_tail", "checkpoints"):
         built = _lm(budget, policy)
-        assert bool(_recurrent(built[0]).attrs["budget_tail"]) == (policy == "keep_tail")
+        if policy != "cheap_first":
+            assert bool(_recurrent(built[0]).attrs["budget_tail"]) == (policy == "keep_tail")
         out, exe = _run(built, backend)
         assert exe.last_stats.peak_bytes <= budget, (policy, exe.last_stats.peak_bytes, budget)
         for got, want in zip(out, ref):
@@ -112,3 +114,24 @@ def test_aligned_plan_makes_the_last_segment_whole():
     assert len(plain.sweep_stores) == len(aligned.sweep_stores) and aligned.advances == plain.advances == 0
     reversed_steps = sorted((a.start, a.stop) for a in aligned.actions() if isinstance(a, Reverse))
     assert reversed_steps == [(0, 2), (2, 33), (33, 64)]
+
+
+def test_cheap_first_stores_everything_but_what_the_backward_reads_for_its_shape(backend):
+    """A budget a little under store-all's peak: cheap_first frees the LSTM's input projection
+    ``[T, N, 4H]`` (its store-all backward reads it for its shape alone) and recomputes nothing,
+    so the gradients are store-all's bit for bit; keep_tail budgets the recurrence instead."""
+    ref, exe = _run(_lm(None), backend)
+    projection = STEPS * BATCH * 4 * 12 * 8                  # float64 [T, N, 4H]
+    budget = exe.last_stats.peak_bytes - projection // 2
+    built = _lm(budget)
+    main = built[0]
+    assert main.memory_plan.activation_budget is None and main.memory_plan.planned_peak <= budget
+    assert _recurrent(main).attrs.get("recompute") is None
+    grad = next(op for op in main.global_block().ops if op.type == "RecurrentNetworkGrad")
+    assert grad.inputs[0].endswith(".shape")                 # the projection read through a stand-in
+    out, exe = _run(built, backend)
+    assert exe.last_stats.peak_bytes <= budget
+    for got, want in zip(out, ref):
+        np.testing.assert_array_equal(got, want)
+    other = _lm(budget, "keep_tail")[0]
+    assert other.memory_plan.activation_budget is not None and _recurrent(other).attrs["recompute"] is not None
