@@ -48,8 +48,8 @@ from ..passes.fuse_linear_loss import fuse_linear_cross_entropy
 from ..errors import ProgramError
 from ..ir.program import Block, Program, Var
 from ..ops.recurrent.steps import is_budget
-from . import policies
 from .auto import build_model
+from .shape_first import store_all_freeing_shape_reads
 from .binomial import Units, apply_binomial
 from .lifetimes import ForwardValues
 from .micro_batches import accumulate_micro_batches, loss_over_rows, micro_batch_counts, separable_region
@@ -187,8 +187,8 @@ def fit_memory_budget(loss: Var, memory_budget: int, feed_shapes: Mapping | None
 def _stored_freeing_shape_reads(loss: Var, feed_shapes, build, budget: int, total: int, reserve: int,
                                 store_all: int | None) -> list | None:
     """Store everything but what the backward reads only for its shape, when that fits: built and
-    recorded, its pairs; else None (``policies.py``)."""
-    stored = policies.store_all_freeing_shape_reads(loss, feed_shapes, build, budget)
+    recorded, its pairs; else None (``shape_first.py``, the ``cheap_first`` policy)."""
+    stored = store_all_freeing_shape_reads(loss, feed_shapes, build, budget)
     if stored is None:
         return None
     pairs, peak = stored

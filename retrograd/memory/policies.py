@@ -11,7 +11,7 @@ Two measures, cheapest first (each measured on the LSTM LM of ``retrograd train`
   backward reads the step inputs nowhere (an LSTM's hoisted input projection ``[T, N, 4H]``:
   the backward reads the gate activations it saved), yet the op declares no such input, so
   store-all keeps them to the end of the backward. Freed, they cost nothing (a one-element
-  ``ShapeStandIn``, ``shape_reads.py``). Taken when the program then fits, before the output
+  ``ShapeStandIn``, ``shape_reads.py``; the rung: ``shape_first.py``). Taken when the program then fits, before the output
   layer's chunked cross-entropy and before any recurrence is budgeted (both recompute).
   Store-all itself is left as it is: the torch backend's fused-LSTM rewrite
   (``passes/fuse_recurrent.py``) wants the projection read by the recurrence alone.
@@ -47,9 +47,6 @@ from contextlib import contextmanager
 from typing import Iterator
 
 from ..errors import ProgramError
-from ..ir.analysis import op_reads
-from ..ir.program import Op, Var
-from .shape_reads import bind_shape_stand_ins, shape_only_positions
 
 POLICIES = {
     "checkpoints": frozenset(),
@@ -86,40 +83,3 @@ def keeps_tail() -> bool:
 def frees_shape_reads() -> bool:
     """True when the policy in force tries store-all with the shape-only reads freed first."""
     return "shape_reads" in POLICIES[current()]
-
-
-# --- shape reads first -------------------------------------------------------------------------
-
-def read_for_shape(op: Op) -> frozenset[int]:
-    """Input positions ``op`` reads only for their shape: what it declares, and for a store-all
-    recurrence's gradient the sequences whose step input its backward step reads nowhere (and
-    no time-batched product takes)."""
-    declared = shape_only_positions(op)
-    if op.type != "RecurrentNetworkGrad":
-        return declared
-    attrs = op.attrs
-    reads = {name for inner in attrs["backward"].ops for name in op_reads(inner)}
-    batched = {ref for _, kind, ref, _ in attrs["batched"] if kind == "seq"}
-    return declared | {i for i, name in enumerate(attrs["inputs_t"]) if name not in reads and i not in batched}
-
-
-def store_all_freeing_shape_reads(loss: Var, feed_shapes, build, budget: int) -> tuple[list, int] | None:
-    """Store everything, the shape-only reads freed at their last real use, when that fits
-    ``budget`` (tried on a copy): ``(pairs, planned peak)`` built into the program, else None."""
-    from .peak import planned_peak      # peak.py reads loops/rnn_budget.py, which reads this module
-    if not frees_shape_reads() or not any(op.type == "RecurrentNetwork" for op in loss.block.ops):
-        return None
-    scratch = loss.block.program.clone()
-    block = scratch.global_block()
-    pairs, n_forward = build(block.var(loss.name), real=False)
-    if not bind_shape_stand_ins(block, n_forward, read_for_shape):
-        return None
-    try:
-        peak = planned_peak(block, [loss.name] + [g.name for _, g in pairs], feed_shapes)
-    except ProgramError:        # a while loop's trip count decides what storing everything takes
-        return None
-    if peak > budget:
-        return None
-    pairs, n_forward = build()
-    bind_shape_stand_ins(loss.block, n_forward, read_for_shape)
-    return pairs, peak
