@@ -165,6 +165,11 @@ def fit_memory_budget(loss: Var, memory_budget: int, feed_shapes: Mapping | None
     keep = [loss.name] + [g.name for _, g in pairs]
     search = _Search(program, loss, n_forward, keep, feed_shapes)
     best = search.best(budget)
+    if best is None and _tail_off(loss.block):
+        # The kept tails (policies.py, keep_tail) are live between the forward and the backward: at
+        # the least budgets the recurrences keep none, so the policy never raises the least budget.
+        search = _Search(program, loss, n_forward, keep, feed_shapes)
+        best = search.best(budget)
     if best is None:
         least = search.least() if accumulated is None else min(search.least(), accumulated[2])
         least += reserve
@@ -195,6 +200,15 @@ def _stored_freeing_shape_reads(loss: Var, feed_shapes, build, budget: int, tota
     _record(loss.block.program, BudgetPlan(total, peak + reserve, None if store_all is None else store_all + reserve,
                                            None))
     return pairs
+
+
+def _tail_off(block: Block) -> bool:
+    """Budgeted recurrences keep no tail (``budget_tail_off``); True if one kept one."""
+    ops = [op for op in block.ops if op.type == "RecurrentNetwork" and op.attrs.get("budget_tail")]
+    for op in ops:
+        op.attrs["budget_tail_off"] = True
+    block.program.bump()
+    return bool(ops)
 
 
 def _budget_loops(block: Block) -> None:

@@ -148,6 +148,8 @@ def _tail_bytes(sizer: Sizer, op, plan, steps: int, rows: int) -> list[int]:
     segment = max(1, min(plan.segment, steps))
     tape = [sizer.var_bytes(attrs["step"].var(n), rows, segment) for n in attrs.get("budget_tape", ())]
     n_tail = len(op.outputs) - 3 * n_state - 1
+    if attrs.get("budget_tail_off"):            # outputs kept empty (budget.py: the least budgets)
+        return [0] * max(n_tail, 0)
     states = [(segment + 1) * sizer.of(n) for n in inits] if n_tail > len(tape) else []
     return (tape + states)[:n_tail] if n_tail > 0 else []
 
@@ -185,7 +187,7 @@ def _rnn_grad_holds(sizer: Sizer, op, live) -> tuple[int, list[int]]:
         # The forward's tail (policies.py, "keep_tail") is an input, live already: its buffers are
         # the segments' tape.
         n_tail = int(attrs.get("n_tail", 0))
-        if n_tail and not tail_shared(op):
+        if n_tail and not tail_shared(op):      # (an empty tail, budget_tail_off, subtracts nothing)
             first = len(op.inputs) - n_tail - sum(map(bool, attrs["dall_given"])) - sum(map(bool, attrs["dlast_given"]))
             kept = max(0, kept - sum(sizer.live.get(n, 0) for n in op.inputs[first:first + n_tail]))
         held = max(held, sizer.block_bytes(attrs["step"], rows)) + kept

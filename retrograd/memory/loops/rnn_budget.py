@@ -224,7 +224,8 @@ def forward_kernel(k, *arrays):
     state = list(inits)
     plan, ckpts, where = None, [], {}
     tape_names = list(attrs.get("budget_tape", ()))
-    tail = _Tail(k, held, attrs) if graded and attrs.get("budget_tail") else None
+    keep_tail = attrs.get("budget_tail") and not attrs.get("budget_tail_off")   # (off: budget.py, the least budgets)
+    tail = _Tail(k, held, attrs) if graded and keep_tail else None
     for t in range(steps):
         if t in where:
             for buf, value in zip(ckpts, state):
