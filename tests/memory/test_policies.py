@@ -6,6 +6,8 @@ program storing everything, itself checked against PyTorch in test_step_rows.py 
 both stay within the budget, and keep_tail re-runs fewer steps."""
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import pytest
 
@@ -135,3 +137,20 @@ def test_cheap_first_stores_everything_but_what_the_backward_reads_for_its_shape
         np.testing.assert_array_equal(got, want)
     other = _lm(budget, "keep_tail")[0]
     assert other.memory_plan.activation_budget is not None and _recurrent(other).attrs["recompute"] is not None
+
+
+def test_keep_tail_never_raises_the_least_budget():
+    """A kept tail is live between the forward and the backward: at the least budgets the
+    recurrences keep none, so every policy names the same least budget, and that budget runs."""
+    least = {}
+    for policy in ("cheap_first", "keep_tail", "checkpoints"):
+        with pytest.raises(rg.ProgramError, match="the least budget that fits is") as info:
+            _lm(1000, policy)
+        least[policy] = int(re.search(r"the least budget that fits is (\d+) bytes", str(info.value)).group(1))
+    assert len(set(least.values())) == 1, least
+    built = _lm(least["keep_tail"], "keep_tail")
+    ref, _ = _run(_lm(None))
+    out, exe = _run(built)
+    assert exe.last_stats.peak_bytes <= least["keep_tail"]
+    for got, want in zip(out, ref):
+        np.testing.assert_allclose(got, want, rtol=1e-9, atol=1e-13)
