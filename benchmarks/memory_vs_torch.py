@@ -38,6 +38,8 @@ cores are shared, wall clock there measures the other jobs).
     PYTHONPATH=. python benchmarks/memory_vs_torch.py --small --out benchmarks/results/memory_vs_torch_small
 
     PYTHONPATH=. python benchmarks/memory_vs_torch.py --planning 1000    # planning time, 10,007 ops
+    PYTHONPATH=. python benchmarks/memory_vs_torch.py --models lstm --small --ab 0.86,0.5,0.25 --steps 25
+                                              # recompute policies before/after, timed in turns
 
 ``--out PREFIX`` writes PREFIX.md (the table, command, machine, load) and PREFIX.png (the plot).
 ``--worker`` is internal: one point, printed as one JSON line.
@@ -318,6 +320,41 @@ def planning_time(layers: int, fraction: float = 0.5, rows: int = 1024, width: i
             f"{store_all_s:.2f} s | {report_s:.2f} s | {budget_s:.1f} s |")
 
 
+# --- policies, before/after in one process -------------------------------------------------------
+
+def policy_ab(model: str, small: bool, fractions: list[float], steps: int, policies: list[str]) -> list[str]:
+    """retrograd's step under each recompute policy (``rg.memory.policies``) at each fraction, all
+    built in this process and timed in turns (step CPU time, the least of ``steps`` each): on a
+    shared machine the load then weighs on every policy alike, where separate processes (the
+    sweep) see different loads. Returns markdown table rows."""
+    import retrograd as rg
+    size = SIZES[(model, small)]
+    base = rg_store_all(model, size)
+    runs = {}
+    for f in sorted(set(fractions) | {1.0}, reverse=True):
+        for policy in policies if f < 1 else policies[:1]:
+            budget = None if f >= 1 else int(base["planned"] - (1 - f) * base["kept"])
+            main, startup, fetch, shapes = rg_program(model, size, budget, policy)
+            exe = rg.Executor(threads=1)
+            exe.run(startup)
+            rng = np.random.RandomState(0)
+            feed = {"chars": rng.randint(0, VOCAB, shapes["chars"]), "next_chars": rng.randint(0, VOCAB, shapes["chars"])}
+            exe.run(main, feed=feed, fetch_list=fetch)
+            runs[(f, policy)] = (exe, main, feed, fetch, [])
+    for _ in range(steps):
+        for exe, main, feed, fetch, times in runs.values():
+            started = time.process_time()
+            exe.run(main, feed=feed, fetch_list=fetch)
+            times.append(time.process_time() - started)
+    store_all = min(runs[(1.0, policies[0])][4])
+    rows = ["| f | policy | budget MB | executor peak MB | time ms | x store-all |", "|--:|---|--:|--:|--:|--:|"]
+    for (f, policy), (exe, main, _, _, times) in runs.items():
+        plan = getattr(main, "memory_plan", None)
+        rows.append(f"| {f:.2f} | {'store all' if f >= 1 else policy} | {'' if plan is None else f'{plan.budget / 1e6:.2f}'} | "
+                    f"{exe.last_stats.peak_bytes / 1e6:.2f} | {min(times) * 1e3:.1f} | {min(times) / store_all:.2f} |")
+    return rows
+
+
 # --- the sweep -----------------------------------------------------------------------------------
 
 def run_point(side: str, model: str, small: bool, fraction: float, steps: int, backend: str,
@@ -465,6 +502,9 @@ def main() -> None:
                         help="instead of the sweep: planning time of a LAYERS-deep MLP (1000: 10,007 ops)")
     parser.add_argument("--policy", default=None, help="retrograd's recompute policy (rg.memory.policies."
                         "POLICIES: keep_tail, the default; checkpoints, the one before issue 35's second round)")
+    parser.add_argument("--ab", default=None, metavar="FRACTIONS", help="instead of the sweep: retrograd "
+                        "under each --policy (comma-separated; default checkpoints,cheap_first) at these "
+                        "fractions, in one process, timed in turns (one model: --models lstm)")
     parser.add_argument("--worker", choices=("retrograd", "torch"), help=argparse.SUPPRESS)
     parser.add_argument("--fraction", type=float, default=1.0, help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -474,6 +514,13 @@ def main() -> None:
         result = (rg_worker(model, size, args.fraction, args.steps, args.policy) if args.worker == "retrograd"
                   else torch_worker(model, size, args.fraction, args.steps, args.torch_backend))
         print(json.dumps(result), flush=True)
+        return
+    if args.ab:
+        load0 = os.getloadavg()
+        rows = policy_ab(args.models, args.small, [float(f) for f in args.ab.split(",")], args.steps,
+                         (args.policy or "checkpoints,cheap_first").split(","))
+        print("\n".join(rows))
+        print(f"load average {load0[0]:.2f} at the start, {os.getloadavg()[0]:.2f} at the end")
         return
     if args.planning:
         print("| program | ops | budgeted ops | store-all append_backward | rg.memory.report | budgeted append_backward |")
