@@ -182,6 +182,7 @@ def fit_memory_budget(loss: Var, memory_budget: int, feed_shapes: Mapping | None
         raise error
     activation, peak = best
     units = search.apply(program, activation)
+    _plan_tails(loss.block, resolve_shapes(loss.block, feed_shapes))     # (with the recompute copies)
     # The fit counts what the loops' schedules reserve; the plan reports what is live at once.
     live = planned_peak(program.global_block(), keep, feed_shapes, live=True)
     _record(program, BudgetPlan(total, live + reserve, None if store_all is None else store_all + reserve,
@@ -200,6 +201,14 @@ def _stored_freeing_shape_reads(loss: Var, feed_shapes, build, budget: int, tota
     _record(loss.block.program, BudgetPlan(total, peak + reserve, None if store_all is None else store_all + reserve,
                                            None))
     return pairs
+
+
+def _plan_tails(block: Block, shapes) -> None:
+    """A recurrence keeping its tail keeps it up to the length planned for (``rnn_budget.tail_kept``)."""
+    for op in block.ops:
+        if op.type == "RecurrentNetwork" and op.attrs.get("budget_tail"):
+            op.attrs["budget_tail_steps"] = int((shapes.get(op.inputs[0]) or (0,))[0])
+    block.program.bump()
 
 
 def _tail_off(block: Block) -> bool:

@@ -24,7 +24,7 @@ from ..ir.analysis import lifetimes, op_reads
 from ..ir.program import Block, Var
 from ..ops.recurrent.network_grad import TimeBatches
 from ..ops.recurrent.steps import is_budget
-from .loops.rnn_budget import SCHEDULE_LEN, batched_bytes, batched_rows, checkpoint_plan, tail_shared
+from .loops.rnn_budget import SCHEDULE_LEN, batched_bytes, batched_rows, checkpoint_plan, tail_kept, tail_shared
 from .shape_reads import stand_in_names
 from .loops.step_rows import (input_row_ops, output_row_ops, row_bytes, rows_batchable, rows_chunk)
 from .sizes import Shapes, resolve_shapes
@@ -148,7 +148,7 @@ def _tail_bytes(sizer: Sizer, op, plan, steps: int, rows: int) -> list[int]:
     segment = max(1, min(plan.segment, steps))
     tape = [sizer.var_bytes(attrs["step"].var(n), rows, segment) for n in attrs.get("budget_tape", ())]
     n_tail = len(op.outputs) - 3 * n_state - 1
-    if attrs.get("budget_tail_off"):            # outputs kept empty (budget.py: the least budgets)
+    if not tail_kept(attrs, steps):             # outputs kept empty (budget.py: the least budgets)
         return [0] * max(n_tail, 0)
     states = [(segment + 1) * sizer.of(n) for n in inits] if n_tail > len(tape) else []
     return (tape + states)[:n_tail] if n_tail > 0 else []

@@ -91,6 +91,15 @@ def tail_shared(grad_op: Op) -> bool:
     return any(names & set(op_reads(other)) for other in grad_op.block.ops if other is not grad_op)
 
 
+def tail_kept(attrs: dict, steps: int) -> bool:
+    """Does the forward keep its tail at ``steps`` time steps? Not when the whole-program budget
+    turned it off (``budget_tail_off``: the least budgets), nor at a run-time length above the one
+    it planned for (``budget_tail_steps``): the tail is live where the values that grow with the
+    length are, and the plan counted it at the planned length only."""
+    return bool(attrs.get("budget_tail")) and not attrs.get("budget_tail_off") and (
+        steps <= int(attrs.get("budget_tail_steps", steps)))
+
+
 def tail_range(plan: Plan) -> tuple[int, int]:
     """The steps of the segment the backward reverses first (the schedule's last segment)."""
     first = next((a for a in plan.actions() if isinstance(a, Reverse)), None)
@@ -224,8 +233,7 @@ def forward_kernel(k, *arrays):
     state = list(inits)
     plan, ckpts, where = None, [], {}
     tape_names = list(attrs.get("budget_tape", ()))
-    keep_tail = attrs.get("budget_tail") and not attrs.get("budget_tail_off")   # (off: budget.py, the least budgets)
-    tail = _Tail(k, held, attrs) if graded and keep_tail else None
+    tail = _Tail(k, held, attrs) if graded and tail_kept(attrs, steps) else None
     for t in range(steps):
         if t in where:
             for buf, value in zip(ckpts, state):
