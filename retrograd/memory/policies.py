@@ -23,7 +23,9 @@ Two measures, cheapest first (each measured on the LSTM LM of ``retrograd train`
   re-running it and reuses its buffers for the other segments' tape. The segments are laid
   from the end (``make_plan(align_end=True)``: the short one is the first), so the tail is a
   whole segment. The op's bound is unchanged (checkpoints plus one segment's tape); the tail
-  is live from the end of the sweep to the backward, which the planner (``peak.py``) counts.
+  is live from the end of the sweep to the backward, which the planner (``peak.py``) counts at
+  the planned length: at a longer run-time length (where the values that grow with it are live
+  beside the tail) and at the least budgets the recurrence keeps none (``budget.py``).
 
 Policies (``POLICIES``): ``"cheap_first"`` (the default: both), ``"keep_tail"`` (the tail
 only), ``"checkpoints"`` (neither: what every budget did before). The policy is read when
