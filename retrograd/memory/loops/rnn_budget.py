@@ -759,7 +759,8 @@ class _Backward(StepRunner):
             wide = xp.zeros((self.segment,) + tuple(max(a, b) for a, b in zip(shape, buf.shape[1:])),
                             dtype=buf.dtype)
             wide[(slice(None),) + tuple(slice(0, d) for d in buf.shape[1:])] = buf
-            self.held.drop(buf)
+            if any(a is buf for a in self.held.arrays):     # (not the forward's tail: an input)
+                self.held.drop(buf)
             buf = self.seg_tape[j] = self.held.add(wide)
         if shape == tuple(buf.shape[1:]):
             buf[row, ...] = value
