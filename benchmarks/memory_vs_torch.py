@@ -39,6 +39,8 @@ cores are shared, wall clock there measures the other jobs).
 
     PYTHONPATH=. python benchmarks/memory_vs_torch.py --planning 1000    # planning time, 10,007 ops
     PYTHONPATH=. python benchmarks/memory_vs_torch.py --planning 100,200,500,1000   # 1k, 2k, 5k, 10k ops
+    PYTHONPATH=. python benchmarks/memory_vs_torch.py --models lstm --small --ab 0.86,0.5,0.25 --steps 25
+                                              # recompute policies before/after, timed in turns
 
 ``--out PREFIX`` writes PREFIX.md (the table, command, machine, load) and PREFIX.png (the plot).
 ``--worker`` is internal: one point, printed as one JSON line.
@@ -132,14 +134,15 @@ def measure(step, steps: int) -> dict:
 
 # --- retrograd -----------------------------------------------------------------------------------
 
-def rg_program(model: str, size: Size, budget: int | None):
-    """The training step's program (forward, loss, backward) of ``retrograd train --model model``."""
+def rg_program(model: str, size: Size, budget: int | None, policy: str | None = None):
+    """The training step's program (forward, loss, backward) of ``retrograd train --model model``,
+    built under the recompute policy ``policy`` (``rg.memory.policies``; None: the default)."""
     import retrograd as rg
     from retrograd.models.charlm import ModelConfig, build_net
     cfg = ModelConfig(model="transformer" if model == "tfm" else "lstm", hidden=size.hidden,
                       layers=size.layers, embed=size.embed, heads=size.heads)
     main, startup = rg.Program(random_seed=0), rg.Program(random_seed=0)
-    with rg.program_guard(main, startup):
+    with rg.memory.policies.policy(policy or rg.memory.policies.DEFAULT), rg.program_guard(main, startup):
         net = build_net(cfg, size.seq, with_states=False)
         targets = rg.data("next_chars", [size.seq, -1], dtype="int64")
         loss = rg.mean(rg.softmax_cross_entropy(net.logits, rg.reshape(targets, [-1])))
@@ -164,12 +167,12 @@ def rg_store_all(model: str, size: Size) -> dict:
     return {"planned": peak, "kept": kept, "least": least, "least_fraction": 1 - (peak - least) / kept}
 
 
-def rg_worker(model: str, size: Size, fraction: float, steps: int) -> dict:
+def rg_worker(model: str, size: Size, fraction: float, steps: int, policy: str | None = None) -> dict:
     import retrograd as rg
     base = rg_store_all(model, size)
     budget = None if fraction >= 1 else int(base["planned"] - (1 - fraction) * base["kept"])
     started = time.perf_counter()
-    main, startup, fetch, shapes = rg_program(model, size, budget)
+    main, startup, fetch, shapes = rg_program(model, size, budget, policy)
     plan_s = time.perf_counter() - started
     exe = rg.Executor(threads=1)
     exe.run(startup)
@@ -318,13 +321,49 @@ def planning_time(layers: int, fraction: float = 0.5, rows: int = 1024, width: i
             f"{store_all_s:.2f} s | {report_s:.2f} s | {budget_s:.2f} s | {budget_s - store_all_s:.2f} s |")
 
 
+# --- policies, before/after in one process -------------------------------------------------------
+
+def policy_ab(model: str, small: bool, fractions: list[float], steps: int, policies: list[str]) -> list[str]:
+    """retrograd's step under each recompute policy (``rg.memory.policies``) at each fraction, all
+    built in this process and timed in turns (step CPU time, the least of ``steps`` each): on a
+    shared machine the load then weighs on every policy alike, where separate processes (the
+    sweep) see different loads. Returns markdown table rows."""
+    import retrograd as rg
+    size = SIZES[(model, small)]
+    base = rg_store_all(model, size)
+    runs = {}
+    for f in sorted(set(fractions) | {1.0}, reverse=True):
+        for policy in policies if f < 1 else policies[:1]:
+            budget = None if f >= 1 else int(base["planned"] - (1 - f) * base["kept"])
+            main, startup, fetch, shapes = rg_program(model, size, budget, policy)
+            exe = rg.Executor(threads=1)
+            exe.run(startup)
+            rng = np.random.RandomState(0)
+            feed = {"chars": rng.randint(0, VOCAB, shapes["chars"]), "next_chars": rng.randint(0, VOCAB, shapes["chars"])}
+            exe.run(main, feed=feed, fetch_list=fetch)
+            runs[(f, policy)] = (exe, main, feed, fetch, [])
+    for _ in range(steps):
+        for exe, main, feed, fetch, times in runs.values():
+            started = time.process_time()
+            exe.run(main, feed=feed, fetch_list=fetch)
+            times.append(time.process_time() - started)
+    store_all = min(runs[(1.0, policies[0])][4])
+    rows = ["| f | policy | budget MB | executor peak MB | time ms | x store-all |", "|--:|---|--:|--:|--:|--:|"]
+    for (f, policy), (exe, main, _, _, times) in runs.items():
+        plan = getattr(main, "memory_plan", None)
+        rows.append(f"| {f:.2f} | {'store all' if f >= 1 else policy} | {'' if plan is None else f'{plan.budget / 1e6:.2f}'} | "
+                    f"{exe.last_stats.peak_bytes / 1e6:.2f} | {min(times) * 1e3:.1f} | {min(times) / store_all:.2f} |")
+    return rows
+
+
 # --- the sweep -----------------------------------------------------------------------------------
 
 def run_point(side: str, model: str, small: bool, fraction: float, steps: int, backend: str,
-              timeout: int) -> dict:
+              timeout: int, policy: str | None = None) -> dict:
     """One point in a fresh process (the environment of ``ENV``)."""
     cmd = [sys.executable, str(Path(__file__).resolve()), "--worker", side, "--models", model,
            "--fraction", repr(fraction), "--steps", str(steps), "--torch-backend", backend]
+    cmd += ["--policy", policy] if policy else []
     cmd += ["--small"] if small else []
     env = dict(os.environ, **ENV, PYTHONPATH=str(ROOT))
     env.pop("RETROGRAD_MALLOC", None)
@@ -362,7 +401,7 @@ def sweep(model: str, args) -> list[dict]:
         for side in ("retrograd", "torch"):
             if side == "torch" and args.no_torch:
                 continue
-            r = run_point(side, model, args.small, f, args.steps, args.torch_backend, args.timeout)
+            r = run_point(side, model, args.small, f, args.steps, args.torch_backend, args.timeout, args.policy)
             r.update(side=side, model=model, fraction=f, size=str(size))
             rows.append(r)
             print(json.dumps({k: v for k, v in r.items() if k != "times"}), flush=True)
@@ -463,15 +502,27 @@ def main() -> None:
     parser.add_argument("--planning", default=None, metavar="LAYERS",
                         help="instead of the sweep: planning time of a LAYERS-deep MLP (1000: 10,007 ops; "
                         "a comma-separated list: one row each)")
+    parser.add_argument("--policy", default=None, help="retrograd's recompute policy (rg.memory.policies."
+                        "POLICIES: keep_tail, the default; checkpoints, the one before issue 35's second round)")
+    parser.add_argument("--ab", default=None, metavar="FRACTIONS", help="instead of the sweep: retrograd "
+                        "under each --policy (comma-separated; default checkpoints,cheap_first) at these "
+                        "fractions, in one process, timed in turns (one model: --models lstm)")
     parser.add_argument("--worker", choices=("retrograd", "torch"), help=argparse.SUPPRESS)
     parser.add_argument("--fraction", type=float, default=1.0, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.worker:
         model = args.models
         size = SIZES[(model, args.small)]
-        result = (rg_worker(model, size, args.fraction, args.steps) if args.worker == "retrograd"
+        result = (rg_worker(model, size, args.fraction, args.steps, args.policy) if args.worker == "retrograd"
                   else torch_worker(model, size, args.fraction, args.steps, args.torch_backend))
         print(json.dumps(result), flush=True)
+        return
+    if args.ab:
+        load0 = os.getloadavg()
+        rows = policy_ab(args.models, args.small, [float(f) for f in args.ab.split(",")], args.steps,
+                         (args.policy or "checkpoints,cheap_first").split(","))
+        print("\n".join(rows))
+        print(f"load average {load0[0]:.2f} at the start, {os.getloadavg()[0]:.2f} at the end")
         return
     if args.planning:
         print("| program | ops | budgeted ops | store-all append_backward | rg.memory.report | budgeted append_backward "

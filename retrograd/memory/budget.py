@@ -55,6 +55,7 @@ from ..errors import ProgramError
 from ..ir.program import Block, Program, Var
 from ..ops.recurrent.steps import is_budget
 from .auto import build_model
+from .shape_first import store_all_freeing_shape_reads
 from .binomial import Units, apply_binomial
 from .chain_peak import ChainPeak
 from .lifetimes import ForwardValues
@@ -138,6 +139,10 @@ def fit_memory_budget(loss: Var, memory_budget: int, feed_shapes: Mapping | None
         pairs, _ = build()
         _record(program, BudgetPlan(total, store_all + reserve, store_all + reserve, None))
         return pairs
+    # Values the backward reads only for their shape, freed first (policies.py: nothing recomputed).
+    pairs = _stored_freeing_shape_reads(loss, feed_shapes, build, budget, total, reserve, store_all)
+    if pairs is not None:
+        return pairs
     # An output layer feeding softmax_cross_entropy holds one chunk of its logits at a time: one
     # more GEMM, but the room it frees lets the loops keep more (on the LSTM LM at 25% of
     # store-all's peak, fusing only when nothing fits without it took 2x the time).
@@ -145,6 +150,9 @@ def fit_memory_budget(loss: Var, memory_budget: int, feed_shapes: Mapping | None
     # A transformer stack runs in micro-batches, each one's backward right after its forward
     # (micro_batches.py): nothing is recomputed, where recomputing whole sub-layers over the batch
     # re-ran the attention and still held one sub-layer's activations over the whole batch.
+    pairs = _stored_freeing_shape_reads(loss, feed_shapes, build, budget, total, reserve, store_all)
+    if pairs is not None:
+        return pairs
     accumulated = _accumulate_micro_batches(loss, feed_shapes, build, budget)
     if accumulated is not None and accumulated[0] is not None:
         pairs, chunks, peak = accumulated
@@ -170,6 +178,11 @@ def fit_memory_budget(loss: Var, memory_budget: int, feed_shapes: Mapping | None
     else:
         search = _Search(program, loss, n_forward, keep, feed_shapes)
     best = search.best(budget)
+    if best is None and _tail_off(loss.block):
+        # The kept tails (policies.py, keep_tail) are live between the forward and the backward: at
+        # the least budgets the recurrences keep none, so the policy never raises the least budget.
+        search = _Search(program, loss, n_forward, keep, feed_shapes)
+        best = search.best(budget)
     if best is not None:
         undo = _Undo(program) if search.modelled else None
         units, live = _apply(search, program, keep, feed_shapes, best[0])
@@ -203,6 +216,7 @@ def _apply(search: "_Search", program: Program, keep: list[str], feed_shapes, ac
     """Configure ``program`` for ``activation``: (units under a binomial schedule, planned peak).
     The fit counts what the loops' schedules reserve; the plan reports what is live at once."""
     units = search.apply(program, activation)
+    _plan_tails(program.global_block(), feed_shapes)     # (with the recompute copies)
     return units, planned_peak(program.global_block(), keep, feed_shapes, live=True)
 
 
@@ -227,6 +241,39 @@ class _Undo:
         self.program._name_counts.clear()
         self.program._name_counts.update(self.name_counts)
         self.program.bump()
+
+
+def _stored_freeing_shape_reads(loss: Var, feed_shapes, build, budget: int, total: int, reserve: int,
+                                store_all: int | None) -> list | None:
+    """Store everything but what the backward reads only for its shape, when that fits: built and
+    recorded, its pairs; else None (``shape_first.py``, the ``cheap_first`` policy)."""
+    stored = store_all_freeing_shape_reads(loss, feed_shapes, build, budget)
+    if stored is None:
+        return None
+    pairs, peak = stored
+    _record(loss.block.program, BudgetPlan(total, peak + reserve, None if store_all is None else store_all + reserve,
+                                           None))
+    return pairs
+
+
+def _plan_tails(block: Block, feed_shapes) -> None:
+    """A recurrence keeping its tail keeps it up to the length planned for (``rnn_budget.tail_kept``)."""
+    ops = [op for op in block.ops if op.type == "RecurrentNetwork" and op.attrs.get("budget_tail")]
+    if not ops:
+        return
+    shapes = resolve_shapes(block, feed_shapes)
+    for op in ops:
+        op.attrs["budget_tail_steps"] = int((shapes.get(op.inputs[0]) or (0,))[0])
+    block.program.bump()
+
+
+def _tail_off(block: Block) -> bool:
+    """Budgeted recurrences keep no tail (``budget_tail_off``); True if one kept one."""
+    ops = [op for op in block.ops if op.type == "RecurrentNetwork" and op.attrs.get("budget_tail")]
+    for op in ops:
+        op.attrs["budget_tail_off"] = True
+    block.program.bump()
+    return bool(ops)
 
 
 def _budget_loops(block: Block) -> None:

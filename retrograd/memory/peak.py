@@ -24,7 +24,7 @@ from ..ir.analysis import lifetimes, op_reads
 from ..ir.program import Block, Var
 from ..ops.recurrent.network_grad import TimeBatches
 from ..ops.recurrent.steps import is_budget
-from .loops.rnn_budget import SCHEDULE_LEN, batched_bytes, batched_rows, checkpoint_plan
+from .loops.rnn_budget import SCHEDULE_LEN, batched_bytes, batched_rows, checkpoint_plan, tail_kept, tail_shared
 from .shape_reads import stand_in_names
 from .loops.step_rows import (input_row_ops, output_row_ops, row_bytes, rows_batchable, rows_chunk)
 from .sizes import Shapes, resolve_shapes
@@ -130,14 +130,33 @@ def _rnn_holds(sizer: Sizer, op, live) -> tuple[int, list[int]]:
         for j, (name, full) in enumerate(zip(attrs.get("saved", ()), attrs.get("saved_full", ()))):
             if 2 * n_state + j in live and full:
                 outs[2 * n_state + j] = sizer.var_bytes(attrs["step"].var(name), rows, steps)
-    elif graded and not from_alls:      # the checkpoints of the schedule the kernel will choose
-        tape = _tape_bytes(sizer, attrs["step"], attrs["budget_tape"], attrs["budget_batched"], states, rows)
+    elif graded:      # the checkpoints of the schedule the kernel will choose, and its tail
+        tape = _tape_bytes(sizer, attrs["step"], attrs["budget_tape"], attrs["budget_batched"], states, rows,
+                           from_alls)
         plan = checkpoint_plan(steps, budget, sum(states), tape, from_alls)
         first = len(op.outputs) - n_state - 1
-        for i, size in enumerate(states):
-            outs[first + i] = len(plan.sweep_stores) * size
-        outs[-1] = 8 * SCHEDULE_LEN
+        if not from_alls:
+            for i, size in enumerate(states):
+                outs[first + i] = len(plan.sweep_stores) * size
+            outs[-1] = 8 * SCHEDULE_LEN
+        for j, size in enumerate(_tail_bytes(sizer, op, plan, steps, rows)):
+            outs[2 * n_state + j] = size
     return held, outs
+
+
+def _tail_bytes(sizer: Sizer, op, plan, steps: int, rows: int) -> list[int]:
+    """Bytes of each tail output of a budgeted recurrent op (``rnn_budget.tail_vars``): one
+    segment's rows of each tape value, one more row of each state."""
+    attrs = op.attrs
+    n_state = len(attrs["states"])
+    inits = op.inputs[len(attrs["inputs_t"]):len(attrs["inputs_t"]) + n_state]
+    segment = max(1, min(plan.segment, steps))
+    tape = [sizer.var_bytes(attrs["step"].var(n), rows, segment) for n in attrs.get("budget_tape", ())]
+    n_tail = len(op.outputs) - 3 * n_state - 1
+    if not tail_kept(attrs, steps):             # outputs kept empty (budget.py: the least budgets)
+        return [0] * max(n_tail, 0)
+    states = [(segment + 1) * sizer.of(n) for n in inits] if n_tail > len(tape) else []
+    return (tape + states)[:n_tail] if n_tail > 0 else []
 
 
 def _tape_bytes(sizer: Sizer, step: Block, tape: list, batched_rows: list, states: list[int], rows: int,
@@ -170,6 +189,12 @@ def _rnn_grad_holds(sizer: Sizer, op, live) -> tuple[int, list[int]]:
         # A step re-runs (advance, tape) and backward steps (reverse) take turns: one body at a time.
         # From the kept states tensors, the plan's checkpoints are views of them: only the tape.
         kept = min(plan.segment, steps) * tape if from_alls else plan.peak_bytes(sum(states), tape) - taken
+        # The forward's tail (policies.py, "keep_tail") is an input, live already: its buffers are
+        # the segments' tape.
+        n_tail = int(attrs.get("n_tail", 0))
+        if n_tail and not tail_shared(op):      # (an empty tail, budget_tail_off, subtracts nothing)
+            first = len(op.inputs) - n_tail - sum(map(bool, attrs["dall_given"])) - sum(map(bool, attrs["dlast_given"]))
+            kept = max(0, kept - sum(sizer.live.get(n, 0) for n in op.inputs[first:first + n_tail]))
         held = max(held, sizer.block_bytes(attrs["step"], rows)) + kept
         outer = op.inputs[n_seq + n_state + int(bool(attrs["has_lengths"])):][:int(attrs["n_outer"])]
         held += _input_rows_bytes(op, outer, steps, rows, int(attrs["budget"]))
@@ -180,7 +205,7 @@ def _rnn_grad_holds(sizer: Sizer, op, live) -> tuple[int, list[int]]:
         held += min(plan.segment, steps) * _output_rows_bytes(op, outer, rows)
     else:                             # store-all: the time-batched buffers span all steps
         held += _time_batches(sizer, op, rows, steps)
-    outs = [sizer.of(op.inputs[i]) for i in attrs["grad_of"]]
+    outs = [sizer.of(name) for name in op.outputs]    # (an input may be a shape stand-in: policies.py)
     # While the steps run, the sequences' gradients and the outer ones summed step by step exist;
     # the time-batched products are made after, when the loop's buffers are gone.
     looping = sum(size for position, size in zip(attrs["grad_of"], outs) if _grown_in_loop(op, position))

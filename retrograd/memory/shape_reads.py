@@ -47,7 +47,7 @@ def stand_in_names(block: Block) -> set[str]:
 
 
 @register_backward_rewrite("shape_stand_ins")
-def bind_shape_stand_ins(block: Block, n_forward: int) -> int:
+def bind_shape_stand_ins(block: Block, n_forward: int, positions=None) -> int:
     """Make the ops after ``block.ops[:n_forward]`` read shapes of forward values from stand-ins.
 
     A backward op that reads a forward value only for its shape (``shape_only``
@@ -57,6 +57,9 @@ def bind_shape_stand_ins(block: Block, n_forward: int) -> int:
     Args:
         block: The block.
         n_forward: How many of its first ops are the forward.
+        positions: ``positions(op)``: the input positions ``op`` reads for their shape only
+            (default: what the op declares, ``shape_only_positions``; a memory policy may
+            know more, ``policies.py``).
 
     Returns:
         How many stand-in ops were inserted into the forward part (the backward
@@ -87,7 +90,7 @@ def bind_shape_stand_ins(block: Block, n_forward: int) -> int:
     last_shape_read: dict[str, int] = {}
     last_other_read: dict[str, int] = {}
     for i, op in enumerate(block.ops):
-        only = shape_only_positions(op) if i >= n_forward else frozenset()
+        only = (positions or shape_only_positions)(op) if i >= n_forward else frozenset()
         for j, name in enumerate(op.inputs):
             if j in only:
                 shape_reads.setdefault(name, []).append((op, j))

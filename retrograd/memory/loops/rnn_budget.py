@@ -51,7 +51,9 @@ from ...ops.core.lowering import lowers
 from ...ops.recurrent.network_onnx import backward_loop_onnx, forward_loop_onnx
 from ...ops.core.registry import GradCtx, append_op, defop
 from ..recompute import seen_from
-from .schedules import (Plan, StepRunner, budget_plan, make_plan, minimum_budget, run_backward)
+from .schedules import (Advance, Plan, Restore, Reverse, StepRunner, budget_plan, make_plan, minimum_budget,
+                        run_backward)
+from .. import policies
 from .step_rows import (BatchedSteps, InputRows, OutputRows, input_row_ops, output_row_ops,
                         row_bytes, rows_batchable, rows_chunk)
 
@@ -59,10 +61,49 @@ SCHEDULE_LEN = 4          # [T, segment, slots, from_alls]
 
 
 def output_specs(inits: list[Var], attrs: dict) -> list:
-    """Shapes of the outputs a budgeted RecurrentNetwork gets once a gradient is built."""
+    """Shapes of the outputs a budgeted RecurrentNetwork gets once a gradient is built: the last
+    segment's tape (``budget_tail``, ``policies.py``), the checkpoints and the schedule."""
     if not attrs.get("budget_outputs"):
         return []
-    return [((-1,) + tuple(v.shape), v.dtype) for v in inits] + [((SCHEDULE_LEN,), "int64")]
+    return ([((-1,) + tuple(v.shape), v.dtype) for v in tail_vars(attrs, inits)]
+            + [((-1,) + tuple(v.shape), v.dtype) for v in inits] + [((SCHEDULE_LEN,), "int64")])
+
+
+def tail_vars(attrs: dict, inits: list) -> list:
+    """What the forward keeps of its last segment for the backward (``budget_tail``): a row per
+    step of each tape value, and unless every states tensor is kept, the states (one more row:
+    the state the segment starts from). Vars of the step block (tape) and ``inits`` (states)."""
+    if not attrs.get("budget_tail"):
+        return []
+    step = attrs["step"]
+    return [step.var(n) for n in attrs["budget_tape"]] + (list(inits) if attrs.get("budget_tail_states") else [])
+
+
+def tail_shared(grad_op: Op) -> bool:
+    """True when another op of the block reads a tail input of ``grad_op`` (a second gradient of the
+    same forward): then the tail's buffers are not reused for the other segments' tape."""
+    n_tail = int(grad_op.attrs.get("n_tail", 0))
+    if not n_tail:
+        return False
+    lay = _Layout.of(grad_op.attrs)
+    first = lay.fwd.n_inputs + lay.n_alls + lay.fwd.n_state + 1
+    names = set(grad_op.inputs[first:first + n_tail])
+    return any(names & set(op_reads(other)) for other in grad_op.block.ops if other is not grad_op)
+
+
+def tail_kept(attrs: dict, steps: int) -> bool:
+    """Does the forward keep its tail at ``steps`` time steps? Not when the whole-program budget
+    turned it off (``budget_tail_off``: the least budgets), nor at a run-time length above the one
+    it planned for (``budget_tail_steps``): the tail is live where the values that grow with the
+    length are, and the plan counted it at the planned length only."""
+    return bool(attrs.get("budget_tail")) and not attrs.get("budget_tail_off") and (
+        steps <= int(attrs.get("budget_tail_steps", steps)))
+
+
+def tail_range(plan: Plan) -> tuple[int, int]:
+    """The steps of the segment the backward reverses first (the schedule's last segment)."""
+    first = next((a for a in plan.actions() if isinstance(a, Reverse)), None)
+    return (first.start, first.stop) if first is not None else (plan.steps, plan.steps)
 
 
 # --- running steps ------------------------------------------------------------------------------
@@ -137,7 +178,8 @@ def _nbytes(arrays) -> int:
     return int(sum(int(np.prod(a.shape)) * np.dtype(dtype_name(a.dtype)).itemsize for a in arrays))
 
 
-def checkpoint_plan(steps: int, budget: int, state_bytes: int, tape_bytes: int, from_alls: bool) -> Plan:
+def checkpoint_plan(steps: int, budget: int, state_bytes: int, tape_bytes: int, from_alls: bool,
+                    align_end: bool = False) -> Plan:
     """The schedule a budgeted RecurrentNetwork runs (its kernels and the planner, ``peak.py``, ask
     here alike): with every state kept (``from_alls``), segments of as many steps as the budget holds;
     else ``schedules.budget_plan``. Raises ProgramError when one step does not fit.
@@ -151,13 +193,15 @@ def checkpoint_plan(steps: int, budget: int, state_bytes: int, tape_bytes: int, 
         if budget < tape_bytes:
             budget_plan(steps, budget, state_bytes, tape_bytes)   # raises with the minimum
         segment = max(1, min(steps, budget // tape_bytes)) if tape_bytes else max(steps, 1)
-        return make_plan(steps, segment, -(-steps // segment))
-    return budget_plan(steps, budget, state_bytes, tape_bytes)
+        return make_plan(steps, segment, -(-steps // segment), align_end)
+    plan = budget_plan(steps, budget, state_bytes, tape_bytes)
+    return make_plan(plan.steps, plan.segment, plan.slots, True) if align_end else plan
 
 
 def _plan(op: Op, steps: int, budget: int, state_bytes: int, tape_bytes: int, from_alls: bool) -> Plan:
     try:
-        return checkpoint_plan(steps, budget, state_bytes, tape_bytes, from_alls)
+        return checkpoint_plan(steps, budget, state_bytes, tape_bytes, from_alls,
+                               bool(tail_vars(op.attrs, op.attrs["states"])))   # as the backward's n_tail > 0
     except ProgramError as exc:
         error = ExecutionError(f"{op.where()}: {exc}")
         error.least_budget = getattr(exc, "least_budget", None)
@@ -189,12 +233,14 @@ def forward_kernel(k, *arrays):
     state = list(inits)
     plan, ckpts, where = None, [], {}
     tape_names = list(attrs.get("budget_tape", ()))
+    tail = _Tail(k, held, attrs) if graded and tail_kept(attrs, steps) else None
     for t in range(steps):
         if t in where:
             for buf, value in zip(ckpts, state):
                 buf[where[t], ...] = value
         measure = graded and plan is None
-        new, extra = runner.run_step(t, state, tape_names if measure else ())
+        taping = measure or (tail is not None and tail.covers(t))
+        new, extra = runner.run_step(t, state, tape_names if taping else ())
         runner.hold(new)
         if measure:
             state_bytes = _nbytes(inits)
@@ -204,6 +250,10 @@ def forward_kernel(k, *arrays):
             if not from_alls:
                 where = {s: j for j, s in enumerate(plan.sweep_stores)}
                 ckpts = [held.add(xp.empty((len(where),) + tuple(v.shape), dtype=v.dtype)) for v in inits]
+            if tail is not None:
+                tail.start(plan, steps)
+        if tail is not None and tail.covers(t):
+            tail.store(t, state, new, extra)
         for buf, value in zip(bufs, new):
             if buf is not None:
                 buf[t + 1, ...] = value
@@ -224,10 +274,74 @@ def forward_kernel(k, *arrays):
     if attrs.get("budget_outputs"):
         if not ckpts:    # no checkpoints taken (none planned, or not live in this plan)
             ckpts = [_empty(xp, v) for v in inits]
+        outputs += tail.outputs(inits) if tail is not None else _empty_tail(k, attrs, inits)
         outputs += ckpts
         outputs.append(xp.asarray([steps, plan.segment, plan.slots, int(from_alls)], dtype=xp.int64))
     held.release()
     return tuple(outputs)
+
+
+class _Tail:
+    """The last segment's tape as the forward sweep makes it (``policies.py``, "keep_tail"): rows
+    ``t - a`` of each tape value and, unless the states tensors are kept, rows ``t - a + 1`` of each
+    state (row 0: the state step ``a`` starts from), ``a`` the segment's first step. The buffers
+    have the backward's segment length, so it reuses them for the other segments' tape."""
+
+    def __init__(self, k, held: Held, attrs: dict):
+        self.k, self.xp, self.held = k, k.xp, held
+        self.with_states = bool(attrs.get("budget_tail_states"))
+        self.n_tape = len(attrs.get("budget_tape", ()))
+        self.first = self.stop = -1
+        self.rows = 0
+        self.tape: list = [None] * self.n_tape
+        self.states: list = []
+        self.attrs = attrs
+
+    def start(self, plan: Plan, steps: int) -> None:
+        self.first, self.stop = tail_range(plan)
+        self.rows = max(1, min(plan.segment, steps))
+
+    def covers(self, t: int) -> bool:
+        return self.first <= t < self.stop
+
+    def store(self, t: int, state: list, new: list, values: list) -> None:
+        xp, row = self.xp, t - self.first
+        for j, value in enumerate(values[:self.n_tape]):
+            if self.tape[j] is None:
+                self.tape[j] = self.held.add(xp.empty((self.rows,) + tuple(value.shape), dtype=value.dtype))
+            elif tuple(self.tape[j].shape[1:]) != tuple(value.shape):   # a step value's shape changed:
+                self.drop()                                           # the backward re-runs the segment
+                return
+            self.tape[j][row, ...] = value
+        if not self.with_states:
+            return
+        if not self.states:
+            self.states = [self.held.add(xp.empty((self.rows + 1,) + tuple(v.shape), dtype=v.dtype)) for v in new]
+            for buf, value in zip(self.states, state):
+                buf[0, ...] = value
+        for buf, value in zip(self.states, new):
+            buf[row + 1, ...] = value
+
+    def drop(self) -> None:
+        for buf in [b for b in self.tape if b is not None] + self.states:
+            self.held.drop(buf)
+        self.first = self.stop = -1
+        self.tape, self.states = [None] * self.n_tape, []
+
+    def outputs(self, inits) -> list:
+        if any(b is None for b in self.tape) or (self.with_states and not self.states):
+            return _empty_tail(self.k, self.attrs, inits)
+        return self.tape + self.states
+
+
+def _empty_tail(k, attrs: dict, inits) -> list:
+    """Empty stand-ins of the tail outputs (no backward in this plan, or no tail kept)."""
+    if not attrs.get("budget_tail"):
+        return []
+    xp, step = k.xp, attrs["step"]
+    tape = [xp.empty((0,) + tuple(max(d, 0) for d in step.var(n).shape), dtype=k.backend.dtype_of(step.var(n).dtype))
+            for n in attrs["budget_tape"]]
+    return tape + ([_empty(xp, v) for v in inits] if attrs.get("budget_tail_states") else [])
 
 
 def _empty(xp, like):
@@ -323,7 +437,14 @@ def grad_maker(g: GradCtx) -> list[Var | None]:
         attrs["budget_tape"] = list(bstep.saved)
         attrs["budget_batched"] = batched_rows(bstep.batched, bstep.block, bstep.saved)
         attrs["budget_outputs"] = True
+        # The recompute policy in force (policies.py): keep the last segment's tape from the forward.
+        attrs["budget_tail"] = policies.keeps_tail() and not bstep.saved_shape
+        attrs["budget_tail_states"] = attrs["budget_tail"] and not all(attrs["budget_all"])
         prefix = op.outputs[0]
+        inits = [block.var(n) for n in op.inputs[lay.n_seq:lay.n_seq + k]]
+        for var in tail_vars(attrs, inits):
+            op.outputs.append(block.create_var(fresh_name(block.program, f"{prefix}.tail"), (-1,) + tuple(var.shape),
+                                               var.dtype).name)
         for name in attrs["states"]:
             var = attrs["step"].var(name)
             out = block.create_var(fresh_name(block.program, f"{name}.ckpt"), (-1,) + var.shape, var.dtype)
@@ -336,8 +457,10 @@ def grad_maker(g: GradCtx) -> list[Var | None]:
     alls_given = all(attrs["budget_all"])
     alls = [block.var(n) for n in op.outputs[0:2 * k:2]] if alls_given else []
     extra = [block.var(n) for n in op.outputs[-(k + 1):]]
+    n_tail = len(op.outputs) - 3 * k - 1
+    tails = [block.var(n) for n in op.outputs[2 * k:2 * k + n_tail]]
     d_all, d_last = douts[0::2], douts[1::2]
-    inputs = list(g.x[:lay.n_inputs]) + alls + extra
+    inputs = list(g.x[:lay.n_inputs]) + alls + extra + tails
     inputs += [d for d in d_all if d is not None] + [d for d in d_last if d is not None]
     grad_of = [i for i, w in enumerate(wanted) if w]
     grad_attrs = {
@@ -349,7 +472,7 @@ def grad_maker(g: GradCtx) -> list[Var | None]:
         "dall_given": [d is not None for d in d_all], "dlast_given": [d is not None for d in d_last],
         "dnext": bstep.dnext, "fetch_seq": bstep.fetch_seq, "fetch_state": bstep.fetch_state,
         "fetch_outer": bstep.fetch_outer, "batched": bstep.batched, "grad_of": grad_of,
-        "budget": int(attrs["recompute"]),
+        "budget": int(attrs["recompute"]), "n_tail": n_tail,
     }
     streams.copy_stream(attrs, grad_attrs)   # re-run steps draw the forward's random numbers
     outs = append_op("RecurrentNetworkBudgetGrad", inputs, grad_attrs, name="rnn_grad")
@@ -382,32 +505,40 @@ class _Layout:
     n_alls: int          # the states tensors (all states, or none: ``alls_given``)
     n_dall: int
     n_dlast: int
+    n_tail: int = 0      # the forward's last-segment tape (``tail_vars``)
 
     @staticmethod
     def of(attrs: dict) -> "_Layout":
         fwd = RnnLayout(len(attrs["inputs_t"]), len(attrs["states"]), bool(attrs["has_lengths"]),
                         int(attrs["n_outer"]))
         n_alls = fwd.n_state if attrs.get("alls_given", True) else 0
-        return _Layout(fwd, n_alls, sum(map(bool, attrs["dall_given"])), sum(map(bool, attrs["dlast_given"])))
+        return _Layout(fwd, n_alls, sum(map(bool, attrs["dall_given"])), sum(map(bool, attrs["dlast_given"])),
+                       int(attrs.get("n_tail", 0)))
 
     def split(self, items):
-        """(forward inputs, state alls or [], checkpoints, schedule, d_all given, d_last given)."""
+        """(forward inputs, state alls or [], checkpoints, schedule, d_all given, d_last given);
+        ``split_tail`` the tail."""
         n, a, k = self.fwd.n_inputs, self.n_alls, self.fwd.n_state
         rest = list(items[n:])
+        d = a + k + 1 + self.n_tail
         return (list(items[:n]), rest[:a], rest[a:a + k], rest[a + k],
-                rest[a + k + 1:a + k + 1 + self.n_dall], rest[a + k + 1 + self.n_dall:])
+                rest[d:d + self.n_dall], rest[d + self.n_dall:])
+
+    def split_tail(self, items) -> list:
+        start = self.fwd.n_inputs + self.n_alls + self.fwd.n_state + 1
+        return list(items[start:start + self.n_tail])
 
 
 def _grad_rule(ins: list[Var], attrs: dict):
     lay = _Layout.of(attrs)
-    expected = lay.fwd.n_inputs + lay.n_alls + lay.fwd.n_state + 1 + lay.n_dall + lay.n_dlast
+    expected = lay.fwd.n_inputs + lay.n_alls + lay.fwd.n_state + 1 + lay.n_tail + lay.n_dall + lay.n_dlast
     if len(ins) != expected:
         raise ShapeError(f"expects {expected} inputs from its attributes, got {len(ins)}")
     return [(ins[i].shape, ins[i].dtype) for i in attrs["grad_of"]]
 
 
 @defop("RecurrentNetworkBudgetGrad", inputs=("forward_inputs*", "state_alls*", "checkpoints*", "schedule",
-                                             "d_all*", "d_last*"),
+                                             "tail*", "d_all*", "d_last*"),
        outputs=("grads*",), infer=_grad_rule)
 def _budget_grad_kernel(k, *arrays):
     """Carry out the forward's checkpoint plan: advance, re-run segments with tape, run their backward."""
@@ -424,13 +555,16 @@ def _budget_grad_kernel(k, *arrays):
         raise ExecutionError(f"{op.where()}: the forward kept its states tensors for this backward, but it "
                              f"received {[list(a.shape) for a in alls]} for {steps} steps (a stand-in "
                              "of an output the forward's plan did not keep)")
-    plan = make_plan(steps, max(segment, 1), slots)
+    plan = make_plan(steps, max(segment, 1), slots, align_end=lay.n_tail > 0)
     checkpoints = {0: list(inits)}
     for j, t in enumerate(plan.sweep_stores):
         checkpoints[t] = [a[t - 1] for a in alls] if from_alls else [c[j] for c in ckpts]
     back = _Backward(k, lay, seqs, inits, lengths, outers, per_state(attrs["dall_given"], d_all),
                      per_state(attrs["dlast_given"], d_last), plan.segment, alls if from_alls else None)
-    run_backward(plan, checkpoints, back)
+    if k.cached is None:
+        k.cached = tail_shared(op)
+    actions = back.take_tail(lay.split_tail(arrays), plan, reuse=not k.cached)
+    run_backward(plan, checkpoints, back, actions)
     return back.results()
 
 
@@ -487,7 +621,34 @@ class _Backward(StepRunner):
         self.seg_states: list = [None] * n_state
         self.seg_tape: list = [None] * len(self.tape)
         self.stand_ins: dict = {}
+        self.tail: tuple[int, int] | None = None     # the steps whose tape the forward kept
+        self.tail_start: list = []
+        self.tail_tape = self.tail_states = None     # the tail's buffers when another op reads them too
         self.at_once = self._batched_steps(k, seqs, int(attrs["budget"]))
+
+    def take_tail(self, tails: list, plan: Plan, reuse: bool) -> list:
+        """Use the forward's last-segment tape (``_Tail``) as this segment's tape and, with ``reuse``
+        (no other op reads it), as the buffers of the others; the plan's actions, without those that
+        only led to that segment's start."""
+        actions = plan.actions()
+        n_tape = len(self.tape)
+        if not tails or any(int(b.shape[0]) == 0 for b in tails) or (
+                self.alls is None and len(tails) != n_tape + len(self.inits)):
+            return actions
+        self.tail = tail_range(plan)
+        self.seg_tape = list(tails[:n_tape])
+        self.tail_tape = None if reuse else self.seg_tape
+        first = self.tail[0]
+        if self.alls is None:
+            self.seg_states = [b[1:] for b in tails[n_tape:]]
+            self.tail_states = None if reuse else self.seg_states
+            self.tail_start = [b[0] for b in tails[n_tape:]]
+        else:
+            self.tail_start = list(self.inits) if first == 0 else [a[first - 1] for a in self.alls]
+        r = next(i for i, a in enumerate(actions) if isinstance(a, Reverse))
+        if all(isinstance(a, (Restore, Advance)) for a in actions[:r]):
+            actions = actions[r:]          # nothing to advance to: the tail holds the segment
+        return actions
 
     # -- StepRunner --------------------------------------------------------------------------
     def advance(self, state, start: int, stop: int):
@@ -510,7 +671,14 @@ class _Backward(StepRunner):
         self.steps.release(state)
 
     def reverse(self, state, start: int, stop: int) -> None:
-        self._tape(state, start, stop)
+        if (start, stop) == self.tail:         # kept by the forward sweep (policies.py, "keep_tail")
+            state, self.tail = self.tail_start, None
+        else:
+            if self.tail_tape is not None and self.seg_tape is self.tail_tape:   # read by another op too
+                self.seg_tape = [None] * len(self.tape)
+            if self.tail_states is not None and self.seg_states is self.tail_states:
+                self.seg_states = [None] * len(self.seg_states)
+            self._tape(state, start, stop)
         n = stop - start
         collect = TimeBatches(self.xp, Held(self.k.run.meter), n, self.attrs["batched"], self.fetch_seq, self.tape)
         dseq = [None if d is None else d[start:stop] for d in self.dseq]
@@ -591,7 +759,8 @@ class _Backward(StepRunner):
             wide = xp.zeros((self.segment,) + tuple(max(a, b) for a, b in zip(shape, buf.shape[1:])),
                             dtype=buf.dtype)
             wide[(slice(None),) + tuple(slice(0, d) for d in buf.shape[1:])] = buf
-            self.held.drop(buf)
+            if any(a is buf for a in self.held.arrays):     # (not the forward's tail: an input)
+                self.held.drop(buf)
             buf = self.seg_tape[j] = self.held.add(wide)
         if shape == tuple(buf.shape[1:]):
             buf[row, ...] = value

@@ -239,7 +239,7 @@ class Plan:
         return self.advances + self.steps
 
 
-def make_plan(steps: int, segment: int, slots: int) -> Plan:
+def make_plan(steps: int, segment: int, slots: int, align_end: bool = False) -> Plan:
     """The binomial schedule of ``steps`` steps in segments of ``segment`` with ``slots`` checkpoints.
 
     Args:
@@ -285,7 +285,10 @@ def make_plan(steps: int, segment: int, slots: int) -> Plan:
 
     # Work items: ("rev", first segment, count, free slots, on the sweep) or ("act", action).
     work: list = [("rev", 0, n, min(slots, max(n - 1, 0)), True)] if n else []
-    bound = lambda j: min(j * segment, steps)  # noqa: E731  (segment index -> time step)
+    if align_end:       # the first segment is the short one, the last a whole one (policies.py: keep_tail)
+        bound = lambda j: max(steps - (n - j) * segment, 0)  # noqa: E731
+    else:
+        bound = lambda j: min(j * segment, steps)  # noqa: E731  (segment index -> time step)
     while work:
         item = work.pop()
         if item[0] == "act":
@@ -447,14 +450,15 @@ class StepRunner:
         return None
 
 
-def run_backward(plan: Plan, checkpoints: dict, runner: StepRunner) -> None:
-    """Carry out ``plan.actions()``; ``checkpoints`` maps steps to kept states (0 and the sweep's stores).
+def run_backward(plan: Plan, checkpoints: dict, runner: StepRunner, actions: list | None = None) -> None:
+    """Carry out ``plan.actions()`` (or ``actions``, a part of them); ``checkpoints`` maps steps to
+    kept states (0 and the sweep's stores).
 
     Checkpoints the plan drops are handed back to ``runner.drop``; the initial
     state (step 0) is the caller's.
     """
     current, owned = None, False          # owned: current came from runner.advance
-    for action in plan.actions():
+    for action in plan.actions() if actions is None else actions:
         if isinstance(action, Restore):
             if owned:
                 runner.release(current)

@@ -1,0 +1,87 @@
+"""Recompute policies of the memory budget: which memory a budget frees first, and what a
+budgeted recurrence keeps beyond its checkpoints.
+
+Two measures, cheapest first (each measured on the LSTM LM of ``retrograd train``:
+``benchmarks/memory_vs_torch.py``, ``benchmarks/results/memory_vs_torch.md``):
+
+* **shape reads first** (``"shape_reads"``): before anything is recomputed, a budget that
+  storing everything misses tries storing everything with the values the backward reads only
+  for their shape freed at their last real use. The store-all backward of a recurrence
+  (``RecurrentNetworkGrad``) reads its sequences for their shape alone when its step's
+  backward reads the step inputs nowhere (an LSTM's hoisted input projection ``[T, N, 4H]``:
+  the backward reads the gate activations it saved), yet the op declares no such input, so
+  store-all keeps them to the end of the backward. Freed, they cost nothing (a one-element
+  ``ShapeStandIn``, ``shape_reads.py``; the rung: ``shape_first.py``). Taken when the program then fits, before the output
+  layer's chunked cross-entropy and before any recurrence is budgeted (both recompute).
+  Store-all itself is left as it is: the torch backend's fused-LSTM rewrite
+  (``passes/fuse_recurrent.py``) wants the projection read by the recurrence alone.
+* **keep the tail** (``"tail"``): a budgeted ``RecurrentNetwork`` (``loops/rnn_budget.py``)
+  reverses its steps in segments, each re-run *with tape* from a checkpoint before its
+  backward. The forward sweep has just run the last segment when the backward starts with it,
+  so with the tail kept the forward keeps that segment's tape (the step values the backward
+  reads, and the states unless the states tensors are kept); the backward reverses it without
+  re-running it and reuses its buffers for the other segments' tape. The segments are laid
+  from the end (``make_plan(align_end=True)``: the short one is the first), so the tail is a
+  whole segment. The op's bound is unchanged (checkpoints plus one segment's tape); the tail
+  is live from the end of the sweep to the backward, which the planner (``peak.py``) counts at
+  the planned length: at a longer run-time length (where the values that grow with it are live
+  beside the tail) and at the least budgets the recurrence keeps none (``budget.py``).
+
+Policies (``POLICIES``): ``"cheap_first"`` (the default: both), ``"keep_tail"`` (the tail
+only), ``"checkpoints"`` (neither: what every budget did before). The policy is read when
+``append_backward(..., memory_budget=)`` (or ``recurrent(..., recompute=<bytes>)``) builds the
+backward, and what it chose is recorded on the ops, so a built program runs the same whatever
+the policy is later.
+
+Example:
+    ```python
+    import retrograd as rg
+
+    assert rg.memory.policies.current() == "cheap_first"
+    with rg.memory.policies.policy("checkpoints"):
+        assert not rg.memory.policies.keeps_tail()
+    assert rg.memory.policies.keeps_tail() and rg.memory.policies.frees_shape_reads()
+    ```
+"""
+from __future__ import annotations
+
+from contextlib import contextmanager
+from typing import Iterator
+
+from ..errors import ProgramError
+
+POLICIES = {
+    "checkpoints": frozenset(),
+    "keep_tail": frozenset({"tail"}),
+    "cheap_first": frozenset({"tail", "shape_reads"}),
+}
+DEFAULT = "cheap_first"
+
+_current = [DEFAULT]
+
+
+def current() -> str:
+    """The name of the policy in force (``DEFAULT`` unless inside ``policy(...)``)."""
+    return _current[-1]
+
+
+@contextmanager
+def policy(name: str) -> Iterator[None]:
+    """Build budgeted backwards with the policy ``name`` (one of ``POLICIES``) inside the block."""
+    if name not in POLICIES:
+        raise ProgramError(f"unknown memory policy {name!r}; known: {sorted(POLICIES)}")
+    _current.append(name)
+    try:
+        yield
+    finally:
+        _current.pop()
+
+
+def keeps_tail() -> bool:
+    """True when the policy in force keeps the last segment's tape from the forward sweep."""
+    return "tail" in POLICIES[current()]
+
+
+def frees_shape_reads() -> bool:
+    """True when the policy in force tries store-all with the shape-only reads freed first."""
+    return "shape_reads" in POLICIES[current()]
