@@ -183,7 +183,8 @@ def test_one_budget_covers_feed_forward_recurrent_and_loop_ops_together():
     with pytest.raises(rg.ProgramError, match="the least budget that fits is") as info:
         _mixed(store_all // 4)
     least = int(re.search(r"the least budget that fits is (\d+) bytes", str(info.value)).group(1))
-    for budget in (int(0.9 * store_all), least):
+    # (at 0.9x store-all the cheap_first policy fits by freeing shape-only reads: nothing recomputed)
+    for budget in (int(0.7 * store_all), least):
         built = _mixed(budget)
         assert any(op.attrs.get("recompute") is not None for op in built[0].global_block().ops
                    if op.type in ("RecurrentNetwork", "While"))
