@@ -320,12 +320,16 @@ class TorchBackend(Backend):
             work()
         return graph
 
-    def region_compiler(self):
+    def region_compiler(self, **options):
         """``torch.compile`` (Inductor) for a plan's straight-line regions; a changed size makes a
         region recompile once with that size symbolic (``dynamic=None``: torch's automatic dynamic
-        shapes), not once per size."""
+        shapes), not once per size. ``options`` go to ``torch.compile`` (tests: ``backend="aot_eager"``).
+        oneDNN's LSTM calls are opaque custom ops inside the one graph (backends/torch_fused_rnn.py)."""
         torch = self.torch
-        return lambda function: torch.compile(function, dynamic=None, fullgraph=False)
+        if self.onednn_lstm is not None:       # its custom ops, defined before a trace calls them
+            torch_fused_rnn.compiled_ops(torch)
+        return lambda function: _DataDependentSizes(
+            torch, torch.compile(function, dynamic=None, fullgraph=False, **options))
 
     def device_memory(self) -> int | None:
         if self.torch_device.type != "cuda":
@@ -497,6 +501,24 @@ def _asymmetric(pads) -> bool:
     half = len(pads) // 2
     return list(pads[:half]) != list(pads[half:])
 
+
+
+class _DataDependentSizes:
+    """A compiled function traced with ops whose output sizes depend on data (oneDNN's LSTM
+    workspace: ``retrograd::onednn_lstm_layer``) kept in the graph, not cut out of it
+    (``capture_dynamic_output_shape_ops``, set for the call only: the user's own compiles keep theirs)."""
+
+    def __init__(self, torch, compiled):
+        self.config, self.compiled = torch._dynamo.config, compiled
+
+    def __call__(self, *args):
+        config = self.config
+        before = config.capture_dynamic_output_shape_ops
+        config.capture_dynamic_output_shape_ops = True
+        try:
+            return self.compiled(*args)
+        finally:
+            config.capture_dynamic_output_shape_ops = before
 
 
 def _contiguous_order(array) -> tuple[int, ...] | None:

@@ -212,9 +212,11 @@ class RegionRunner:
             return
         torch = self.executor.backend.xp
         bounds = torch.stack([torch.astype(torch.stack([low, high]), torch.int64)
-                              for _, low, high, _, _ in self.checks])
-        for (_, _, _, n, what), (low, high) in zip(self.checks, self.executor.backend.to_numpy(bounds).tolist()):
-            check_id_range(low, high, n, what)
+                              for _, low, high, *_ in self.checks])
+        # (op, low, high, n, what) from check_ids; wrap_ids adds negative=True (ids from the end)
+        for (_, _, _, n, what, *negative), (low, high) in zip(self.checks,
+                                                              self.executor.backend.to_numpy(bounds).tolist()):
+            check_id_range(low, high, n, what, *negative)
 
     def _run_region(self, region: Region, env: dict) -> None:
         executor = self.executor

@@ -33,13 +33,16 @@ compile_heavy = pytest.mark.skipif(not ALL_CASES, reason="compiling these takes 
                                    "set RETROGRAD_COMPILE_TESTS=all")
 
 
-def _aot_eager(function):
-    return torch.compile(function, backend="aot_eager", dynamic=None)
+_aot_eager = "aot_eager"      # a torch.compile backend: the backend's region compiler with it
 
 
 def _executor(compiler=None) -> rg.Executor:
+    """compiler: None (Inductor, as users get), a torch.compile backend (its name or function), or a
+    stand-in ``compile(fn) -> fn``."""
     exe = rg.Executor(backend="torch", compile=True)
-    if compiler is not None:
+    if isinstance(compiler, str) or getattr(compiler, "is_dynamo_backend", False):
+        exe.regions.compile_function = exe.backend.region_compiler(backend=compiler)
+    elif compiler is not None:
         exe.regions.compile_function = compiler
     return exe
 
@@ -280,3 +283,46 @@ def test_ops_declared_compile_false_run_between_regions():
              if not isinstance(item, Region)]
     assert "FusedAdamUpdate" in [s.op.type for s in steps]
     assert not any(compilable(s) for s in steps if s.op.type == "FusedAdamUpdate")
+
+
+def test_embedding_ids_checked_from_the_end_after_a_compiled_region():
+    """Regression: Gather's ids may count from the end (``wrap_ids`` defers a 6-field check); the
+    region's check unpacked 5 fields, so every region with an embedding ran eagerly."""
+    main, startup, loss = _lstm_lm()
+    want_exe = rg.Executor(backend="torch")
+    want_exe.run(startup)
+    exe = _executor(lambda f: f)       # a stand-in compiler: the checks deferred as when compiled
+    exe.run(startup)
+    feeds = _lstm_feeds()
+    negative = dict(feeds[0], chars=feeds[0]["chars"] - 11)           # the same rows, counted from the end
+    for f in (feeds[0], feeds[1], negative):
+        got, = exe.run(main, feed=f, fetch_list=[loss])
+        want, = want_exe.run(main, feed=f, fetch_list=[loss])
+        np.testing.assert_allclose(got, want, rtol=1e-6)
+    assert all(r.eager_reason is None for r in _regions(exe)) and any(r.calls for r in _regions(exe))
+    for bad in (11, -12):
+        chars = feeds[0]["chars"].copy()
+        chars[1, 2] = bad
+        with pytest.raises(rg.ExecutionError, match=f"Gather.*id {bad} is out of range"):
+            exe.run(main, feed=dict(feeds[0], chars=chars), fetch_list=[loss])
+    assert all(r.eager_reason is None for r in _regions(exe))
+
+
+def test_onednn_lstm_stays_inside_one_compiled_graph():
+    """oneDNN's LSTM calls are opaque custom ops in the region's one graph (no graph break at the
+    grad-mode switch they need, none at the workspace's data-dependent size); numbers as eager's."""
+    exe = _executor()
+    if exe.backend.onednn_lstm is None:
+        pytest.skip("this torch has no oneDNN LSTM ops")
+    graphs = []
+
+    def counting(gm, example_inputs):
+        graphs.append(gm)
+        return gm.forward
+    counting.is_dynamo_backend = True
+    torch._dynamo.reset()
+    exe = _compare(*_lstm_lm(), _lstm_feeds(((7, 3), (7, 3), (7, 3))), compiler=counting)
+    called = [str(node.target) for gm in graphs for node in gm.graph.nodes if node.op == "call_function"]
+    assert sum("onednn_lstm_layer_backward" in t for t in called) == 1
+    assert sum("onednn_lstm_layer." in t or t.endswith("onednn_lstm_layer") for t in called) == 1
+    assert len(graphs) == len([r for r in _regions(exe) if r.calls > 1])     # one graph per compiled region
