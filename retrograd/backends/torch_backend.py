@@ -170,31 +170,16 @@ class TorchBackend(Backend):
         wants float step counts)."""
         if self.fused_adam is None or any(p.dtype != params[0].dtype for p in params):
             return None
-        if self.torch.compiler.is_compiling():
-            # inside a compiled region (Executor(compile=True)) the compiler fuses the per-parameter
-            # math itself; it cannot functionalise this in-place kernel's state steps
-            return None
-        # The fused kernel walks each parameter, gradient and moment as one flat buffer (layouts
-        # must agree) and copies a non-contiguous gradient for nothing. oneDNN's LSTM weight
-        # gradients are transposed views of contiguous [4H, D] buffers: the kernel gets every
-        # tensor of such a parameter transposed alike (contiguous, the same elementwise update),
-        # and the updated weights come back as views of [4H, D] buffers, which oneDNN reads next
-        # step without a copy. It reads the gradients only (maximize=False, no grad_scale).
-        orders = [_contiguous_order(g) for g in grads]
-        grads = [_permuted(g, order) for g, order in zip(grads, orders)]
-        dense = self.torch.contiguous_format
-        params, moment1s, moment2s = ([(x if order is None else x.permute(order)).clone(memory_format=dense)
-                                       for x, order in zip(group, orders)]
-                                      for group in (params, moment1s, moment2s))
-        steps = self.torch._foreach_add(steps, 1)
-        if rate is not None:
-            lr = float(rate.reshape(()))      # the host holds it: a CPU array
         update = self.fused_adam[1 if decoupled else 0]
-        update(params, grads, moment1s, moment2s, [], steps, lr=lr, beta1=beta1, beta2=beta2,
-               weight_decay=weight_decay, eps=eps, amsgrad=False, maximize=False)
-        params, moment1s, moment2s = ([_unpermuted(x, order) for x, order in zip(group, orders)]
-                                      for group in (params, moment1s, moment2s))
-        return params, moment1s, moment2s, steps
+        hyper = (lr, beta1, beta2, eps, weight_decay)
+        if self.torch.compiler.is_compiling():
+            # inside a compiled region (Executor(compile=True)): the same call as one opaque custom op
+            # (the compiler cannot functionalise the in-place kernel; its own per-parameter code is slower)
+            outs = _compiled_multi_adam(self.torch)(params, grads, moment1s, moment2s, steps, rate, *hyper,
+                                                    decoupled)
+            n = len(params)
+            return outs[:n], outs[n:2 * n], outs[2 * n:3 * n], outs[3 * n:]
+        return _multi_adam(self.torch, update, params, grads, moment1s, moment2s, steps, rate, *hyper)
 
     @property
     def has_graphs(self) -> bool:
@@ -328,6 +313,8 @@ class TorchBackend(Backend):
         torch = self.torch
         if self.onednn_lstm is not None:       # its custom ops, defined before a trace calls them
             torch_fused_rnn.compiled_ops(torch)
+        if self.fused_adam is not None:
+            _compiled_multi_adam(torch)
         return lambda function: _DataDependentSizes(
             torch, torch.compile(function, dynamic=None, fullgraph=False, **options))
 
@@ -519,6 +506,63 @@ class _DataDependentSizes:
             return self.compiled(*args)
         finally:
             config.capture_dynamic_output_shape_ops = before
+
+
+def _multi_adam(torch, update, params, grads, moment1s, moment2s, steps, rate, lr: float, beta1: float,
+                beta2: float, eps: float, weight_decay: float):
+    """``TorchBackend.multi_adam``'s work (``update``: ``_fused_adam_`` or ``_fused_adamw_``; None: the
+    results' layouts only, for the compiler's fake tensors)."""
+    # The fused kernel walks each parameter, gradient and moment as one flat buffer (layouts
+    # must agree) and copies a non-contiguous gradient for nothing. oneDNN's LSTM weight
+    # gradients are transposed views of contiguous [4H, D] buffers: the kernel gets every
+    # tensor of such a parameter transposed alike (contiguous, the same elementwise update),
+    # and the updated weights come back as views of [4H, D] buffers, which oneDNN reads next
+    # step without a copy. It reads the gradients only (maximize=False, no grad_scale).
+    orders = [_contiguous_order(g) for g in grads]
+    grads = [_permuted(g, order) for g, order in zip(grads, orders)]
+    dense = torch.contiguous_format
+    params, moment1s, moment2s = ([(x if order is None else x.permute(order)).clone(memory_format=dense)
+                                   for x, order in zip(group, orders)]
+                                  for group in (params, moment1s, moment2s))
+    steps = torch._foreach_add(steps, 1) if update is not None else [s.clone() for s in steps]
+    if update is not None:
+        if rate is not None:
+            lr = float(rate.reshape(()))      # the host holds it: a CPU array
+        update(params, grads, moment1s, moment2s, [], steps, lr=lr, beta1=beta1, beta2=beta2,
+               weight_decay=weight_decay, eps=eps, amsgrad=False, maximize=False)
+    params, moment1s, moment2s = ([_unpermuted(x, order) for x, order in zip(group, orders)]
+                                  for group in (params, moment1s, moment2s))
+    return params, moment1s, moment2s, steps
+
+
+_COMPILED_ADAM: list = []
+
+
+def _compiled_multi_adam(torch):
+    """``retrograd::multi_adam``: ``_multi_adam`` as one custom op a compiled region calls (defined
+    once, before a trace needs it: ``region_compiler``); it returns params, moments and steps as one
+    list, laid out as the eager call leaves them."""
+    if _COMPILED_ADAM:
+        return _COMPILED_ADAM[0]
+    ops = _fused_adam_ops(torch)
+
+    @torch.library.custom_op("retrograd::multi_adam", mutates_args=(), schema=(
+        "(Tensor[] params, Tensor[] grads, Tensor[] moment1s, Tensor[] moment2s, Tensor[] steps, Tensor? rate,"
+        " float lr, float beta1, float beta2, float eps, float weight_decay, bool decoupled) -> Tensor[]"))
+    def multi_adam(params, grads, moment1s, moment2s, steps, rate, lr, beta1, beta2, eps, weight_decay,
+                   decoupled):
+        outs = _multi_adam(torch, ops[1 if decoupled else 0], params, grads, moment1s, moment2s, steps, rate,
+                           lr, beta1, beta2, eps, weight_decay)
+        return [x for group in outs for x in group]
+
+    @multi_adam.register_fake
+    def _(params, grads, moment1s, moment2s, steps, rate, lr, beta1, beta2, eps, weight_decay, decoupled):
+        outs = _multi_adam(torch, None, params, grads, moment1s, moment2s, steps, rate, lr, beta1, beta2, eps,
+                           weight_decay)
+        return [x for group in outs for x in group]
+
+    _COMPILED_ADAM.append(multi_adam)
+    return multi_adam
 
 
 def _contiguous_order(array) -> tuple[int, ...] | None:

@@ -273,8 +273,10 @@ def test_train_cli_compile_flag_reaches_the_executor():
     assert args.compile and choose_backend(args) == "torch"
 
 
-def test_ops_declared_compile_false_run_between_regions():
+def test_ops_declared_compile_false_run_between_regions(monkeypatch):
+    from retrograd.ops.core.registry import OPS
     from retrograd.runtime.regions import compilable
+    monkeypatch.setitem(OPS["FusedAdamUpdate"].extra, "compile", False)    # as defop(..., compile=False)
     main, startup, loss = _lstm_lm()        # Adam: one FusedAdamUpdate on the torch backend
     exe = _executor(lambda f: f)
     exe.run(startup)
@@ -308,9 +310,11 @@ def test_embedding_ids_checked_from_the_end_after_a_compiled_region():
     assert all(r.eager_reason is None for r in _regions(exe))
 
 
-def test_onednn_lstm_stays_inside_one_compiled_graph():
-    """oneDNN's LSTM calls are opaque custom ops in the region's one graph (no graph break at the
-    grad-mode switch they need, none at the workspace's data-dependent size); numbers as eager's."""
+def test_onednn_lstm_and_fused_adam_stay_inside_one_compiled_graph():
+    """oneDNN's LSTM calls and ATen's multi-tensor Adam are opaque custom ops in the region's one
+    graph (no graph break at the grad-mode switch the LSTM needs, none at its workspace's
+    data-dependent size; the updates in the same region as the forward and backward); numbers as
+    eager's."""
     exe = _executor()
     if exe.backend.onednn_lstm is None:
         pytest.skip("this torch has no oneDNN LSTM ops")
@@ -326,3 +330,7 @@ def test_onednn_lstm_stays_inside_one_compiled_graph():
     assert sum("onednn_lstm_layer_backward" in t for t in called) == 1
     assert sum("onednn_lstm_layer." in t or t.endswith("onednn_lstm_layer") for t in called) == 1
     assert len(graphs) == len([r for r in _regions(exe) if r.calls > 1])     # one graph per compiled region
+    if exe.backend.fused_adam is not None:
+        assert sum("multi_adam" in t for t in called) == 1
+        region = max(_regions(exe), key=lambda r: len(r.steps))
+        assert {"LSTMSequence", "LSTMSequenceGrad", "FusedAdamUpdate"} <= {s.op.type for s in region.steps}
