@@ -349,3 +349,21 @@ def test_scheduled_adamw_inside_a_compiled_region_matches_eager():
     exe = _compare(main, startup, loss, _mlp_feeds((5, 5, 5, 5, 5)))
     region = max(_regions(exe), key=lambda r: len(r.steps))
     assert "FusedAdamUpdate" in {s.op.type for s in region.steps} and region.calls >= 3
+
+
+def test_max_pool_runs_atens_kernels_inside_a_compiled_graph():
+    """Max pooling and its gradient are opaque custom ops in the CNN region's one graph (Inductor's
+    CPU code for them is scalar); the first pool (4 channels) pools NCHW, the second (8 channels)
+    through channels-last: losses and parameters as eager's."""
+    graphs = []
+
+    def counting(gm, example_inputs):
+        graphs.append(gm)
+        return gm.forward
+    counting.is_dynamo_backend = True
+    torch._dynamo.reset()
+    exe = _compare(*_cnn(), _cnn_feeds((4, 4, 4)), compiler=counting)
+    called = [str(node.target) for gm in graphs for node in gm.graph.nodes if node.op == "call_function"]
+    assert sum("retrograd.max_pool2d.default" in t for t in called) == 2
+    assert sum("retrograd.max_pool2d_backward" in t for t in called) == 2
+    assert len(graphs) == len([r for r in _regions(exe) if r.calls > 1])
