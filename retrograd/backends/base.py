@@ -552,7 +552,11 @@ class Backend:
         """The compiler of a plan's straight-line regions, or None where the library has none.
 
         ``Executor(compile=True)`` hands it each region (a Python function of arrays) and runs
-        what it returns (runtime/regions.py); torch's is ``torch.compile`` (``options`` go to it).
+        what it returns (runtime/regions.py); torch's is ``torch.compile``.
+
+        Args:
+            **options: Keywords for the library's compiler (torch: ``torch.compile``'s, e.g.
+                ``backend="aot_eager"``).
 
         Returns:
             A function ``compile(fn) -> fn`` with the same results, or None.
