@@ -367,3 +367,21 @@ def test_max_pool_runs_atens_kernels_inside_a_compiled_graph():
     assert sum("retrograd.max_pool2d.default" in t for t in called) == 2
     assert sum("retrograd.max_pool2d_backward" in t for t in called) == 2
     assert len(graphs) == len([r for r in _regions(exe) if r.calls > 1])
+
+
+@pytest.mark.parametrize("options", [dict(bidirectional=True), dict(forget_bias=1.0, bias=False)],
+                         ids=["bidirectional", "forget_bias_no_bias"])
+def test_onednn_lstm_variants_inside_a_compiled_region_match_eager(options):
+    """The custom ops' reverse direction, and the forget bias folded into a zero bias by traced
+    code: training steps as eager's (Adam, clipping)."""
+    main, startup = rg.Program(), rg.Program()
+    with rg.program_guard(main, startup):
+        chars = rg.data("chars", [-1, -1], dtype="int64")
+        target = rg.data("target", [-1, -1], dtype="int64")
+        emb = rg.layers.embedding(chars, 11, 6, name="emb")
+        h_all, _, _, _ = rg.layers.lstm(emb, 8, name="lstm", **options)
+        loss = rg.mean(rg.softmax_cross_entropy(rg.layers.fc(h_all, 11, name="head"), target))
+        rg.optim.Adam(0.05, clip_norm=1.0).minimize(loss)
+    exe = _compare(main, startup, loss, _lstm_feeds())
+    region = max(_regions(exe), key=lambda r: len(r.steps))
+    assert "LSTMSequence" in {s.op.type for s in region.steps}
