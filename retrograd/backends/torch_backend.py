@@ -322,8 +322,9 @@ class TorchBackend(Backend):
             # backward then converts layouts back and forth (the CNN step: 41 ms compiled with it,
             # 34 ms without, 34 ms eager, CPU time in one run)
             options["options"] = {"layout_optimization": False}
+        skip_guards = self.torch_device.type == "cpu"
         return lambda function: _DataDependentSizes(
-            torch, torch.compile(function, dynamic=None, fullgraph=False, **options))
+            torch, torch.compile(function, dynamic=None, fullgraph=False, **options), skip_guards)
 
     def device_memory(self) -> int | None:
         if self.torch_device.type != "cuda":
@@ -499,21 +500,50 @@ def _asymmetric(pads) -> bool:
 
 
 class _DataDependentSizes:
-    """A compiled function traced with ops whose output sizes depend on data (oneDNN's LSTM
-    workspace: ``retrograd::onednn_lstm_layer``) kept in the graph, not cut out of it
-    (``capture_dynamic_output_shape_ops``, set for the call only: the user's own compiles keep theirs)."""
+    """A compiled region's function: traced with ops whose output sizes depend on data (oneDNN's
+    LSTM workspace: ``retrograd::onednn_lstm_layer``) kept in the graph, not cut out of it
+    (``capture_dynamic_output_shape_ops``, set for the call only: the user's own compiles keep theirs).
 
-    def __init__(self, torch, compiled):
-        self.config, self.compiled = torch._dynamo.config, compiled
+    ``skip_guards`` (CPU): Dynamo's guards (about 700 for the char-LSTM step: the region's kernels,
+    their contexts and attributes, every input's layout; 2-4% of that step) run only on calls whose
+    inputs' signature (shape, strides, dtype, device, inference flag, which inputs share storage)
+    has not been seen; a seen one runs under ``skip_guard_eval_unsafe``. That is safe here because
+    everything else the guards check is fixed for a region: its source, kernels and contexts are
+    built once per plan and never change (runtime/regions.py)."""
+
+    def __init__(self, torch, compiled, skip_guards: bool = False):
+        self.torch, self.config, self.compiled = torch, torch._dynamo.config, compiled
+        self.skip_guards, self.seen = skip_guards, set()
 
     def __call__(self, *args):
         config = self.config
         before = config.capture_dynamic_output_shape_ops
         config.capture_dynamic_output_shape_ops = True
         try:
-            return self.compiled(*args)
+            if not self.skip_guards:
+                return self.compiled(*args)
+            key = _signature(self.torch, args)
+            if key in self.seen:
+                with self.torch.compiler.set_stance(skip_guard_eval_unsafe=True):
+                    return self.compiled(*args)
+            results = self.compiled(*args)       # guarded: recompiles for a new signature
+            self.seen.add(key)
+            return results
         finally:
             config.capture_dynamic_output_shape_ops = before
+
+
+def _signature(torch, args) -> tuple:
+    """What Dynamo's tensor guards check of a region's arguments, as one hashable tuple."""
+    storages: dict[int, int] = {}
+    key = []
+    for i, a in enumerate(args):
+        if isinstance(a, torch.Tensor):
+            shared = storages.setdefault(a.untyped_storage().data_ptr(), i)
+            key.append((tuple(a.shape), a.stride(), a.dtype, a.device, a.is_inference(), a.requires_grad, shared))
+        else:
+            key.append((type(a), a))
+    return tuple(key)
 
 
 def _multi_adam(torch, update, params, grads, moment1s, moment2s, steps, rate, lr: float, beta1: float,

@@ -385,3 +385,25 @@ def test_onednn_lstm_variants_inside_a_compiled_region_match_eager(options):
     exe = _compare(main, startup, loss, _lstm_feeds())
     region = max(_regions(exe), key=lambda r: len(r.steps))
     assert "LSTMSequence" in {s.op.type for s in region.steps}
+
+
+def test_guards_skipped_only_for_seen_input_signatures():
+    """On the CPU a region runs Dynamo's guards only for an input signature it has not seen (shape,
+    strides, dtype...); sizes coming back, new sizes and a parameter that turns into a transposed
+    view between runs all give eager's numbers."""
+    feeds = _mlp_feeds((5, 5, 7, 5, 7, 9, 5))
+    main, startup, loss = _mlp()
+    want_exe = rg.Executor(backend="torch")
+    want_exe.run(startup)
+    exe = _executor(_aot_eager)
+    exe.run(startup)
+    for i, f in enumerate(feeds):
+        if i == 4:                        # the same values, another layout: a new signature
+            for e in (exe, want_exe):
+                w = e.scope.get("fc1.w")
+                e.scope.set("fc1.w", w.t().contiguous().t())
+        got, = exe.run(main, feed=f, fetch_list=[loss])
+        want, = want_exe.run(main, feed=f, fetch_list=[loss])
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6, err_msg=f"run {i}")
+    region = max(_regions(exe), key=lambda r: len(r.steps))
+    assert region.eager_reason is None and len(region.function.compiled.seen) >= 3
