@@ -145,7 +145,10 @@ def retrograd_lstm(corpus, compile: bool):
     return step
 
 
-def torch_lstm(corpus, compile: bool):
+def torch_lstm(corpus, compile: bool | str):
+    """PyTorch's step; ``compile``: the loss function through ``torch.compile`` (Dynamo does not trace
+    ``nn.LSTM``: it runs the whole function eagerly), or ``"parts"``: the embedding and the head with
+    the loss compiled around an eager ``nn.LSTM`` (the most ``torch.compile`` can take of this model)."""
     import torch
     import train as bench_train
     step = bench_train.torch_stepper(_lstm_args(), corpus)
@@ -165,6 +168,14 @@ def torch_lstm(corpus, compile: bool):
         logits = head(out.reshape(-1, args.hidden))
         return torch.nn.functional.cross_entropy(logits, ys.reshape(-1))
 
+    if compile == "parts":
+        embedded, head_loss = torch.compile(embed), torch.compile(
+            lambda out, ys: torch.nn.functional.cross_entropy(head(out.reshape(-1, args.hidden)), ys.reshape(-1)))
+
+        def loss_of(xs, ys):      # noqa: F811 -- the variant
+            out, _ = rnn(embedded(xs))
+            return head_loss(out, ys)
+
     def compiled_step(i: int) -> float:
         xs, ys = train.batch_at(corpus, i, args.seq_len, args.batch, 0)
         loss = loss_of(torch.from_numpy(xs), torch.from_numpy(ys))
@@ -183,6 +194,7 @@ def lstm_steppers() -> dict:
             "retrograd `compile=True`": retrograd_lstm(corpus, True),
             "PyTorch eager": torch_lstm(corpus, False),
             "`torch.compile` (PyTorch model)": torch_lstm(corpus, True),
+            "`torch.compile` around `nn.LSTM` (embedding, head + loss)": torch_lstm(corpus, "parts"),
             "JAX `jit` of the step": bench_train.jax_stepper(_lstm_args(), corpus)}
 
 
@@ -206,9 +218,11 @@ def transformer_steppers(steps: int) -> dict:
 # --- timing ---------------------------------------------------------------------------------------------
 
 def measure(steppers: dict, args) -> dict:
-    """label -> (seconds of the first ``warmup`` steps, steps/s of the median round, last loss)."""
+    """label -> (seconds of the first ``warmup`` steps, steps/s of the median round by wall time, by the
+    process's CPU time, last loss). Rounds alternate between the engines, in reverse order every other
+    round. CPU time (one thread each) does not count waiting for a core on a shared machine."""
     steppers = {k: v for k, v in steppers.items() if v is not None}
-    first, times, losses = {}, {k: [] for k in steppers}, {}
+    first, walls, cpus, losses = {}, {k: [] for k in steppers}, {k: [] for k in steppers}, {}
     for name, step in steppers.items():
         started = time.perf_counter()
         for i in range(args.warmup):
@@ -216,27 +230,32 @@ def measure(steppers: dict, args) -> dict:
         first[name] = time.perf_counter() - started
         print(f"  {name}: first {args.warmup} steps {first[name]:.1f} s", flush=True)
     i = args.warmup
-    for _ in range(args.rounds):
-        for name, step in steppers.items():
-            started = time.perf_counter()
+    for round_ in range(args.rounds):
+        order = list(steppers.items())
+        for name, step in (order[::-1] if round_ % 2 else order):
+            started, cpu = time.perf_counter(), time.process_time()
             for k in range(args.round):
                 losses[name] = step(i + k)
-            times[name].append(time.perf_counter() - started)
+            walls[name].append(time.perf_counter() - started)
+            cpus[name].append(time.process_time() - cpu)
         i += args.round
-    return {name: (first[name], args.round / float(np.median(times[name])), losses[name]) for name in steppers}
+    return {name: (first[name], args.round / float(np.median(walls[name])),
+                   args.round / float(np.median(cpus[name])), losses[name]) for name in steppers}
 
 
 def table(title: str, results: dict) -> str:
     base = results.get("PyTorch eager")
-    lines = [f"### {title}", "", "| engine | steps/s | vs PyTorch eager | first steps (s, compiles included) |",
-             "|---|---|---|---|"]
-    for name, (first, rate, _) in results.items():
+    lines = [f"### {title}", "", "| engine | steps/s (wall) | vs PyTorch eager (wall) | steps/s (CPU time) "
+             "| vs PyTorch eager (CPU time) | first steps (s, compiles included) |",
+             "|---|---|---|---|---|---|"]
+    for name, (first, rate, cpu_rate, _) in results.items():
         ratio = f"{rate / base[1]:.2f}x" if base else "-"
-        lines.append(f"| {name} | {rate:.2f} | {ratio} | {first:.1f} |")
+        cpu_ratio = f"{cpu_rate / base[2]:.2f}x" if base else "-"
+        lines.append(f"| {name} | {rate:.2f} | {ratio} | {cpu_rate:.2f} | {cpu_ratio} | {first:.1f} |")
     return "\n".join(lines) + "\n"
 
 
-def machine() -> str:
+def machine(load_before: tuple = ()) -> str:
     import platform
     import torch
     cpu = platform.machine()
@@ -245,7 +264,8 @@ def machine() -> str:
             cpu = line.split(":", 1)[1].strip()
             break
     load = ", ".join(f"{x:.1f}" for x in os.getloadavg())
-    return (f"{cpu}, {os.cpu_count()} cores, shared (load average {load} at the end of the run); one thread "
+    before = f"{', '.join(f'{x:.1f}' for x in load_before)} at the start, " if load_before else ""
+    return (f"{cpu}, {os.cpu_count()} cores, shared (load average {before}{load} at the end of the run); one thread "
             f"per framework; PyTorch {torch.__version__}, Python {platform.python_version()}")
 
 
@@ -259,6 +279,7 @@ def main() -> int:
     args = parser.parse_args()
     import torch
     torch.set_num_threads(1)
+    load_before = os.getloadavg()
     builders = {"cnn": ("CNN training step (batch 64, 1x28x28, SGD momentum)", cnn_steppers),
                 "lstm": ("char-LSTM LM training step (`retrograd train` default)", lstm_steppers),
                 "transformer": ("small transformer training step (gpt_chars: 2 blocks, d=64, AdamW)",
@@ -273,7 +294,8 @@ def main() -> int:
     command = "python benchmarks/compiled.py " + " ".join(sys.argv[1:])
     report = (f"## Compiled regions (`Executor(backend=\"torch\", compile=True)`)\n\n"
               f"Command: `{command.strip()}` ({args.rounds} rounds of {args.round} steps after {args.warmup} "
-              f"first steps), {datetime.date.today().isoformat()}.\n\nMachine: {machine()}.\n\n"
+              f"first steps), {datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC.\n\n"
+              f"Machine: {machine(load_before)}.\n\n"
               + "\n".join(text))
     print(report)
     if args.write:

@@ -234,7 +234,8 @@ def numpy_runner(problem: dict, lstm=numpy_lstm) -> tuple[Callable[[], tuple], C
 # --- retrograd ---------------------------------------------------------------------------
 
 def retrograd_runner(problem: dict, recompute=None, backend: str = "numpy",
-                     fused: bool | None = None) -> tuple[Callable[[], tuple], Callable[[], int]]:
+                     fused: bool | None = None, compile: bool = False) -> tuple[Callable[[], tuple],
+                                                                           Callable[[], int]]:
     main, startup = rg.Program(), rg.Program()
     t_len, n, d = problem["x"].shape
     h = problem["w_hh"].shape[0]
@@ -244,7 +245,7 @@ def retrograd_runner(problem: dict, recompute=None, backend: str = "numpy",
         loss = rg.sum(h_all)
         params = [main.global_block().var(f"lstm.{k}") for k in ("w_ih", "w_hh", "b")]
         grads = rg.gradients(loss, [x] + params)
-    exe = rg.Executor(backend=backend)
+    exe = rg.Executor(backend=backend, compile=compile)
     exe.run(startup)
     for k in ("w_ih", "w_hh", "b"):
         exe.scope.set(f"lstm.{k}", problem[k])
@@ -329,7 +330,9 @@ def jax_runners(problem: dict) -> dict:
 
 # --- PyTorch -----------------------------------------------------------------------------
 
-def torch_runners(problem: dict):
+def torch_runners(problem: dict, compile: bool = False):
+    """``torch.nn.LSTM`` and a hand-written cell loop (autograd); ``compile``: the module's forward
+    through ``torch.compile`` (Dynamo does not trace ``nn.LSTM``: it runs eagerly inside it)."""
     try:
         import torch
     except ImportError:
@@ -348,9 +351,10 @@ def torch_runners(problem: dict):
         module.bias_ih_l0.copy_(b)
         module.bias_hh_l0.zero_()
     module_params = [module.weight_ih_l0, module.weight_hh_l0, module.bias_ih_l0]
+    forward = torch.compile(module) if compile else module
 
     def run_module():
-        out, _ = module(x)
+        out, _ = forward(x)
         loss = out.sum()
         gx, gw_ih, gw_hh, gb = torch.autograd.grad(loss, [x] + module_params)
         return float(loss.detach()), (gx.numpy(), gw_ih.T.numpy(), gw_hh.T.numpy(), gb.numpy())
@@ -463,6 +467,60 @@ def bench_vendor(problem: dict, repeats: int) -> list[dict]:
              "vs_numpy": None, "vs_torch": _ratio(times, name, "torch.nn.LSTM", group),
              "peak": peak() if peak is not None else None}
             for name, (_, peak) in runners.items()]
+
+
+# Issue 34's rows: retrograd's default engine (torch backend, the executor picks the fused LSTM where
+# the backend's policy says so), compile=True, and the general program (fused=False) beside
+# torch.nn.LSTM, torch.compile of it, and JAX.
+ISSUE34_ROWS = ("torch.nn.LSTM", "`torch.compile`(nn.LSTM)", "retrograd (torch, default)",
+                "retrograd (torch, compile=True)", "retrograd (torch, general)", "jax (jit+scan)")
+
+
+def bench_issue34(problem: dict, repeats: int) -> list[dict]:
+    """Issue 34's comparison, all rows alternating in one group; ``x torch`` and ``x jax`` are median
+    per-round ratios (time over ``torch.nn.LSTM``'s / JAX's). The first run of each (compiles
+    included) is reported as ``first s``."""
+    t_len, n, _ = problem["x"].shape
+    h = problem["w_hh"].shape[0]
+    torch_runs = torch_runners(problem)
+    if not torch_runs:
+        raise SystemExit("--issue34 compares with torch.nn.LSTM: install torch")
+    candidates = {"torch.nn.LSTM": torch_runs["torch.nn.LSTM"],
+                  "`torch.compile`(nn.LSTM)": torch_runners(problem, compile=True)["torch.nn.LSTM"],
+                  "retrograd (torch, default)": retrograd_runner(problem, backend="torch"),
+                  "retrograd (torch, compile=True)": retrograd_runner(problem, backend="torch", compile=True),
+                  "retrograd (torch, general)": retrograd_runner(problem, backend="torch", fused=False),
+                  **jax_runners(problem)}
+    runners = {name: candidates[name] for name in ISSUE34_ROWS if name in candidates}
+    first = {}
+    for name, (run, _) in runners.items():           # the first runs compile (timed apart)
+        started = time.perf_counter()
+        run()
+        run()
+        first[name] = time.perf_counter() - started
+    check_agreement({"numpy": numpy_runner(problem)[0](),
+                     **{name: run() for name, (run, _) in runners.items()}})
+    times = interleaved_times({name: run for name, (run, _) in runners.items()}, repeats, alternate=True)
+    group = tuple(runners)
+    jax_name = "jax (jit+scan)" if "jax (jit+scan)" in runners else None
+    return [{"impl": name, "T": t_len, "N": n, "H": h, "seconds": statistics.median(times[name]),
+             "vs_numpy": None, "vs_torch": _ratio(times, name, "torch.nn.LSTM", group),
+             "vs_jax": _ratio(times, name, jax_name, group) if jax_name else None, "first": first[name],
+             "peak": None}
+            for name in runners]
+
+
+def issue34_markdown(rows: list[dict], command: str, info: dict, repeats: int, load: tuple[float, float]) -> str:
+    lines = [f"Command: `{command}` ({CLOCK[0]} time, median of {repeats} alternating rounds after two "
+             f"first runs)", "",
+             f"Machine: {info['cpu']}, {info['cores']} cores, shared; PyTorch {info['torch']}; load average "
+             f"{load[0]:.1f} before and {load[1]:.1f} after the run.", "",
+             "| T | N | H | implementation | median ms | x nn.LSTM | x JAX | first 2 runs (s) |",
+             "|--:|--:|--:|:--|--:|--:|--:|--:|"]
+    for row in rows:
+        lines.append(f"| {row['T']} | {row['N']} | {row['H']} | {row['impl']} | {row['seconds'] * 1e3:.1f} "
+                     f"| {_x(row['vs_torch'])} | {_x(row['vs_jax'])} | {row['first']:.1f} |")
+    return "\n".join(lines) + "\n"
 
 
 def _ratio(times: dict[str, list[float]], name: str, reference: str, group: tuple) -> float:
@@ -649,6 +707,9 @@ def main(argv: list[str] | None = None) -> list[dict]:
                         help="issue 22's rows only (fused LSTM on every backend, the NumPy executor, "
                              "the onnxruntime engine, torch.nn.LSTM, JAX), alternating in one group; "
                              "with --write, the 'LSTM with vendor kernels (issue 22)' section")
+    parser.add_argument("--issue34", action="store_true",
+                        help="issue 34's rows (retrograd default / compile=True / general on torch, "
+                             "nn.LSTM, torch.compile, JAX), printed as a Markdown table")
     parser.add_argument("--clock", choices=tuple(CLOCKS), default="wall",
                         help="what a run's time is: wall time (default) or the process's CPU time")
     args = parser.parse_args(argv)
@@ -659,9 +720,16 @@ def main(argv: list[str] | None = None) -> list[dict]:
     load_before = os.getloadavg()[0]
     rows = []
     for t_len, n, h in configs:
-        rows.extend(bench_config(t_len, n, h, args.repeats, vendor=args.vendor))
+        if args.issue34:
+            rows.extend(bench_issue34(make_problem(t_len, n, h), args.repeats))
+        else:
+            rows.extend(bench_config(t_len, n, h, args.repeats, vendor=args.vendor))
         print(f"done T={t_len} N={n} H={h}", flush=True)
     load = (load_before, os.getloadavg()[0])
+    if args.issue34:
+        command = "python benchmarks/rnn.py " + " ".join(argv if argv is not None else sys.argv[1:])
+        print(issue34_markdown(rows, command.strip(), machine(), args.repeats, load))
+        return rows
     print_table(rows)
     info = machine()
     print(f"{info['cpu']}, {info['cores']} cores; numpy {info['numpy']}; torch {info['torch']}")

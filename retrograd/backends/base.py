@@ -581,11 +581,15 @@ class Backend:
         raise BackendError(f'backend "{self.name}" on {self.device} has no device graphs: they need '
                            'backend "torch" with device "cuda" (CuPy cannot capture cuBLAS calls)')
 
-    def region_compiler(self):
+    def region_compiler(self, **options):
         """The compiler of a plan's straight-line regions, or None where the library has none.
 
         ``Executor(compile=True)`` hands it each region (a Python function of arrays) and runs
         what it returns (runtime/regions.py); torch's is ``torch.compile``.
+
+        Args:
+            **options: Keywords for the library's compiler (torch: ``torch.compile``'s, e.g.
+                ``backend="aot_eager"``).
 
         Returns:
             A function ``compile(fn) -> fn`` with the same results, or None.

@@ -170,31 +170,16 @@ class TorchBackend(Backend):
         wants float step counts)."""
         if self.fused_adam is None or any(p.dtype != params[0].dtype for p in params):
             return None
-        if self.torch.compiler.is_compiling():
-            # inside a compiled region (Executor(compile=True)) the compiler fuses the per-parameter
-            # math itself; it cannot functionalise this in-place kernel's state steps
-            return None
-        # The fused kernel walks each parameter, gradient and moment as one flat buffer (layouts
-        # must agree) and copies a non-contiguous gradient for nothing. oneDNN's LSTM weight
-        # gradients are transposed views of contiguous [4H, D] buffers: the kernel gets every
-        # tensor of such a parameter transposed alike (contiguous, the same elementwise update),
-        # and the updated weights come back as views of [4H, D] buffers, which oneDNN reads next
-        # step without a copy. It reads the gradients only (maximize=False, no grad_scale).
-        orders = [_contiguous_order(g) for g in grads]
-        grads = [_permuted(g, order) for g, order in zip(grads, orders)]
-        dense = self.torch.contiguous_format
-        params, moment1s, moment2s = ([(x if order is None else x.permute(order)).clone(memory_format=dense)
-                                       for x, order in zip(group, orders)]
-                                      for group in (params, moment1s, moment2s))
-        steps = self.torch._foreach_add(steps, 1)
-        if rate is not None:
-            lr = float(rate.reshape(()))      # the host holds it: a CPU array
         update = self.fused_adam[1 if decoupled else 0]
-        update(params, grads, moment1s, moment2s, [], steps, lr=lr, beta1=beta1, beta2=beta2,
-               weight_decay=weight_decay, eps=eps, amsgrad=False, maximize=False)
-        params, moment1s, moment2s = ([_unpermuted(x, order) for x, order in zip(group, orders)]
-                                      for group in (params, moment1s, moment2s))
-        return params, moment1s, moment2s, steps
+        hyper = (lr, beta1, beta2, eps, weight_decay)
+        if self.torch.compiler.is_compiling():
+            # inside a compiled region (Executor(compile=True)): the same call as one opaque custom op
+            # (the compiler cannot functionalise the in-place kernel; its own per-parameter code is slower)
+            outs = _compiled_multi_adam(self.torch)(params, grads, moment1s, moment2s, steps, rate, *hyper,
+                                                    decoupled)
+            n = len(params)
+            return outs[:n], outs[n:2 * n], outs[2 * n:3 * n], outs[3 * n:]
+        return _multi_adam(self.torch, update, params, grads, moment1s, moment2s, steps, rate, *hyper)
 
     @property
     def has_graphs(self) -> bool:
@@ -335,12 +320,26 @@ class TorchBackend(Backend):
             work()
         return graph
 
-    def region_compiler(self):
+    def region_compiler(self, **options):
         """``torch.compile`` (Inductor) for a plan's straight-line regions; a changed size makes a
         region recompile once with that size symbolic (``dynamic=None``: torch's automatic dynamic
-        shapes), not once per size."""
+        shapes), not once per size. ``options`` go to ``torch.compile`` (tests: ``backend="aot_eager"``).
+        oneDNN's LSTM calls are opaque custom ops inside the one graph (backends/torch_fused_rnn.py)."""
         torch = self.torch
-        return lambda function: torch.compile(function, dynamic=None, fullgraph=False)
+        if self.onednn_lstm is not None:       # its custom ops, defined before a trace calls them
+            torch_fused_rnn.compiled_ops(torch)
+        if self.fused_adam is not None:
+            _compiled_multi_adam(torch)
+        if self.torch_device.type == "cpu":
+            _compiled_pool_ops(torch)
+        if "backend" not in options and self.torch_device.type == "cpu":
+            # Inductor's layout optimisation makes convolutions channels-last, and ATen's convolution
+            # backward then converts layouts back and forth (the CNN step: 41 ms compiled with it,
+            # 34 ms without, 34 ms eager, CPU time in one run)
+            options["options"] = {"layout_optimization": False}
+        skip_guards = self.torch_device.type == "cpu"
+        return lambda function: _DataDependentSizes(
+            torch, torch.compile(function, dynamic=None, fullgraph=False, **options), skip_guards)
 
     def device_memory(self) -> int | None:
         if self.torch_device.type != "cuda":
@@ -436,20 +435,21 @@ class TorchBackend(Backend):
     def max_pool(self, x, kernel, strides, pads, dilations=None):
         if x.ndim != 4 or _asymmetric(pads) or _empty(x):
             return super().max_pool(x, kernel, strides, pads, dilations)
-        # ATen's CPU max pool walks each NCHW plane with scalar code, while its channels-last kernel
-        # is vectorised over channels (2-6x faster at 32-64 channels, the copies included): with 8
-        # channels or more it pools a channels-last copy and hands back NCHW tensors, the same
-        # values and indices (ties and NaN alike: tests/ops/nn/test_conv.py)
-        channels_last = x.device.type == "cpu" and x.shape[1] >= 8
-        if channels_last:
-            x = x.contiguous(memory_format=self.torch.channels_last)
-        y, indices = self.torch.ops.aten.max_pool2d_with_indices(x, list(kernel), list(strides), list(pads[:2]),
-                                                                 list(dilations or (1, 1)))
-        return (y.contiguous(), indices.contiguous()) if channels_last else (y, indices)
+        if self.torch.compiler.is_compiling() and x.device.type == "cpu":
+            # inside a compiled region: ATen's kernels as one opaque call (Inductor's CPU code for
+            # pooling and its gradient is scalar: the CNN step ran at 0.8x eager with it)
+            pool, _ = _compiled_pool_ops(self.torch)
+            y, indices = pool(x, list(kernel), list(strides), list(pads[:2]), list(dilations or (1, 1)))
+            return y, indices
+        return _max_pool(self.torch, x, kernel, strides, pads[:2], dilations)
 
     def max_pool_grad(self, dy, indices, x_like, kernel, strides, pads, dilations=None):
         if dy.ndim != 4 or _asymmetric(pads) or _empty(dy, x_like):
             return super().max_pool_grad(dy, indices, x_like, kernel, strides, pads, dilations)
+        if self.torch.compiler.is_compiling() and dy.device.type == "cpu":
+            _, pool_grad = _compiled_pool_ops(self.torch)
+            return pool_grad(dy, indices, x_like, list(kernel), list(strides), list(pads[:2]),
+                             list(dilations or (1, 1)))
         return self.torch.ops.aten.max_pool2d_with_indices_backward(
             dy, self._stand_in(x_like), list(kernel), list(strides), list(pads[:2]), list(dilations or (1, 1)),
             False, indices)
@@ -512,6 +512,165 @@ def _asymmetric(pads) -> bool:
     half = len(pads) // 2
     return list(pads[:half]) != list(pads[half:])
 
+
+
+class _DataDependentSizes:
+    """A compiled region's function: traced with ops whose output sizes depend on data (oneDNN's
+    LSTM workspace: ``retrograd::onednn_lstm_layer``) kept in the graph, not cut out of it
+    (``capture_dynamic_output_shape_ops``, set for the call only: the user's own compiles keep theirs).
+
+    ``skip_guards`` (CPU): Dynamo's guards (about 700 for the char-LSTM step: the region's kernels,
+    their contexts and attributes, every input's layout; 2-4% of that step) run only on calls whose
+    inputs' signature (shape, strides, dtype, device, inference flag, which inputs share storage)
+    has not been seen; a seen one runs under ``skip_guard_eval_unsafe``. That is safe here because
+    everything else the guards check is fixed for a region: its source, kernels and contexts are
+    built once per plan and never change (runtime/regions.py)."""
+
+    def __init__(self, torch, compiled, skip_guards: bool = False):
+        self.torch, self.config, self.compiled = torch, torch._dynamo.config, compiled
+        self.skip_guards, self.seen = skip_guards, set()
+
+    def __call__(self, *args):
+        config = self.config
+        before = config.capture_dynamic_output_shape_ops
+        config.capture_dynamic_output_shape_ops = True
+        try:
+            if not self.skip_guards:
+                return self.compiled(*args)
+            key = _signature(self.torch, args)
+            if key in self.seen:
+                with self.torch.compiler.set_stance(skip_guard_eval_unsafe=True):
+                    return self.compiled(*args)
+            results = self.compiled(*args)       # guarded: recompiles for a new signature
+            self.seen.add(key)
+            return results
+        finally:
+            config.capture_dynamic_output_shape_ops = before
+
+
+def _signature(torch, args) -> tuple:
+    """What Dynamo's tensor guards check of a region's arguments, as one hashable tuple."""
+    storages: dict[int, int] = {}
+    key = []
+    for i, a in enumerate(args):
+        if isinstance(a, torch.Tensor):
+            shared = storages.setdefault(a.untyped_storage().data_ptr(), i)
+            key.append((tuple(a.shape), a.stride(), a.dtype, a.device, a.is_inference(), a.requires_grad, shared))
+        else:
+            key.append((type(a), a))
+    return tuple(key)
+
+
+def _multi_adam(torch, update, params, grads, moment1s, moment2s, steps, rate, lr: float, beta1: float,
+                beta2: float, eps: float, weight_decay: float):
+    """``TorchBackend.multi_adam``'s work (``update``: ``_fused_adam_`` or ``_fused_adamw_``; None: the
+    results' layouts only, for the compiler's fake tensors)."""
+    # The fused kernel walks each parameter, gradient and moment as one flat buffer (layouts
+    # must agree) and copies a non-contiguous gradient for nothing. oneDNN's LSTM weight
+    # gradients are transposed views of contiguous [4H, D] buffers: the kernel gets every
+    # tensor of such a parameter transposed alike (contiguous, the same elementwise update),
+    # and the updated weights come back as views of [4H, D] buffers, which oneDNN reads next
+    # step without a copy. It reads the gradients only (maximize=False, no grad_scale).
+    orders = [_contiguous_order(g) for g in grads]
+    grads = [_permuted(g, order) for g, order in zip(grads, orders)]
+    dense = torch.contiguous_format
+    params, moment1s, moment2s = ([(x if order is None else x.permute(order)).clone(memory_format=dense)
+                                   for x, order in zip(group, orders)]
+                                  for group in (params, moment1s, moment2s))
+    steps = torch._foreach_add(steps, 1) if update is not None else [s.clone() for s in steps]
+    if update is not None:
+        if rate is not None:
+            lr = float(rate.reshape(()))      # the host holds it: a CPU array
+        update(params, grads, moment1s, moment2s, [], steps, lr=lr, beta1=beta1, beta2=beta2,
+               weight_decay=weight_decay, eps=eps, amsgrad=False, maximize=False)
+    params, moment1s, moment2s = ([_unpermuted(x, order) for x, order in zip(group, orders)]
+                                  for group in (params, moment1s, moment2s))
+    return params, moment1s, moment2s, steps
+
+
+def _max_pool(torch, x, kernel, strides, pads, dilations):
+    """ATen's max pool of NCHW ``x`` (``pads``: one per spatial axis), and its indices.
+
+    ATen's CPU max pool walks each NCHW plane with scalar code, while its channels-last kernel is
+    vectorised over channels (2-6x faster at 32-64 channels, the copies included): with 8 channels
+    or more it pools a channels-last copy and hands back NCHW tensors, the same values and indices
+    (ties and NaN alike: tests/ops/nn/test_conv.py).
+    """
+    channels_last = x.device.type == "cpu" and x.shape[1] >= 8
+    if channels_last:
+        x = x.contiguous(memory_format=torch.channels_last)
+    y, indices = torch.ops.aten.max_pool2d_with_indices(x, list(kernel), list(strides), list(pads),
+                                                        list(dilations or (1, 1)))
+    return (y.contiguous(), indices.contiguous()) if channels_last else (y, indices)
+
+
+_COMPILED_POOL: list = []
+
+
+def _compiled_pool_ops(torch):
+    """``retrograd::max_pool2d`` and ``retrograd::max_pool2d_backward``: the torch backend's max pool
+    (ATen's kernels, channels-last where faster) as custom ops a compiled region calls whole, in the
+    layout of their input (NCHW, or the channels-last the compiler picks around convolutions). Defined
+    once, before a trace needs them (``region_compiler``)."""
+    if _COMPILED_POOL:
+        return _COMPILED_POOL[0]
+    aten = torch.ops.aten
+
+    @torch.library.custom_op("retrograd::max_pool2d", mutates_args=(), schema=(
+        "(Tensor x, int[] kernel, int[] strides, int[] pads, int[] dilations) -> (Tensor, Tensor)"))
+    def pool(x, kernel, strides, pads, dilations):
+        if x.is_contiguous():            # NCHW: through channels-last where faster, NCHW back
+            y, indices = _max_pool(torch, x, kernel, strides, pads, dilations)
+            return y.contiguous(), indices.contiguous()
+        # the layout the compiler chose (channels-last around its convolutions): ATen keeps it
+        return aten.max_pool2d_with_indices(x, kernel, strides, pads, dilations)
+
+    @pool.register_fake
+    def _(x, kernel, strides, pads, dilations):
+        return aten.max_pool2d_with_indices(x, kernel, strides, pads, dilations)
+
+    @torch.library.custom_op("retrograd::max_pool2d_backward", mutates_args=(), schema=(
+        "(Tensor dy, Tensor indices, Tensor x_like, int[] kernel, int[] strides, int[] pads, int[] dilations)"
+        " -> Tensor"))
+    def pool_grad(dy, indices, x_like, kernel, strides, pads, dilations):
+        return aten.max_pool2d_with_indices_backward(dy, x_like, kernel, strides, pads, dilations, False, indices)
+
+    @pool_grad.register_fake
+    def _(dy, indices, x_like, kernel, strides, pads, dilations):
+        return aten.max_pool2d_with_indices_backward(dy, x_like, kernel, strides, pads, dilations, False, indices)
+
+    _COMPILED_POOL.append((pool, pool_grad))
+    return _COMPILED_POOL[0]
+
+
+_COMPILED_ADAM: list = []
+
+
+def _compiled_multi_adam(torch):
+    """``retrograd::multi_adam``: ``_multi_adam`` as one custom op a compiled region calls (defined
+    once, before a trace needs it: ``region_compiler``); it returns params, moments and steps as one
+    list, laid out as the eager call leaves them."""
+    if _COMPILED_ADAM:
+        return _COMPILED_ADAM[0]
+    ops = _fused_adam_ops(torch)
+
+    @torch.library.custom_op("retrograd::multi_adam", mutates_args=(), schema=(
+        "(Tensor[] params, Tensor[] grads, Tensor[] moment1s, Tensor[] moment2s, Tensor[] steps, Tensor? rate,"
+        " float lr, float beta1, float beta2, float eps, float weight_decay, bool decoupled) -> Tensor[]"))
+    def multi_adam(params, grads, moment1s, moment2s, steps, rate, lr, beta1, beta2, eps, weight_decay,
+                   decoupled):
+        outs = _multi_adam(torch, ops[1 if decoupled else 0], params, grads, moment1s, moment2s, steps, rate,
+                           lr, beta1, beta2, eps, weight_decay)
+        return [x for group in outs for x in group]
+
+    @multi_adam.register_fake
+    def _(params, grads, moment1s, moment2s, steps, rate, lr, beta1, beta2, eps, weight_decay, decoupled):
+        outs = _multi_adam(torch, None, params, grads, moment1s, moment2s, steps, rate, lr, beta1, beta2, eps,
+                           weight_decay)
+        return [x for group in outs for x in group]
+
+    _COMPILED_ADAM.append(multi_adam)
+    return multi_adam
 
 
 def _contiguous_order(array) -> tuple[int, ...] | None:

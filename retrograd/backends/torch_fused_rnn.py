@@ -23,6 +23,14 @@ weight rewritten between the two ops). They are not cached across runs: a
 weight may change in place between runs (a fed NumPy array shares its memory)
 and inference tensors carry no version counter to notice it.
 
+Inside a compiled region (``Executor(compile=True)``, ``torch.compiler.is_compiling()``) the two
+calls go through two opaque custom ops (``retrograd::onednn_lstm_layer`` / ``_backward``,
+``compiled_ops``): the compiler cannot trace the grad-mode switch the raw calls need (a graph break
+would cut the region into pieces), so each is one extern call in the one compiled graph, and the
+``[4H, D]`` weight copies are ordinary traced code (none where the weights already are transposed
+views of such buffers) shared by the two. The workspace's size is oneDNN's business: a
+data-dependent size to the compiler.
+
 ``available(torch)`` checks once that this torch has the ops; without them
 (an older or a stripped build) the backend logs one line and ``LSTMSequence``
 runs its general kernels.
@@ -79,6 +87,8 @@ class OneDNNLSTM:
 
     def forward(self, x, w_ih, w_hh, b, h0, c0, forget_bias: float, reverse: bool):
         torch, hidden = self.torch, w_hh.shape[0]
+        if torch.compiler.is_compiling():
+            return self._compiled_forward(x, w_ih, w_hh, b, h0, c0, forget_bias, reverse)
         b_ih, b_hh = self._biases(hidden, b, forget_bias)
         w_ih_t, w_hh_t = w_ih.t().contiguous(), w_hh.t().contiguous()
         with self._grad_mode():
@@ -95,6 +105,9 @@ class OneDNNLSTM:
     def backward(self, x, w_ih, w_hh, b, h0, c0, h_all, h_last, c_last, workspace, dh_all, dh_last, dc_last,
                  forget_bias: float, reverse: bool):
         torch, hidden = self.torch, w_hh.shape[0]
+        if torch.compiler.is_compiling():
+            return self._compiled_backward(x, w_ih, w_hh, b, h0, c0, h_all, h_last, c_last, workspace, dh_all,
+                                           dh_last, dc_last, forget_bias, reverse)
         b_ih, b_hh = self._biases(hidden, b, forget_bias)
         w_ih_t, w_hh_t = forward_weights(workspace, w_ih, w_hh)
         with self._grad_mode():
@@ -103,6 +116,94 @@ class OneDNNLSTM:
                 h_last, c_last, dh_all, dh_last, dc_last, reverse, LSTM_MODE, hidden, 1, True, True, False, [],
                 False, workspace.view(torch.uint8))
         return dx, dw_ih.t(), dw_hh.t(), (db if b is not None else None), dh0, dc0
+
+    # -- inside a compiled region: the same calls as opaque custom ops ---------------------------------
+    def _traced_biases(self, hidden: int, b, x, forget_bias: float):
+        """(b_ih, b_hh) as traced code (no cached tensor: the compiler would guard on it)."""
+        zeros = self.torch.zeros(4 * hidden, dtype=x.dtype)
+        b_ih = zeros if b is None else b
+        if forget_bias:
+            b_ih = self.torch.cat([b_ih[:hidden], b_ih[hidden:2 * hidden] + forget_bias, b_ih[2 * hidden:]])
+        return b_ih, zeros
+
+    def _compiled_forward(self, x, w_ih, w_hh, b, h0, c0, forget_bias: float, reverse: bool):
+        hidden = w_hh.shape[0]
+        b_ih, b_hh = self._traced_biases(hidden, b, x, forget_bias)
+        layer, _ = compiled_ops(self.torch)
+        return layer(x.contiguous(), w_ih.t().contiguous(), w_hh.t().contiguous(), b_ih, b_hh,
+                     h0.contiguous(), c0.contiguous(), reverse)
+
+    def _compiled_backward(self, x, w_ih, w_hh, b, h0, c0, h_all, h_last, c_last, workspace, dh_all, dh_last,
+                           dc_last, forget_bias: float, reverse: bool):
+        hidden = w_hh.shape[0]
+        b_ih, b_hh = self._traced_biases(hidden, b, x, forget_bias)
+        _, layer_backward = compiled_ops(self.torch)
+        dx, dw_ih, dw_hh, db, dh0, dc0 = layer_backward(
+            x.contiguous(), w_ih.t().contiguous(), w_hh.t().contiguous(), b_ih, b_hh, h0.contiguous(),
+            c0.contiguous(), h_all.contiguous(), h_last.contiguous(), c_last.contiguous(), workspace,
+            dh_all.contiguous(), dh_last.contiguous(), dc_last.contiguous(), reverse)
+        return dx, dw_ih.t(), dw_hh.t(), (db if b is not None else None), dh0, dc0
+
+
+_COMPILED_OPS: list = []
+
+
+def compiled_ops(torch):
+    """The two custom ops (``retrograd::onednn_lstm_layer``, ``retrograd::onednn_lstm_layer_backward``)
+    a compiled region calls, defined on first use: each runs the ATen call under grad mode and
+    tells the compiler its outputs' shapes (the workspace's size is data-dependent to it).
+
+    Example::
+
+        layer, layer_backward = compiled_ops(torch)
+        y, hy, cy, ws = layer(x, w_ih_t, w_hh_t, b_ih, b_hh, h0, c0, False)     # weights [4H, D]
+    """
+    if _COMPILED_OPS:
+        return _COMPILED_OPS[0]
+
+    def grad_mode():
+        return _Both(torch.inference_mode(False), torch.enable_grad())
+
+    # schemas spelled out: this module's annotations are strings (``from __future__ import annotations``)
+    @torch.library.custom_op("retrograd::onednn_lstm_layer", mutates_args=(), schema=(
+        "(Tensor x, Tensor w_ih_t, Tensor w_hh_t, Tensor b_ih, Tensor b_hh, Tensor h0, Tensor c0, bool reverse)"
+        " -> (Tensor, Tensor, Tensor, Tensor)"))
+    def layer(x, w_ih_t, w_hh_t, b_ih, b_hh, h0, c0, reverse):
+        with grad_mode():
+            y, hy, cy, ws = torch.ops.aten.mkldnn_rnn_layer(
+                x, w_ih_t, w_hh_t, b_ih, b_hh, h0, c0, reverse, [], LSTM_MODE, w_hh_t.shape[1], 1, True, False,
+                False, True)
+        pad = (-ws.numel()) % 4              # as the eager path: a float32 view, padded to whole floats
+        ws = torch.cat([ws.detach(), torch.zeros(pad, dtype=ws.dtype)]) if pad else ws.detach()
+        return y.detach().contiguous(), hy.detach().contiguous(), cy.detach().contiguous(), ws.view(torch.float32)
+
+    @layer.register_fake
+    def _(x, w_ih_t, w_hh_t, b_ih, b_hh, h0, c0, reverse):
+        size = torch.library.get_ctx().new_dynamic_size()
+        return (x.new_empty((x.shape[0], x.shape[1], h0.shape[1])), h0.new_empty(h0.shape),
+                c0.new_empty(c0.shape), x.new_empty((size,), dtype=torch.float32))
+
+    @torch.library.custom_op("retrograd::onednn_lstm_layer_backward", mutates_args=(), schema=(
+        "(Tensor x, Tensor w_ih_t, Tensor w_hh_t, Tensor b_ih, Tensor b_hh, Tensor h0, Tensor c0, Tensor h_all,"
+        " Tensor h_last, Tensor c_last, Tensor workspace, Tensor dh_all, Tensor dh_last, Tensor dc_last,"
+        " bool reverse) -> (Tensor, Tensor, Tensor, Tensor, Tensor, Tensor)"))
+    def layer_backward(x, w_ih_t, w_hh_t, b_ih, b_hh, h0, c0, h_all, h_last, c_last, workspace, dh_all, dh_last,
+                       dc_last, reverse):
+        with grad_mode():
+            out = torch.ops.aten.mkldnn_rnn_layer_backward(
+                x, w_ih_t, w_hh_t, b_ih, b_hh, h0, c0, h_all, h_last, c_last, dh_all, dh_last, dc_last, reverse,
+                LSTM_MODE, w_hh_t.shape[1], 1, True, True, False, [], False, workspace.view(torch.uint8))
+        dx, dw_ih, dw_hh, db, _, dh0, dc0 = out
+        return tuple(t.detach().contiguous() for t in (dx, dw_ih, dw_hh, db, dh0, dc0))
+
+    @layer_backward.register_fake
+    def _(x, w_ih_t, w_hh_t, b_ih, b_hh, h0, c0, h_all, h_last, c_last, workspace, dh_all, dh_last, dc_last,
+          reverse):
+        return (x.new_empty(x.shape), w_ih_t.new_empty(w_ih_t.shape), w_hh_t.new_empty(w_hh_t.shape),
+                b_ih.new_empty(b_ih.shape), h0.new_empty(h0.shape), c0.new_empty(c0.shape))
+
+    _COMPILED_OPS.append((layer, layer_backward))
+    return _COMPILED_OPS[0]
 
 
 WEIGHTS_ATTR = "retrograd_onednn_weights"

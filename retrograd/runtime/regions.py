@@ -5,8 +5,10 @@ the CPU, Triton on CUDA) as one function each.
 A plan is cut into *regions*: maximal runs of consecutive steps whose ops have no sub-block
 (control flow: ``While``, ``If``, ``RecurrentNetwork``... stay the executor's, and split
 regions) and draw no random numbers (their key changes every run: a compiled function would
-be specialised to one run); an op defined with ``defop(..., compile=False)`` (``FusedAdamUpdate``:
-ATen's multi-tensor Adam) also runs between regions. A region becomes Python source, once, straight-line over its
+be specialised to one run); an op defined with ``defop(..., compile=False)`` also runs between
+regions. (A vendor routine that beats generated code need not: the torch backend calls oneDNN's
+LSTM, ATen's multi-tensor Adam and max pooling as opaque custom ops inside the compiled graph.)
+A region becomes Python source, once, straight-line over its
 kernels (torch.fx style; one code object per region, so each has its own compile cache)::
 
     def region_0(v0, v1, v2):                     # the names it reads from outside
@@ -69,7 +71,7 @@ class RegionPlan:
 
 def compilable(step) -> bool:
     """Whether a step may join a region: no sub-block (control flow), no random draws, and not an
-    op declared ``defop(..., compile=False)`` (one vendor routine that beats generated code)."""
+    op declared ``defop(..., compile=False)``."""
     op = step.op
     opdef = OPS.get(op.type)
     return (opdef is not None and not opdef.random and opdef.extra.get("compile", True)
@@ -212,9 +214,11 @@ class RegionRunner:
             return
         torch = self.executor.backend.xp
         bounds = torch.stack([torch.astype(torch.stack([low, high]), torch.int64)
-                              for _, low, high, _, _ in self.checks])
-        for (_, _, _, n, what), (low, high) in zip(self.checks, self.executor.backend.to_numpy(bounds).tolist()):
-            check_id_range(low, high, n, what)
+                              for _, low, high, *_ in self.checks])
+        # (op, low, high, n, what) from check_ids; wrap_ids adds negative=True (ids from the end)
+        for (_, _, _, n, what, *negative), (low, high) in zip(self.checks,
+                                                              self.executor.backend.to_numpy(bounds).tolist()):
+            check_id_range(low, high, n, what, *negative)
 
     def _run_region(self, region: Region, env: dict) -> None:
         executor = self.executor

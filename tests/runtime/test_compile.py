@@ -33,13 +33,16 @@ compile_heavy = pytest.mark.skipif(not ALL_CASES, reason="compiling these takes 
                                    "set RETROGRAD_COMPILE_TESTS=all")
 
 
-def _aot_eager(function):
-    return torch.compile(function, backend="aot_eager", dynamic=None)
+_aot_eager = "aot_eager"      # a torch.compile backend: the backend's region compiler with it
 
 
 def _executor(compiler=None) -> rg.Executor:
+    """compiler: None (Inductor, as users get), a torch.compile backend (its name or function), or a
+    stand-in ``compile(fn) -> fn``."""
     exe = rg.Executor(backend="torch", compile=True)
-    if compiler is not None:
+    if isinstance(compiler, str) or getattr(compiler, "is_dynamo_backend", False):
+        exe.regions.compile_function = exe.backend.region_compiler(backend=compiler)
+    elif compiler is not None:
         exe.regions.compile_function = compiler
     return exe
 
@@ -270,8 +273,10 @@ def test_train_cli_compile_flag_reaches_the_executor():
     assert args.compile and choose_backend(args) == "torch"
 
 
-def test_ops_declared_compile_false_run_between_regions():
+def test_ops_declared_compile_false_run_between_regions(monkeypatch):
+    from retrograd.ops.core.registry import OPS
     from retrograd.runtime.regions import compilable
+    monkeypatch.setitem(OPS["FusedAdamUpdate"].extra, "compile", False)    # as defop(..., compile=False)
     main, startup, loss = _lstm_lm()        # Adam: one FusedAdamUpdate on the torch backend
     exe = _executor(lambda f: f)
     exe.run(startup)
@@ -280,3 +285,125 @@ def test_ops_declared_compile_false_run_between_regions():
              if not isinstance(item, Region)]
     assert "FusedAdamUpdate" in [s.op.type for s in steps]
     assert not any(compilable(s) for s in steps if s.op.type == "FusedAdamUpdate")
+
+
+def test_embedding_ids_checked_from_the_end_after_a_compiled_region():
+    """Regression: Gather's ids may count from the end (``wrap_ids`` defers a 6-field check); the
+    region's check unpacked 5 fields, so every region with an embedding ran eagerly."""
+    main, startup, loss = _lstm_lm()
+    want_exe = rg.Executor(backend="torch")
+    want_exe.run(startup)
+    exe = _executor(lambda f: f)       # a stand-in compiler: the checks deferred as when compiled
+    exe.run(startup)
+    feeds = _lstm_feeds()
+    negative = dict(feeds[0], chars=feeds[0]["chars"] - 11)           # the same rows, counted from the end
+    for f in (feeds[0], feeds[1], negative):
+        got, = exe.run(main, feed=f, fetch_list=[loss])
+        want, = want_exe.run(main, feed=f, fetch_list=[loss])
+        np.testing.assert_allclose(got, want, rtol=1e-6)
+    assert all(r.eager_reason is None for r in _regions(exe)) and any(r.calls for r in _regions(exe))
+    for bad in (11, -12):
+        chars = feeds[0]["chars"].copy()
+        chars[1, 2] = bad
+        with pytest.raises(rg.ExecutionError, match=f"Gather.*id {bad} is out of range"):
+            exe.run(main, feed=dict(feeds[0], chars=chars), fetch_list=[loss])
+    assert all(r.eager_reason is None for r in _regions(exe))
+
+
+def test_onednn_lstm_and_fused_adam_stay_inside_one_compiled_graph():
+    """oneDNN's LSTM calls and ATen's multi-tensor Adam are opaque custom ops in the region's one
+    graph (no graph break at the grad-mode switch the LSTM needs, none at its workspace's
+    data-dependent size; the updates in the same region as the forward and backward); numbers as
+    eager's."""
+    exe = _executor()
+    if exe.backend.onednn_lstm is None:
+        pytest.skip("this torch has no oneDNN LSTM ops")
+    graphs = []
+
+    def counting(gm, example_inputs):
+        graphs.append(gm)
+        return gm.forward
+    counting.is_dynamo_backend = True
+    torch._dynamo.reset()
+    exe = _compare(*_lstm_lm(), _lstm_feeds(((7, 3), (7, 3), (7, 3))), compiler=counting)
+    called = [str(node.target) for gm in graphs for node in gm.graph.nodes if node.op == "call_function"]
+    assert sum("onednn_lstm_layer_backward" in t for t in called) == 1
+    assert sum("onednn_lstm_layer." in t or t.endswith("onednn_lstm_layer") for t in called) == 1
+    assert len(graphs) == len([r for r in _regions(exe) if r.calls > 1])     # one graph per compiled region
+    if exe.backend.fused_adam is not None:
+        assert sum("multi_adam" in t for t in called) == 1
+        region = max(_regions(exe), key=lambda r: len(r.steps))
+        assert {"LSTMSequence", "LSTMSequenceGrad", "FusedAdamUpdate"} <= {s.op.type for s in region.steps}
+
+
+def test_scheduled_adamw_inside_a_compiled_region_matches_eager():
+    """The multi-tensor Adam custom op with a scheduled learning rate (a Var read on the host inside
+    the op) and decoupled weight decay: each step's loss and the final parameters as eager's."""
+    main, startup = rg.Program(), rg.Program()
+    with rg.program_guard(main, startup):
+        x = rg.data("x", [-1, 8])
+        y = rg.data("y", [-1], dtype="int64")
+        h = rg.tanh(rg.layers.fc(x, 16, name="fc1"))
+        loss = rg.mean(rg.softmax_cross_entropy(rg.layers.fc(h, 4, name="fc2"), y))
+        rg.optim.AdamW(rg.optim.lr.step_decay(0.05, 2, 0.5), weight_decay=0.1).minimize(loss)
+    exe = _compare(main, startup, loss, _mlp_feeds((5, 5, 5, 5, 5)))
+    region = max(_regions(exe), key=lambda r: len(r.steps))
+    assert "FusedAdamUpdate" in {s.op.type for s in region.steps} and region.calls >= 3
+
+
+def test_max_pool_runs_atens_kernels_inside_a_compiled_graph():
+    """Max pooling and its gradient are opaque custom ops in the CNN region's one graph (Inductor's
+    CPU code for them is scalar); the first pool (4 channels) pools NCHW, the second (8 channels)
+    through channels-last: losses and parameters as eager's."""
+    graphs = []
+
+    def counting(gm, example_inputs):
+        graphs.append(gm)
+        return gm.forward
+    counting.is_dynamo_backend = True
+    torch._dynamo.reset()
+    exe = _compare(*_cnn(), _cnn_feeds((4, 4, 4)), compiler=counting)
+    called = [str(node.target) for gm in graphs for node in gm.graph.nodes if node.op == "call_function"]
+    assert sum("retrograd.max_pool2d.default" in t for t in called) == 2
+    assert sum("retrograd.max_pool2d_backward" in t for t in called) == 2
+    assert len(graphs) == len([r for r in _regions(exe) if r.calls > 1])
+
+
+@pytest.mark.parametrize("options", [dict(bidirectional=True), dict(forget_bias=1.0, bias=False)],
+                         ids=["bidirectional", "forget_bias_no_bias"])
+def test_onednn_lstm_variants_inside_a_compiled_region_match_eager(options):
+    """The custom ops' reverse direction, and the forget bias folded into a zero bias by traced
+    code: training steps as eager's (Adam, clipping)."""
+    main, startup = rg.Program(), rg.Program()
+    with rg.program_guard(main, startup):
+        chars = rg.data("chars", [-1, -1], dtype="int64")
+        target = rg.data("target", [-1, -1], dtype="int64")
+        emb = rg.layers.embedding(chars, 11, 6, name="emb")
+        h_all, _, _, _ = rg.layers.lstm(emb, 8, name="lstm", **options)
+        loss = rg.mean(rg.softmax_cross_entropy(rg.layers.fc(h_all, 11, name="head"), target))
+        rg.optim.Adam(0.05, clip_norm=1.0).minimize(loss)
+    exe = _compare(main, startup, loss, _lstm_feeds())
+    region = max(_regions(exe), key=lambda r: len(r.steps))
+    assert "LSTMSequence" in {s.op.type for s in region.steps}
+
+
+def test_guards_skipped_only_for_seen_input_signatures():
+    """On the CPU a region runs Dynamo's guards only for an input signature it has not seen (shape,
+    strides, dtype...); sizes coming back, new sizes and a parameter that turns into a transposed
+    view between runs all give eager's numbers."""
+    feeds = _mlp_feeds((5, 5, 7, 5, 7, 9, 5))
+    main, startup, loss = _mlp()
+    want_exe = rg.Executor(backend="torch")
+    want_exe.run(startup)
+    exe = _executor(_aot_eager)
+    exe.run(startup)
+    for i, f in enumerate(feeds):
+        if i == 4:                        # the same values, another layout: a new signature
+            for e in (exe, want_exe):
+                w = e.scope.get("fc1.w")
+                e.scope.set("fc1.w", w.t().contiguous().t())
+        got, = exe.run(main, feed=f, fetch_list=[loss])
+        want, = want_exe.run(main, feed=f, fetch_list=[loss])
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6, err_msg=f"run {i}")
+    region = max(_regions(exe), key=lambda r: len(r.steps))
+    assert region.eager_reason is None and len(region.function.compiled.seen) >= 3

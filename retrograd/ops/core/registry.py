@@ -24,7 +24,7 @@ An op is defined once, in one place::
   made from the same rows of those inputs alone (the others read whole): the
   memory passes may split it over time steps or micro-batches.
   ``compile=False`` keeps an op out of compiled regions (``Executor(compile=True)``: it runs
-  eagerly between them, e.g. one multi-tensor vendor routine).
+  eagerly between them: an op whose kernel a region compiler cannot take whole).
   ``batch_rows=(i, ...)`` marks one separable over the first axis only (the
   heads of attention, a layer norm); ``batch_broadcast=True`` lets its other
   inputs broadcast over that axis (an attention mask).
