@@ -97,17 +97,34 @@ def run(seconds: float, seed: int, show: int) -> int:
 OPS_KINDS = ("agree", "refused", "mismatch", "foreign", "crash")
 
 
+WRAPS = ("none", "none", "cond", "scan", "while", "ta_while", "ta_scan", "ta_unstack", "ta_gather",
+         "ta_scatter", "ta_concat", "ta_split")
+MODES = ("gradients", "gradients", "budget", "budget_least", "for_test")
+
+
 def _op_case(rng: random.Random, sweep) -> dict:
-    """One random op program of the sweep's table, described as the sweep's child reads it."""
+    """One random op program of the sweep's table, described as the sweep's child reads it: the
+    op, its sizes (each swept axis 0, 1, its base size or 2-5), and the ``Variant`` (dtype, the
+    control flow or TensorArray around it, second order, memory budget or ``clone(for_test=True)``,
+    finite differences)."""
     entry = rng.choice(sweep.entry_names())
     spec = sweep.entry_spec(entry)
     sizes = dict(sweep.SIZES, **spec["sizes"])
     for letter in spec["swept"]:
         sizes[letter] = rng.choice([0, 1, sizes[letter], sizes[letter], rng.randint(2, 5)])
-    wrap = rng.choice(["none", "none", "cond", "scan", "while"])
-    variant = {"dtype": rng.choice(["float32", "float64"]), "wrap": wrap, "steps": rng.randint(0, 2),
-               "pred": rng.random() < 0.5}
+    dtype = rng.choice(["float32", "float64"])
+    variant = {"dtype": dtype, "wrap": rng.choice(WRAPS), "steps": rng.randint(0, 2),
+               "pred": rng.random() < 0.5, "order": rng.choice([1, 1, 2]), "mode": rng.choice(MODES),
+               "fd": dtype == "float64" and rng.random() < 0.5}
     return {"op": entry, "sizes": sizes, "variant": variant, "seed": rng.randrange(2**31)}
+
+
+def _categories(case: dict) -> list[str]:
+    """The axes of variation a case covers, for the per-category counts."""
+    v, sizes = case["variant"], case["sizes"]
+    empty = "size 0" if 0 in sizes.values() else "size 1" if 1 in sizes.values() else "sizes >= 2"
+    return [f"wrap={v['wrap']}", f"dtype={v['dtype']}", f"order={v['order']}", f"mode={v['mode']}",
+            f"finite differences={v['fd'] and v['dtype'] == 'float64'}", empty]
 
 
 def _verdict(failures: list[str]) -> str:
@@ -117,7 +134,7 @@ def _verdict(failures: list[str]) -> str:
         return "crash"
     if any("foreign" in f for f in failures):
         return "foreign"
-    if all("BackendError" in f for f in failures):
+    if all("BackendError" in f or "refused (" in f for f in failures):
         return "refused"
     return "mismatch"
 
@@ -131,6 +148,8 @@ def run_ops(seconds: float, seed: int, show: int) -> int:
     child = Child()
     counts: collections.Counter = collections.Counter()
     by_op: collections.Counter = collections.Counter()
+    by_category: collections.Counter = collections.Counter()
+    ops_seen: collections.Counter = collections.Counter()
     failures = 0
     deadline = time.monotonic() + seconds
     while time.monotonic() < deadline:
@@ -139,6 +158,9 @@ def run_ops(seconds: float, seed: int, show: int) -> int:
         kind = _verdict(found)
         counts[kind] += 1
         by_op[(kind, case["op"], case["variant"]["wrap"])] += 1
+        ops_seen[case["op"]] += 1
+        for category in _categories(case):
+            by_category[(category, kind)] += 1
         if kind not in ("agree", "refused"):
             failures += 1
             if failures <= show:
@@ -148,6 +170,11 @@ def run_ops(seconds: float, seed: int, show: int) -> int:
     total = sum(counts.values())
     print(f"seconds: {seconds:.0f}  seed: {seed}  op programs: {total}  "
           + "  ".join(f"{k}: {counts.get(k, 0)}" for k in OPS_KINDS))
+    print(f"ops drawn: {len(ops_seen)} of {len(sweep.entry_names())}")
+    print("per category (programs: " + ", ".join(OPS_KINDS) + "):")
+    for category in sorted({c for c, _ in by_category}):
+        row = [by_category.get((category, k), 0) for k in OPS_KINDS]
+        print(f"  {category:<28} {sum(row):>5}: " + " ".join(f"{n:>4}" for n in row))
     for (outcome, op, wrap), count in sorted(by_op.items()):
         if outcome != "agree":
             print(f"  {outcome:<9} {op} ({wrap}): {count}")
