@@ -102,21 +102,27 @@ WRAPS = ("none", "none", "cond", "scan", "while", "ta_while", "ta_scan", "ta_uns
 MODES = ("gradients", "gradients", "budget", "budget_least", "for_test")
 
 
-def _op_case(rng: random.Random, sweep) -> dict:
+def draw_op_case(choose, sweep) -> dict:
     """One random op program of the sweep's table, described as the sweep's child reads it: the
     op, its sizes (each swept axis 0, 1, its base size or 2-5), and the ``Variant`` (dtype, the
     control flow or TensorArray around it, second order, memory budget or ``clone(for_test=True)``,
-    finite differences)."""
-    entry = rng.choice(sweep.entry_names())
+    finite differences). ``choose(label, options)`` picks one option (``random.choice`` here,
+    hypothesis' ``sampled_from`` in ``tests/ops/test_empty_axes.py``)."""
+    entry = choose("op", sweep.entry_names())
     spec = sweep.entry_spec(entry)
     sizes = dict(sweep.SIZES, **spec["sizes"])
     for letter in spec["swept"]:
-        sizes[letter] = rng.choice([0, 1, sizes[letter], sizes[letter], rng.randint(2, 5)])
-    dtype = rng.choice(["float32", "float64"])
-    variant = {"dtype": dtype, "wrap": rng.choice(WRAPS), "steps": rng.randint(0, 2),
-               "pred": rng.random() < 0.5, "order": rng.choice([1, 1, 2]), "mode": rng.choice(MODES),
-               "fd": dtype == "float64" and rng.random() < 0.5}
-    return {"op": entry, "sizes": sizes, "variant": variant, "seed": rng.randrange(2**31)}
+        sizes[letter] = choose(f"size {letter}", [0, 1, sizes[letter], sizes[letter], 2, 3, 4, 5])
+    dtype = choose("dtype", ["float32", "float64"])
+    variant = {"dtype": dtype, "wrap": choose("wrap", list(WRAPS)), "steps": choose("steps", [0, 1, 2]),
+               "pred": choose("pred", [False, True]), "order": choose("order", [1, 1, 2]),
+               "mode": choose("mode", list(MODES)),
+               "fd": dtype == "float64" and choose("finite differences", [False, True])}
+    return {"op": entry, "sizes": sizes, "variant": variant, "seed": choose("seed", range(2**31))}
+
+
+def _op_case(rng: random.Random, sweep) -> dict:
+    return draw_op_case(lambda label, options: rng.choice(options), sweep)
 
 
 def _categories(case: dict) -> list[str]:
