@@ -20,15 +20,24 @@ every backend (``tests/autodiff/differential.py``) and is classified:
 * ``foreign``: an exception that is not a RetrogradError, or a failure inside onnxruntime
   (session build or run) where NumPy ran.
 
-``--ops`` fuzzes the op set of the size-0 sweep (``tests/ops/empty_sweep.py``: matmul and einsum,
-reductions, cumulative ops, indexing, norms, conv and pooling, attention, losses) instead: each
+``--ops`` fuzzes the op set of the size-0 sweep (``tests/ops/empty_sweep.py``: matmul and einsum
+(ellipsis too), reductions, cumulative ops (reverse/exclusive), indexing (gather/scatter on an
+axis, repeated and negative ids, gather_elements/scatter_elements), topk (axis, largest), norms
+(normalized_ndim, batch_norm training and evaluation), conv (stride/dilation/groups) and pooling
+(ceil_mode, dilation, count_include_pad), attention (causal, scaled), losses) instead: each
 program is one op with random sizes, every axis 0, 1 or more, float32 or float64, alone or inside
-``cond`` / ``scan`` (0 to 2 steps) / ``while_loop`` (0 to 2 more iterations), forward and
-gradient, on NumPy, torch, the engine and an exported model, against PyTorch float64 autograd.
-The programs run in a child process, started again when one dies: a ``crash`` is counted, with
-the case that caused it. Verdicts: ``agree`` (or every runner refused where torch refuses),
-``refused`` (a BackendError only), ``mismatch``, ``foreign`` (an exception that is not a
-RetrogradError), ``crash``.
+``cond`` / ``scan`` (0 to 2 steps) / ``while_loop`` (0 to 2 more iterations), or its output through
+a TensorArray (written in a while_loop, carried by a scan, unstack/gather/scatter/concat/split);
+first or second order; gradients by ``rg.gradients``, by ``append_backward(memory_budget=)`` (an
+ample budget, or the least that fits) or none (the forward of ``clone(for_test=True)``); on NumPy,
+torch, the engine and an exported model, against PyTorch float64 autograd written from the op's
+semantics, and in float64 half the time also against central finite differences
+(``rg.testing.check_gradients``). The programs run in a child process, started again when one
+dies: a ``crash`` is counted, with the case that caused it. Verdicts: ``agree`` (or every runner
+refused where torch refuses), ``refused`` (a BackendError, a second order through an op with no
+second-order gradient, or a memory budget over sizes a loop's trip count or a TensorArray's
+length sets: issue 32 item 10), ``mismatch``, ``foreign`` (an exception that is not a
+RetrogradError), ``crash``. The counts per axis of variation are printed after the totals.
 
 Failures are printed with the description and seed that reproduce them::
 

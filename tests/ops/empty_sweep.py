@@ -43,6 +43,7 @@ class Entry:
     grad: bool = True
     test_ref: Callable | None = None  # the reference of ``clone(for_test=True)`` where it differs
     fd: bool = True                  # False: the documented gradient is not the derivative (repeats)
+    constants: tuple = ()            # float inputs held constant by the op's rule (running statistics)
 
 
 def _rg():
@@ -203,7 +204,7 @@ def _entries() -> list[Entry]:
         E("rms_norm", "ab", rg.rms_norm,
           lambda t, x: x / t.sqrt((x * x).mean(-1, keepdim=True) + 1e-6)),
         E("batch_norm_eval", "abc,b,b", lambda x, m, v: rg.batch_norm(x, m, rg.abs(v), training=False), _bn_eval,
-          static="b"),
+          static="b", constants=(1, 2)),
         E("conv1d", "abl,cbk", lambda x, w: rg.conv1d(x, w),
           _conv(1), fixed="k", static="bck"),
         E("conv2d", "abhl,cbkk", lambda x, w: rg.conv2d(x, w, padding=1),
@@ -258,7 +259,7 @@ def _entries() -> list[Entry]:
         E("einsum_ellipsis", "eabc,acd", lambda x, y: rg.einsum("...ij,...jk->...ik", x, y),
           lambda t, x, y: t.einsum("...ij,...jk->...ik", x, y)),
         E("batch_norm_train", "abc,b,b", lambda x, m, v: rg.batch_norm(x, m, rg.abs(v), training=True),
-          _bn_train, static="b", test_ref=_bn_eval),
+          _bn_train, static="b", test_ref=_bn_eval, constants=(1, 2)),
         E("conv2d_options", "abhl,cfkk,c", lambda x, w, b: rg.conv2d(x, w, b, stride=2, padding=1, dilation=2,
                                                                      groups=2),
           _conv_groups(stride=2, padding=1, dilation=2, groups=2), fixed="bfk", static="bcfk",
@@ -426,6 +427,8 @@ def _wrapped_reference(torch, outs, variant: Variant, layout: Layout):
         return [torch.stack([y] * variant.steps) if variant.steps else y.new_zeros((0,) + tuple(y.shape))]
     if wrap == "while":
         return [y * (variant.steps + 1)]
+    if wrap == "cond":
+        return [y]
     if wrap == "ta_while":
         return [torch.stack([y] * (variant.steps + 1))]
     if wrap in ("ta_unstack", "ta_gather", "ta_scatter"):
@@ -599,7 +602,10 @@ def _compare(got, want, what: str) -> str | None:
     got = np.asarray(got)
     if got.shape != want.shape:
         return f"{what}: shape {got.shape}, torch {want.shape}"
-    if not np.allclose(got.astype("float64"), want, rtol=1e-4, atol=1e-4, equal_nan=True):
+    # float32 results are held to float32's rounding where sums cancel (torch's own float32 layer
+    # norm gradient over 2 elements is 1e-3 off the float64 one); float64 to 1e-4
+    rtol, atol = (2e-3, 1e-3) if got.dtype == np.float32 else (1e-4, 1e-4)
+    if not np.allclose(got.astype("float64"), want, rtol=rtol, atol=atol, equal_nan=True):
         return f"{what}: values {got.ravel()[:6]}, torch {want.ravel()[:6]}"
     return None
 
@@ -623,8 +629,9 @@ def _finite_differences(entry: Entry, arrays, variant: Variant, layout: Layout, 
         grads = [g for g in rg.gradients(total, floats) if g is not None]
         return rg.add_n([rg.sum(g * g) for g in grads]) if grads else rg.sum(floats[0]) * 0.0
     inputs = {f"x{i}": a for i, a in enumerate(arrays)}
+    wrt = [n for i, (n, a) in enumerate(inputs.items()) if a.dtype.kind == "f" and i not in entry.constants]
     try:
-        rg.testing.check_gradients(fn, inputs, feeds=variant_feed(variant, layout), rtol=1e-4, atol=1e-6)
+        rg.testing.check_gradients(fn, inputs, wrt=wrt, feeds=variant_feed(variant, layout), rtol=1e-4, atol=1e-6)
     except rg.RetrogradError as exc:
         return [f"finite differences: {type(exc).__name__}: {str(exc)[:400]}"]
     except Exception as exc:     # noqa: BLE001 - a foreign exception is what this sweep reports
