@@ -134,6 +134,18 @@ def _op_case(rng: random.Random, sweep) -> dict:
     return draw_op_case(lambda label, options: rng.choice(options), sweep)
 
 
+def _refusal(failures: list[str]) -> str:
+    """Why a refused program was refused (the first reason)."""
+    text = failures[0]
+    if "refused (second order)" in text:
+        return "refused: no second order"
+    if "issue 32 item 10" in text:
+        return "refused: budget over loop/array"
+    if "budget cannot size a cond" in text:
+        return "refused: budget, cond output"
+    return "refused: BackendError"
+
+
 def _categories(case: dict) -> list[str]:
     """The axes of variation a case covers, for the per-category counts."""
     v, sizes = case["variant"], case["sizes"]
@@ -174,6 +186,8 @@ def run_ops(seconds: float, seed: int, show: int) -> int:
         counts[kind] += 1
         by_op[(kind, case["op"], case["variant"]["wrap"])] += 1
         ops_seen[case["op"]] += 1
+        if kind == "refused":
+            by_category[(_refusal(found), kind)] += 1
         for category in _categories(case):
             by_category[(category, kind)] += 1
         if kind not in ("agree", "refused"):
