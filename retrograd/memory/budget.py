@@ -58,6 +58,7 @@ from .loops.rnn_budget import states_read_elsewhere
 from .loops.schedules import budget_plan
 from .sizes import estimated_bytes, resolve_shapes
 from .loops.time_steps import sink_time_step_ops
+from .loops.trip_counts import largest_loop_vars
 
 LOOP_TYPES = ("RecurrentNetwork", "While")
 LOOP_GRAD_TYPES = ("RecurrentNetworkBudgetGrad", "WhileBudgetGrad")
@@ -159,6 +160,7 @@ def fit_memory_budget(loss: Var, memory_budget: int, feed_shapes: Mapping | None
     best = search.best(budget)
     if best is None:
         least = search.least() if accumulated is None else min(search.least(), accumulated[2])
+        least = least if store_all is None else min(least, store_all)     # storing everything fits too
         least += reserve
         stored = ("a trip count decides what storing everything takes" if store_all is None
                   else f"storing everything peaks at {store_all + reserve} bytes")
@@ -297,6 +299,7 @@ def _one_step_tape(sizer: Sizer, op) -> int:
         rows = max([(sizer.shapes.get(s) or (1,))[0] for s in states if len(sizer.shapes.get(s, ())) >= 2] + [1])
         full = attrs.get("ys_full") or [True] * len(attrs["ys"])
         tape = sum(sizer.var_bytes(attrs["body"].var(y), rows) for y, f in zip(attrs["ys"], full) if f)
+        return tape + largest_loop_vars(sizer, op)      # a TensorArray loop var at its largest
     return tape + sum(sizer.of(s) for s in states)
 
 

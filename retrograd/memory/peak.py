@@ -28,6 +28,7 @@ from .loops.rnn_budget import SCHEDULE_LEN, batched_bytes, batched_rows, checkpo
 from .shape_reads import stand_in_names
 from .loops.step_rows import (input_row_ops, output_row_ops, row_bytes, rows_batchable, rows_chunk)
 from .sizes import Shapes, resolve_shapes
+from .loops.trip_counts import unbounded_loops
 
 
 
@@ -51,14 +52,18 @@ class Sizer:
         if name in self.stand_ins:
             return np.dtype(var.dtype).itemsize
         shape = self.shapes.get(name, var.shape) if block is None else var.shape
+        if 0 in shape:          # empty whatever its other sizes (a TensorArray not written yet)
+            return 0
         if any(d < 0 for d in shape):
             self.unknown.append(name)
             shape = tuple(max(d, 1) for d in shape)
         return int(math.prod(shape)) * np.dtype(var.dtype).itemsize
 
     def var_bytes(self, var: Var, rows: int, steps: int = 1) -> int:
-        """A loop body's value with -1 taken as the batch ``rows``, times ``steps``."""
-        return steps * int(math.prod(rows if d < 0 else d for d in var.shape)) * np.dtype(var.dtype).itemsize
+        """A loop body's value with -1 taken as the batch ``rows`` (where its loop did not resolve
+        it: ``loops/trip_counts.py``), times ``steps``."""
+        shape = self.shapes.get(var.name, var.shape) if var.block is not self.block else var.shape
+        return steps * int(math.prod(rows if d < 0 else d for d in shape)) * np.dtype(var.dtype).itemsize
 
     def block_bytes(self, block: Block, rows: int) -> int:
         """The most bytes one run of a body holds: its values live from their op to their last
@@ -360,8 +365,9 @@ def planned_peak(block: Block, keep, feed_shapes: Mapping | None = None, shapes:
             raise ProgramError(f"the sizes of {listed} depend on run-time shapes; pass feed_shapes="
                                f"{{'{unfed[0]}': (batch, ...)}} for every fed value (missing: {', '.join(unfed)})")
         raise ProgramError(f"the sizes of {listed} depend on run-time values that feed_shapes cannot give (a "
-                           "while_loop's trip count, a TensorArray's length): they cannot be planned; give "
-                           "such a loop its own recompute=<bytes>, or leave memory_budget out")
+                           "while_loop's trip count, a TensorArray's length): they cannot be planned; "
+                           f"{unbounded_loops(block, names)}give such a loop its own recompute=<bytes>, or leave "
+                           "memory_budget out")
     return peak
 
 

@@ -15,6 +15,7 @@ import numpy as np
 from ..errors import ProgramError
 from ..ir.program import Block, Var
 from ..ops.core.registry import get_op_def
+from .loops.trip_counts import budget_grad_shapes, scan_shapes, while_shapes
 
 Shapes = dict[str, tuple[int, ...]]
 
@@ -49,6 +50,12 @@ def resolve_shapes(block: Block, feed_shapes: Mapping[str, Sequence[int]] | None
                 declared = shapes.get(name, ())
                 if len(shape) == len(declared):
                     shapes[name] = tuple(d if d >= 0 else s for d, s in zip(declared, shape))
+        if op.type == "While":    # what its trip count decides, where the program fixes it
+            while_shapes(op, shapes, values, resolve_shapes)
+        elif op.type == "Scan":
+            scan_shapes(op, shapes, values, resolve_shapes)
+        elif op.type == "WhileBudgetGrad":
+            budget_grad_shapes(op, shapes, resolve_shapes)
         if op.sub_blocks():
             _carried_shapes(op, block, shapes)
     return shapes

@@ -141,6 +141,12 @@ class Graph:
     # -- values ---------------------------------------------------------------------------
     def node(self, op_type: str, inputs: Sequence[str], n_out: int = 1, domain: str = "",
              hint: str | None = None, **attrs):
+        if op_type == "Loop" and len(inputs) > 1 and inputs[1] == "":
+            # A counted Loop's condition is a constant True rather than absent: onnxruntime fails
+            # ("vector::reserve") building a Loop with no condition and no loop-carried values
+            # inlined from an If whose condition it folded (a cond on parameters, exported with
+            # them as initializers).
+            inputs = [inputs[0], self.const(True, "bool", hint="loop.cond")] + list(inputs[2:])
         outs = [self.names.fresh(f"{hint or op_type.lower()}") for _ in range(n_out)]
         attrs = {k: v for k, v in attrs.items() if v is not None}
         self.nodes.append(helper.make_node(op_type, list(inputs), outs, domain=domain or None, **attrs))

@@ -211,9 +211,11 @@ def _entries() -> list[Entry]:
           _conv(2, padding=1), fixed="k", static="bck",
           sizes={"h": 3}),
         E("max_pool2d", "abhl", lambda x: rg.max_pool2d(x, 2),
-          _pool("max"), sizes={"h": 4}, static="b", fixed="b"),   # 0 channels: onnxruntime refuses
+          _pool("max"), sizes={"h": 4}, static="b"),     # 0 channels: folded into the batch in ONNX
         E("avg_pool2d", "abhl", lambda x: rg.avg_pool2d(x, 2),
-          _pool("avg"), sizes={"h": 4}, static="b", fixed="b"),
+          _pool("avg"), sizes={"h": 4}, static="b"),
+        E("max_pool2d_run_time_channels", "abhl", lambda x: rg.max_pool2d(x, 2), _pool("max"), sizes={"h": 4}),
+        E("avg_pool2d_run_time_channels", "abhl", lambda x: rg.avg_pool2d(x, 2), _pool("avg"), sizes={"h": 4}),
         E("attention", "abc,adc,adc", rg.scaled_dot_product_attention, _sdpa),
         E("attention_heads", "eabc,eadc,eadc", rg.scaled_dot_product_attention, _sdpa),
         E("softmax_cross_entropy", "ab,a", rg.softmax_cross_entropy,

@@ -308,6 +308,106 @@ def test_issue32_item5_empty_tensor_array_step_failing_on_zero_rows_names_it():
     with pytest.raises(rg.ExecutionError, match="TensorArray"):
         rg.Executor().run(main, feed={"xs": np.zeros((0, 0, 4), "float32")}, fetch_list=[a.stack()])
 
+def _zero_iteration_loop(element):
+    """A while_loop over the rows of xs [T, N, 4] writing ``element(h, row)`` into a
+    TensorArray(element_shape=[-1, 4]) per iteration, and its h [N, 4]; T = dim(xs, 0)."""
+    from retrograd.ops.array.tensor import dim
+    main = rg.Program()
+    with rg.program_guard(main, rg.Program()):
+        xs = rg.data("xs", [-1, -1, 4], stop_gradient=False)
+        h0 = rg.data("h0", [-1, 4], stop_gradient=False)
+        arr = rg.TensorArray(dtype="float32", element_shape=[-1, 4])
+
+        def body(i, h, a):
+            h = rg.tanh(h + xs[i])
+            return i + 1, h, a.write(i, element(h, xs[i]))
+        _, h, arr = rg.while_loop(lambda i, h, a: i < dim(xs, 0), body, [rg.constant(np.array(0)), h0, arr])
+    return main, xs, h0, h, arr
+
+
+@pytest.mark.parametrize("written", ["product", "cond"])
+def test_issue32_item5_zero_iteration_while_loop_tensor_array_keeps_run_time_sizes(backend, written):
+    """A TensorArray(element_shape=[-1, 4]) that a while_loop of zero iterations never wrote stacks
+    to [0, N, 4] (NumPy's np.stack of the rows the body writes, N from the loop inputs' run-time
+    shapes: x[i] of x [T, N, 4] and h [N, 4], also through a cond in the body), not [0, 0, 4];
+    with iterations the rows are the writes; the gradient of sum(stack^2) + sum(h) equals
+    torch's; every backend and exported."""
+    if written == "product":
+        main, xs, h0, h, arr = _zero_iteration_loop(lambda h, row: h * row)
+    else:       # sum(row) > -100 always holds: the same rows as "product"
+        main, xs, h0, h, arr = _zero_iteration_loop(
+            lambda h, row: rg.cond(rg.sum(row) > -100.0, lambda: h * row, lambda: h))
+    with rg.program_guard(main):
+        stack, size = arr.stack(), arr.size()
+        loss = rg.sum(stack * stack) + rg.sum(h)
+        grads = rg.gradients(loss, [xs, h0])
+    fetch = [stack, size, h] + grads
+    for steps in (0, 3):
+        feed = {"xs": _rand(steps, 2, 4), "h0": _rand(2, 4) + 1.0}
+        tx, th0 = (torch.tensor(feed[k], dtype=torch.float64, requires_grad=True) for k in ("xs", "h0"))
+        th, rows = th0, []
+        for t in range(steps):
+            th = torch.tanh(th + tx[t])
+            rows.append(th * tx[t])
+        tstack = torch.stack(rows) if rows else torch.zeros((0, 2, 4), dtype=torch.float64)
+        tl = (tstack * tstack).sum() + th.sum()
+        want = [tstack.detach().numpy(), np.array(steps), th.detach().numpy()]
+        want += [np.zeros_like(feed[k]) if g is None else g.numpy()
+                 for k, g in zip(("xs", "h0"), torch.autograd.grad(tl, [tx, th0], allow_unused=True))]
+        assert want[0].shape == (steps, 2, 4)
+        _, got = _run(backend, main, feed, fetch)
+        for g, w in zip(got, want):
+            assert np.shape(g) == np.shape(w)
+            np.testing.assert_allclose(g, w, rtol=1e-5, atol=1e-6)
+        for g, w in zip(_exported(main, feed, fetch), want):
+            assert np.shape(g) == np.shape(w)
+            np.testing.assert_allclose(g, w, rtol=1e-5, atol=1e-6)
+
+
+def test_issue32_item5_zero_iteration_while_loop_unknown_element_size_names_the_array(backend):
+    """Where no input shape gives the size (rows [2N, 4] from a concat), reading the stack of the
+    array no iteration wrote raises ExecutionError naming the TensorArray, the while_loop and
+    the user's line (TensorFlow refuses to stack it too); size() still reads 0, and with
+    iterations the stack is the writes. Exported, the run fails in the check node."""
+    main, xs, h0, h, arr = _zero_iteration_loop(lambda h, row: rg.concat([h, row]))
+    with rg.program_guard(main):
+        stack, size = arr.stack(), arr.size()
+    feed = {"xs": _rand(0, 2, 4), "h0": _rand(2, 4)}
+    _, (got_size, got_h) = _run(backend, main, feed, [size, h])
+    assert got_size == 0
+    np.testing.assert_array_equal(got_h, feed["h0"])
+    with pytest.raises(rg.ExecutionError, match=r"test_edge_cases.py:\d+: .*While.*TensorArray "
+                                                 r"'tensor_array_\d+'.*element_shape \[-1, 4\]") as err:
+        _run(backend, main, feed, [stack])
+    assert "While in block 0 wrote nothing into the TensorArray" in str(err.value)
+    with pytest.raises(Exception, match="written by no iteration"):
+        _exported(main, feed, [stack])
+    feed["xs"] = _rand(2, 2, 4)
+    _, (got,) = _run(backend, main, feed, [stack])
+    th = np.tanh(feed["h0"] + feed["xs"][0])
+    np.testing.assert_allclose(got[0], np.concatenate([th, feed["xs"][0]]), rtol=1e-5)
+    assert got.shape == (2, 4, 4)
+
+
+def test_issue32_item5_never_written_tensor_array_stack_is_a_shape_error():
+    """A TensorArray(element_shape=[-1, 4]) that nothing writes has no element size to stack
+    with (TF: "Tried to stack elements of an empty list with non-fully-defined element_shape";
+    np.stack([]) refuses too): a ShapeError when built, naming it. A fully declared one stacks
+    to [0, 3, 4] and size() of either is 0."""
+    main = rg.Program()
+    with rg.program_guard(main, rg.Program()):
+        unknown = rg.TensorArray(dtype="float32", element_shape=[-1, 4])
+        with pytest.raises(rg.ShapeError, match=r"TensorArray 'tensor_array_\d+' \(element_shape \[-1, 4\]\) "
+                                                r"is never written"):
+            unknown.stack()
+        with pytest.raises(rg.ShapeError, match="never written"):
+            unknown.gather([0])
+        known = rg.TensorArray(dtype="float32", element_shape=[3, 4])
+        fetch = [known.stack(), unknown.size()]
+    stacked, size = rg.Executor().run(main, feed={}, fetch_list=fetch)
+    assert stacked.shape == (0, 3, 4) and size == 0
+
+
 # --- item 9: refusals that should work ------------------------------------------------------------
 
 def test_issue32_item9_cumprod_in_while_loop_body(backend):
@@ -348,6 +448,31 @@ def test_issue32_item9_conv_and_pools_float64_empty_batch(backend):
     assert [g.shape for g in exported] == [(0, 3, 5, 5), (0, 2, 5, 5), (3, 2, 3, 3)]
 
 
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+def test_issue32_pools_with_zero_channels(backend, dtype):
+    """max_pool2d/avg_pool2d (padded, and with a run-time channel count) over 0 channels give
+    [N, 0, Ho, Wo] and an empty gradient on every backend and exported (onnxruntime's pooling
+    refused 0 channels); with channels the same program equals torch's."""
+    main = rg.Program()
+    with rg.program_guard(main, rg.Program()):
+        x = rg.data("x", [-1, -1, 5, 5], dtype, stop_gradient=False)
+        ym, ya = rg.max_pool2d(x, 3, stride=2, padding=1), rg.avg_pool2d(x, 2, padding=1)
+        dx, = rg.gradients(rg.sum(ym * ym) + rg.sum(ya), [x])
+    for channels in (0, 2):
+        feed = {"x": _rand(3, channels, 5, 5).astype(dtype)}
+        tx = torch.tensor(feed["x"], dtype=torch.float64, requires_grad=True)
+        padded = torch.nn.functional.pad(tx, (0, 0, 0, 0, 0, 1))     # torch refuses 0 channels
+        tm = torch.nn.functional.max_pool2d(padded, 3, stride=2, padding=1)[:, :-1]
+        ta = torch.nn.functional.avg_pool2d(padded, 2, padding=1)[:, :-1]
+        want = [tm.detach().numpy(), ta.detach().numpy(),
+                torch.autograd.grad((tm * tm).sum() + ta.sum(), [tx])[0].numpy()]
+        assert want[0].shape == (3, channels, 3, 3) and want[1].shape == (3, channels, 3, 3)
+        for got in (_run(backend, main, feed, [ym, ya, dx])[1], _exported(main, feed, [ym, ya, dx])):
+            for g, w in zip(got, want):
+                assert g.shape == w.shape
+                np.testing.assert_allclose(g, w, rtol=1e-5, atol=1e-6)
+
+
 def test_issue32_item9_gradient_of_empty_slice_with_var_index(backend):
     main = rg.Program()
     with rg.program_guard(main, rg.Program()):
@@ -365,6 +490,50 @@ def test_issue32_item9_gradient_of_empty_slice_with_var_index(backend):
             np.testing.assert_allclose(g, w, rtol=1e-5, atol=1e-6)
         for g, w in zip(_exported(main, feed, [y, dx]), want):
             np.testing.assert_allclose(g, w, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("kind", ["map", "scan"])
+@pytest.mark.parametrize("level", ["ORT_ENABLE_BASIC", "ORT_ENABLE_ALL"])
+def test_issue32_item9_exported_cond_gradient_over_scan_with_parameter_initializers(kind, level):
+    """A cond whose predicate reads only parameters and whose branch is a scan stacking x's rows
+    (rg.map, or rg.scan with a carry), with its gradient, exported with the parameters as
+    initializers: onnxruntime folds the If and inlines the branch, and then failed building its
+    Loop that had no condition and no loop-carried value ("vector::reserve"). The model now
+    runs at every optimization level and equals NumPy's executor and torch."""
+    ort = pytest.importorskip("onnxruntime")
+    main, startup = rg.Program(), rg.Program()
+    with rg.program_guard(main, startup):
+        x = rg.data("x", [-1, 3], stop_gradient=False)
+        p = rg.create_parameter("p", [4, 3])
+
+        def branch():
+            if kind == "map":
+                ys = rg.map(rg.tanh, x)
+            else:
+                _, ys = rg.scan(lambda c, r: (c + r, rg.tanh(r)), rg.zeros_like(x[0]), x)
+            return rg.sum(ys * ys)
+        out = rg.cond(rg.sum(p) > -100.0, branch, lambda: rg.sum(x) * 0.5)
+        dx, = rg.gradients(out, [x])
+    exe = rg.Executor()
+    exe.run(startup)
+    feed = {"x": _rand(5, 3)}
+    want = exe.run(main, feed=feed, fetch_list=[out, dx])
+    tx = torch.tensor(feed["x"], dtype=torch.float64, requires_grad=True)
+    if kind == "map":
+        ty = torch.tanh(tx)
+    else:
+        ty = torch.stack([torch.tanh(r) for r in tx])
+    tl = (ty * ty).sum()
+    np.testing.assert_allclose(want[0], tl.item(), rtol=1e-5)
+    np.testing.assert_allclose(want[1], torch.autograd.grad(tl, [tx])[0].numpy(), rtol=1e-4, atol=1e-5)
+    model = rg.onnx.export(main, None, [out, dx], scope=exe.scope)
+    assert [i.name for i in model.graph.initializer] == ["p"]
+    options = ort.SessionOptions()
+    options.graph_optimization_level = getattr(ort.GraphOptimizationLevel, level)
+    sess = ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
+    got = sess.run([out.name, dx.name], feed)
+    for g, w in zip(got, want):
+        np.testing.assert_allclose(g, w, rtol=1e-5, atol=1e-6)
 
 
 # --- item 7: a padded, strided conv2d under memory_budget stays within it -----------------------
@@ -456,20 +625,127 @@ def test_issue32_item10_memory_budget_plans_einsum_diagonal(backend):
     np.testing.assert_allclose(got[1], torch.autograd.grad(tl, [tw])[0].numpy(), rtol=1e-4, atol=1e-5)
 
 
-@pytest.mark.engine_skip("memory_budget is planned when the program is built")
-def test_issue32_item10_memory_budget_names_what_cannot_be_planned(backend):
-    """A TensorArray written by a while_loop has a length known only at run time: memory_budget
-    says so (and what to do), not "pass feed_shapes" when every feed shape was given."""
+def _tensor_array_loop(budget, trips=16, max_iters=None, hidden=128, shapes=None):
+    """x [64, 32] -> h [64, hidden]; a while_loop of ``trips`` iterations (an int, or a fed int64
+    scalar "n") of two tanh layers writing mean(h * h, axis=1) [64] into a TensorArray
+    (element_shape [-1]) per iteration; loss = sum(stack) + sum(h); append_backward under
+    ``memory_budget=budget``."""
     main, startup = rg.Program(), rg.Program()
     with rg.program_guard(main, startup):
-        x = rg.data("x", [-1, 3])
-        h = rg.tanh(rg.matmul(x, rg.create_parameter("w", [3, 3])))
-        arr = rg.TensorArray(dtype="float32", element_shape=[-1, 3])
-        _, h, arr = rg.while_loop(lambda i, h, a: i < 3, lambda i, h, a: (i + 1, rg.tanh(h), a.write(i, h)),
-                                  [rg.constant(np.array(0)), h, arr])
+        x = rg.data("x", [-1, 32])
+        n = rg.data("n", [], "int64") if trips is None else trips
+        h = rg.tanh(rg.matmul(x, rg.create_parameter("w", [32, hidden])))
+        w2, w3 = rg.create_parameter("w2", [hidden, hidden]), rg.create_parameter("w3", [hidden, hidden])
+
+        def body(i, h, a):
+            h = rg.tanh(rg.matmul(rg.tanh(rg.matmul(h, w2)), w3))
+            return i + 1, h, a.write(i, rg.mean(h * h, axis=1))
+        _, h, arr = rg.while_loop(lambda i, h, a: i < n, body,
+                                  [rg.constant(np.array(0)), h, rg.TensorArray(element_shape=[-1])],
+                                  max_iters=max_iters)
         loss = rg.sum(arr.stack()) + rg.sum(h)
-        with pytest.raises(rg.ProgramError) as refused:
-            rg.append_backward(loss, memory_budget=1 << 20, feed_shapes={"x": (8, 3)})
+        pairs = rg.append_backward(loss, memory_budget=budget, feed_shapes=shapes or {"x": (64, 32)})
+    return main, startup, [loss] + [g for _, g in pairs]
+
+
+def _least_budget(build) -> int:
+    with pytest.raises(rg.ProgramError, match="least budget that fits is") as refused:
+        build(64)
+    return refused.value.least_budget
+
+
+@pytest.mark.engine_skip("the executor's measured peak (last_stats.peak_bytes)")
+@pytest.mark.parametrize("bound", ["counted", "max_iters"])
+def test_issue32_item10_memory_budget_over_while_loop_with_tensor_array(backend, bound):
+    """memory_budget plans a while_loop carrying a TensorArray where its trip count is fixed
+    (i < 16) or bounded (max_iters=16 over a fed n): the budgeted loop recomputes (the least
+    budget is well below storing everything), the measured peak stays within each budget and
+    the gradients equal the unbudgeted run's (and torch's)."""
+    def build(budget):
+        if bound == "counted":
+            return _tensor_array_loop(budget)
+        return _tensor_array_loop(budget, trips=None, max_iters=16)
+    least = _least_budget(build)
+    feed = {"x": _rand(64, 32)} if bound == "counted" else {"x": _rand(64, 32), "n": np.array(16)}
+    main, startup, fetch = build(None)
+    exe, ref = _run(backend, main, feed, fetch, startup)
+    params = {p: np.asarray(exe.scope.get(p)) for p in ("w", "w2", "w3")}
+    store_all = main.memory_plan.planned_peak if getattr(main, "memory_plan", None) else None
+    for budget in (least, least * 3 // 2):
+        main, startup, fetch = build(budget)
+        assert main.memory_plan.activation_budget is not None        # the loop recomputes
+        assert store_all is None or budget < store_all
+        exe = backend.executor()
+        exe.run(startup)
+        for p, v in params.items():
+            exe.scope.set(p, v)
+        got = exe.run(main, feed=feed, fetch_list=fetch)
+        assert exe.last_stats.peak_bytes <= budget
+        for g, r in zip(got, ref):
+            np.testing.assert_allclose(g, r, rtol=1e-6, atol=1e-7)
+    tx = torch.tensor(feed["x"], dtype=torch.float64)
+    tw = [torch.tensor(params[p], dtype=torch.float64, requires_grad=True) for p in ("w", "w2", "w3")]
+    th, rows = torch.tanh(tx @ tw[0]), []
+    for _ in range(16):
+        th = torch.tanh(torch.tanh(th @ tw[1]) @ tw[2])
+        rows.append((th * th).mean(1))
+    tl = torch.stack(rows).sum() + th.sum()
+    np.testing.assert_allclose(got[0], tl.item(), rtol=1e-5)
+    for g, w in zip(got[1:], torch.autograd.grad(tl, tw)):
+        np.testing.assert_allclose(g, w.numpy(), rtol=1e-3, atol=1e-4)
+
+
+@pytest.mark.engine_skip("the executor's measured peak (last_stats.peak_bytes)")
+def test_issue32_item10_memory_budget_plans_scan(backend):
+    """memory_budget plans an rg.scan (its trip count is xs' length, which feed_shapes gives): it
+    names the least budget (not "pass feed_shapes"); at it the measured peak stays within and the
+    gradients equal the unbudgeted run's and torch's."""
+    shapes = {"xs": (12, 16, 8)}
+
+    def build(budget):
+        main, startup = rg.Program(), rg.Program()
+        with rg.program_guard(main, startup):
+            xs = rg.data("xs", [-1, -1, 8])
+            w = rg.create_parameter("w", [8, 8])
+
+            def step(h, x):
+                h = rg.tanh(rg.matmul(rg.tanh(rg.matmul(h, w)) + x, w))
+                return h, rg.mean(h * h, axis=1)
+            h_last, ys = rg.scan(step, rg.tanh(xs[0]), xs)
+            loss = rg.sum(ys) + rg.sum(h_last)
+            pairs = rg.append_backward(loss, memory_budget=budget, feed_shapes=shapes)
+        return main, startup, [loss] + [g for _, g in pairs]
+    least = _least_budget(build)
+    feed = {"xs": _rand(*shapes["xs"])}
+    main, startup, fetch = build(None)
+    exe, ref = _run(backend, main, feed, fetch, startup)
+    w = np.asarray(exe.scope.get("w"))
+    main, startup, fetch = build(least)
+    exe = backend.executor()
+    exe.run(startup)
+    exe.scope.set("w", w)
+    got = exe.run(main, feed=feed, fetch_list=fetch)
+    assert exe.last_stats.peak_bytes <= least
+    for g, r in zip(got, ref):
+        np.testing.assert_allclose(g, r, rtol=1e-6, atol=1e-7)
+    tx, tw = torch.tensor(feed["xs"], dtype=torch.float64), torch.tensor(w, dtype=torch.float64, requires_grad=True)
+    th, rows = torch.tanh(tx[0]), []
+    for t in range(shapes["xs"][0]):
+        th = torch.tanh((torch.tanh(th @ tw) + tx[t]) @ tw)
+        rows.append((th * th).mean(1))
+    tl = torch.stack(rows).sum() + th.sum()
+    np.testing.assert_allclose(got[0], tl.item(), rtol=1e-5)
+    np.testing.assert_allclose(got[1], torch.autograd.grad(tl, [tw])[0].numpy(), rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.engine_skip("memory_budget is planned when the program is built")
+def test_issue32_item10_memory_budget_names_what_cannot_be_planned(backend):
+    """A while_loop whose trip count is a fed value and unbounded writes a TensorArray of a
+    length known only at run time: memory_budget names the loop (its line) and how to bound it
+    (max_iters=), not "pass feed_shapes" when every feed shape was given."""
+    with pytest.raises(rg.ProgramError) as refused:
+        _tensor_array_loop(1 << 20, trips=None)
     message = str(refused.value)
-    assert "cannot be planned" in message and "tensor_array" in message and "recompute=" in message
+    assert "cannot be planned" in message and "max_iters=" in message and "recompute=" in message
+    assert "test_edge_cases.py:" in message and "While" in message
     assert "pass feed_shapes" not in message

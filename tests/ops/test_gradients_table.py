@@ -584,6 +584,19 @@ def _tensor_array_read(r):
     return [(reads, {"a": normal(r, 3, 2), "x": normal(r, 3, 2)})]
 
 
+def _tensor_array_stack(r):
+    """The checked stack of a while_loop's array whose element size no input shape gives (an
+    arange to a Var): the array itself, written twice."""
+    def stacked(a):
+        def body(i, arr):
+            ramp = rg.cast(rg.arange(rg.constant(2, dtype="int64")), "float64")
+            return i + 1, arr.write(i, ramp * a[0] + a[1] * rg.cast(i + 1, "float64"))
+        _, arr = rg.while_loop(lambda i, arr: i < 2, body,
+                               [rg.constant(0), rg.TensorArray(dtype="float64", element_shape=[-1])])
+        return arr.stack()
+    return [(stacked, {"a": normal(r, 3)})]
+
+
 def _tensor_array_grads(r):
     from retrograd.ops.control.tensor_array import read_grad, write_grad
     i64 = lambda v: rg.constant(v, dtype="int64")  # noqa: E731
@@ -815,6 +828,7 @@ CASES = {
     # TensorArray
     "TensorArrayWrite": _tensor_array_write,
     "TensorArrayRead": _tensor_array_read,
+    "TensorArrayStack": _tensor_array_stack,
     "TensorArrayReadGrad": lambda r: _tensor_array_grads(r)["TensorArrayReadGrad"],
     "TensorArrayWriteGrad": lambda r: _tensor_array_grads(r)["TensorArrayWriteGrad"],
     "CustomGradient": _custom_gradient,
@@ -966,7 +980,7 @@ DOUBLE_BACKWARD += ["GatherElements", "ScatterElements"]
 # modules register no op, since every op is registered by `import retrograd` alone.
 OPTIONAL_LIBRARIES = {"onnx", "onnxruntime", "torch", "cupy", "mpi4py", "jax", "matplotlib"}
 DOUBLE_BACKWARD += ["TensorArrayWrite", "TensorArrayRead", "TensorArrayReadGrad", "TensorArrayWriteGrad",
-                    "CustomGradient"]
+                    "TensorArrayStack", "CustomGradient"]
 DOUBLE_BACKWARD += ["ReluGrad", "Gelu", "GeluGrad", "Silu", "LeakyRelu", "Elu", "Softplus", "Erf", "Log1p", "Expm1", "Rsqrt",
                     "Max", "Min", "TopK", "LogSumExp", "Prod", "CumSum"]   # CumProd: tests/ops/test_cumulative.py
 

@@ -44,6 +44,7 @@ from ..math.elementwise import maximum
 from ..array.tensor import dim
 from ..core.registry import append_op, defop
 from ..core.subblocks import merge_shapes, shapes_compatible
+from .empty_arrays import unresolved
 
 
 # --- Shape rules -------------------------------------------------------------------------------
@@ -321,6 +322,28 @@ def _tensor_array_write_grad_onnx(g):
     return [g.node("Where", [keep, fitted, g.const(0, g.in_vars[0].dtype)])]
 
 
+@defop("TensorArrayStack", inputs=("arr",), infer=lambda ins, attrs: [(ins[0].shape, ins[0].dtype)],
+       grad=lambda g: [g.dy])
+def _tensor_array_stack(k, arr):
+    """The array itself; ExecutionError when it is empty: its element sizes are then unknown
+    (a while_loop's array that no iteration wrote, ``empty_arrays.unresolved``)."""
+    if arr.shape[0] == 0:
+        raise ExecutionError(f"{k.op.where()}: stack of an empty TensorArray: {k.attrs['why']}")
+    return arr
+
+
+@lowers("TensorArrayStack")
+def _tensor_array_stack_onnx(g):
+    op, arr = g.op, g.ins[0]
+    empty = g.node("Equal", [g.scalar_dim(arr, 0), g.const(0, "int64")])
+
+    def verify():
+        raise ExecutionError(f"{op.where()}: stack of an empty TensorArray: {op.attrs['why']}")
+
+    ok = g.check(empty, "stack of a TensorArray written by no iteration", verify)
+    return [g.node("Where", [ok, arr, arr])]
+
+
 # --- Builders used by the gradient makers -------------------------------------------------------
 
 def write_grad(d: Var, rows: Var, i: Var, d_rows: Var) -> Var:
@@ -537,8 +560,15 @@ class TensorArray(Var):
     def stack(self) -> Var:
         """The elements stacked: ``[size, *element_shape]``.
 
+        An array a ``while_loop`` wrote nothing into has the -1 element sizes the
+        loop inputs' shapes give (``empty_arrays.py``); where none gives them, the
+        stack of the empty array is an ExecutionError naming it and the loop.
+
         Returns:
             A Var ``[size, *element_shape]``.
+
+        Raises:
+            ShapeError: The array is never written and has -1 element sizes.
 
         Example:
             ```python
@@ -553,6 +583,10 @@ class TensorArray(Var):
             assert out.shape == (1, 3)
             ```
         """
+        _check_written(self)
+        why = unresolved(self.block, self.name)
+        if why is not None:     # empty after a while_loop, its element sizes are unknown: checked
+            return append_op("TensorArrayStack", [self.block.var(self.name)], {"why": why})[0]
         return self.block.var(self.name)
 
     def size(self) -> Var:
@@ -816,6 +850,19 @@ class RaggedTensorArray:
 
     def __repr__(self) -> str:
         return f"RaggedTensorArray({self.x.name}: lengths {self.lengths})"
+
+
+def _check_written(array: TensorArray) -> None:
+    """ShapeError for the stack of an array no write reaches whose element sizes are partly -1:
+    nothing gives them (TensorFlow refuses to stack such an empty list; NumPy's stack of no
+    arrays too)."""
+    if array._unshaped:
+        return
+    made = next((op for op in reversed(array.block.ops) if array.name in op.outputs), None)
+    if made is not None and made.type == "TensorArrayNew" and any(d < 0 for d in made.attrs["element_shape"]):
+        raise ShapeError(f"{made.where()}: the TensorArray '{array.name}' (element_shape "
+                         f"{list(made.attrs['element_shape'])}) is never written, so the sizes declared -1 are "
+                         "unknown and its stack has no shape; declare them in element_shape")
 
 
 def _check_rows(x: Var, what: str) -> None:

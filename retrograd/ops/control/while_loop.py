@@ -34,6 +34,7 @@ from ..recurrent.steps import budget_variant, is_budget
 from ..core.registry import GradCtx, append_op, defop
 from ..core.lowering import lowers
 from .tensor_array import TensorArray
+from .empty_arrays import fill_empty, fill_empty_onnx
 from ..core.subblocks import (as_outputs, as_vars, bound_var, check_bound, check_predicate,
                               full_flags, live_indices, merge_shapes, names_of, or_stand_ins,
                               outer_reads, shapes_compatible, condition_holds, max_iters_exceeded,
@@ -112,8 +113,9 @@ def _while(k, *arrays):
     """Run ``body`` while ``cond`` holds; the final loop vars, the trip count, the kept values."""
     attrs, run, xp, op = k.attrs, k.run, k.xp, k.op
     if _budgeted(attrs):     # recompute=<bytes>: checkpoints instead of kept values (memory/while_budget.py)
-        return budget_variant("While").forward(k, *arrays, condition_holds=condition_holds,
-                                                 check_stable=_check_stable)
+        outs = budget_variant("While").forward(k, *arrays, condition_holds=condition_holds,
+                                               check_stable=_check_stable)
+        return tuple(fill_empty(k, arrays, list(outs)))
     n = len(attrs["carry_binds"])
     carries, consts = list(arrays[:n]), dict(zip(op.inputs[n:], arrays[n:]))
     ys, full = attrs["ys"], full_flags(attrs, attrs["ys"])
@@ -133,6 +135,7 @@ def _while(k, *arrays):
         kept.add(values[n:])
         iters += 1
     stacks = or_stand_ins(k, n + 1, len(ys), dict(zip(live, kept.stacks())))
+    carries = fill_empty(k, arrays, list(carries))    # an unwritten TensorArray's run-time element sizes
     return tuple(carries) + (xp.asarray(iters, dtype=dtype_of(xp, "int64")),) + tuple(stacks)
 
 
@@ -173,7 +176,7 @@ def _while_onnx(g):
                    len(outputs) - 1,
                    body=graph)
     end = n + 1 + stacks.width
-    outs = outs[:n + 1] + stacks.stacks(g, outs[n + 1:end], outs[end:])
+    outs = fill_empty_onnx(g, outs[:n]) + outs[n:n + 1] + stacks.stacks(g, outs[n + 1:end], outs[end:])
     if a.get("budget_outputs"):   # recompute=<bytes>: its ONNX backward re-runs every iteration
         extra = g.out_vars[len(outs):]  # (store-all) and reads no checkpoints: empty ones
         outs += [g.fill(g.const([0] * var.ndim, "int64"), 0, var.dtype) for var in extra[:-1]]
@@ -548,6 +551,9 @@ def while_loop(cond_fn: Callable[..., Var], body_fn: Callable[..., Var | Sequenc
         attrs["recompute"] = int(recompute)
     if shape_invariants is not None:     # loop vars may change shape: the backward keeps each one's shape
         attrs["ragged"] = True
+    arrays = [j for j, v in enumerate(inits) if isinstance(v, TensorArray) and any(d < 0 for d in v.shape[1:])]
+    if arrays:      # sizes an unwritten array takes from the inputs' shapes (empty_arrays.py)
+        attrs["array_carries"] = arrays
     attrs.update(streams.stream_attrs(cond_block, body))   # a loop key when the loop draws random numbers
     outs = append_op("While", inits + [block.var(n) for n in reads], attrs, name="while")
     finals = _as_arrays(inits, outs[:len(inits)])

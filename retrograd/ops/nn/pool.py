@@ -73,11 +73,29 @@ def _pads_fit_onnx(kernel, pads) -> bool:
     return all(pads[i] < kernel[i] and pads[nd + i] < kernel[i] for i in range(nd))
 
 
+def _channels_folded_onnx(g, x: str, pool) -> list[str]:
+    """``pool(x)``'s outputs; where the channels may be 0 at run time, with them folded into the
+    batch (``[N * C, 1, ...]``, then back): onnxruntime's pooling refuses 0 channels, a batch of 0
+    it takes. Flat indices into each plane are the same either way."""
+    if g.in_vars[0].shape[1] > 0:
+        return pool(x)
+    batch = g.node("Mul", [g.node("Shape", [x], start=0, end=1), g.node("Shape", [x], start=1, end=2)])
+    spatial = g.node("Shape", [x], start=2)
+    folded = g.node("Reshape", [x, g.node("Concat", [batch, g.const([1], "int64"), spatial], axis=0)],
+                    allowzero=1)
+    head = g.node("Shape", [x], start=0, end=2)
+    return [g.node("Reshape", [y, g.node("Concat", [head, g.node("Shape", [y], start=2)], axis=0)], allowzero=1)
+            for y in pool(folded)]
+
+
 @lowers("MaxPool")
 def _max_pool_onnx(g):
+    return _channels_folded_onnx(g, g.ins[0], lambda x: _max_pool_nodes(g, x))
+
+
+def _max_pool_nodes(g, x: str) -> list[str]:
     kernel, strides, pads = _pool_attrs(g.attrs)
     dilations = list(_dilations(g.attrs) or [1] * len(kernel))
-    x = g.ins[0]
     fits = _pads_fit_onnx(kernel, pads)
     x_in = x if fits else wo.pad(g, x, pads, g.in_vars[0].dtype, -float("inf"))
     y, flat = g.node("MaxPool", [x_in], n_out=2, kernel_shape=list(kernel), strides=list(strides),
@@ -177,16 +195,20 @@ def _avg_pool(k, x):
 
 @lowers("AvgPool")
 def _avg_pool_onnx(g):
+    return _channels_folded_onnx(g, g.ins[0], lambda x: _avg_pool_nodes(g, x))
+
+
+def _avg_pool_nodes(g, x: str) -> list[str]:
     kernel, strides, pads = _pool_attrs(g.attrs)
     dtype = g.out_vars[0].dtype
     if dtype == "float32" and _pads_fit_onnx(kernel, pads):
-        return [g.node("AveragePool", g.ins, kernel_shape=list(kernel), strides=list(strides), pads=list(pads),
+        return [g.node("AveragePool", [x], kernel_shape=list(kernel), strides=list(strides), pads=list(pads),
                        count_include_pad=1)]
     if dtype == "float32":                             # padded zeros as data: the same divisor K
-        return [g.node("AveragePool", [wo.pad(g, g.ins[0], pads, dtype)], kernel_shape=list(kernel),
+        return [g.node("AveragePool", [wo.pad(g, x, pads, dtype)], kernel_shape=list(kernel),
                        strides=list(strides), pads=[0] * len(pads))]
     ones = [1] * len(kernel)                           # onnxruntime: AveragePool is float32 only
-    pieces = wo.im2col(g, wo.pad(g, g.ins[0], pads, dtype), kernel, strides, ones)
+    pieces = wo.im2col(g, wo.pad(g, x, pads, dtype), kernel, strides, ones)
     total = pieces[0] if len(pieces) == 1 else g.node("Sum", pieces)
     return [g.node("Div", [total, g.const(wo.prod(kernel), dtype)])]
 
