@@ -266,19 +266,16 @@ def _entries() -> list[Entry]:
                                                                      groups=2),
           _conv_groups(stride=2, padding=1, dilation=2, groups=2), fixed="bfk", static="bcfk",
           sizes={"b": 4, "c": 4, "f": 2, "k": 2, "h": 5}),
-        # The pooling options keep their channels (b) fixed: 0 channels in onnxruntime is issue 32's
-        # pooling item, fixed on branch `loops`; sweep b here once it is merged.
         E("max_pool2d_dilated", "abhl", lambda x: rg.max_pool2d(x, 2, stride=1, dilation=2),
-          _pool("max", 2, stride=1, dilation=2), sizes={"h": 4}, static="b", fixed="b"),
+          _pool("max", 2, stride=1, dilation=2), sizes={"h": 4}, static="b"),
         E("max_pool2d_ceil", "abhl", lambda x: rg.max_pool2d(x, 3, stride=2, padding=1, ceil_mode=True),
-          _pool("max", 3, stride=2, padding=1, ceil_mode=True), sizes={"h": 4, "l": 5}, static="bhl",
-          fixed="b"),
+          _pool("max", 3, stride=2, padding=1, ceil_mode=True), sizes={"h": 4, "l": 5}, static="bhl"),
         E("avg_pool2d_ceil_exclude_pad", "abhl",
           lambda x: rg.avg_pool2d(x, 3, stride=2, padding=1, count_include_pad=False, ceil_mode=True),
           _pool("avg", 3, stride=2, padding=1, count_include_pad=False, ceil_mode=True),
-          sizes={"h": 4, "l": 5}, static="bhl", fixed="b"),
+          sizes={"h": 4, "l": 5}, static="bhl"),
         E("avg_pool2d_include_pad", "abhl", lambda x: rg.avg_pool2d(x, 3, stride=1, padding=1),
-          _pool("avg", 3, stride=1, padding=1), sizes={"h": 4}, static="b", fixed="b"),
+          _pool("avg", 3, stride=1, padding=1), sizes={"h": 4}, static="b"),
         E("attention_causal_scaled", "eabc,eadc,eadc",
           lambda q, k, v: rg.scaled_dot_product_attention(q, k, v, causal=True, scale=0.7), _sdpa_causal),
     ]
