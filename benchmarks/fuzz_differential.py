@@ -188,6 +188,9 @@ def run_ops(seconds: float, seed: int, show: int) -> int:
         ops_seen[case["op"]] += 1
         if kind == "refused":
             by_category[(_refusal(found), kind)] += 1
+            if _refusal(found) == "refused: BackendError" and show:     # rare: say which op and runner
+                print(f"--- refused: {json.dumps(case)}\n" + "\n".join(f[:400] for f in found[:2]),
+                      file=sys.stderr, flush=True)
         for category in _categories(case):
             by_category[(category, kind)] += 1
         if kind not in ("agree", "refused"):
