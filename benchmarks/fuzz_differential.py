@@ -20,15 +20,24 @@ every backend (``tests/autodiff/differential.py``) and is classified:
 * ``foreign``: an exception that is not a RetrogradError, or a failure inside onnxruntime
   (session build or run) where NumPy ran.
 
-``--ops`` fuzzes the op set of the size-0 sweep (``tests/ops/empty_sweep.py``: matmul and einsum,
-reductions, cumulative ops, indexing, norms, conv and pooling, attention, losses) instead: each
+``--ops`` fuzzes the op set of the size-0 sweep (``tests/ops/empty_sweep.py``: matmul and einsum
+(ellipsis too), reductions, cumulative ops (reverse/exclusive), indexing (gather/scatter on an
+axis, repeated and negative ids, gather_elements/scatter_elements), topk (axis, largest), norms
+(normalized_ndim, batch_norm training and evaluation), conv (stride/dilation/groups) and pooling
+(ceil_mode, dilation, count_include_pad), attention (causal, scaled), losses) instead: each
 program is one op with random sizes, every axis 0, 1 or more, float32 or float64, alone or inside
-``cond`` / ``scan`` (0 to 2 steps) / ``while_loop`` (0 to 2 more iterations), forward and
-gradient, on NumPy, torch, the engine and an exported model, against PyTorch float64 autograd.
-The programs run in a child process, started again when one dies: a ``crash`` is counted, with
-the case that caused it. Verdicts: ``agree`` (or every runner refused where torch refuses),
-``refused`` (a BackendError only), ``mismatch``, ``foreign`` (an exception that is not a
-RetrogradError), ``crash``.
+``cond`` / ``scan`` (0 to 2 steps) / ``while_loop`` (0 to 2 more iterations), or its output through
+a TensorArray (written in a while_loop, carried by a scan, unstack/gather/scatter/concat/split);
+first or second order; gradients by ``rg.gradients``, by ``append_backward(memory_budget=)`` (an
+ample budget, or the least that fits) or none (the forward of ``clone(for_test=True)``); on NumPy,
+torch, the engine and an exported model, against PyTorch float64 autograd written from the op's
+semantics, and in float64 half the time also against central finite differences
+(``rg.testing.check_gradients``). The programs run in a child process, started again when one
+dies: a ``crash`` is counted, with the case that caused it. Verdicts: ``agree`` (or every runner
+refused where torch refuses), ``refused`` (a BackendError, a second order through an op with no
+second-order gradient, or a memory budget over sizes a loop's trip count or a TensorArray's
+length sets: issue 32 item 10), ``mismatch``, ``foreign`` (an exception that is not a
+RetrogradError), ``crash``. The counts per axis of variation are printed after the totals.
 
 Failures are printed with the description and seed that reproduce them::
 
@@ -97,17 +106,52 @@ def run(seconds: float, seed: int, show: int) -> int:
 OPS_KINDS = ("agree", "refused", "mismatch", "foreign", "crash")
 
 
-def _op_case(rng: random.Random, sweep) -> dict:
-    """One random op program of the sweep's table, described as the sweep's child reads it."""
-    entry = rng.choice(sweep.entry_names())
+WRAPS = ("none", "none", "cond", "scan", "while", "ta_while", "ta_scan", "ta_unstack", "ta_gather",
+         "ta_scatter", "ta_concat", "ta_split")
+MODES = ("gradients", "gradients", "budget", "budget_least", "for_test")
+
+
+def draw_op_case(choose, sweep) -> dict:
+    """One random op program of the sweep's table, described as the sweep's child reads it: the
+    op, its sizes (each swept axis 0, 1, its base size or 2-5), and the ``Variant`` (dtype, the
+    control flow or TensorArray around it, second order, memory budget or ``clone(for_test=True)``,
+    finite differences). ``choose(label, options)`` picks one option (``random.choice`` here,
+    hypothesis' ``sampled_from`` in ``tests/ops/test_empty_axes.py``)."""
+    entry = choose("op", sweep.entry_names())
     spec = sweep.entry_spec(entry)
     sizes = dict(sweep.SIZES, **spec["sizes"])
     for letter in spec["swept"]:
-        sizes[letter] = rng.choice([0, 1, sizes[letter], sizes[letter], rng.randint(2, 5)])
-    wrap = rng.choice(["none", "none", "cond", "scan", "while"])
-    variant = {"dtype": rng.choice(["float32", "float64"]), "wrap": wrap, "steps": rng.randint(0, 2),
-               "pred": rng.random() < 0.5}
-    return {"op": entry, "sizes": sizes, "variant": variant, "seed": rng.randrange(2**31)}
+        sizes[letter] = choose(f"size {letter}", [0, 1, sizes[letter], sizes[letter], 2, 3, 4, 5])
+    dtype = choose("dtype", ["float32", "float64"])
+    variant = {"dtype": dtype, "wrap": choose("wrap", list(WRAPS)), "steps": choose("steps", [0, 1, 2]),
+               "pred": choose("pred", [False, True]), "order": choose("order", [1, 1, 2]),
+               "mode": choose("mode", list(MODES)),
+               "fd": dtype == "float64" and choose("finite differences", [False, True])}
+    return {"op": entry, "sizes": sizes, "variant": variant, "seed": choose("seed", range(2**31))}
+
+
+def _op_case(rng: random.Random, sweep) -> dict:
+    return draw_op_case(lambda label, options: rng.choice(options), sweep)
+
+
+def _refusal(failures: list[str]) -> str:
+    """Why a refused program was refused (the first reason)."""
+    text = failures[0]
+    if "refused (second order)" in text:
+        return "refused: no second order"
+    if "issue 32 item 10" in text:
+        return "refused: budget over loop/array"
+    if "budget cannot size a cond" in text:
+        return "refused: budget, cond output"
+    return "refused: BackendError"
+
+
+def _categories(case: dict) -> list[str]:
+    """The axes of variation a case covers, for the per-category counts."""
+    v, sizes = case["variant"], case["sizes"]
+    empty = "size 0" if 0 in sizes.values() else "size 1" if 1 in sizes.values() else "sizes >= 2"
+    return [f"wrap={v['wrap']}", f"dtype={v['dtype']}", f"order={v['order']}", f"mode={v['mode']}",
+            f"finite differences={v['fd'] and v['dtype'] == 'float64'}", empty]
 
 
 def _verdict(failures: list[str]) -> str:
@@ -117,7 +161,7 @@ def _verdict(failures: list[str]) -> str:
         return "crash"
     if any("foreign" in f for f in failures):
         return "foreign"
-    if all("BackendError" in f for f in failures):
+    if all("BackendError" in f or "refused (" in f for f in failures):
         return "refused"
     return "mismatch"
 
@@ -131,6 +175,8 @@ def run_ops(seconds: float, seed: int, show: int) -> int:
     child = Child()
     counts: collections.Counter = collections.Counter()
     by_op: collections.Counter = collections.Counter()
+    by_category: collections.Counter = collections.Counter()
+    ops_seen: collections.Counter = collections.Counter()
     failures = 0
     deadline = time.monotonic() + seconds
     while time.monotonic() < deadline:
@@ -139,6 +185,14 @@ def run_ops(seconds: float, seed: int, show: int) -> int:
         kind = _verdict(found)
         counts[kind] += 1
         by_op[(kind, case["op"], case["variant"]["wrap"])] += 1
+        ops_seen[case["op"]] += 1
+        if kind == "refused":
+            by_category[(_refusal(found), kind)] += 1
+            if _refusal(found) == "refused: BackendError" and show:     # rare: say which op and runner
+                print(f"--- refused: {json.dumps(case)}\n" + "\n".join(f[:400] for f in found[:2]),
+                      file=sys.stderr, flush=True)
+        for category in _categories(case):
+            by_category[(category, kind)] += 1
         if kind not in ("agree", "refused"):
             failures += 1
             if failures <= show:
@@ -148,6 +202,11 @@ def run_ops(seconds: float, seed: int, show: int) -> int:
     total = sum(counts.values())
     print(f"seconds: {seconds:.0f}  seed: {seed}  op programs: {total}  "
           + "  ".join(f"{k}: {counts.get(k, 0)}" for k in OPS_KINDS))
+    print(f"ops drawn: {len(ops_seen)} of {len(sweep.entry_names())}")
+    print("per category (programs: " + ", ".join(OPS_KINDS) + "):")
+    for category in sorted({c for c, _ in by_category}):
+        row = [by_category.get((category, k), 0) for k in OPS_KINDS]
+        print(f"  {category:<28} {sum(row):>5}: " + " ".join(f"{n:>4}" for n in row))
     for (outcome, op, wrap), count in sorted(by_op.items()):
         if outcome != "agree":
             print(f"  {outcome:<9} {op} ({wrap}): {count}")

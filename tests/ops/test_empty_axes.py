@@ -16,6 +16,8 @@ import sys
 from pathlib import Path
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 pytest.importorskip("torch", reason="the sweep's reference is PyTorch")
 pytest.importorskip("onnxruntime", reason="the sweep runs the engine and exported models")
@@ -25,6 +27,8 @@ sys.path.insert(0, str(HERE))
 import empty_sweep  # noqa: E402
 
 ROOT = HERE.parent.parent
+sys.path.insert(0, str(ROOT / "benchmarks"))
+import fuzz_differential  # noqa: E402
 
 
 class Child:
@@ -81,16 +85,25 @@ def test_sweep_reports_a_crash(child):
     assert child.sweep("exp") == []
 
 
-def test_random_op_programs_agree(child):
-    """The differential fuzzer's ``--ops`` programs (benchmarks/fuzz_differential.py), a few with
-    a fixed seed: random sizes (0, 1 or more on each axis), float32/float64, the op alone or in
-    cond / scan / while_loop, forward and gradient on every runner against PyTorch."""
-    import json
-    import random
-    sys.path.insert(0, str(ROOT / "benchmarks"))
-    import fuzz_differential
-    rng = random.Random(32)
-    failures = []
-    for _ in range(12):
-        failures += child.sweep(json.dumps(fuzz_differential._op_case(rng, empty_sweep)))
-    assert not failures, "\n".join(failures)
+@st.composite
+def op_programs(draw):
+    """The differential fuzzer's ``--ops`` programs (``benchmarks/fuzz_differential.py``)."""
+    def choose(label, options):
+        if isinstance(options, range):
+            return draw(st.integers(options.start, options.stop - 1))
+        return draw(st.sampled_from(list(options)))
+    return fuzz_differential.draw_op_case(choose, empty_sweep)
+
+
+@settings(max_examples=10, deadline=None, derandomize=True,
+          suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
+@given(case=op_programs())
+def test_random_op_programs_agree(child, case):
+    """A few of the fuzzer's op programs (hypothesis, a fixed budget): random sizes (0, 1 or more
+    on each axis), float32/float64, the op alone, in cond / scan / while_loop or through a
+    TensorArray (in a loop, carried by a scan, unstack/gather/scatter/concat/split), first or
+    second order, ``rg.gradients``, ``memory_budget`` (ample or the least that fits) or
+    ``clone(for_test=True)``, finite differences; forward and gradients on every runner against
+    PyTorch float64 autograd, in the child process."""
+    failures = child.sweep(json.dumps(case))
+    assert fuzz_differential._verdict(failures) in ("agree", "refused"), "\n".join(failures)

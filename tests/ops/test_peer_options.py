@@ -339,3 +339,36 @@ def test_options_with_a_size_0_axis_give_torch_empty_result(case, backend):
     want = peer(torch.tensor(x0))
     assert got[0].shape == tuple(want.shape)
     np.testing.assert_array_equal(got[0], want.numpy())
+
+
+@pytest.mark.parametrize("batch", [0, 3])
+def test_norm_over_trailing_axes_holding_a_0_with_a_run_time_batch(batch, backend):
+    """Regression (fuzzer, issue 32 item 15): ``layer_norm``/``rms_norm`` over 2 trailing axes
+    ``[0, 4]`` of an ``x`` declared ``[-1, 0, 4]`` folded the rows as ``[-1, 0]``, which no
+    backend can infer (numpy, torch, the engine and export all failed); torch gives the empty
+    result, and empty gradients (here also of a second derivative)."""
+    x0, w0 = rand(batch, 0, 4, seed=1), rand(0, 4, seed=2)
+    main = rg.Program()
+    with rg.program_guard(main, rg.Program()):
+        x = rg.data("x", [-1, 0, 4], "float64", stop_gradient=False)
+        w = rg.data("w", [0, 4], "float64", stop_gradient=False)
+        outs = [rg.layer_norm(x, w, w), rg.layer_norm(x, normalized_ndim=2), rg.rms_norm(x, w)]
+        grads = rg.gradients(rg.add_n([rg.sum(o * rg.sin(o)) for o in outs]), [x, w], unconnected="zero")
+        second = rg.gradients(rg.sum(grads[0] * grads[0]), [x], unconnected="zero")
+    feed = {"x": x0, "w": w0}
+    tx, tw = torch.tensor(x0, requires_grad=True), torch.tensor(w0, requires_grad=True)
+    touts = [torch.nn.functional.layer_norm(tx, (0, 4), tw, tw), torch.nn.functional.layer_norm(tx, (0, 4)),
+             torch.nn.functional.rms_norm(tx, (0, 4), tw)]
+    tgx, tgw = torch.autograd.grad(sum((o * torch.sin(o)).sum() for o in touts), [tx, tw], allow_unused=True,
+                                   materialize_grads=True)
+    want = [o.detach().numpy() for o in touts] + [tgx.numpy(), tgw.numpy(), np.zeros_like(x0)]
+    fetch = outs + grads + second
+    got = backend.executor().run(main, feed=feed, fetch_list=fetch)
+    for ours, theirs in zip(got, want):
+        assert ours.shape == theirs.shape
+        np.testing.assert_allclose(ours, theirs)
+    ort = pytest.importorskip("onnxruntime", reason="runs the exported model")
+    sess = ort.InferenceSession(rg.onnx.export(main, None, fetch).SerializeToString(),
+                                providers=["CPUExecutionProvider"])
+    for ours, theirs in zip(sess.run([v.name for v in fetch], feed), want):
+        assert ours.shape == theirs.shape

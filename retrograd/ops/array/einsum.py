@@ -168,6 +168,11 @@ def _einsum_onnx(g):
         return [g.node("Einsum", g.ins, equation=equation)]
     inputs, output = _split(equation)
     dtype = g.out_vars[0].dtype
+    if any(d == 0 for v in g.in_vars for d in v.shape):   # empty when built: no Einsum node at all
+        # (onnxruntime folds an Einsum of initializers when the session is made, even in an If's
+        # branch that never runs, and dies there)
+        return [g.fill(g.node("Concat", [_onnx_letter_size(g, inputs, c) for c in output], axis=0)
+                       if output else g.const([], "int64"), 0, dtype)]
     full = g.child()
     result = full.node("Einsum", g.ins, equation=equation)
     zeros = g.child()

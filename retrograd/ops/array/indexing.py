@@ -596,7 +596,8 @@ def _scatter_onnx(g):
         return [g.node("ScatterND", [x, index, updates], reduction="add")]
     last = _last_writers_onnx(g, ids, x)
     row_shape = g.node("Slice", [g.shape(x), g.const([1], "int64"), g.const([INT64_MAX], "int64")])
-    rows = g.node("Reshape", [updates, g.node("Concat", [g.const([-1], "int64"), row_shape], axis=0)])
+    count = g.node("Shape", [g.node("Reshape", [ids, g.const([-1], "int64")])])   # not -1: rows may be empty
+    rows = g.node("Reshape", [updates, g.node("Concat", [count, row_shape], axis=0)], allowzero=1)
     spare = g.fill(g.node("Concat", [g.const([1], "int64"), row_shape], axis=0), 0, g.in_vars[0].dtype)
     rows = g.node("Concat", [rows, spare], axis=0)        # a row to read where nothing was written
     hit = g.node("GreaterOrEqual", [last, g.const(0, "int64")])

@@ -49,11 +49,13 @@ class LoopView:
 
 
 def _reaching(ops: Sequence[Op], targets: set[str]) -> set[str]:
-    """Names whose values flow into ``targets`` through differentiable inputs."""
+    """Names whose values flow into ``targets`` through differentiable inputs. An op without a
+    gradient maker counts too: the body's backward then refuses it, naming the op, as a backward
+    outside a loop does (skipping it gave a silent zero gradient)."""
     relevant = set(targets)
     for op in reversed(ops):
         opdef = get_op_def(op.type)
-        if opdef.grad is None or not any(n in relevant for n in op.outputs):
+        if not any(n in relevant for n in op.outputs):
             continue
         relevant.update(n for i, n in enumerate(op.inputs) if i not in opdef.nondiff_inputs)
         for sub in op.sub_blocks():

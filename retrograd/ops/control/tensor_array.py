@@ -466,6 +466,14 @@ class TensorArray(Var):
         self._check_fits(element_shape, x)
         return TensorArray(self.__dict__["_unshaped_dtype"], list(element_shape)) if self._unshaped else self
 
+    def _fresh_with_unknown_elements(self, base: "TensorArray") -> bool:
+        """``base`` (this array, or the one ``_shaped`` made of it) is a new, empty array whose
+        element shape holds a size known only at run time (its value is ``[0, 0, ...]`` there)."""
+        if all(d >= 0 for d in base.element_shape):
+            return False
+        producer = next((op for op in reversed(base.block.ops) if base.name in op.outputs), None)
+        return producer is not None and producer.type == "TensorArrayNew"
+
     @classmethod
     def of(cls, var: Var, element_shape: Sequence[int] | None = None) -> "TensorArray":
         """The Var ``var`` (a stacked value ``[size, ...]``) seen as a TensorArray.
@@ -671,6 +679,8 @@ class TensorArray(Var):
         from ..reduce.extrema import max as reduce_max
         _check_rows(x, "scatter")
         base = self._shaped(x.shape[1:], x)
+        if self._fresh_with_unknown_elements(base):    # its 0 rows would say 0 for the unknown sizes
+            base = TensorArray.of(x[:0], base.element_shape)
         ids = ids if isinstance(ids, Var) else constant(np.asarray(ids, dtype=np.int64), "int64")
         if ids.ndim != 1 or ids.dtype not in ("int64", "int32"):
             raise ShapeError(f"TensorArray.scatter: ids must be a 1-d int64 or int32 array, got {ids.type_str()}")

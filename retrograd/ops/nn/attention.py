@@ -39,7 +39,7 @@ from ...errors import ProgramError, ShapeError
 from ...ir.program import Var, as_float
 from ..array.creation import constant
 from ..core.lowering import lowers
-from ..math.elementwise import matmul, sqrt, unbroadcast, where
+from ..math.elementwise import matmul, maximum, sqrt, unbroadcast, where
 from .softmax_dropout import softmax
 from .norm import sum_present
 from ..reduce.reductions import sum as reduce_sum
@@ -345,7 +345,7 @@ def _scale_var(q: Var, attrs) -> Var | float:
     """The scale as a number, or (E known only at run time) ``1 / sqrt(E)`` as a 0-d Var."""
     if attrs["scale"] is not None:
         return attrs["scale"]
-    return 1.0 / sqrt(cast(dim(q, -1), q.dtype))
+    return 1.0 / sqrt(maximum(cast(dim(q, -1), q.dtype), 1.0))     # E = 0: as the kernel (not inf)
 
 
 def attention_probs(q: Var, k: Var, mask: Var | None, causal: bool, scale) -> Var:

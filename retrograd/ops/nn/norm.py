@@ -160,6 +160,10 @@ def _over_trailing(norm, x: Var, params, nd: int, what: str) -> Var:
     """``norm(x_rows, *param_rows)`` over ``nd`` trailing axes folded into one, then unfolded."""
     if nd == 1:
         return norm(x, *params)
+    if any(d == 0 for d in x.shape[x.ndim - nd:]):
+        # No element to normalise over (known when built): the result is x's empty self, and
+        # folding [..., 0] rows would need -1 beside a 0, which no reshape can infer.
+        return x * 1.0
     folded = [None if p is None else reshape(p, [-1]) for p in params]
     return reshape_as(norm(_rows_of(x, nd, what), *folded), x)
 

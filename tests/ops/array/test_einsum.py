@@ -114,3 +114,47 @@ def test_integer_einsum_failed_on_cuda_baddbmm_so_torch_uses_a_broadcast_product
     arrays = [r.integers(-50, 50, s) for s in shapes]
     got = torch_backend._broadcast_einsum(torch, equation, [torch.tensor(a) for a in arrays])
     np.testing.assert_array_equal(got.numpy(), np.einsum(equation, *arrays))
+
+
+_EMPTY_EINSUM_CHILD = """
+import numpy as np, onnxruntime as ort, retrograd as rg
+main, startup = rg.Program(), rg.Program()
+with rg.program_guard(main, startup):
+    x = rg.create_parameter("x", [0, 3, 4], "float64", init=np.zeros((0, 3, 4)))
+    y = rg.create_parameter("y", [0, 4, 5], "float64", init=np.zeros((0, 4, 5)))
+    out = rg.einsum("bij,bjk->bik", x, y)
+    dx, dy = rg.gradients(rg.sum(out), [x, y])
+exe = rg.Executor()
+exe.run(startup)
+fetch = [out, dx, dy]
+for backend in ("numpy", "torch", "onnxruntime"):
+    engine = rg.Executor(backend=backend)
+    engine.run(startup)
+    got = engine.run(main, fetch_list=fetch)
+    assert [g.shape for g in got] == [(0, 3, 5), (0, 3, 4), (0, 4, 5)], (backend, [g.shape for g in got])
+model = rg.onnx.export(main, None, [v.name for v in fetch], scope=exe.scope)
+sess = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+got = sess.run([v.name for v in fetch], {})
+assert [g.shape for g in got] == [(0, 3, 5), (0, 3, 4), (0, 4, 5)], [g.shape for g in got]
+print("ok")
+"""
+
+
+def test_einsum_of_parameters_empty_when_built_exports_without_killing_onnxruntime():
+    """Regression (fuzzer, issue 32 item 15): an einsum whose operands are parameters with a 0 axis
+    (initializers of the exported model, parameter inputs of the engine) killed the process with
+    SIGFPE: onnxruntime folds an Einsum of initializers when the session is made, even in the
+    branch of the If that guards an empty operand. An operand empty when built now lowers to the
+    zeros alone. The check runs in a child process, so a regression fails this test instead of
+    ending the run."""
+    pytest.importorskip("onnxruntime", reason="the engine and the exported model run in onnxruntime")
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+    root = Path(__file__).resolve().parents[3]
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(root), os.environ.get("PYTHONPATH", "")]))
+    done = subprocess.run([sys.executable, "-c", _EMPTY_EINSUM_CHILD], capture_output=True, text=True,
+                          env=env, timeout=300)
+    assert done.returncode == 0 and done.stdout.strip().endswith("ok"), \
+        f"exit status {done.returncode}\n{done.stderr[-2000:]}"

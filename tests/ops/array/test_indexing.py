@@ -375,3 +375,37 @@ def test_kernels_keep_to_the_array_api_standard():
     got = rg.Executor(xp=strict).run(main, feed=feed, fetch_list=outs + grads)
     for ours, ref in zip(got, want):
         np.testing.assert_allclose(backends.to_numpy(ours), ref, rtol=1e-12)
+
+
+@pytest.mark.parametrize("rows", [0, 2])
+def test_scatter_overwrite_with_empty_rows_on_every_backend_and_exported(backend, rows):
+    """Regression (fuzzer, issue 32 item 15): ``rg.scatter(x [2, 0], ids [4], updates [4, 0])``
+    (rows of size 0, ids present) failed in onnxruntime: the lowering reshaped the updates to
+    ``[-1, *row_shape]``, and -1 beside a 0 has no answer."""
+    ort = pytest.importorskip("onnxruntime", reason="runs the exported model")
+    x = np.arange(2.0 * rows).reshape(2, rows)
+    updates = -np.arange(4.0 * rows).reshape(4, rows) - 1.0
+    ids = np.array([1, -2, 1, 0])
+    main = rg.Program()
+    with rg.program_guard(main, rg.Program()):
+        xv = rg.data("x", [-1, -1], "float64", stop_gradient=False)
+        uv = rg.data("u", [-1, -1], "float64", stop_gradient=False)
+        out = rg.scatter(xv, rg.data("ids", [-1], "int64"), uv)
+        dx, du = rg.gradients(rg.sum(out * out), [xv, uv])
+    feed = {"x": x, "u": updates, "ids": ids}
+    want = x.copy()
+    for j, i in enumerate(ids):          # NumPy's x[ids] = updates: the last write wins
+        want[i] = updates[j]
+    tx, tu = (torch.tensor(a, requires_grad=True) for a in (x, updates))
+    ref = tx.clone()
+    for j, i in enumerate(ids):
+        ref[int(i)] = tu[j]
+    gx, gu = torch.autograd.grad((ref * ref).sum(), [tx, tu])
+    got = backend.executor().run(main, feed=feed, fetch_list=[out, dx, du])
+    for ours, theirs in zip(got, [want, gx.numpy(), gu.numpy()]):
+        np.testing.assert_allclose(ours, theirs, rtol=1e-15)
+        assert ours.shape == theirs.shape
+    sess = ort.InferenceSession(rg.onnx.export(main, None, [out, dx, du]).SerializeToString(),
+                                providers=["CPUExecutionProvider"])
+    for ours, theirs in zip(sess.run([v.name for v in (out, dx, du)], feed), [want, gx.numpy(), gu.numpy()]):
+        np.testing.assert_allclose(ours, theirs, rtol=1e-15)

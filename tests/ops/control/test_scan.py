@@ -272,3 +272,39 @@ def test_a_tensor_array_carried_through_a_scan_matches_torch(backend):
         return _torch_with_grads([rows, np.array(t)], (rows * rows).sum() + h.sum(), ins)
     for t in (0, 3):
         _close(_run(backend, model, {"xs": XS[:t], "h0": H0, "w": W}), ref(t))
+
+
+def _scan_of_linear_cross_entropy(steps: int):
+    """A scan whose body reads h, w, b from outside and stacks their linear cross entropy."""
+    main = rg.Program()
+    with rg.program_guard(main, rg.Program()):
+        h = rg.data("h", [-1, 3], "float64", stop_gradient=False)
+        w = rg.data("w", [3, 4], "float64", stop_gradient=False)
+        b = rg.data("b", [4], "float64", stop_gradient=False)
+        labels = rg.data("labels", [-1], "int64")
+        _, ys = rg.scan(lambda c, _: (c, rg.linear_cross_entropy(h, w, b, labels)),
+                        rg.fill([1], 0.0, "float64"), rg.data("steps", [-1, 1], "float64"))
+        grads = rg.gradients(rg.sum(ys), [h, w, b])
+    return main, (h, w, b), ys, grads
+
+
+def test_second_order_through_a_scan_body_op_without_one_is_refused_not_zero(backend):
+    """Regression (fuzzer, issue 32 item 15): the second derivative through a scan whose body
+    holds an op with no gradient maker of its own gradient (LinearCrossEntropyGrad) came out as
+    zeros on every backend; outside a loop the same program is refused. It is refused here too,
+    naming the op, and the first derivative still runs and equals torch's."""
+    rng = np.random.default_rng(0)
+    feed = {"h": rng.normal(size=(2, 3)), "w": rng.normal(size=(3, 4)), "b": rng.normal(size=4),
+            "labels": np.array([3, 0]), "steps": np.zeros((2, 1))}
+    main, xs, ys, grads = _scan_of_linear_cross_entropy(2)
+    with rg.program_guard(main, rg.Program()):
+        with pytest.raises(rg.ProgramError, match="LinearCrossEntropyGrad.*has no gradient maker"):
+            rg.gradients(rg.add_n([rg.sum(g * g) for g in grads]), list(xs))
+    main, xs, ys, grads = _scan_of_linear_cross_entropy(2)
+    got = backend.executor().run(main, feed=feed, fetch_list=[ys] + grads)
+    th, tw, tb = (torch.tensor(feed[k], requires_grad=True) for k in ("h", "w", "b"))
+    loss = torch.nn.functional.cross_entropy(th @ tw + tb, torch.tensor(feed["labels"]), reduction="none")
+    want = [torch.stack([loss, loss]).detach().numpy()]
+    want += [g.numpy() for g in torch.autograd.grad(2 * loss.sum(), [th, tw, tb])]
+    for ours, theirs in zip(got, want):
+        np.testing.assert_allclose(ours, theirs, rtol=1e-12)

@@ -157,3 +157,37 @@ def test_split_with_unequal_lengths_reads_and_concats_as_tf(backend):
     np.testing.assert_allclose(got[-1], torch_grad(lambda t: [(t * t)[:2], (t * t)[2:], t * t], x5), rtol=1e-12)
     for e, g in zip(exported(build, {"x": x5}), got):
         np.testing.assert_allclose(e, g, rtol=1e-15)
+
+
+def test_scatter_into_a_new_array_whose_element_sizes_are_known_only_at_run_time(backend):
+    """Regression (fuzzer, issue 32 item 15): ``TensorArray().scatter(ids, x)`` with ``x``
+    declared ``[-1, -1]`` grew the new array with 0 for the unknown element sizes (its empty
+    value says nothing else), so the scatter failed on every backend and in export."""
+    main = rg.Program()
+    with rg.program_guard(main, rg.Program()):
+        x = rg.data("x", [-1, -1], "float64", stop_gradient=False)
+        ids = rg.data("ids", [-1], "int64")
+        arr = rg.TensorArray(dtype="float64").scatter(ids, x * x)
+        fresh = rg.TensorArray(dtype="float64", element_shape=[-1]).scatter(ids, x)
+        outs = [arr.stack(), fresh.stack()]
+        (dx,) = rg.gradients(rg.add_n([rg.sum(o * rg.sin(o)) for o in outs]), [x])
+    ids_v = np.array([4, 0, 2, 0])
+    feed = {"x": X, "ids": ids_v}
+    got = backend.executor().run(main, feed=feed, fetch_list=outs + [dx])
+    want = [np.stack(tf_scatter([], ids_v, X * X, (3,))), np.stack(tf_scatter([], ids_v, X, (3,)))]
+    for ours, ref in zip(got, want):
+        np.testing.assert_allclose(ours, ref, rtol=1e-15)
+
+    def peer(t):
+        def scattered(rows):
+            s = [torch.zeros(3, dtype=t.dtype)] * 5
+            for j, i in enumerate(ids_v):
+                s[i] = rows[j]
+            return torch.stack(s)
+        return [scattered(t * t), scattered(t)]
+    np.testing.assert_allclose(got[2], torch_grad(peer, X), rtol=1e-12)
+    ort = pytest.importorskip("onnxruntime", reason="runs the exported model")
+    sess = ort.InferenceSession(rg.onnx.export(main, None, outs).SerializeToString(),
+                                providers=["CPUExecutionProvider"])
+    for ours, ref in zip(sess.run([o.name for o in outs], feed), want):
+        np.testing.assert_allclose(ours, ref, rtol=1e-15)

@@ -360,3 +360,32 @@ def test_numpy_masks_become_constants(backend):
     tq, tk, tv = (torch.tensor(a) for a in (q, k, v))
     np.testing.assert_allclose(got[0], _torch_attention(tq, tk, tv, torch.tensor(keep)).numpy(), rtol=1e-10)
     np.testing.assert_allclose(got[1], _torch_attention(tq, tk, tv, torch.tensor(bias)).numpy(), rtol=1e-10)
+
+
+def test_second_order_with_head_size_0_known_when_built_on_every_backend_and_exported(backend):
+    """Regression (fuzzer, issue 32 item 15): the second derivative of attention over q, k, v
+    with a head size E of 0 (parameters, so E is known when built and onnxruntime folds it) scaled
+    the scores by ``1 / sqrt(0) = inf``; onnxruntime fused that into a MatMul and refused to build
+    the session (the engine and the exported model). The scale is 1 at E = 0, as in the kernels
+    (every result is empty there); shapes against torch."""
+    ort = pytest.importorskip("onnxruntime", reason="runs the exported model")
+    shapes = {"q": (2, 3, 0), "k": (2, 4, 0), "v": (2, 4, 0)}
+    main, startup = rg.Program(), rg.Program()
+    with rg.program_guard(main, startup):
+        q, k, v = (rg.create_parameter(n, list(s), "float64", init=np.zeros(s)) for n, s in shapes.items())
+        out = rg.scaled_dot_product_attention(q, k, v)
+        grads = rg.gradients(rg.sum(out * out), [q, k, v])
+        second = rg.gradients(rg.add_n([rg.sum(g * g) for g in grads]), [q, k, v], unconnected="zero")
+    fetch = [out] + grads + second
+    exe = backend.executor()
+    exe.run(startup)
+    got = exe.run(main, fetch_list=fetch)
+    tq, tk, tv = (torch.zeros(s, dtype=torch.float64, requires_grad=True) for s in shapes.values())
+    tout = torch.nn.functional.scaled_dot_product_attention(tq, tk, tv)
+    want = [tuple(tout.shape)] + [s for s in shapes.values()] * 2
+    assert [g.shape for g in got] == want
+    scope = rg.Executor()
+    scope.run(startup)
+    model = rg.onnx.export(main, None, [v.name for v in fetch], scope=scope.scope)
+    sess = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    assert [g.shape for g in sess.run([v.name for v in fetch], {})] == want
