@@ -422,19 +422,7 @@ class Executor:
         counts op by op from there on."""
         shapes = record.shapes
         for i, step in enumerate(plan.steps):
-            try:
-                args = tuple(map(env.__getitem__, step.inputs))
-            except KeyError as exc:
-                raise _missing_input(step, exc) from None
-            try:
-                result = step.kernel(step.k, *args)
-            except Exception as exc:
-                error = self._kernel_error(step, exc, args)
-                if error is None:
-                    raise
-                raise error from exc
-            if step.single:
-                result = (result,)
+            args, result = self._call(step, env)
             same = True
             for value, shape in zip(result, shapes[i]):
                 if value is None:
@@ -556,19 +544,7 @@ class Executor:
         output shapes and the peak after it."""
         meter = self._run.meter
         for step in steps:
-            try:
-                args = tuple(map(env.__getitem__, step.inputs))
-            except KeyError as exc:
-                raise _missing_input(step, exc) from None
-            try:
-                result = step.kernel(step.k, *args)
-            except Exception as exc:
-                error = self._kernel_error(step, exc, args)
-                if error is None:
-                    raise
-                raise error from exc
-            if step.single:
-                result = (result,)
+            args, result = self._call(step, env)
             if self.check_finite:
                 self._check_finite(step, args, result)
             self._store(step, result, env, meter)
@@ -591,6 +567,22 @@ class Executor:
             value = env.pop(name, None)
             if value is not None:
                 release(value)
+
+    def _call(self, step, env: dict) -> tuple[tuple, tuple]:
+        """Run ``step``'s kernel on its inputs from ``env``: (its arguments, its outputs as a tuple);
+        a failure is raised as the error naming the op (``_kernel_error``)."""
+        try:
+            args = tuple(map(env.__getitem__, step.inputs))
+        except KeyError as exc:
+            raise _missing_input(step, exc) from None
+        try:
+            result = step.kernel(step.k, *args)
+        except Exception as exc:
+            error = self._kernel_error(step, exc, args)
+            if error is None:
+                raise
+            raise error from exc
+        return args, (result,) if step.single else result
 
     def _kernel_error(self, step, exc: Exception, args: Sequence) -> Exception | None:
         """The error to raise for ``exc`` from ``step``'s kernel (None: ``exc`` itself)."""
