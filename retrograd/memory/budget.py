@@ -261,7 +261,9 @@ def _apply(search: "_Search", program: Program, keep: list[str], feed_shapes, ac
     The fit counts what the loops' schedules reserve; the plan reports what is live at once."""
     units = search.apply(program, activation)
     _plan_tails(program.global_block(), feed_shapes)     # (with the recompute copies)
-    return units, planned_peak(program.global_block(), keep, feed_shapes, live=True)
+    # The chain model's rewrite adds copies the size of their originals: only they need shapes.
+    shapes = resolve_shapes(program.global_block(), feed_shapes, known=search.shapes) if search.modelled else None
+    return units, planned_peak(program.global_block(), keep, feed_shapes, shapes=shapes, live=True)
 
 
 class _Undo:
