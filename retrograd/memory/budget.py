@@ -244,14 +244,19 @@ def _fit_built(loss: Var, feed_shapes, build, budget: int, total: int, reserve: 
     keep = [loss.name] + [g.name for _, g in pairs]
     try:
         shapes = resolve_shapes(block, feed_shapes)
-        store_all = planned_peak(block, keep, feed_shapes, shapes=shapes)
+        search = _Search(program, loss, n_forward, keep, feed_shapes, shapes)
+        # The chain model's peak of the program as built is its planned peak (chain_peak.py); the
+        # program's own walk confirms a fit (a model too optimistic never stores everything).
+        model = search._chain_model()
+        store_all = model.peak(None) if model is not None else None
+        if store_all is None or store_all <= budget:
+            store_all = planned_peak(block, keep, feed_shapes, shapes=shapes)
     except ProgramError:
         undo.restore()          # as the copy's build did: the program left unbuilt
         raise
     if store_all <= budget:
         _record(program, BudgetPlan(total, store_all + reserve, store_all + reserve, None))
         return pairs
-    search = _Search(program, loss, n_forward, keep, feed_shapes, shapes)
     search.by_schedule[("all",)] = store_all     # the schedule "all" leaves the program as built
     return _choose(loss, program, search, keep, feed_shapes, pairs, budget, total, reserve, store_all, None)
 
