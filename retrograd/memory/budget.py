@@ -4,7 +4,9 @@ The budget bounds the planned peak of a run (``peak.py``: feeds, parameters,
 activations kept and recomputed, gradients; the run fetching the loss and the
 gradients). The policy, in order:
 
-1. store everything when that fits (tried on a copy of the program);
+1. store everything when that fits (tried on a copy of the program; a program none of the
+   steps below rewrites before its backward is built, ``_builds_once``, is built once, in place,
+   and planned there);
 2. else an output layer feeding ``softmax_cross_entropy`` becomes one
    ``LinearCrossEntropy`` op (``passes/fuse_linear_loss.py``: its logits are
    made a chunk at a time, in the forward and again in the backward); a
