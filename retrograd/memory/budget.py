@@ -4,7 +4,9 @@ The budget bounds the planned peak of a run (``peak.py``: feeds, parameters,
 activations kept and recomputed, gradients; the run fetching the loss and the
 gradients). The policy, in order:
 
-1. store everything when that fits (tried on a copy of the program);
+1. store everything when that fits (tried on a copy of the program; a program none of the
+   steps below rewrites before its backward is built, ``_builds_once``, is built once, in place,
+   and planned there);
 2. else an output layer feeding ``softmax_cross_entropy`` becomes one
    ``LinearCrossEntropy`` op (``passes/fuse_linear_loss.py``: its logits are
    made a chunk at a time, in the forward and again in the backward); a
@@ -59,7 +61,7 @@ from .shape_first import store_all_freeing_shape_reads
 from .binomial import Units, apply_binomial
 from .chain_peak import ChainPeak
 from .lifetimes import ForwardValues
-from .micro_batches import accumulate_micro_batches, loss_over_rows, micro_batch_counts, separable_region
+from .micro_batches import ATTENTION, accumulate_micro_batches, loss_over_rows, micro_batch_counts, separable_region
 from .peak import Sizer, planned_peak
 from .recompute import recompute_backward
 from .loops.rnn_budget import states_read_elsewhere
@@ -134,6 +136,8 @@ def fit_memory_budget(loss: Var, memory_budget: int, feed_shapes: Mapping | None
     # The budget schedules recurrences over time steps: whole-layer vendor ops become the general
     # RecurrentNetwork they stand for.
     expand_fused_ops(program)
+    if _builds_once(program, build):
+        return _fit_built(loss, feed_shapes, build, budget, total, reserve)
     store_all, scratch = _store_all_peak(loss, feed_shapes, build)
     if store_all is not None and store_all <= budget:
         pairs, _ = build()
@@ -177,11 +181,18 @@ def fit_memory_budget(loss: Var, memory_budget: int, feed_shapes: Mapping | None
         search = searched[0].search     # _fits searched this very program (a copy, built the same way)
     else:
         search = _Search(program, loss, n_forward, keep, feed_shapes)
+    return _choose(loss, program, search, keep, feed_shapes, pairs, budget, total, reserve, store_all, accumulated)
+
+
+def _choose(loss: Var, program: Program, search: "_Search", keep: list[str], feed_shapes, pairs: list, budget: int,
+            total: int, reserve: int, store_all: int | None, accumulated) -> list:
+    """The largest activation budget that fits (``search``), built into ``program`` (its backward
+    built: ``pairs``) and recorded; else ``ProgramError`` naming the least budget that fits."""
     best = search.best(budget)
     if best is None and _tail_off(loss.block):
         # The kept tails (policies.py, keep_tail) are live between the forward and the backward: at
         # the least budgets the recurrences keep none, so the policy never raises the least budget.
-        search = _Search(program, loss, n_forward, keep, feed_shapes)
+        search = _Search(program, loss, search.n_forward, keep, feed_shapes)
         best = search.best(budget)
     if best is not None:
         undo = _Undo(program) if search.modelled else None
@@ -212,12 +223,54 @@ def fit_memory_budget(loss: Var, memory_budget: int, feed_shapes: Mapping | None
     return pairs
 
 
+# Op types for which a policy step before the backward build rewrites the program (loops, the
+# output layer fused with its loss, micro-batches of an attention stack, shape-first reads).
+_REWRITTEN_BEFORE_BUILD = frozenset(LOOP_TYPES) | {"SoftmaxCrossEntropy", ATTENTION}
+
+
+def _builds_once(program: Program, build) -> bool:
+    """True when no policy step before the build applies to ``program`` (none of
+    ``_REWRITTEN_BEFORE_BUILD``'s ops, no callbacks): its backward is then built once, in place,
+    and planned there (no store-all copy built first: the same decisions in half the time)."""
+    return not getattr(build, "callbacks", None) and not any(
+        op.type in _REWRITTEN_BEFORE_BUILD for block in program.blocks for op in block.ops)
+
+
+def _fit_built(loss: Var, feed_shapes, build, budget: int, total: int, reserve: int) -> list:
+    """``fit_memory_budget`` for a program ``_builds_once`` takes: the backward built in place,
+    stored whole when that fits, else searched and rewritten there."""
+    program = loss.block.program
+    undo = _Undo(program)
+    pairs, n_forward = build()
+    block = loss.block
+    keep = [loss.name] + [g.name for _, g in pairs]
+    try:
+        shapes = resolve_shapes(block, feed_shapes)
+        search = _Search(program, loss, n_forward, keep, feed_shapes, shapes)
+        # The chain model's peak of the program as built is its planned peak (chain_peak.py); the
+        # program's own walk confirms a fit (a model too optimistic never stores everything).
+        model = search._chain_model()
+        store_all = model.peak(None) if model is not None else None
+        if store_all is None or store_all <= budget:
+            store_all = planned_peak(block, keep, feed_shapes, shapes=shapes)
+    except ProgramError:
+        undo.restore()          # as the copy's build did: the program left unbuilt
+        raise
+    if store_all <= budget:
+        _record(program, BudgetPlan(total, store_all + reserve, store_all + reserve, None))
+        return pairs
+    search.by_schedule[("all",)] = store_all     # the schedule "all" leaves the program as built
+    return _choose(loss, program, search, keep, feed_shapes, pairs, budget, total, reserve, store_all, None)
+
+
 def _apply(search: "_Search", program: Program, keep: list[str], feed_shapes, activation: int) -> tuple[int, int]:
     """Configure ``program`` for ``activation``: (units under a binomial schedule, planned peak).
     The fit counts what the loops' schedules reserve; the plan reports what is live at once."""
     units = search.apply(program, activation)
     _plan_tails(program.global_block(), feed_shapes)     # (with the recompute copies)
-    return units, planned_peak(program.global_block(), keep, feed_shapes, live=True)
+    # The chain model's rewrite adds copies the size of their originals: only they need shapes.
+    shapes = resolve_shapes(program.global_block(), feed_shapes, known=search.shapes) if search.modelled else None
+    return units, planned_peak(program.global_block(), keep, feed_shapes, shapes=shapes, live=True)
 
 
 class _Undo:

@@ -20,8 +20,12 @@ from .loops.trip_counts import budget_grad_shapes, scan_shapes, while_shapes
 Shapes = dict[str, tuple[int, ...]]
 
 
-def resolve_shapes(block: Block, feed_shapes: Mapping[str, Sequence[int]] | None = None) -> Shapes:
+def resolve_shapes(block: Block, feed_shapes: Mapping[str, Sequence[int]] | None = None,
+                   known: Shapes | None = None) -> Shapes:
     """The best-known shape of every variable ``block`` sees, ``-1`` where still unknown.
+
+    ``known``: shapes resolved before a rewrite that added ops whose values have the sizes of
+    values already there (recompute copies): only ops writing a name not in it are inferred.
 
     Example::
 
@@ -42,8 +46,12 @@ def resolve_shapes(block: Block, feed_shapes: Mapping[str, Sequence[int]] | None
                                f"{var.type_str()}")
         shapes[name] = shape
     values: dict[str, int] = {}       # int scalars whose value the planner knows (a Dim's size)
+    if known is not None:
+        shapes.update(known)
     for op in block.ops:
         _size_values(op, shapes, values)
+        if known is not None and all(name in known for name in op.outputs):
+            continue
         inferred = _infer(op, block, shapes)
         if inferred is not None:
             for name, shape in zip(op.outputs, inferred):
