@@ -42,6 +42,10 @@ cores are shared, wall clock there measures the other jobs).
     PYTHONPATH=. python benchmarks/memory_vs_torch.py --models lstm --small --ab 0.86,0.5,0.25 --steps 25
                                               # recompute policies before/after, timed in turns
 
+    PYTHONPATH=. python benchmarks/memory_vs_torch.py --models tfm --sides torch --fractions 1.0,0.5,0.25 > torch.log
+    PYTHONPATH=. python benchmarks/memory_vs_torch.py --from-log rg.log torch.log --out PREFIX
+                                              # one side at given fractions, merged with another run's
+
 ``--out PREFIX`` writes PREFIX.md (the table, command, machine, load) and PREFIX.png (the plot).
 ``--worker`` is internal: one point, printed as one JSON line.
 """
