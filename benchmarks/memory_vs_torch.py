@@ -42,6 +42,10 @@ cores are shared, wall clock there measures the other jobs).
     PYTHONPATH=. python benchmarks/memory_vs_torch.py --models lstm --small --ab 0.86,0.5,0.25 --steps 25
                                               # recompute policies before/after, timed in turns
 
+    PYTHONPATH=. python benchmarks/memory_vs_torch.py --models tfm --sides torch --fractions 1.0,0.5,0.25 > torch.log
+    PYTHONPATH=. python benchmarks/memory_vs_torch.py --from-log rg.log torch.log --out PREFIX
+                                              # one side at given fractions, merged with another run's
+
 ``--out PREFIX`` writes PREFIX.md (the table, command, machine, load) and PREFIX.png (the plot).
 ``--worker`` is internal: one point, printed as one JSON line.
 """
@@ -392,14 +396,15 @@ def fractions_for(least: float, count: int) -> list[float]:
 def sweep(model: str, args) -> list[dict]:
     size = SIZES[(model, args.small)]
     base = rg_store_all(model, size)
-    fracs = fractions_for(base["least_fraction"], args.points)
+    fracs = ([float(f) for f in args.fractions.split(",")] if args.fractions
+             else fractions_for(base["least_fraction"], args.points))
     print(f"# {model} {size}: store-all planned {base['planned'] / 1e6:.1f} MB, kept {base['kept'] / 1e6:.1f} MB, "
           f"least budget {base['least'] / 1e6:.1f} MB = fraction {base['least_fraction']:.3f}; fractions {fracs}",
           flush=True)
     rows = []
     for f in sorted(fracs, reverse=True):
         for side in ("retrograd", "torch"):
-            if side == "torch" and args.no_torch:
+            if side == "torch" and args.no_torch or side not in args.sides.split(","):
                 continue
             r = run_point(side, model, args.small, f, args.steps, args.torch_backend, args.timeout, args.policy)
             r.update(side=side, model=model, fraction=f, size=str(size))
@@ -495,6 +500,10 @@ def main() -> None:
     parser.add_argument("--torch-backend", default="inductor", help="torch.compile's backend (inductor; "
                         "aot_eager_decomp_partition partitions the same way without generating code)")
     parser.add_argument("--no-torch", action="store_true", help="retrograd's front only")
+    parser.add_argument("--sides", default="retrograd,torch", help="comma-separated: retrograd, torch "
+                        "(one side only, to be merged with the other's run by --from-log)")
+    parser.add_argument("--fractions", default=None, help="comma-separated fractions instead of --points' "
+                        "(another run's, to match its points)")
     parser.add_argument("--timeout", type=int, default=900, help="seconds per point")
     parser.add_argument("--out", default=None, help="write PREFIX.md, PREFIX.json and PREFIX.png")
     parser.add_argument("--from-log", nargs="+", default=None, help="make the table and plot from the "
