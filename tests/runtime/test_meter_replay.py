@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 import retrograd as rg
+from retrograd.ops.core.registry import OPS
 from retrograd.runtime import executor as executor_module
 from retrograd.runtime.stats import MemoryMeter
 
@@ -142,7 +143,6 @@ def test_control_flow_plans_are_metered_op_by_op(backend):
     assert not plan.straight_line and not plan.meter_records
 
 
-@rg.defop("TestMeterScratch", infer=lambda ins, attrs: [(ins[0].shape, ins[0].dtype)])
 def _scratch_kernel(k, x):
     """Holds a scratch array on the meter while it runs (as loop kernels do)."""
     scratch = k.xp.zeros((1024,), dtype=x.dtype)
@@ -151,7 +151,16 @@ def _scratch_kernel(k, x):
     return x + 1
 
 
-def test_a_kernel_holding_values_on_the_meter_keeps_the_plan_metered(backend, monkeypatch):
+@pytest.fixture
+def scratch_op():
+    """TestMeterScratch registered for one test (registered at import, every other test's table of
+    ops, e.g. the ONNX export table's, would see it)."""
+    rg.defop("TestMeterScratch", infer=lambda ins, attrs: [(ins[0].shape, ins[0].dtype)])(_scratch_kernel)
+    yield
+    del OPS["TestMeterScratch"]
+
+
+def test_a_kernel_holding_values_on_the_meter_keeps_the_plan_metered(backend, monkeypatch, scratch_op):
     if backend.name == "onnxruntime":
         pytest.skip("the onnxruntime engine runs programs its own way")
     main = rg.Program()
