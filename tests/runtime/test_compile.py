@@ -310,6 +310,21 @@ def test_embedding_ids_checked_from_the_end_after_a_compiled_region():
     assert all(r.eager_reason is None for r in _regions(exe))
 
 
+def _counted_graphs(built, feeds):
+    """``_compare`` with a Dynamo backend that keeps each graph: (the executor, the graphs, the
+    targets of the functions they call)."""
+    graphs = []
+
+    def counting(gm, example_inputs):
+        graphs.append(gm)
+        return gm.forward
+    counting.is_dynamo_backend = True
+    torch._dynamo.reset()
+    exe = _compare(*built, feeds, compiler=counting)
+    called = [str(node.target) for gm in graphs for node in gm.graph.nodes if node.op == "call_function"]
+    return exe, graphs, called
+
+
 def test_onednn_lstm_and_fused_adam_stay_inside_one_compiled_graph():
     """oneDNN's LSTM calls and ATen's multi-tensor Adam are opaque custom ops in the region's one
     graph (no graph break at the grad-mode switch the LSTM needs, none at its workspace's
@@ -318,15 +333,7 @@ def test_onednn_lstm_and_fused_adam_stay_inside_one_compiled_graph():
     exe = _executor()
     if exe.backend.onednn_lstm is None:
         pytest.skip("this torch has no oneDNN LSTM ops")
-    graphs = []
-
-    def counting(gm, example_inputs):
-        graphs.append(gm)
-        return gm.forward
-    counting.is_dynamo_backend = True
-    torch._dynamo.reset()
-    exe = _compare(*_lstm_lm(), _lstm_feeds(((7, 3), (7, 3), (7, 3))), compiler=counting)
-    called = [str(node.target) for gm in graphs for node in gm.graph.nodes if node.op == "call_function"]
+    exe, graphs, called = _counted_graphs(_lstm_lm(), _lstm_feeds(((7, 3), (7, 3), (7, 3))))
     assert sum("onednn_lstm_layer_backward" in t for t in called) == 1
     assert sum("onednn_lstm_layer." in t or t.endswith("onednn_lstm_layer") for t in called) == 1
     assert len(graphs) == len([r for r in _regions(exe) if r.calls > 1])     # one graph per compiled region
@@ -355,15 +362,7 @@ def test_max_pool_runs_atens_kernels_inside_a_compiled_graph():
     """Max pooling and its gradient are opaque custom ops in the CNN region's one graph (Inductor's
     CPU code for them is scalar); the first pool (4 channels) pools NCHW, the second (8 channels)
     through channels-last: losses and parameters as eager's."""
-    graphs = []
-
-    def counting(gm, example_inputs):
-        graphs.append(gm)
-        return gm.forward
-    counting.is_dynamo_backend = True
-    torch._dynamo.reset()
-    exe = _compare(*_cnn(), _cnn_feeds((4, 4, 4)), compiler=counting)
-    called = [str(node.target) for gm in graphs for node in gm.graph.nodes if node.op == "call_function"]
+    exe, graphs, called = _counted_graphs(_cnn(), _cnn_feeds((4, 4, 4)))
     assert sum("retrograd.max_pool2d.default" in t for t in called) == 2
     assert sum("retrograd.max_pool2d_backward" in t for t in called) == 2
     assert len(graphs) == len([r for r in _regions(exe) if r.calls > 1])
