@@ -171,6 +171,9 @@ def rg_store_all(model: str, size: Size) -> dict:
     return {"planned": peak, "kept": kept, "least": least, "least_fraction": 1 - (peak - least) / kept}
 
 
+RG_BACKEND = "numpy"      # retrograd's side runs on this backend (--rg-backend)
+
+
 def rg_worker(model: str, size: Size, fraction: float, steps: int, policy: str | None = None) -> dict:
     import retrograd as rg
     base = rg_store_all(model, size)
@@ -178,7 +181,7 @@ def rg_worker(model: str, size: Size, fraction: float, steps: int, policy: str |
     started = time.perf_counter()
     main, startup, fetch, shapes = rg_program(model, size, budget, policy)
     plan_s = time.perf_counter() - started
-    exe = rg.Executor(threads=1)
+    exe = rg.Executor(backend=RG_BACKEND, threads=1)
     exe.run(startup)
     rng = np.random.RandomState(0)
     feed = {"chars": rng.randint(0, VOCAB, shapes["chars"]), "next_chars": rng.randint(0, VOCAB, shapes["chars"])}
@@ -369,6 +372,7 @@ def run_point(side: str, model: str, small: bool, fraction: float, steps: int, b
            "--fraction", repr(fraction), "--steps", str(steps), "--torch-backend", backend]
     cmd += ["--policy", policy] if policy else []
     cmd += ["--small"] if small else []
+    cmd += ["--rg-backend", RG_BACKEND]
     env = dict(os.environ, **ENV, PYTHONPATH=str(ROOT))
     env.pop("RETROGRAD_MALLOC", None)
     try:
@@ -518,7 +522,11 @@ def main() -> None:
                         "fractions, in one process, timed in turns (one model: --models lstm)")
     parser.add_argument("--worker", choices=("retrograd", "torch"), help=argparse.SUPPRESS)
     parser.add_argument("--fraction", type=float, default=1.0, help=argparse.SUPPRESS)
+    parser.add_argument("--rg-backend", default="numpy", help="retrograd's backend (numpy: the default "
+                        "executor; torch: the same ATen kernels as the torch side, eager)")
     args = parser.parse_args()
+    global RG_BACKEND
+    RG_BACKEND = args.rg_backend
     if args.worker:
         model = args.models
         size = SIZES[(model, args.small)]
