@@ -75,14 +75,14 @@ def _compare(main, startup, loss, feeds, compiler=_aot_eager, rtol=1e-5, atol=1e
 
 # --- models ---------------------------------------------------------------------------------------
 
-def _mlp():
+def _mlp(activation=rg.relu, optimizer=None):
     main, startup = rg.Program(), rg.Program()
     with rg.program_guard(main, startup):
         x = rg.data("x", [-1, 8])
         y = rg.data("y", [-1], dtype="int64")
-        h = rg.relu(rg.layers.fc(x, 16, name="fc1"))
+        h = activation(rg.layers.fc(x, 16, name="fc1"))
         loss = rg.mean(rg.softmax_cross_entropy(rg.layers.fc(h, 4, name="fc2"), y))
-        rg.optim.Momentum(0.1, 0.9).minimize(loss)
+        (optimizer or rg.optim.Momentum(0.1, 0.9)).minimize(loss)
     return main, startup, loss
 
 
@@ -346,14 +346,8 @@ def test_onednn_lstm_and_fused_adam_stay_inside_one_compiled_graph():
 def test_scheduled_adamw_inside_a_compiled_region_matches_eager():
     """The multi-tensor Adam custom op with a scheduled learning rate (a Var read on the host inside
     the op) and decoupled weight decay: each step's loss and the final parameters as eager's."""
-    main, startup = rg.Program(), rg.Program()
-    with rg.program_guard(main, startup):
-        x = rg.data("x", [-1, 8])
-        y = rg.data("y", [-1], dtype="int64")
-        h = rg.tanh(rg.layers.fc(x, 16, name="fc1"))
-        loss = rg.mean(rg.softmax_cross_entropy(rg.layers.fc(h, 4, name="fc2"), y))
-        rg.optim.AdamW(rg.optim.lr.step_decay(0.05, 2, 0.5), weight_decay=0.1).minimize(loss)
-    exe = _compare(main, startup, loss, _mlp_feeds((5, 5, 5, 5, 5)))
+    adamw = rg.optim.AdamW(rg.optim.lr.step_decay(0.05, 2, 0.5), weight_decay=0.1)
+    exe = _compare(*_mlp(rg.tanh, adamw), _mlp_feeds((5, 5, 5, 5, 5)))
     region = max(_regions(exe), key=lambda r: len(r.steps))
     assert "FusedAdamUpdate" in {s.op.type for s in region.steps} and region.calls >= 3
 
