@@ -368,25 +368,19 @@ def _zero_step_arrays_onnx(g, count: str, finals: list[str]) -> list[str]:
     arrays = a.get("array_carries") or []
     if not arrays or not a.get("zero_step_shapes"):
         return finals
-    c, s = len(a["carry_binds"]), len(a["x_binds"])
-    step = g.child()
-    step.stream(step.const(0, "int64"))
-    rows = [step.fill(step.node("Shape", [x], start=1), 0, var.dtype)
-            for x, var in zip(g.ins[1 + c:1 + c + s], g.in_vars[1 + c:1 + c + s])]
+    c = len(a["carry_binds"])
+    step, rows = _zero_row_step(g)
     inits = _carry_inits(g, range(1, 1 + c))
     values = step.lower(a["body"], {**dict(zip(a["carry_binds"], inits)), **dict(zip(a["x_binds"], rows))},
                         [a["body_outs"][j] for j in arrays])
-    shaped, kept, types = [], g.child(), []
+    shaped, types = [], []
     for j, value in zip(arrays, values):
         shape = step.node("Concat", [step.node("Shape", [inits[j]], end=1), step.node("Shape", [value], start=1)],
                           axis=0)
         shaped.append(step.node("Reshape", [inits[j], shape], allowzero=1))
         types.append((g.out_vars[j].dtype, [None] * g.out_vars[j].ndim))
-    passed = [kept.node("Identity", [finals[j]]) for j in arrays]
-    name = f"{g.op.outputs[arrays[0]]}.zero_steps"
-    chosen = g.nodes("If", [g.node("Equal", [count, g.const(0, "int64")])], len(arrays),
-                     then_branch=step.finish(name, [(v, *t) for v, t in zip(shaped, types)]),
-                     else_branch=kept.finish(f"{name}.else", [(v, *t) for v, t in zip(passed, types)]))
+    chosen = _on_zero_steps(g, count, step, f"{g.op.outputs[arrays[0]]}.zero_steps", shaped,
+                            [finals[j] for j in arrays], types)
     out = list(finals)
     for j, value in zip(arrays, chosen):
         out[j] = value
@@ -398,32 +392,45 @@ def _zero_step_stacks_onnx(g, count: str, stacks: list[str]) -> list[str]:
     whose sizes only a step knows are ``[0, *shape]`` of one step run on zero rows (a Loop of no
     iterations would give 0 for those sizes)."""
     a = g.attrs
-    c, s = len(a["carry_binds"]), len(a["x_binds"])
+    c = len(a["carry_binds"])
     unknown = [j for j, like in enumerate(a["ys_like"])
                if like is None and any(d < 0 for d in a["body"].var(a["ys"][j]).shape)]
     if not unknown or not a.get("zero_step_shapes"):
         return stacks
-    step = g.child()
-    step.stream(step.const(0, "int64"))
-    rows = [step.fill(step.node("Shape", [x], start=1), 0, var.dtype)
-            for x, var in zip(g.ins[1 + c:1 + c + s], g.in_vars[1 + c:1 + c + s])]
+    step, rows = _zero_row_step(g)
     binds = {**dict(zip(a["carry_binds"], _carry_inits(g, range(1, 1 + c)))), **dict(zip(a["x_binds"], rows))}
     values = step.lower(a["body"], binds, [a["ys"][j] for j in unknown])
-    empties, kept, types = [], g.child(), []
+    empties, types = [], []
     for j, value in zip(unknown, values):
         empties.append(step.node("Slice", [step.node("Unsqueeze", [value, step.const([0], "int64")]),
                                            step.const([0], "int64"), step.const([0], "int64"),
                                            step.const([0], "int64")]))
         types.append((g.out_vars[c + j].dtype, [None] * g.out_vars[c + j].ndim))
-    passed = [kept.node("Identity", [stacks[j]]) for j in unknown]
-    name = f"{g.op.outputs[c + unknown[0]]}.zero_steps"
-    chosen = g.nodes("If", [g.node("Equal", [count, g.const(0, "int64")])], len(unknown),
-                     then_branch=step.finish(name, [(v, *t) for v, t in zip(empties, types)]),
-                     else_branch=kept.finish(f"{name}.else", [(v, *t) for v, t in zip(passed, types)]))
+    chosen = _on_zero_steps(g, count, step, f"{g.op.outputs[c + unknown[0]]}.zero_steps", empties,
+                            [stacks[j] for j in unknown], types)
     out = list(stacks)
     for j, value in zip(unknown, chosen):
         out[j] = value
     return out
+
+
+def _zero_row_step(g) -> tuple:
+    """A sub-graph for one step of the loop's body run on zero rows of each ``xs``: (it, the rows)."""
+    c, s = len(g.attrs["carry_binds"]), len(g.attrs["x_binds"])
+    step = g.child()
+    step.stream(step.const(0, "int64"))
+    rows = [step.fill(step.node("Shape", [x], start=1), 0, var.dtype)
+            for x, var in zip(g.ins[1 + c:1 + c + s], g.in_vars[1 + c:1 + c + s])]
+    return step, rows
+
+
+def _on_zero_steps(g, count: str, step, name: str, computed: list[str], finals: list[str], types: list) -> list:
+    """An If on ``count == 0``: ``computed`` (values of ``step``) then, ``finals`` (the loop's) else."""
+    kept = g.child()
+    passed = [kept.node("Identity", [v]) for v in finals]
+    return g.nodes("If", [g.node("Equal", [count, g.const(0, "int64")])], len(computed),
+                   then_branch=step.finish(name, [(v, *t) for v, t in zip(computed, types)]),
+                   else_branch=kept.finish(f"{name}.else", [(v, *t) for v, t in zip(passed, types)]))
 
 
 def _invariant_vars(block: Block, inits: list[Var], shape_invariants) -> list[Var]:
