@@ -786,6 +786,25 @@ class Program:
             if not self.has_name(name):
                 return name
 
+    @property
+    def name_counts(self) -> dict[str, int]:
+        """How many names ``unique_name`` handed out per prefix: the program's own dict (a
+        rewrite that is undone, or a program read from JSON, sets the counts through it).
+
+        Returns:
+            The counts per prefix.
+
+        Example:
+            ```python
+            import retrograd as rg
+
+            main = rg.Program()
+            main.unique_name("tmp")
+            assert main.name_counts == {"tmp": 1}
+            ```
+        """
+        return self._name_counts
+
     def next_seed(self) -> int:
         """A reproducible seed for the next random op (it depends on the build order only).
 

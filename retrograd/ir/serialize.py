@@ -60,7 +60,7 @@ def program_to_json(program: Program, indent: int | None = None) -> str:
         "version": VERSION,
         "random_seed": program.random_seed,
         "seed_counter": program._seed_counter,
-        "name_counts": dict(program._name_counts),
+        "name_counts": dict(program.name_counts),
         "blocks": [_block_to_dict(block) for block in program.blocks],
     }
     return json.dumps(doc, indent=indent, allow_nan=False)
@@ -155,7 +155,7 @@ def program_from_json(text: str | bytes) -> Program:
 
     name_counts = _field(doc, "name_counts", dict, "the program document")
     for prefix, count in name_counts.items():
-        program._name_counts[prefix] = _expect(count, int, f"name_counts['{prefix}']")
+        program.name_counts[prefix] = _expect(count, int, f"name_counts['{prefix}']")
     program._seed_counter = _field(doc, "seed_counter", int, "the program document")
 
     from .verify import verify_program

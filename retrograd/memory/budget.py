@@ -279,7 +279,7 @@ class _Undo:
 
     def __init__(self, program: Program):
         self.program, self.n_blocks = program, len(program.blocks)
-        self.name_counts = dict(program._name_counts)
+        self.name_counts = dict(program.name_counts)
         self.blocks = [(b, list(b.ops), dict(b.vars)) for b in program.blocks]
         self.ops = [(op, op.inputs, op.attrs) for b in program.blocks for op in b.ops]
 
@@ -291,8 +291,8 @@ class _Undo:
             block.vars.update(names)
         for op, inputs, attrs in self.ops:
             op.inputs, op.attrs = inputs, attrs
-        self.program._name_counts.clear()
-        self.program._name_counts.update(self.name_counts)
+        self.program.name_counts.clear()
+        self.program.name_counts.update(self.name_counts)
         self.program.bump()
 
 
