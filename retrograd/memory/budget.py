@@ -58,6 +58,8 @@ from ..ir.program import Block, Program, Var
 from ..ops.recurrent.steps import is_budget
 from .auto import build_model
 from .shape_first import store_all_freeing_shape_reads
+from .selective import apply_selective, fewest_freed
+from . import policies
 from .binomial import Units, apply_binomial
 from .chain_peak import ChainPeak
 from .lifetimes import ForwardValues
@@ -75,6 +77,8 @@ LOOP_GRAD_TYPES = ("RecurrentNetworkBudgetGrad", "WhileBudgetGrad")
 _PLACEHOLDER = 1 << 60      # a loop's budget until the search sets it
 _TRIALS = 24
 KEPT_SEGMENT = 32       # the fewest steps per segment for which keeping every state pays
+SELECTIVE_MAX_OPS = 2000    # larger forwards go to the checkpoint schedules: the selective rung copies
+                            # the program per trial, theirs is modelled (chain_peak.py)
 
 
 @register_backward_rewrite("recompute")
@@ -96,6 +100,8 @@ class BudgetPlan:
             everything stored).
         units: Feed-forward units under a binomial schedule (0: none).
         micro_batches: How many micro-batches the batch was split into.
+        recomputed: How many kept values are made again instead, from the
+            values beside them (selective recompute; 0: none).
         reserved_peak: The peak with the caller's reserve (the optimizer's updates).
 
     Example:
@@ -121,6 +127,7 @@ class BudgetPlan:
     activation_budget: int | None       # None: everything stored
     units: int = 0                      # feed-forward units under a binomial schedule (0: none)
     micro_batches: int = 1              # the batch split into micro-batches (micro_batches.py)
+    recomputed: int = 0                 # values made again before their gradient readers (selective.py)
     reserved_peak: int | None = None    # what the schedules reserve (the fit): planned_peak <= it <= budget
 
 
@@ -155,6 +162,8 @@ def fit_memory_budget(loss: Var, memory_budget: int, feed_shapes: Mapping | None
     # (micro_batches.py): nothing is recomputed, where recomputing whole sub-layers over the batch
     # re-ran the attention and still held one sub-layer's activations over the whole batch.
     pairs = _stored_freeing_shape_reads(loss, feed_shapes, build, budget, total, reserve, store_all)
+    if pairs is None:
+        pairs = _stored_recomputing_cheap(loss, feed_shapes, build, budget, total, reserve, store_all)
     if pairs is not None:
         return pairs
     accumulated = _accumulate_micro_batches(loss, feed_shapes, build, budget)
@@ -259,6 +268,8 @@ def _fit_built(loss: Var, feed_shapes, build, budget: int, total: int, reserve: 
     if store_all <= budget:
         _record(program, BudgetPlan(total, store_all + reserve, store_all + reserve, None))
         return pairs
+    if _recompute_cheap_in_place(block, n_forward, keep, feed_shapes, shapes, budget, total, reserve, store_all):
+        return pairs
     search.by_schedule[("all",)] = store_all     # the schedule "all" leaves the program as built
     return _choose(loss, program, search, keep, feed_shapes, pairs, budget, total, reserve, store_all, None)
 
@@ -307,6 +318,43 @@ def _stored_freeing_shape_reads(loss: Var, feed_shapes, build, budget: int, tota
     _record(loss.block.program, BudgetPlan(total, peak + reserve, None if store_all is None else store_all + reserve,
                                            None))
     return pairs
+
+
+def _stored_recomputing_cheap(loss: Var, feed_shapes, build, budget: int, total: int, reserve: int,
+                              store_all: int | None) -> list | None:
+    """Store everything but the fewest values cheap to make again that fit (``selective.py``, the
+    ``cheap_first`` policy; searched on a copy): built and recorded, its pairs; else None."""
+    if not policies.recomputes_selectively():
+        return None
+    scratch = loss.block.program.clone()
+    block = scratch.global_block()
+    pairs, n_forward = build(block.var(loss.name), real=False)
+    try:
+        chosen = fewest_freed(block, n_forward, [loss.name] + [g.name for _, g in pairs], feed_shapes, budget)
+    except ProgramError:        # a size feed_shapes leaves open: the schedules below say which
+        return None
+    if chosen is None:
+        return None
+    names, peak = chosen
+    pairs, n_forward = build()
+    apply_selective(ForwardValues.of(loss.block, n_forward), set(names))
+    _record(loss.block.program, BudgetPlan(total, peak + reserve, None if store_all is None else store_all + reserve,
+                                           None, recomputed=len(names)))
+    return pairs
+
+
+def _recompute_cheap_in_place(block: Block, n_forward: int, keep: list[str], feed_shapes, shapes, budget: int,
+                              total: int, reserve: int, store_all: int) -> bool:
+    """``_stored_recomputing_cheap`` for a program built in place (``_fit_built``): True when done."""
+    if not policies.recomputes_selectively() or n_forward > SELECTIVE_MAX_OPS:
+        return False
+    chosen = fewest_freed(block, n_forward, keep, feed_shapes, budget, shapes)
+    if chosen is None:
+        return False
+    names, peak = chosen
+    apply_selective(ForwardValues.of(block, n_forward), set(names))
+    _record(block.program, BudgetPlan(total, peak + reserve, store_all + reserve, None, recomputed=len(names)))
+    return True
 
 
 def _plan_tails(block: Block, feed_shapes) -> None:

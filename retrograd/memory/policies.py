@@ -53,7 +53,7 @@ from ..errors import ProgramError
 POLICIES = {
     "checkpoints": frozenset(),
     "keep_tail": frozenset({"tail"}),
-    "cheap_first": frozenset({"tail", "shape_reads"}),
+    "cheap_first": frozenset({"tail", "shape_reads", "selective"}),
 }
 DEFAULT = "cheap_first"
 
@@ -80,6 +80,11 @@ def policy(name: str) -> Iterator[None]:
 def keeps_tail() -> bool:
     """True when the policy in force keeps the last segment's tape from the forward sweep."""
     return "tail" in POLICIES[current()]
+
+
+def recomputes_selectively() -> bool:
+    """True when the policy in force frees single values cheap to make again before checkpointing."""
+    return "selective" in POLICIES[current()]
 
 
 def frees_shape_reads() -> bool:

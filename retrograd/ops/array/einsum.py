@@ -11,6 +11,7 @@ so gradients of gradients are einsums too.
 """
 from __future__ import annotations
 
+import math
 import string
 from typing import Sequence
 
@@ -153,7 +154,14 @@ def _einsum_grad(g):
     return [_operand_grad(g, k) for k in range(len(g.x))]
 
 
-@defop("Einsum", inputs=("xs*",), infer=_einsum_rule, grad=_einsum_grad)
+def _einsum_flops(ins, outs, attrs) -> int:
+    sizes = {}
+    for letters, shape in zip(attrs["equation"].split("->")[0].split(","), ins):
+        sizes.update(zip(letters, shape))
+    return 2 * math.prod(sizes.values())      # one multiply-add per point of the index space
+
+
+@defop("Einsum", inputs=("xs*",), infer=_einsum_rule, grad=_einsum_grad, flops=_einsum_flops)
 def _einsum(k, *xs):
     """``numpy.einsum`` of the operands by the explicit ``equation``."""
     return k.backend.einsum(k.attrs["equation"], *xs)

@@ -5,6 +5,8 @@ input's run-time shape by ``SumTo`` (see ``unbroadcast``).
 """
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
 from ...errors import ShapeError
@@ -1352,7 +1354,12 @@ def _matmul_grad(g):
     return [unbroadcast(da, a, b), unbroadcast(db, b, a)]
 
 
-@defop("MatMul", inputs=("x", "y"), infer=_matmul_rule, grad=_matmul_grad, batch_rows=(0,))
+def _matmul_flops(ins, outs, attrs) -> int:
+    inner = ins[0][-2] if attrs.get("transpose_x") else ins[0][-1]
+    return 2 * math.prod(outs[0]) * inner
+
+
+@defop("MatMul", inputs=("x", "y"), infer=_matmul_rule, grad=_matmul_grad, batch_rows=(0,), flops=_matmul_flops)
 def _matmul(k, x, y):
     return k.backend.matmul(x, y, bool(k.attrs.get("transpose_x")), bool(k.attrs.get("transpose_y")))
 

@@ -188,7 +188,8 @@ def _attention_grad_maker(g):
 
 
 @defop("ScaledDotProductAttention", inputs=("q", "k", "v", "mask?"), outputs=("out", "lse"),
-       infer=_attention_rule, grad=_attention_grad_maker, batch_rows=(0, 1, 2, 3), batch_broadcast=True)
+       infer=_attention_rule, grad=_attention_grad_maker, batch_rows=(0, 1, 2, 3), batch_broadcast=True,
+       flops=lambda ins, outs, attrs: 4 * math.prod(ins[0]) * ins[1][-2])   # q k^T and p v
 def _attention(k, q, key, v, mask=None):
     """``softmax(scale * q @ k^T + mask) @ v`` and the rows' logsumexp (the gradient's workspace)."""
     _check_runtime(k, q, key, v, mask)

@@ -17,6 +17,7 @@ path of ``backends/windows.py`` on NumPy/CuPy, torch's ``conv*d`` and
 """
 from __future__ import annotations
 
+import math
 import numbers
 
 from ...errors import ProgramError, ShapeError
@@ -154,7 +155,11 @@ def _conv_grad(g):
     return [conv_input_grad(g.dy, w, x, g.attrs), conv_weight_grad(x, g.dy, w, g.attrs)]
 
 
-@defop("Conv", inputs=("x", "w"), infer=_conv_rule, grad=_conv_grad)
+def _conv_flops(ins, outs, attrs) -> int:
+    return 2 * math.prod(outs[0]) * math.prod(ins[1][1:])     # each output: C/groups x kernel products
+
+
+@defop("Conv", inputs=("x", "w"), infer=_conv_rule, grad=_conv_grad, flops=_conv_flops)
 def _conv(k, x, w):
     """Cross-correlation of ``x [N, C, *spatial]`` with ``w [F, C/groups, *kernel]``."""
     return k.backend.conv(x, w, *_window_attrs(k.attrs))
@@ -199,7 +204,7 @@ def _conv_bias_grad(g):
             reduce_sum(g.dy, axes)]
 
 
-@defop("ConvBias", inputs=("x", "w", "b"), infer=_conv_bias_rule, grad=_conv_bias_grad)
+@defop("ConvBias", inputs=("x", "w", "b"), infer=_conv_bias_rule, grad=_conv_bias_grad, flops=_conv_flops)
 def _conv_bias(k, x, w, b):
     """``Conv(x, w)`` plus ``b [F]`` on each filter's plane, in one kernel where the backend has one."""
     return k.backend.conv_bias(x, w, b, *_window_attrs(k.attrs))

@@ -87,7 +87,8 @@ def _grad(g):
 
 
 @defop("LinearCrossEntropy", inputs=("h", "w", "b?", "labels"), outputs=("loss", "lse"), infer=_rule,
-       grad=_grad, nondiff=(3,), row_wise=(0, -1))
+       grad=_grad, nondiff=(3,), row_wise=(0, -1),
+       flops=lambda ins, outs, attrs: 2 * math.prod(ins[0]) * ins[1][-1])
 def _linear_cross_entropy(k, *ins):
     """Per row ``logsumexp(h @ w + b) - (h @ w + b)[label]``, ``chunk_rows`` rows at a time."""
     xp = k.xp

@@ -584,7 +584,8 @@ def _flat(x: Var, width: int) -> Var:
     return x if x.ndim == 2 else reshape(x, [-1, width])
 
 
-@defop("SeqLinear", inputs=("x", "w", "b*"), infer=_seq_linear_rule, grad=_seq_linear_grad, row_wise=(0,))
+@defop("SeqLinear", inputs=("x", "w", "b*"), infer=_seq_linear_rule, grad=_seq_linear_grad, row_wise=(0,),
+       flops=lambda ins, outs, attrs: 2 * math.prod(outs[0]) * ins[0][-1])
 def _seq_linear(k, x, w, *bias):
     """``x [..., D] @ w [D, K] (+ b)`` as one GEMM over all leading axes (``w.T`` with
     transpose_w); the bias is added in place, without a second [..., K] array
