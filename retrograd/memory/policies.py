@@ -1,7 +1,7 @@
 """Recompute policies of the memory budget: which memory a budget frees first, and what a
 budgeted recurrence keeps beyond its checkpoints.
 
-Two measures, cheapest first (each measured on the LSTM LM of ``retrograd train``:
+Three measures, cheapest first (each measured on the language models of ``retrograd train``:
 ``benchmarks/memory_vs_torch.py``, ``benchmarks/results/memory_vs_torch.md``):
 
 * **shape reads first** (``"shape_reads"``): before anything is recomputed, a budget that
@@ -15,6 +15,13 @@ Two measures, cheapest first (each measured on the LSTM LM of ``retrograd train`
   layer's chunked cross-entropy and before any recurrence is budgeted (both recompute).
   Store-all itself is left as it is: the torch backend's fused-LSTM rewrite
   (``passes/fuse_recurrent.py``) wants the projection read by the recurrence alone.
+* **free single values** (``"selective"``): next, before any checkpoint schedule, the kept
+  values cheapest to make again per byte are freed and made again just before their gradient
+  readers (``selective.py``): a GELU's or a layer norm's output from its kept input, a layout
+  copy, then a projection from its kept input - the fewest that fit, while they cost less than
+  ``selective.MAX_SHARE`` of the forward (a checkpoint schedule re-runs all of it). The
+  transformer LM at the issue's size: 77% of store-all's activations in the same time (the
+  checkpoint schedule took 1.28x), 50% in 1.08-1.12x (1.20x).
 * **keep the tail** (``"tail"``): a budgeted ``RecurrentNetwork`` (``loops/rnn_budget.py``)
   reverses its steps in segments, each re-run *with tape* from a checkpoint before its
   backward. The forward sweep has just run the last segment when the backward starts with it,
@@ -27,8 +34,8 @@ Two measures, cheapest first (each measured on the LSTM LM of ``retrograd train`
   the planned length: at a longer run-time length (where the values that grow with it are live
   beside the tail) and at the least budgets the recurrence keeps none (``budget.py``).
 
-Policies (``POLICIES``): ``"cheap_first"`` (the default: both), ``"keep_tail"`` (the tail
-only), ``"checkpoints"`` (neither: what every budget did before). The policy is read when
+Policies (``POLICIES``): ``"cheap_first"`` (the default: all three), ``"keep_tail"`` (the tail
+only), ``"checkpoints"`` (none: what every budget did before). The policy is read when
 ``append_backward(..., memory_budget=)`` (or ``recurrent(..., recompute=<bytes>)``) builds the
 backward, and what it chose is recorded on the ops, so a built program runs the same whatever
 the policy is later.
@@ -41,6 +48,7 @@ Example:
     with rg.memory.policies.policy("checkpoints"):
         assert not rg.memory.policies.keeps_tail()
     assert rg.memory.policies.keeps_tail() and rg.memory.policies.frees_shape_reads()
+    assert rg.memory.policies.recomputes_selectively()
     ```
 """
 from __future__ import annotations
