@@ -26,7 +26,7 @@ Example:
 """
 from .loops import schedules
 from .loops import rnn_budget, while_budget  # noqa: F401  (register the budgeted loops' gradient ops)
-from . import budget, policies  # noqa: F401  (rg.memory.policies: the recompute policies)
+from . import budget, policies, selective  # noqa: F401  (rg.memory.policies: the recompute policies)
 from .loops import unhoist  # noqa: F401  (register append_backward's memory rewrites)
 from .auto import auto_checkpoints
 from .budget import BudgetPlan
@@ -38,4 +38,4 @@ from .loops.schedules import Plan, budget_plan, make_plan, revolve_cost, sqrt_pl
 
 __all__ = ["BudgetPlan", "MemoryReport", "Plan", "RecomputePlan", "Segment", "ValueInfo", "auto_checkpoints",
            "bind_shape_stand_ins", "budget_plan", "make_plan", "plan_recompute", "planned_peak", "recompute_backward",
-           "policies", "report", "revolve_cost", "schedules", "sqrt_plan"]
+           "policies", "report", "revolve_cost", "schedules", "selective", "sqrt_plan"]

@@ -162,8 +162,9 @@ def fit_memory_budget(loss: Var, memory_budget: int, feed_shapes: Mapping | None
     # (micro_batches.py): nothing is recomputed, where recomputing whole sub-layers over the batch
     # re-ran the attention and still held one sub-layer's activations over the whole batch.
     pairs = _stored_freeing_shape_reads(loss, feed_shapes, build, budget, total, reserve, store_all)
+    freed_least = None          # the least planned peak freeing single values reaches (selective.py)
     if pairs is None:
-        pairs = _stored_recomputing_cheap(loss, feed_shapes, build, budget, total, reserve, store_all)
+        pairs, freed_least = _stored_recomputing_cheap(loss, feed_shapes, build, budget, total, reserve, store_all)
     if pairs is not None:
         return pairs
     accumulated = _accumulate_micro_batches(loss, feed_shapes, build, budget)
@@ -190,11 +191,12 @@ def fit_memory_budget(loss: Var, memory_budget: int, feed_shapes: Mapping | None
         search = searched[0].search     # _fits searched this very program (a copy, built the same way)
     else:
         search = _Search(program, loss, n_forward, keep, feed_shapes)
-    return _choose(loss, program, search, keep, feed_shapes, pairs, budget, total, reserve, store_all, accumulated)
+    return _choose(loss, program, search, keep, feed_shapes, pairs, budget, total, reserve, store_all, accumulated,
+                   freed_least)
 
 
 def _choose(loss: Var, program: Program, search: "_Search", keep: list[str], feed_shapes, pairs: list, budget: int,
-            total: int, reserve: int, store_all: int | None, accumulated) -> list:
+            total: int, reserve: int, store_all: int | None, accumulated, freed_least: int | None = None) -> list:
     """The largest activation budget that fits (``search``), built into ``program`` (its backward
     built: ``pairs``) and recorded; else ``ProgramError`` naming the least budget that fits."""
     best = search.best(budget)
@@ -216,7 +218,7 @@ def _choose(loss: Var, program: Program, search: "_Search", keep: list[str], fee
             if best is not None:
                 units, live = _apply(search, program, keep, feed_shapes, best[0])
     if best is None:
-        least = search.least() if accumulated is None else min(search.least(), accumulated[2])
+        least = min(peak for peak in (search.least(), accumulated and accumulated[2], freed_least) if peak)
         least = least if store_all is None else min(least, store_all)     # storing everything fits too
         least += reserve
         stored = ("a trip count decides what storing everything takes" if store_all is None
@@ -268,10 +270,13 @@ def _fit_built(loss: Var, feed_shapes, build, budget: int, total: int, reserve: 
     if store_all <= budget:
         _record(program, BudgetPlan(total, store_all + reserve, store_all + reserve, None))
         return pairs
-    if _recompute_cheap_in_place(block, n_forward, keep, feed_shapes, shapes, budget, total, reserve, store_all):
+    done, freed_least = _recompute_cheap_in_place(block, n_forward, keep, feed_shapes, shapes, budget, total,
+                                                  reserve, store_all)
+    if done:
         return pairs
     search.by_schedule[("all",)] = store_all     # the schedule "all" leaves the program as built
-    return _choose(loss, program, search, keep, feed_shapes, pairs, budget, total, reserve, store_all, None)
+    return _choose(loss, program, search, keep, feed_shapes, pairs, budget, total, reserve, store_all, None,
+                   freed_least)
 
 
 def _apply(search: "_Search", program: Program, keep: list[str], feed_shapes, activation: int) -> tuple[int, int]:
@@ -321,40 +326,43 @@ def _stored_freeing_shape_reads(loss: Var, feed_shapes, build, budget: int, tota
 
 
 def _stored_recomputing_cheap(loss: Var, feed_shapes, build, budget: int, total: int, reserve: int,
-                              store_all: int | None) -> list | None:
+                              store_all: int | None) -> tuple[list | None, int | None]:
     """Store everything but the fewest values cheap to make again that fit (``selective.py``, the
-    ``cheap_first`` policy; searched on a copy): built and recorded, its pairs; else None."""
+    ``cheap_first`` policy; searched on a copy): built and recorded, ``(its pairs, None)``; else
+    ``(None, the least planned peak it reaches or None)``."""
     if not policies.recomputes_selectively():
-        return None
+        return None, None
     scratch = loss.block.program.clone()
     block = scratch.global_block()
     pairs, n_forward = build(block.var(loss.name), real=False)
+    if n_forward > SELECTIVE_MAX_OPS:
+        return None, None
     try:
         chosen = fewest_freed(block, n_forward, [loss.name] + [g.name for _, g in pairs], feed_shapes, budget)
     except ProgramError:        # a size feed_shapes leaves open: the schedules below say which
-        return None
-    if chosen is None:
-        return None
+        return None, None
     names, peak = chosen
+    if names is None:
+        return None, peak
     pairs, n_forward = build()
     apply_selective(ForwardValues.of(loss.block, n_forward), set(names))
     _record(loss.block.program, BudgetPlan(total, peak + reserve, None if store_all is None else store_all + reserve,
                                            None, recomputed=len(names)))
-    return pairs
+    return pairs, None
 
 
 def _recompute_cheap_in_place(block: Block, n_forward: int, keep: list[str], feed_shapes, shapes, budget: int,
-                              total: int, reserve: int, store_all: int) -> bool:
-    """``_stored_recomputing_cheap`` for a program built in place (``_fit_built``): True when done."""
+                              total: int, reserve: int, store_all: int) -> tuple[bool, int | None]:
+    """``_stored_recomputing_cheap`` for a program built in place (``_fit_built``): (done, the least
+    planned peak it reaches when not done)."""
     if not policies.recomputes_selectively() or n_forward > SELECTIVE_MAX_OPS:
-        return False
-    chosen = fewest_freed(block, n_forward, keep, feed_shapes, budget, shapes)
-    if chosen is None:
-        return False
-    names, peak = chosen
+        return False, None
+    names, peak = fewest_freed(block, n_forward, keep, feed_shapes, budget, shapes)
+    if names is None:
+        return False, peak
     apply_selective(ForwardValues.of(block, n_forward), set(names))
     _record(block.program, BudgetPlan(total, peak + reserve, store_all + reserve, None, recomputed=len(names)))
-    return True
+    return True, None
 
 
 def _plan_tails(block: Block, feed_shapes) -> None:

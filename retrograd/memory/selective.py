@@ -207,9 +207,11 @@ MAX_SHARE = 0.75        # recompute at most this share of the forward's estimate
 
 
 def fewest_freed(block, n_forward: int, keep: list[str], feed_shapes, budget: int,
-                 shapes: Shapes | None = None) -> tuple[list[str], int] | None:
+                 shapes: Shapes | None = None) -> tuple[list[str] | None, int | None]:
     """The shortest prefix of ``price_values``' order whose rewrite of a copy of ``block``'s program
-    plans within ``budget`` (within ``MAX_SHARE`` of the forward's cost): (names, planned peak)."""
+    plans within ``budget`` (within ``MAX_SHARE`` of the forward's cost): (names, planned peak);
+    ``(None, the lowest planned peak a prefix reaches)`` when none fits (``(None, None)``: no value
+    can be freed)."""
     shapes = shapes if shapes is not None else resolve_shapes(block, feed_shapes)
     info = ForwardValues.of(block, n_forward)
     limit = MAX_SHARE * forward_cost(info, shapes)
@@ -223,9 +225,14 @@ def fewest_freed(block, n_forward: int, keep: list[str], feed_shapes, budget: in
             peaks[k] = planned_peak(copy.blocks[block.idx], keep, feed_shapes)
         return peaks[k]
 
-    if not names or peak(len(names)) > budget:
-        return None
-    low, high = 0, len(names)            # peak(high) fits; the least k that fits is in (low, high]
+    if not names:
+        return None, None
+    # The peak falls as values are freed until the copies live at once in the backward outweigh
+    # them (it may rise after): the lowest is looked for first, then the shortest prefix that fits.
+    lowest = _lowest(peak, len(names))
+    if peak(lowest) > budget:
+        return None, peak(lowest)
+    low, high = 0, lowest                # peak(high) fits; the least k that fits is in (low, high]
     while high - low > 1:
         middle = (low + high) // 2
         if peak(middle) <= budget:
@@ -233,3 +240,16 @@ def fewest_freed(block, n_forward: int, keep: list[str], feed_shapes, budget: in
         else:
             low = middle
     return names[:high], peaks[high]
+
+
+def _lowest(peak, n: int, probes: int = 8) -> int:
+    """A prefix length with the lowest ``peak(k)``: the best of ``probes`` evenly spaced lengths,
+    then halving steps around it while a neighbour is lower."""
+    best = min(range(n, 0, -max(1, n // probes)), key=lambda k: (peak(k), k))
+    step = max(1, n // probes) // 2
+    while step >= 1:
+        for k in (best - step, best + step):
+            if 1 <= k <= n and peak(k) < peak(best):
+                best = k
+        step //= 2
+    return best

@@ -152,17 +152,19 @@ def test_budgeted_append_backward_builds_the_same_program_with_the_chain_model_a
 
 
 def test_a_wrong_chain_model_is_caught_and_the_search_falls_back_to_copies(monkeypatch):
-    kinds, widths = ["tanh"] * 20, [WIDTH] * 20
-    budget_bytes = _budgets(kinds, widths)[2]
-    monkeypatch.setattr(ChainPeak, "of", staticmethod(lambda *args: None))
-    reference, _, _ = _program(kinds, widths, budget_bytes)
-    monkeypatch.undo()
-    true_peak = ChainPeak.peak
-    monkeypatch.setattr(ChainPeak, "peak", lambda self, plan: true_peak(self, plan) // 2)   # too optimistic
-    forgotten = []
-    forget = budget._Search.forget_model
-    monkeypatch.setattr(budget._Search, "forget_model", lambda self: forgotten.append(1) or forget(self))
-    main, _, _ = _program(kinds, widths, budget_bytes)
-    assert forgotten                                    # the disagreement was seen
-    assert main.to_json() == reference.to_json() and main.memory_plan == reference.memory_plan
-    assert main.memory_plan.planned_peak <= budget_bytes
+    """(Under the "checkpoints" policy: the binomial search itself, no single values freed first.)"""
+    with rg.memory.policies.policy("checkpoints"):
+        kinds, widths = ["tanh"] * 20, [WIDTH] * 20
+        budget_bytes = _budgets(kinds, widths)[2]
+        monkeypatch.setattr(ChainPeak, "of", staticmethod(lambda *args: None))
+        reference, _, _ = _program(kinds, widths, budget_bytes)
+        monkeypatch.undo()
+        true_peak = ChainPeak.peak
+        monkeypatch.setattr(ChainPeak, "peak", lambda self, plan: true_peak(self, plan) // 2)   # too optimistic
+        forgotten = []
+        forget = budget._Search.forget_model
+        monkeypatch.setattr(budget._Search, "forget_model", lambda self: forgotten.append(1) or forget(self))
+        main, _, _ = _program(kinds, widths, budget_bytes)
+        assert forgotten                                    # the disagreement was seen
+        assert main.to_json() == reference.to_json() and main.memory_plan == reference.memory_plan
+        assert main.memory_plan.planned_peak <= budget_bytes

@@ -139,8 +139,12 @@ def test_an_lstm_language_model_is_no_region():
 @pytest.mark.parametrize("change", ["dropout", "scaled loss"])
 def test_stacks_that_cannot_run_in_micro_batches_keep_the_recompute_schedule(change):
     """Dropout draws per micro-batch would differ from the whole batch's; a loss that is not the
-    rows' plain mean has no per-micro-batch gradient here: both keep the binomial schedule."""
+    rows' plain mean has no per-micro-batch gradient here: both keep a recompute schedule (single
+    values freed, ``cheap_first``, or the binomial one)."""
     kwargs = {"dropout": 0.1} if change == "dropout" else {"scale": 0.5}
     _, store_peak, _ = _run(_stack(**kwargs))
     plan = _stack(int(0.6 * store_peak), **kwargs)[0].memory_plan
+    assert plan.micro_batches == 1 and (plan.units > 1 or plan.recomputed > 0)
+    with rg.memory.policies.policy("checkpoints"):
+        plan = _stack(int(0.6 * store_peak), **kwargs)[0].memory_plan
     assert plan.micro_batches == 1 and plan.units > 1
