@@ -330,13 +330,11 @@ def _stored_recomputing_cheap(loss: Var, feed_shapes, build, budget: int, total:
     """Store everything but the fewest values cheap to make again that fit (``selective.py``, the
     ``cheap_first`` policy; searched on a copy): built and recorded, ``(its pairs, None)``; else
     ``(None, the least planned peak it reaches or None)``."""
-    if not policies.recomputes_selectively():
+    if not policies.recomputes_selectively() or len(loss.block.ops) > SELECTIVE_MAX_OPS:   # the forward, unbuilt
         return None, None
     scratch = loss.block.program.clone()
     block = scratch.global_block()
     pairs, n_forward = build(block.var(loss.name), real=False)
-    if n_forward > SELECTIVE_MAX_OPS:
-        return None, None
     try:
         chosen = fewest_freed(block, n_forward, [loss.name] + [g.name for _, g in pairs], feed_shapes, budget)
     except ProgramError:        # a size feed_shapes leaves open: the schedules below say which
