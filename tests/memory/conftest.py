@@ -57,12 +57,23 @@ def run_grads(built, xb: np.ndarray, seed: int = 0, extra_fetch=()):
     return out[0], grads, out[1 + len(params_grads):], exe.last_stats.peak_bytes
 
 
+def run_step(built, feed: dict, backend=None):
+    """Run ``built = (main, startup, fetch)`` once on ``backend`` (a ``backend`` fixture value; None:
+    the default executor): (the fetched values as arrays, the executor)."""
+    main, startup, fetch = built
+    exe = rg.Executor() if backend is None else rg.Executor(backend=backend.name, device=backend.device)
+    exe.run(startup)
+    out = exe.run(main, feed=feed, fetch_list=fetch)
+    return [np.asarray(v) for v in out], exe
+
+
 def recompute_ops(program: Program):
     return [op for op in program.global_block().ops if "recompute_of" in op.attrs]
 
 
 @pytest.fixture
 def mm():
-    """The helpers above: ``mm.mlp``, ``mm.run_grads``, ``mm.init_params``, ``mm.recompute_ops``."""
+    """The helpers above: ``mm.mlp``, ``mm.run_grads``, ``mm.init_params``, ``mm.recompute_ops``,
+    ``mm.run_step``."""
     return types.SimpleNamespace(mlp=mlp, init_params=init_params, run_grads=run_grads,
-                                 recompute_ops=recompute_ops)
+                                 recompute_ops=recompute_ops, run_step=run_step)

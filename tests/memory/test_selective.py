@@ -37,14 +37,6 @@ def _transformer(budget, policy=rg.memory.policies.DEFAULT):
     return main, startup, [loss] + [g for _, g in pairs]
 
 
-def _run(built, backend=None):
-    main, startup, fetch = built
-    exe = rg.Executor() if backend is None else rg.Executor(backend=backend.name, device=backend.device)
-    exe.run(startup)
-    out = exe.run(main, feed=FEED, fetch_list=fetch)
-    return [np.asarray(v) for v in out], exe
-
-
 def _store_all():
     main, _, fetch = _transformer(None)
     kept = rg.memory.report(main, feed_shapes=SHAPES).kept_bytes
@@ -113,16 +105,16 @@ def test_a_freed_value_is_made_once_for_all_its_readers():
 
 
 @pytest.mark.parametrize("share", [0.9, 0.7])
-def test_selective_gradients_equal_store_all_within_the_budget(backend, share):
+def test_selective_gradients_equal_store_all_within_the_budget(backend, share, mm):
     """A budget storing everything misses by a little frees single values, no checkpoint schedule:
     store-all's gradients, the measured peak within the budget."""
-    ref, store_all_exe = _run(_transformer(None), backend)
+    ref, store_all_exe = mm.run_step(_transformer(None), FEED, backend)
     planned, kept = _store_all()
     budget = int(planned - (1 - share) * kept)
     built = _transformer(budget)
     plan = built[0].memory_plan
     assert plan.recomputed > 0 and plan.units == 0 and plan.planned_peak <= budget
-    out, exe = _run(built, backend)
+    out, exe = mm.run_step(built, FEED, backend)
     assert exe.last_stats.peak_bytes <= budget < store_all_exe.last_stats.peak_bytes + (1 - share) * kept
     scale = max(float(np.max(np.abs(v))) for v in ref)
     for got, want in zip(out, ref):
@@ -142,18 +134,12 @@ def _mlp(budget, rows=256, width=32, layers=16):
     return main, startup, [loss] + [g for _, g in pairs]
 
 
-def test_budgets_below_what_freeing_values_reaches_take_the_checkpoint_schedule():
+def test_budgets_below_what_freeing_values_reaches_take_the_checkpoint_schedule(mm):
     """A tanh MLP: each kept value is made again only by its layer's GEMM, so freeing single values
     stops near half of store-all's activations; below, the binomial schedule over the layers."""
     feed = {"x": np.random.RandomState(1).randn(256, 32)}
-
-    def run(built):
-        main, startup, fetch = built
-        exe = rg.Executor()
-        exe.run(startup)
-        return exe.run(main, feed=feed, fetch_list=fetch), exe.last_stats.peak_bytes
-
-    ref, store_all = run(_mlp(None))
+    ref, exe = mm.run_step(_mlp(None), feed)
+    store_all = exe.last_stats.peak_bytes
     with pytest.raises(rg.ProgramError, match="the least budget that fits is") as refused:
         _mlp(1)
     least = refused.value.least_budget
@@ -161,7 +147,7 @@ def test_budgets_below_what_freeing_values_reaches_take_the_checkpoint_schedule(
         built = _mlp(budget)
         plan = built[0].memory_plan
         assert (plan.recomputed > 0, plan.units > 0) == (selective, not selective), plan
-        out, peak = run(built)
-        assert peak <= budget
+        out, exe = mm.run_step(built, feed)
+        assert exe.last_stats.peak_bytes <= budget
         for got, want in zip(out, ref):
             np.testing.assert_array_equal(got, want)        # float64, the same ops on the same values
