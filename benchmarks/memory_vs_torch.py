@@ -343,7 +343,7 @@ def policy_ab(model: str, small: bool, fractions: list[float], steps: int, polic
         for policy in policies if f < 1 else policies[:1]:
             budget = None if f >= 1 else int(base["planned"] - (1 - f) * base["kept"])
             main, startup, fetch, shapes = rg_program(model, size, budget, policy)
-            exe = rg.Executor(threads=1)
+            exe = rg.Executor(backend=RG_BACKEND, threads=1)
             exe.run(startup)
             rng = np.random.RandomState(0)
             feed = {"chars": rng.randint(0, VOCAB, shapes["chars"]), "next_chars": rng.randint(0, VOCAB, shapes["chars"])}

@@ -162,9 +162,6 @@ def fit_memory_budget(loss: Var, memory_budget: int, feed_shapes: Mapping | None
     # (micro_batches.py): nothing is recomputed, where recomputing whole sub-layers over the batch
     # re-ran the attention and still held one sub-layer's activations over the whole batch.
     pairs = _stored_freeing_shape_reads(loss, feed_shapes, build, budget, total, reserve, store_all)
-    freed_least = None          # the least planned peak freeing single values reaches (selective.py)
-    if pairs is None:
-        pairs, freed_least = _stored_recomputing_cheap(loss, feed_shapes, build, budget, total, reserve, store_all)
     if pairs is not None:
         return pairs
     accumulated = _accumulate_micro_batches(loss, feed_shapes, build, budget)
@@ -172,6 +169,11 @@ def fit_memory_budget(loss: Var, memory_budget: int, feed_shapes: Mapping | None
         pairs, chunks, peak = accumulated
         _record(program, BudgetPlan(total, peak + reserve, None if store_all is None else store_all + reserve,
                                     None, 0, micro_batches=chunks))
+        return pairs
+    # Single values cheap to make again, freed (selective.py) - after micro-batches, which cost a
+    # transformer stack less time than any recompute (and whose planned peak is what a run measures).
+    pairs, freed_least = _stored_recomputing_cheap(loss, feed_shapes, build, budget, total, reserve, store_all)
+    if pairs is not None:
         return pairs
     # A recurrence keeping every states tensor re-runs each segment of its backward from them, at
     # once where its step is row-wise (rnn_budget.py): no checkpoint advances, no step-by-step
@@ -457,6 +459,15 @@ def _fits(loss: Var, feed_shapes, build, budget: int, keep_states: bool = False,
         activation >= KEPT_SEGMENT * tape for tape in tapes)
 
 
+def _micro_batchable(loss: Var, shapes, build):
+    """The batch-separable region of a transformer stack whose loss is a mean or sum over its rows
+    (``micro_batches.py``), or None."""
+    region = separable_region(loss.block, shapes)
+    if region is None or not region.attends or getattr(build, "param_names", None) is None:
+        return None
+    return region if loss_over_rows(loss.block, region, loss.name) is not None else None
+
+
 def _accumulate_micro_batches(loss: Var, feed_shapes, build, budget: int) -> tuple[list, int, int] | None:
     """Micro-batches of a transformer stack (a batch-separable forward with attention and a mean
     loss, ``micro_batches.py``): the fewest whose accumulated gradients fit ``budget`` (tried on
@@ -465,12 +476,10 @@ def _accumulate_micro_batches(loss: Var, feed_shapes, build, budget: int) -> tup
     None when the program is not one. Other batch-separable chains (an MLP) keep the binomial
     schedule over their layers, which reaches low budgets with bit-identical gradients."""
     shapes = resolve_shapes(loss.block, feed_shapes)
-    region = separable_region(loss.block, shapes)
-    params = getattr(build, "param_names", None)
-    if region is None or not region.attends or params is None:
+    region = _micro_batchable(loss, shapes, build)
+    if region is None:
         return None
-    if loss_over_rows(loss.block, region, loss.name) is None:
-        return None
+    params = build.param_names
     least = None
     for chunks in micro_batch_counts(region.rows):
         scratch = loss.block.program.clone()

@@ -31,6 +31,12 @@ are all declared ``row_wise`` or ``batch_rows`` with their ops (no random op: it
 value they give the rest of the program, no larger than the fed batch, which
 one ``Mean`` or ``Sum`` over all axes turns into the loss. ``N`` must divide by
 ``C`` at run time (``Split``'s rule).
+
+The batch may also come on another axis (time-major ``[T, N]`` windows, as ``retrograd train``
+feeds them: the fed value's one ``-1`` axis): layout ops that declare where they move it
+(``defop(batch_axis=)``: ``Transpose``; a ``Reshape`` folding fixed leading axes into the rows,
+``[T, N, V] -> [T * N, V]``, whose rows are then ordered (time step, batch element)) carry it
+to axis 0 or back, and the joined rows are put back in that order.
 """
 from __future__ import annotations
 
@@ -54,26 +60,32 @@ def micro_batch_counts(rows: int) -> list[int]:
     return [c for c in range(2, min(rows, MOST_MICRO_BATCHES) + 1) if rows % c == 0]
 
 
+ROWS = (0, 1)      # a value's batch layout: (its batch axis, fixed groups ordering its rows before it)
+
+
 @dataclass
 class Region:
-    """The separable ops of a forward (indices), the fed values they split, the one value joined."""
+    """The separable ops of a forward (indices), the fed values they split (with their batch axes),
+    the one value joined and its batch layout."""
     ops: list[int]
     feeds: list[str]
     joined: str
     rows: int                                     # N at the feed shapes
     attends: bool = False                         # attention among the ops (a transformer stack)
+    feed_axes: dict[str, int] | None = None       # a fed value -> its batch axis (None: all 0)
+    joined_layout: tuple[int, int] = ROWS         # (batch axis, groups) of the joined value
 
 
 def separable_region(block: Block, shapes: Shapes) -> Region | None:
     """The batch-separable ops of ``block`` (all its ops: call before building the backward), or
     None when the program cannot be split (see the module's rules)."""
-    feeds = [name for name, var in block.vars.items()
-             if var.is_data and var.ndim >= 1 and var.shape[0] < 0 and shapes.get(name, (-1,))[0] > 0]
-    sizes = {shapes[name][0] for name in feeds}
+    axes = {name: axis for name, var in block.vars.items() if (axis := _fed_batch_axis(var, shapes)) is not None}
+    feeds = list(axes)
+    sizes = {shapes[name][axes[name]] for name in feeds}
     if len(sizes) != 1 or min(sizes) < 2:
         return None
     rows = sizes.pop()
-    batch = set(feeds)                     # values with the batch rows on axis 0
+    batch = {name: (axis, 1) for name, axis in axes.items()}     # value -> its batch layout
     region, after, read_after = [], [], []
     for i, op in enumerate(block.ops):
         reads = [n for n in op_reads(op) if n in batch]
@@ -81,21 +93,40 @@ def separable_region(block: Block, shapes: Shapes) -> Region | None:
             if region and any(n in batch for n in op.outputs):
                 return None
             continue
-        if _separable(block, op, batch, shapes, rows) and not after:
+        layout = None if after else _separable(block, op, batch, shapes, rows)
+        if layout is not None:
             region.append(i)
-            batch.update(op.outputs)
+            batch.update((name, layout) for name in op.outputs)
         else:
             after.append(i)
             read_after += [n for n in reads if n not in feeds]
     joined = list(dict.fromkeys(read_after))
     used = {n for i in region for n in op_reads(block.ops[i]) if n in feeds}
-    if not region or len(joined) != 1 or not used:
+    if not region or len(joined) != 1 or not used or not _joinable(block.var(joined[0]), batch[joined[0]]):
         return None
     fed = sum(_bytes(block, n, shapes) for n in used)
     if _bytes(block, joined[0], shapes) > fed:
         return None
     attends = any(block.ops[i].type == ATTENTION for i in region)
-    return Region(region, sorted(used), joined[0], rows, attends)
+    return Region(region, sorted(used), joined[0], rows, attends, {n: axes[n] for n in used}, batch[joined[0]])
+
+
+def _fed_batch_axis(var: Var, shapes: Shapes) -> int | None:
+    """A fed value's batch axis: axis 0 where it is declared -1, else its one -1 axis."""
+    if not var.is_data or var.ndim < 1:
+        return None
+    open_axes = [axis for axis, d in enumerate(var.shape) if d < 0]
+    if not open_axes or (open_axes[0] != 0 and len(open_axes) > 1):
+        return None
+    axis = open_axes[0]
+    return axis if shapes.get(var.name, var.shape)[axis] > 0 else None
+
+
+def _joinable(var: Var, layout: tuple[int, int]) -> bool:
+    """The micro-batches' pieces can be put back into ``var``'s order: along its batch axis, or for
+    rows grouped in front of the batch, with the axes after the rows fixed."""
+    axis, groups = layout
+    return groups == 1 or (axis == 0 and all(d >= 0 for d in var.shape[1:]))
 
 
 def _bytes(block: Block, name: str, shapes: Shapes) -> int:
@@ -103,15 +134,30 @@ def _bytes(block: Block, name: str, shapes: Shapes) -> int:
     return int(np.prod([max(d, 1) for d in shapes.get(name, var.shape)])) * np.dtype(var.dtype).itemsize
 
 
-def _separable(block: Block, op: Op, batch: set, shapes: Shapes, rows: int) -> bool:
-    """True when ``op`` computes each row of its outputs from the same rows of its inputs holding
-    the batch (``batch``), the others read whole."""
+def _separable(block: Block, op: Op, batch: dict, shapes: Shapes, rows: int) -> tuple[int, int] | None:
+    """The batch layout of ``op``'s outputs when it computes each batch element's part of them from
+    that element's part of its inputs holding the batch (``batch``: name -> layout), the others
+    read whole; else None."""
     opdef = get_op_def(op.type)
+    if op.sub_blocks() or opdef.random or any(block.var(n).persistable for n in op.outputs):
+        return None
+    moves = opdef.extra.get("batch_axis")          # a layout op moving the batch axis (registry.py)
+    if moves is not None and len(op.inputs) == 1:
+        (axis, groups), var = batch[op.inputs[0]], block.var(op.inputs[0])
+        return moves(axis, shapes.get(var.name, var.shape), var.shape, op.attrs) if groups == 1 else None
+    layouts = {batch[n] for n in op.inputs if n in batch}
+    if len(layouts) != 1 or next(iter(layouts))[0] != 0:
+        return None                   # rows along axis 0, all batch inputs alike
+    layout = layouts.pop()
+    return layout if _rows_separable(block, op, opdef, batch, shapes, rows * layout[1]) else None
+
+
+def _rows_separable(block: Block, op: Op, opdef, batch: dict, shapes: Shapes, rows: int) -> bool:
+    """True when ``op`` computes each row of its outputs from the same rows of its inputs holding
+    the batch, the others read whole (as its declaration says)."""
     # declared with the op (ops/registry.py): row-wise ops, and those separable over axis 0 only
     rule = opdef.extra.get("batch_rows", opdef.extra.get("row_wise"))
-    if rule is None or op.sub_blocks() or opdef.random:
-        return False
-    if any(block.var(n).persistable for n in op.outputs):
+    if rule is None:
         return False
     rank = len(shapes.get(op.outputs[0], block.var(op.outputs[0]).shape))
     positions = range(len(op.inputs)) if rule == ROW_WISE_ELEMENTWISE else {p % len(op.inputs) for p in rule}
@@ -126,15 +172,15 @@ def _separable(block: Block, op: Op, batch: set, shapes: Shapes, rows: int) -> b
     return True
 
 
-def _micro_batch(program: Program, block: Block, ops: list[Op], feeds: list[str], chunks: int, c: int,
+def _micro_batch(program: Program, block: Block, ops: list[Op], feed_axes: dict[str, int], chunks: int, c: int,
                  built: list[Op]) -> dict[str, str]:
     """Copies of ``ops`` over micro-batch ``c`` appended to ``built``; forward name -> copy name."""
     mapping: dict[str, str] = {}
     for op in ops:
         for name in op.inputs:
-            if name in feeds and name not in mapping:
+            if name in feed_axes and name not in mapping:
                 pieces = [_fresh(program, block, name, f"mb{c}.{j}") for j in range(chunks)]
-                built.append(Op("Split", [name], pieces, {"axis": 0, "num": chunks, "sections": None},
+                built.append(Op("Split", [name], pieces, {"axis": feed_axes[name], "num": chunks, "sections": None},
                                 location=op.location))
                 mapping[name] = pieces[c]
         outputs = [_fresh(program, block, name, f"mb{c}") for name in op.outputs]
@@ -144,10 +190,30 @@ def _micro_batch(program: Program, block: Block, ops: list[Op], feeds: list[str]
     return mapping
 
 
-def _fresh(program: Program, block: Block, name: str, tag: str) -> str:
+def _join(program: Program, block: Block, parts: list[str], region: Region) -> list[Op]:
+    """Ops putting the micro-batches' pieces back into ``region.joined``, in its order: joined along
+    the batch axis; rows ordered (group, batch element) are regrouped first,
+    ``[G * n, ...] -> [G, n, ...]``, joined along the batch and folded back."""
+    axis, groups = region.joined_layout
+    location = block.ops[region.ops[-1]].location if block.ops else None
+    joined = block.var(region.joined)
+    if groups == 1:
+        return [Op(JOIN, parts, [region.joined], {"axis": axis}, location=location)]
+    rest = list(joined.shape[1:])
+    ops, grouped = [], []
+    for part in parts:
+        grouped.append(_fresh(program, block, part, "grouped", (groups, -1, *rest)))
+        ops.append(Op("Reshape", [part], [grouped[-1]], {"shape": [groups, -1] + rest}, location=location))
+    both = _fresh(program, block, region.joined, "grouped", (groups, -1, *rest))
+    ops.append(Op(JOIN, grouped, [both], {"axis": 1}, location=location))
+    ops.append(Op("Reshape", [both], [region.joined], {"shape": [-1] + rest}, location=location))
+    return ops
+
+
+def _fresh(program: Program, block: Block, name: str, tag: str, shape=None) -> str:
     var = block.var(name)
     new = program.unique_name(f"{name}.{tag}")
-    block.create_var(new, var.shape, var.dtype, stop_gradient=var.stop_gradient)
+    block.create_var(new, var.shape if shape is None else shape, var.dtype, stop_gradient=var.stop_gradient)
     return new
 
 
@@ -203,7 +269,8 @@ def accumulate_micro_batches(program: Program, block: Block, region: Region, chu
     parts = []
     for c in range(chunks):
         built: list[Op] = []
-        parts.append(_micro_batch(program, block, ops, region.feeds, chunks, c, built)[region.joined])
+        feed_axes = region.feed_axes or dict.fromkeys(region.feeds, 0)
+        parts.append(_micro_batch(program, block, ops, feed_axes, chunks, c, built)[region.joined])
         piece = block.var(parts[-1])
         reduced = block.create_var(program.unique_name(f"{loss}.mb{c}"), (), piece.dtype)
         built.append(Op(reducer.type, [piece.name], [reduced.name], dict(reducer.attrs),
@@ -221,7 +288,8 @@ def accumulate_micro_batches(program: Program, block: Block, region: Region, chu
                 grad = result.grads.get(name)
                 if grad is not None:
                     grads[name] = grad if name not in grads else grads[name] + grad
-    block.append_op(Op(JOIN, parts, [region.joined], {"axis": 0}, location=ops[-1].location))
+    for op in _join(program, block, parts, region):
+        block.append_op(op)
     for op in ops:
         for name in op.outputs:
             if name != region.joined:

@@ -15,13 +15,14 @@ Three measures, cheapest first (each measured on the language models of ``retrog
   layer's chunked cross-entropy and before any recurrence is budgeted (both recompute).
   Store-all itself is left as it is: the torch backend's fused-LSTM rewrite
   (``passes/fuse_recurrent.py``) wants the projection read by the recurrence alone.
-* **free single values** (``"selective"``): next, before any checkpoint schedule, the kept
-  values cheapest to make again per byte are freed and made again just before their gradient
-  readers (``selective.py``): a GELU's or a layer norm's output from its kept input, a layout
-  copy, then a projection from its kept input - the fewest that fit, while they cost less than
-  ``selective.MAX_SHARE`` of the forward (a checkpoint schedule re-runs all of it). The
-  transformer LM at the issue's size: 77% of store-all's activations in the same time (the
-  checkpoint schedule took 1.28x), 50% in 1.08-1.12x (1.20x).
+* **free single values** (``"selective"``): next (after micro-batches, where a transformer
+  stack takes them), before any checkpoint schedule, the kept values cheapest to make again per
+  byte are freed and made again just before their gradient readers (``selective.py``): a GELU's
+  or a layer norm's output from its kept input, a layout copy, then a projection from its kept
+  input - the fewest that fit, while they cost less than ``selective.MAX_SHARE`` of the forward
+  (a checkpoint schedule re-runs all of it). The transformer LM at the issue's size (before
+  micro-batches took its time-major layout): 77% of store-all's activations in the same time
+  (the checkpoint schedule took 1.28x), 50% in 1.07-1.12x (1.20x).
 * **keep the tail** (``"tail"``): a budgeted ``RecurrentNetwork`` (``loops/rnn_budget.py``)
   reverses its steps in segments, each re-run *with tape* from a checkpoint before its
   backward. The forward sweep has just run the last segment when the backward starts with it,

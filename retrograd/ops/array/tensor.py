@@ -64,7 +64,19 @@ def _reshape_rule(ins, attrs):
     return [(_reshape_target(ins[0].shape, attrs["shape"]), ins[0].dtype)]
 
 
-@defop("Reshape", infer=_reshape_rule, grad=lambda g: [reshape_as(g.dy, g.x[0])])
+def _reshape_batch_axis(axis: int, shape, declared, attrs):
+    """Micro-batches (``memory/micro_batches.py``): a reshape folding the fixed axes before the batch
+    axis into its rows (``[T, N, V] -> [-1, V]``) keeps each batch element's rows apart, ordered
+    (front, batch): ``(0, T)``; any other reshape may mix elements (None)."""
+    target = list(attrs["shape"])
+    front, rest = declared[:axis], list(shape[axis + 1:])
+    if target[:1] != [-1] or target[1:] != rest or any(d < 0 for d in front):
+        return None
+    return 0, math.prod(front)
+
+
+@defop("Reshape", infer=_reshape_rule, grad=lambda g: [reshape_as(g.dy, g.x[0])],
+       batch_axis=_reshape_batch_axis)
 def _reshape(k, x):
     return k.xp.reshape(x, tuple(k.attrs["shape"]))
 
@@ -152,7 +164,8 @@ def _transpose_grad(g):
     return [transpose(g.dy, inverse)]
 
 
-@defop("Transpose", infer=_transpose_rule, grad=_transpose_grad)
+@defop("Transpose", infer=_transpose_rule, grad=_transpose_grad,
+       batch_axis=lambda axis, shape, declared, attrs: (_perm(attrs["perm"], len(shape)).index(axis), 1))
 def _transpose(k, x):
     return k.xp.permute_dims(x, tuple(_perm(k.attrs["perm"], x.ndim)))
 

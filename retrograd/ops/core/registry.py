@@ -31,6 +31,10 @@ An op is defined once, in one place::
   ``size_values=fn(shapes, values, attrs) -> (out shapes | None, out values | None)`` lets the
   memory planner follow sizes through int scalars (``Dim`` gives an axis' size, ``Arange`` a
   length from its bounds): ``values`` holds the known ints of the inputs (None where unknown).
+  ``batch_axis=fn(axis, shape, declared shape, attrs) -> (axis, groups) | None`` declares where
+  a one-input layout op puts its input's batch axis (micro-batches, ``memory/micro_batches.py``):
+  ``groups > 1`` when fixed leading axes fold into the rows in front of it (rows ordered (group,
+  batch element)); None when it mixes batch elements.
   ``flops=fn(in shapes, out shapes, attrs) -> number`` declares an op whose time goes into
   arithmetic (a contraction: GEMM, convolution, attention) and how much: the memory budget's
   selective recompute (``memory/selective.py``) weighs recomputing it by that count; an op
