@@ -210,6 +210,28 @@ def _join(program: Program, block: Block, parts: list[str], region: Region) -> l
     return ops
 
 
+def _parameter_feeders(block: Block, region: Region, params: set[str]) -> set[int]:
+    """Indices of the ops before the region's end, outside it, whose values the region reads
+    (directly or through each other) and that read one of ``params`` on the way."""
+    inside = set(region.ops)
+    producers = {name: i for i, op in enumerate(block.ops[:region.ops[-1]]) if i not in inside
+                 for name in op.outputs}
+    feeding, stack = set(), [n for i in region.ops for n in op_reads(block.ops[i]) if n in producers]
+    while stack:
+        index = producers[stack.pop()]
+        if index not in feeding:
+            feeding.add(index)
+            stack.extend(n for n in op_reads(block.ops[index]) if n in producers)
+    from_params: set[str] = set(params)
+    chosen = set()
+    for index in sorted(feeding):
+        op = block.ops[index]
+        if any(n in from_params for n in op_reads(op)):
+            chosen.add(index)
+            from_params.update(op.outputs)
+    return chosen
+
+
 def _fresh(program: Program, block: Block, name: str, tag: str, shape=None) -> str:
     var = block.var(name)
     new = program.unique_name(f"{name}.{tag}")
@@ -258,8 +280,11 @@ def accumulate_micro_batches(program: Program, block: Block, region: Region, chu
     from ..ops.array.creation import fill_like
 
     reducer = next(op for op in block.ops if region.joined in op_reads(op))
-    ops = [block.ops[i] for i in region.ops]
+    # Ops the region reads that make values from parameters without the batch (learned positions)
+    # run in every micro-batch too: its backward reaches those parameters through them.
+    ops = [block.ops[i] for i in sorted(set(region.ops) | _parameter_feeders(block, region, set(params)))]
     last = region.ops[-1]
+    block_ops = list(block.ops)
     before = [op for i, op in enumerate(block.ops[:last]) if i not in set(region.ops)]
     rest = block.ops[last + 1:]
     block.ops[:] = []
@@ -290,8 +315,8 @@ def accumulate_micro_batches(program: Program, block: Block, region: Region, chu
                     grads[name] = grad if name not in grads else grads[name] + grad
     for op in _join(program, block, parts, region):
         block.append_op(op)
-    for op in ops:
-        for name in op.outputs:
+    for index in region.ops:            # the feeders' values stay: the ops before the region make them
+        for name in block_ops[index].outputs:
             if name != region.joined:
                 block.vars.pop(name, None)
     for op in rest:

@@ -114,3 +114,23 @@ def test_transformer_language_model_peak_within_every_budget_and_never_rising_as
     shapes = {"ids": (batch, length), "labels": (batch, length)}
     runs = _sweep(lambda b: _program(body, shapes, b), feed)
     _check(runs, rtol=2e-5)      # float32; micro-batches sum the gradients in another order
+
+
+def test_time_major_transformer_language_model_peak_within_every_budget_and_never_rising_as_it_falls():
+    """``retrograd train --model transformer``'s model, fed time-major windows (micro-batches split
+    them along axis 1)."""
+    from retrograd.models.charlm import ModelConfig, build_net
+    length, batch = 16, 4
+    cfg = ModelConfig(model="transformer", hidden=32, layers=2, embed=16, heads=2)
+
+    def body():
+        net = build_net(cfg, length, with_states=False)
+        targets = rg.data("next_chars", [length, -1], dtype="int64")
+        return rg.mean(rg.softmax_cross_entropy(net.logits, rg.reshape(targets, [-1])))
+
+    rng = np.random.RandomState(4)
+    vocab = len(cfg.vocab)
+    feed = {"chars": rng.randint(0, vocab, (length, batch)), "next_chars": rng.randint(0, vocab, (length, batch))}
+    shapes = {name: (length, batch) for name in feed}
+    runs = _sweep(lambda b: _program(body, shapes, b), feed)
+    _check(runs, rtol=2e-5)      # float32; micro-batches sum the gradients in another order

@@ -148,3 +148,87 @@ def test_stacks_that_cannot_run_in_micro_batches_keep_the_recompute_schedule(cha
     with rg.memory.policies.policy("checkpoints"):
         plan = _stack(int(0.6 * store_peak), **kwargs)[0].memory_plan
     assert plan.micro_batches == 1 and plan.units > 1
+
+
+def _time_major(budget=None, backward=True):
+    """The stack fed time-major windows ``[L, N]`` as ``retrograd train --model transformer`` feeds
+    them: transposed to batch-major for the blocks, the logits back to time-major rows for the loss."""
+    main, startup = rg.Program(), rg.Program()
+    with rg.program_guard(main, startup):
+        ids = rg.data("ids", [L, -1], dtype="int64")
+        labels = rg.data("labels", [L, -1], dtype="int64")
+        x = rg.layers.embedding(rg.transpose(ids, [1, 0]), V, D, name="emb", dtype="float64")
+        for i in range(BLOCKS):
+            x = rg.layers.transformer_block(x, num_heads=HEADS, name=f"blk{i}")
+        logits = rg.reshape(rg.transpose(rg.layers.fc(x, V, name="head"), [1, 0, 2]), [-1, V])
+        xent = rg.softmax_cross_entropy(logits, rg.reshape(labels, [-1]))
+        loss = rg.mean(xent)
+        pairs = rg.append_backward(loss, memory_budget=budget, feed_shapes=TIME_MAJOR) if backward else []
+    return main, startup, [loss, xent] + [g for _, g in pairs], [p.name for p, _ in pairs]
+
+
+TIME_MAJOR = {"ids": (L, B), "labels": (L, B)}
+
+
+def test_time_major_windows_run_in_micro_batches_with_store_alls_gradients_and_rows():
+    """The batch on axis 1: the fed windows split along it, the transposes carry it, and the loss's
+    rows (time step, batch element) come back in their order; gradients are PyTorch's."""
+    feed = {name: value.T.copy() for name, value in _feed().items()}
+    ref, store_peak, params = _run(_time_major(), feed=feed)
+    budget = int(0.4 * store_peak)
+    built = _time_major(budget)
+    plan = built[0].memory_plan
+    out, peak, _ = _run(built, params, feed=feed)
+    assert plan.micro_batches > 1 and plan.units == 0 and plan.recomputed == 0
+    assert peak <= budget
+    splits = [op for op in built[0].global_block().ops if op.type == "Split"]
+    assert splits and all(op.attrs["axis"] == 1 for op in splits)
+    np.testing.assert_allclose(out[1], ref[1], rtol=1e-12)           # the rows, in their order
+    for got, want in zip(out, ref):
+        np.testing.assert_allclose(got, want, rtol=1e-10, atol=1e-14)
+    loss, grads = _torch_loss_and_grads(params, _feed(), built[3])  # the batch-major model
+    np.testing.assert_allclose(out[0], loss, rtol=1e-12)
+    for name, got, want in zip(built[3], out[2:], grads):
+        np.testing.assert_allclose(got, want, rtol=1e-8, atol=1e-12, err_msg=f"gradient of {name}")
+
+
+def test_where_layout_ops_move_the_batch_axis():
+    """The declarations micro-batches read (defop(batch_axis=)): a transpose moves the axis; a reshape
+    folding fixed axes before it into the rows groups them; one mixing the batch with later axes
+    (or folding a size left open) does not keep the batch elements apart."""
+    from retrograd.ops.core.registry import get_op_def
+    transpose = get_op_def("Transpose").extra["batch_axis"]
+    reshape = get_op_def("Reshape").extra["batch_axis"]
+    assert transpose(1, (16, 8), (16, -1), {"perm": [1, 0]}) == (0, 1)
+    assert transpose(0, (8, 16, 13), (-1, 16, 13), {"perm": [1, 0, 2]}) == (1, 1)
+    assert reshape(1, (16, 8, 13), (16, -1, 13), {"shape": [-1, 13]}) == (0, 16)
+    assert reshape(1, (16, 8), (16, -1), {"shape": [-1]}) == (0, 16)
+    assert reshape(0, (8, 16, 13), (-1, 16, 13), {"shape": [-1, 13]}) is None       # rows (element, step)
+    assert reshape(1, (16, 8, 13), (-1, -1, 13), {"shape": [-1, 13]}) is None      # T open: no fixed groups
+    assert reshape(0, (8, 16), (-1, 16), {"shape": [-1, 16]}) == (0, 1)
+
+
+def test_learned_positions_get_their_gradient_in_micro_batches():
+    """Regression: a parameter the stack reads through an op outside the batch (a learned position
+    embedding, ``Gather(pos.w, arange)``) got no gradient in micro-batches: each one's backward
+    stopped at that op's value. The op now runs in every micro-batch."""
+    def positional(budget=None):
+        main, startup = rg.Program(), rg.Program()
+        with rg.program_guard(main, startup):
+            ids = rg.data("ids", [-1, L], dtype="int64")
+            labels = rg.data("labels", [-1, L], dtype="int64")
+            x = rg.layers.embedding(ids, V, D, name="emb", dtype="float64")
+            x = x + rg.layers.embedding(rg.arange(L), L, D, name="pos", dtype="float64")
+            x = rg.layers.transformer_block(x, num_heads=HEADS, name="blk0")
+            loss = rg.mean(rg.softmax_cross_entropy(rg.layers.fc(x, V, name="head"), labels))
+            pairs = rg.append_backward(loss, memory_budget=budget, feed_shapes=SHAPES)
+        return main, startup, [loss] + [g for _, g in pairs], [p.name for p, _ in pairs]
+
+    ref, store_peak, params = _run(positional())
+    built = positional(int(0.5 * store_peak))
+    assert built[0].memory_plan.micro_batches > 1
+    assert built[3] == positional()[3] and "pos.w" in built[3]
+    out, peak, _ = _run(built, params)
+    assert peak <= int(0.5 * store_peak)
+    for name, got, want in zip(["loss"] + built[3], out, ref):
+        np.testing.assert_allclose(got, want, rtol=1e-10, atol=1e-14, err_msg=name)
