@@ -133,7 +133,9 @@ def _rnn_holds(sizer: Sizer, op, live) -> tuple[int, list[int]]:
     elif graded:      # the checkpoints of the schedule the kernel will choose, and its tail
         tape = _tape_bytes(sizer, attrs["step"], attrs["budget_tape"], attrs["budget_batched"], states, rows,
                            from_alls)
-        plan = checkpoint_plan(steps, budget, sum(states), tape, from_alls)
+        long = tail_kept(attrs, steps) and attrs.get("budget_long_tail")     # policies.py, "tape_first"
+        plan = checkpoint_plan(steps, budget, sum(states), tape, from_alls, batched=batched_bytes(
+            attrs["budget_batched"], rows) if long else None)
         first = len(op.outputs) - n_state - 1
         if not from_alls:
             for i, size in enumerate(states):
@@ -150,7 +152,7 @@ def _tail_bytes(sizer: Sizer, op, plan, steps: int, rows: int) -> list[int]:
     attrs = op.attrs
     n_state = len(attrs["states"])
     inits = op.inputs[len(attrs["inputs_t"]):len(attrs["inputs_t"]) + n_state]
-    segment = max(1, min(plan.segment, steps))
+    segment = plan.tail or max(1, min(plan.segment, steps))
     tape = [sizer.var_bytes(attrs["step"].var(n), rows, segment) for n in attrs.get("budget_tape", ())]
     n_tail = len(op.outputs) - 3 * n_state - 1
     if not tail_kept(attrs, steps):             # outputs kept empty (budget.py: the least budgets)
@@ -178,9 +180,14 @@ def _rnn_grad_holds(sizer: Sizer, op, live) -> tuple[int, list[int]]:
     if "step" in attrs:               # RecurrentNetworkBudgetGrad: re-runs segments of its schedule
         states = [sizer.of(n) for n in op.inputs[n_seq:n_seq + n_state]]
         from_alls = bool(attrs.get("alls_given"))
-        tape = _tape_bytes(sizer, attrs["step"], attrs["tape"], batched_rows(attrs["batched"], backward, attrs["tape"]), states, rows,
-                           from_alls)
-        plan = checkpoint_plan(steps, int(attrs["budget"]), sum(states), tape, from_alls)
+        rows_batched = batched_rows(attrs["batched"], backward, attrs["tape"])
+        tape = _tape_bytes(sizer, attrs["step"], attrs["tape"], rows_batched, states, rows, from_alls)
+        n_tail = int(attrs.get("n_tail", 0))
+        first = len(op.inputs) - n_tail - sum(map(bool, attrs["dall_given"])) - sum(map(bool, attrs["dlast_given"]))
+        live_tail = sum(sizer.live.get(n, 0) for n in op.inputs[first:first + n_tail]) if n_tail else 0
+        long = bool(attrs.get("long_tail")) and live_tail > 0       # the forward kept a long tail
+        plan = checkpoint_plan(steps, int(attrs["budget"]), sum(states), tape, from_alls,
+                               batched=batched_bytes(rows_batched, rows) if long else None)
         taken = 0 if from_alls else len(plan.sweep_stores) * sum(states)    # inputs: live already
         if sizer.live_only:     # the schedule reserves a shared batched row per use; it is one buffer
             tape = _tape_bytes(sizer, attrs["step"], attrs["tape"],
@@ -190,11 +197,10 @@ def _rnn_grad_holds(sizer: Sizer, op, live) -> tuple[int, list[int]]:
         # From the kept states tensors, the plan's checkpoints are views of them: only the tape.
         kept = min(plan.segment, steps) * tape if from_alls else plan.peak_bytes(sum(states), tape) - taken
         # The forward's tail (policies.py, "keep_tail") is an input, live already: its buffers are
-        # the segments' tape.
-        n_tail = int(attrs.get("n_tail", 0))
+        # the segments' tape (a long tail's: one segment's share of it).
         if n_tail and not tail_shared(op):      # (an empty tail, budget_tail_off, subtracts nothing)
-            first = len(op.inputs) - n_tail - sum(map(bool, attrs["dall_given"])) - sum(map(bool, attrs["dlast_given"]))
-            kept = max(0, kept - sum(sizer.live.get(n, 0) for n in op.inputs[first:first + n_tail]))
+            share = min(1.0, min(plan.segment, steps) / plan.tail) if plan.tail else 1.0
+            kept = max(0, kept - int(live_tail * share))
         held = max(held, sizer.block_bytes(attrs["step"], rows)) + kept
         outer = op.inputs[n_seq + n_state + int(bool(attrs["has_lengths"])):][:int(attrs["n_outer"])]
         held += _input_rows_bytes(op, outer, steps, rows, int(attrs["budget"]))

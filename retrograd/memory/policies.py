@@ -54,6 +54,7 @@ POLICIES = {
     "checkpoints": frozenset(),
     "keep_tail": frozenset({"tail"}),
     "cheap_first": frozenset({"tail", "shape_reads"}),
+    "tape_first": frozenset({"tail", "shape_reads", "long_tail"}),
 }
 DEFAULT = "cheap_first"
 
@@ -85,3 +86,8 @@ def keeps_tail() -> bool:
 def frees_shape_reads() -> bool:
     """True when the policy in force tries store-all with the shape-only reads freed first."""
     return "shape_reads" in POLICIES[current()]
+
+
+def keeps_long_tail() -> bool:
+    """True when the policy in force keeps the tape of as many last steps as the budget holds."""
+    return "long_tail" in POLICIES[current()]

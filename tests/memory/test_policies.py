@@ -91,7 +91,7 @@ def test_keep_tail_reruns_the_last_segment_no_more(share):
         rnn = _recurrent(built[0])
         schedule = exe.run(built[0], feed=FEED, fetch_list=built[2] + [rnn.outputs[-1]])[-1]
         runs[policy] = (exe.last_stats.ops_run, [int(v) for v in schedule])
-    (tail_ops, (steps, segment, slots, _)), (ckpt_ops, ckpt_schedule) = runs["keep_tail"], runs["checkpoints"]
+    (tail_ops, (steps, segment, slots, *_)), (ckpt_ops, ckpt_schedule) = runs["keep_tail"], runs["checkpoints"]
     assert ckpt_schedule[:3] == [steps, segment, slots] and segment < steps     # the same schedule
     step_ops = len(rnn.attrs["step"].ops) - 1      # the input projection runs per chunk of steps
     # (and with few checkpoints, the advance to the last segment's start is not run either)

@@ -99,7 +99,7 @@ def test_input_projection_runs_per_chunk_and_its_gradients_per_segment(store_all
     rnn = _recurrent(main)
     assert not rnn.attrs.get("budget_keep_states") and not all(rnn.attrs["budget_all"])
     ops_run = exe.last_stats.ops_run
-    total, segment, slots, _ = exe.run(main, feed=_feed(), fetch_list=[rnn.outputs[-1]])[0]
+    total, segment, slots, _ = exe.run(main, feed=_feed(), fetch_list=[rnn.outputs[-1]])[0][:4]
     plan = make_plan(int(total), int(segment), int(slots), align_end=True)
     # sweep, tape, advances; the last segment's tape the forward kept (memory/policies.py, keep_tail)
     assert rnn.attrs["budget_tail"]
@@ -125,7 +125,7 @@ def test_a_larger_budget_keeps_the_states_and_reruns_segments_at_once(store_all)
     assert abs(planned - measured) <= 0.1 * measured, (planned, measured)
     step = rnn.attrs["step"]
     chunk = rows_chunk(T, main.memory_plan.activation_budget, row_bytes(step, step.ops, N))
-    _, segment, _, from_alls = exe.run(main, feed=_feed(), fetch_list=[rnn.outputs[-1]])[0]
+    _, segment, _, from_alls = exe.run(main, feed=_feed(), fetch_list=[rnn.outputs[-1]])[0][:4]
     segments = -(-T // int(segment))
     at_once = 3 * (-(-T // chunk) + segments)       # a chunk's projection, MatMul and LSTMUnit
     at_once += -(-T // rows_chunk(T, main.memory_plan.activation_budget, N * 4 * H * 8))   # the sweep's projection

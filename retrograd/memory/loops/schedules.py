@@ -154,6 +154,7 @@ class Plan:
     sweep_stores: list[int] = field(default_factory=list)
     advances: int = 0                            # forward steps the backward runs without tape
     _actions: list = field(default_factory=list, repr=False)
+    tail: int = 0                                # steps the forward keeps with tape (``long_tail_plan``)
 
     @property
     def segments(self) -> int:
@@ -418,6 +419,83 @@ def budget_plan(steps: int, budget_bytes: int, state_bytes: int, tape_bytes: int
             best = (cost, segment, slots)
     _, segment, slots = best
     return make_plan(steps, segment, slots)
+
+
+# --- a long kept tail (policies.py, "tape_first") ------------------------------------------------
+
+LONG_SEGMENT = 16        # steps per segment of a long-tail plan: the batched products' grouping
+
+
+def make_long_plan(steps: int, segment: int, slots: int, tail: int) -> Plan:
+    """A plan whose forward keeps the tape of the last ``tail`` steps: the backward reverses them in
+    segments of ``segment`` from the end without re-running them, then the first ``steps - tail``
+    steps by ``make_plan(steps - tail, segment, slots, align_end=True)`` (its checkpoints, its
+    advances, each segment re-run with tape).
+
+    Example:
+        ```python
+        import numpy as np
+        import retrograd as rg
+        from retrograd.memory.loops.schedules import make_long_plan
+
+        plan = make_long_plan(10, 2, 1, tail=6)
+        print(plan.actions())   # [Reverse(start=8, stop=10), Reverse(start=6, stop=8), Reverse(start=4, stop=6), Restore(step=0), Reverse(start=0, stop=2)]
+        ```
+    """
+    tail = max(0, min(int(tail), steps))
+    prefix = make_plan(steps - tail, segment, slots, align_end=True)
+    stops = range(steps, steps - tail, -segment)
+    reverses = [Reverse(max(stop - segment, steps - tail), stop) for stop in stops]
+    plan = Plan(steps, segment, slots, list(prefix.sweep_stores), prefix.advances, reverses + prefix.actions(), tail)
+    return plan
+
+
+def long_tail_plan(steps: int, budget: int, state_bytes: int, kept_bytes: int, batched_bytes: int,
+                   from_alls: bool) -> Plan | None:
+    """The plan re-running the fewest steps when the forward keeps its last steps' tape: segments of
+    ``LONG_SEGMENT`` steps, whose time-batched rows (``batched_bytes`` a step) are the only buffer a
+    reversed segment adds; the kept tail (``kept_bytes`` a step: the tape, and the new states unless
+    ``from_alls``, one state more) as long as the rest of ``budget`` holds; the first steps under
+    ``make_plan`` with the checkpoints that still fit (none ``from_alls``: the states tensors are
+    kept), their segments re-run into the tail's buffers. None when not even one segment's tail fits
+    (the one-segment tail of ``make_plan(align_end=True)`` then).
+
+    Memory: ``tail * kept_bytes (+ state_bytes) + segment * batched_bytes + checkpoints * state_bytes``.
+
+    Example:
+        ```python
+        import numpy as np
+        import retrograd as rg
+        from retrograd.memory.loops.schedules import long_tail_plan
+
+        plan = long_tail_plan(128, 9_000_000, 32768, 65536, 131072, from_alls=True)
+        assert (plan.segment, plan.tail, plan.advances) == (16, 105, 0)
+        ```
+    """
+    if steps <= 0:
+        return None
+    segment = max(1, min(steps, LONG_SEGMENT))
+    extra = 0 if from_alls else state_bytes          # the state the tail starts from
+    room = budget - segment * batched_bytes - extra
+    most = min(steps, room // kept_bytes) if kept_bytes > 0 else steps
+    if most < segment:
+        return None
+    if most == steps or from_alls:         # (the kept states tensors hold every segment's start)
+        return make_long_plan(steps, segment, -(-(steps - most) // segment), most)
+    best = None
+    for tail in range(most, segment - 1, -1):     # the longest tail whose first steps re-run once
+        left = room - tail * kept_bytes
+        n = -(-(steps - tail) // segment)
+        slots = min(max(n - 1, 0), left // state_bytes if state_bytes > 0 else n)
+        plan = make_long_plan(steps, segment, slots, tail)
+        if plan.max_stored() * state_bytes > left:
+            continue
+        cost = steps - tail + plan.advances
+        if best is None or cost < best[0]:
+            best = (cost, plan)
+        if plan.advances == 0:                    # a shorter tail only re-runs more
+            break
+    return None if best is None else best[1]
 
 
 # --- running a plan ------------------------------------------------------------------------------
