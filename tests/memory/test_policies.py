@@ -143,7 +143,7 @@ def test_keep_tail_never_raises_the_least_budget():
     """A kept tail is live between the forward and the backward: at the least budgets the
     recurrences keep none, so every policy names the same least budget, and that budget runs."""
     least = {}
-    for policy in ("cheap_first", "keep_tail", "checkpoints"):
+    for policy in ("cheap_first", "keep_tail", "checkpoints", "tape_first"):
         with pytest.raises(rg.ProgramError, match="the least budget that fits is") as info:
             _lm(1000, policy)
         least[policy] = int(re.search(r"the least budget that fits is (\d+) bytes", str(info.value)).group(1))
@@ -152,5 +152,36 @@ def test_keep_tail_never_raises_the_least_budget():
     ref, _ = _run(_lm(None))
     out, exe = _run(built)
     assert exe.last_stats.peak_bytes <= least["keep_tail"]
+    for got, want in zip(out, ref):
+        np.testing.assert_allclose(got, want, rtol=1e-9, atol=1e-13)
+
+
+@pytest.mark.parametrize("share", [0.6, 0.3])
+def test_tape_first_gradients_equal_store_all_within_the_budget(backend, share):
+    """float64 on every backend: with a long kept tail (at 60% the forward keeps 17 of 40 steps'
+    tape, more than one 16-step segment) and without (30%: one segment's tail fits no more), the
+    gradients are store-all's and the measured peak is within the budget."""
+    ref, _ = _run(_lm(None), backend)
+    budget = int(share * _store_all_peak())
+    built = _lm(budget, "tape_first")
+    rnn = _recurrent(built[0])
+    assert rnn.attrs["budget_long_tail"]
+    out, exe = _run(built, backend)
+    assert exe.last_stats.peak_bytes <= budget, (exe.last_stats.peak_bytes, budget)
+    for got, want in zip(out, ref):
+        np.testing.assert_allclose(got, want, rtol=1e-9, atol=1e-13)
+    steps, segment, _, _, tail = (int(v) for v in exe.run(built[0], feed=FEED, fetch_list=[rnn.outputs[-1]])[0])
+    assert steps == STEPS and (tail > segment if share > 0.5 else tail == 0), (segment, tail)
+
+
+def test_tape_first_second_gradient_reads_an_unclobbered_long_tail():
+    """A second gradient op reads the same long tail: the first re-runs its other segments into
+    buffers of its own (as keep_tail's, test_bug_keep_tail_second_gradient_reads_an_unclobbered_tail)."""
+    budget = int(0.6 * _store_all_peak())
+    ref, _ = _run(_lm(None, second_gradient=True))
+    built = _lm(budget, "tape_first", second_gradient=True)
+    out, exe = _run(built)
+    rnn = _recurrent(built[0])
+    assert int(exe.run(built[0], feed=FEED, fetch_list=[rnn.outputs[-1]])[0][-1]) > 0     # a long tail
     for got, want in zip(out, ref):
         np.testing.assert_allclose(got, want, rtol=1e-9, atol=1e-13)

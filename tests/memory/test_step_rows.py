@@ -179,3 +179,31 @@ def test_gru_step_is_row_wise():
     rnn = _recurrent(main)
     outer = rnn.inputs[len(rnn.attrs["inputs_t"]) + len(rnn.attrs["states"]):]
     assert rows_batchable(rnn.attrs["step"], rnn.attrs, outer)
+
+
+@pytest.mark.parametrize("share", [0.6, 0.25])    # the states tensors kept; checkpoints
+def test_tape_first_keeps_a_long_tail_reruns_less_and_matches_pytorch(store_all, share):
+    """memory/policies.py, "tape_first": the forward keeps the tape of as many last steps as the
+    budget holds (more than one segment), the backward re-runs only the steps before them, and the
+    gradients are store-all's and PyTorch's, within the budget."""
+    params, expected, peak, _, names = store_all
+    budget = int(share * peak)
+    runs = {}
+    for policy in ("tape_first", "cheap_first"):
+        with rg.memory.policies.policy(policy):
+            main, exe, out, _ = _run(budget, params)
+        runs[policy] = (exe.last_stats.ops_run, exe.last_stats.peak_bytes)
+        rnn = _recurrent(main)
+        assert rnn.attrs["budget_long_tail"] == (policy == "tape_first")
+        schedule = [int(v) for v in exe.run(main, feed=_feed(), fetch_list=[rnn.outputs[-1]])[0]]
+        assert exe.last_stats.peak_bytes <= budget, (policy, exe.last_stats.peak_bytes, budget)
+        for got, want in zip(out, expected):
+            np.testing.assert_allclose(got, want, rtol=1e-9, atol=1e-13, err_msg=policy)
+        if policy == "tape_first":
+            total, segment, _, from_alls, tail = schedule
+            assert total == T and tail > segment and from_alls == (share > 0.5), schedule
+            loss, grads = _torch_grads(params)
+            np.testing.assert_allclose(out[0], loss, rtol=1e-10)
+            for name, got in zip(names, out[1:]):
+                np.testing.assert_allclose(got, grads[name], rtol=1e-8, atol=1e-12, err_msg=name)
+    assert runs["tape_first"][0] < runs["cheap_first"][0], runs       # fewer steps re-run
