@@ -82,7 +82,8 @@ def test_mlp_peak_within_every_budget_and_never_rising_as_it_falls():
     _check(runs, rtol=0)         # float64, the same ops on the same values: bit-identical
 
 
-def test_lstm_language_model_peak_within_every_budget_and_never_rising_as_it_falls():
+@pytest.mark.parametrize("policy", ["cheap_first"])     # rg.memory.policies
+def test_lstm_language_model_peak_within_every_budget_and_never_rising_as_it_falls(policy):
     steps, batch, vocab = 48, 8, 24
 
     def body():
@@ -94,7 +95,8 @@ def test_lstm_language_model_peak_within_every_budget_and_never_rising_as_it_fal
     rng = np.random.RandomState(1)
     feed = {"ids": rng.randint(0, vocab, (steps, batch)), "labels": rng.randint(0, vocab, (steps, batch))}
     shapes = {"ids": (steps, batch), "labels": (steps, batch)}
-    runs = _sweep(lambda b: _program(body, shapes, b), feed)
+    with rg.memory.policies.policy(policy):
+        runs = _sweep(lambda b: _program(body, shapes, b), feed)
     _check(runs, rtol=2e-5)      # float32; sums regrouped per segment
 
 

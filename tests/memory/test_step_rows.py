@@ -200,8 +200,8 @@ def test_tape_first_keeps_a_long_tail_reruns_less_and_matches_pytorch(store_all,
         for got, want in zip(out, expected):
             np.testing.assert_allclose(got, want, rtol=1e-9, atol=1e-13, err_msg=policy)
         if policy == "tape_first":
-            total, segment, _, from_alls, tail = schedule
-            assert total == T and tail > segment and from_alls == (share > 0.5), schedule
+            total, segment, _, from_alls, tail, _ = schedule
+            assert total == T and tail >= segment and tail > T // 5 and from_alls == (share > 0.5), schedule
             loss, grads = _torch_grads(params)
             np.testing.assert_allclose(out[0], loss, rtol=1e-10)
             for name, got in zip(names, out[1:]):
