@@ -189,3 +189,33 @@ def test_tape_first_second_gradient_keeps_the_one_segment_tail():
         assert exe.last_stats.peak_bytes <= budget
         for got, want in zip(out, ref):
             np.testing.assert_allclose(got, want, rtol=1e-9, atol=1e-13)
+
+
+@pytest.mark.parametrize("share", [0.7, 0.35])
+def test_tape_first_gru_writes_each_gradient_row_into_a_tape_row(share):
+    """A GRU step's backward batches two gradients over time (its input projection's and the
+    recurrent half's); each is written into a tape row of its shape once the step's backward
+    has read it (``rnn_budget.into_tape``): the gradients stay store-all's, within the budget,
+    with a tail of most steps (70%) and of a few (35%; its one state, read by the output layer,
+    is kept whole)."""
+    def gru_lm(budget):
+        main, startup = Program(random_seed=0), Program(random_seed=0)
+        with rg.memory.policies.policy("tape_first"), rg.program_guard(main, startup):
+            ids = rg.data("ids", [-1, -1], dtype="int64")
+            labels = rg.data("labels", [-1, -1], dtype="int64")
+            h_all, _ = rg.layers.gru(rg.layers.embedding(ids, VOCAB, 8, name="emb", dtype="float64"), 12, name="gru")
+            loss = rg.mean(rg.softmax_cross_entropy(rg.layers.fc(h_all, VOCAB, name="out"), labels))
+            pairs = rg.append_backward(loss, memory_budget=budget, feed_shapes=SHAPES if budget else None)
+        return main, startup, [loss] + [g for _, g in pairs]
+
+    ref, exe = _run(gru_lm(None))
+    budget = int(share * exe.last_stats.peak_bytes)
+    built = gru_lm(budget)
+    rnn = _recurrent(built[0])
+    assert len(rnn.attrs["budget_into_tape"]) == 2 and not rnn.attrs["budget_batched_unaliased"]
+    out, exe = _run(built)
+    assert exe.last_stats.peak_bytes <= budget
+    schedule = [int(v) for v in exe.run(built[0], feed=FEED, fetch_list=[rnn.outputs[-1]])[0]]
+    assert schedule[3] == 1 and 0 < schedule[4] and (schedule[4] > STEPS // 2) == (share > 0.5), schedule
+    for got, want in zip(out, ref):
+        np.testing.assert_allclose(got, want, rtol=1e-9, atol=1e-13)
