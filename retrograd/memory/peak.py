@@ -202,7 +202,7 @@ def _rnn_grad_holds(sizer: Sizer, op, live) -> tuple[int, list[int]]:
         # From the kept states tensors, the plan's checkpoints are views of them: only the tape.
         kept = min(plan.segment, steps) * tape if from_alls else plan.peak_bytes(sum(states), tape) - taken
         # The forward's tail (policies.py, "keep_tail") is an input, live already: its buffers are
-        # the segments' tape (a long tail's: one segment's share of it).
+        # the segments' tape.
         if n_tail and not tail_shared(op):      # (an empty tail, budget_tail_off, subtracts nothing)
             kept = max(0, kept - live_tail)
         segment = min(max(plan.segment, plan.tail_segment), steps)
@@ -210,7 +210,7 @@ def _rnn_grad_holds(sizer: Sizer, op, live) -> tuple[int, list[int]]:
             kept = segment * batched_bytes(batched_rows(unaliased, backward, attrs["tape"], once=sizer.live_only), rows)
             kept += 0 if from_alls else plan.max_stored() * sum(states) - taken
             # the step being re-run: its state and tape values before they are copied into the tail's rows
-            kept += tape - batched_bytes(rows_batched, rows) if plan.tail < steps else 0
+            kept += _tape_bytes(sizer, attrs["step"], attrs["tape"], [], states, rows, from_alls) if plan.tail < steps else 0
         held = max(held, sizer.block_bytes(attrs["step"], rows)) + kept
         outer = op.inputs[n_seq + n_state + int(bool(attrs["has_lengths"])):][:int(attrs["n_outer"])]
         held += _input_rows_bytes(op, outer, steps, rows, int(attrs["budget"]))
