@@ -41,6 +41,7 @@ cores are shared, wall clock there measures the other jobs).
     PYTHONPATH=. python benchmarks/memory_vs_torch.py --planning 100,200,500,1000   # 1k, 2k, 5k, 10k ops
     PYTHONPATH=. python benchmarks/memory_vs_torch.py --models lstm --small --ab 0.86,0.5,0.25 --steps 25
                                               # recompute policies before/after, timed in turns
+    PYTHONPATH=. python benchmarks/memory_vs_torch.py --models lstm --ab 0.86,0.5,0.25 --steps 25 --policy cheap_first,tape_first
 
     PYTHONPATH=. python benchmarks/memory_vs_torch.py --models tfm --sides torch --fractions 1.0,0.5,0.25 > torch.log
     PYTHONPATH=. python benchmarks/memory_vs_torch.py --from-log rg.log torch.log --out PREFIX
@@ -516,7 +517,8 @@ def main() -> None:
                         help="instead of the sweep: planning time of a LAYERS-deep MLP (1000: 10,007 ops; "
                         "a comma-separated list: one row each)")
     parser.add_argument("--policy", default=None, help="retrograd's recompute policy (rg.memory.policies."
-                        "POLICIES: keep_tail, the default; checkpoints, the one before issue 35's second round)")
+                        "POLICIES: cheap_first, the default; tape_first, keep_tail; checkpoints, the one before "
+                        "issue 35's second round)")
     parser.add_argument("--ab", default=None, metavar="FRACTIONS", help="instead of the sweep: retrograd "
                         "under each --policy (comma-separated; default checkpoints,cheap_first) at these "
                         "fractions, in one process, timed in turns (one model: --models lstm)")

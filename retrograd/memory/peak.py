@@ -24,7 +24,8 @@ from ..ir.analysis import lifetimes, op_reads
 from ..ir.program import Block, Var
 from ..ops.recurrent.network_grad import TimeBatches
 from ..ops.recurrent.steps import is_budget
-from .loops.rnn_budget import SCHEDULE_LEN, batched_bytes, batched_rows, checkpoint_plan, tail_kept, tail_shared
+from .loops.rnn_budget import (SCHEDULE_LEN, batched_bytes, batched_rows, checkpoint_plan, long_tail, tail_kept,
+                                tail_shared)
 from .shape_reads import stand_in_names
 from .loops.step_rows import (input_row_ops, output_row_ops, row_bytes, rows_batchable, rows_chunk)
 from .sizes import Shapes, resolve_shapes
@@ -133,7 +134,10 @@ def _rnn_holds(sizer: Sizer, op, live) -> tuple[int, list[int]]:
     elif graded:      # the checkpoints of the schedule the kernel will choose, and its tail
         tape = _tape_bytes(sizer, attrs["step"], attrs["budget_tape"], attrs["budget_batched"], states, rows,
                            from_alls)
-        plan = checkpoint_plan(steps, budget, sum(states), tape, from_alls)
+        long = tail_kept(attrs, steps) and long_tail(op)     # policies.py, "tape_first"
+        plan = checkpoint_plan(steps, budget, sum(states), tape, from_alls, batched=batched_bytes(
+            attrs["budget_batched"], rows) if long else None,
+            unaliased=batched_bytes(attrs.get("budget_batched_unaliased", ()), rows))
         first = len(op.outputs) - n_state - 1
         if not from_alls:
             for i, size in enumerate(states):
@@ -150,7 +154,7 @@ def _tail_bytes(sizer: Sizer, op, plan, steps: int, rows: int) -> list[int]:
     attrs = op.attrs
     n_state = len(attrs["states"])
     inits = op.inputs[len(attrs["inputs_t"]):len(attrs["inputs_t"]) + n_state]
-    segment = max(1, min(plan.segment, steps))
+    segment = plan.tail or max(1, min(plan.segment, steps))
     tape = [sizer.var_bytes(attrs["step"].var(n), rows, segment) for n in attrs.get("budget_tape", ())]
     n_tail = len(op.outputs) - 3 * n_state - 1
     if not tail_kept(attrs, steps):             # outputs kept empty (budget.py: the least budgets)
@@ -178,9 +182,17 @@ def _rnn_grad_holds(sizer: Sizer, op, live) -> tuple[int, list[int]]:
     if "step" in attrs:               # RecurrentNetworkBudgetGrad: re-runs segments of its schedule
         states = [sizer.of(n) for n in op.inputs[n_seq:n_seq + n_state]]
         from_alls = bool(attrs.get("alls_given"))
-        tape = _tape_bytes(sizer, attrs["step"], attrs["tape"], batched_rows(attrs["batched"], backward, attrs["tape"]), states, rows,
-                           from_alls)
-        plan = checkpoint_plan(steps, int(attrs["budget"]), sum(states), tape, from_alls)
+        rows_batched = batched_rows(attrs["batched"], backward, attrs["tape"])
+        tape = _tape_bytes(sizer, attrs["step"], attrs["tape"], rows_batched, states, rows, from_alls)
+        n_tail = int(attrs.get("n_tail", 0))
+        first = len(op.inputs) - n_tail - sum(map(bool, attrs["dall_given"])) - sum(map(bool, attrs["dlast_given"]))
+        live_tail = sum(sizer.live.get(n, 0) for n in op.inputs[first:first + n_tail]) if n_tail else 0
+        long = bool(attrs.get("long_tail")) and live_tail > 0 and not tail_shared(op)   # a long tail kept
+        into = attrs.get("into_tape") or {}
+        unaliased = [e for e in attrs["batched"] if e[3] not in into]
+        plan = checkpoint_plan(steps, int(attrs["budget"]), sum(states), tape, from_alls,
+                               batched=batched_bytes(rows_batched, rows) if long else None,
+                               unaliased=batched_bytes(batched_rows(unaliased, backward, attrs["tape"]), rows))
         taken = 0 if from_alls else len(plan.sweep_stores) * sum(states)    # inputs: live already
         if sizer.live_only:     # the schedule reserves a shared batched row per use; it is one buffer
             tape = _tape_bytes(sizer, attrs["step"], attrs["tape"],
@@ -191,10 +203,14 @@ def _rnn_grad_holds(sizer: Sizer, op, live) -> tuple[int, list[int]]:
         kept = min(plan.segment, steps) * tape if from_alls else plan.peak_bytes(sum(states), tape) - taken
         # The forward's tail (policies.py, "keep_tail") is an input, live already: its buffers are
         # the segments' tape.
-        n_tail = int(attrs.get("n_tail", 0))
         if n_tail and not tail_shared(op):      # (an empty tail, budget_tail_off, subtracts nothing)
-            first = len(op.inputs) - n_tail - sum(map(bool, attrs["dall_given"])) - sum(map(bool, attrs["dlast_given"]))
-            kept = max(0, kept - sum(sizer.live.get(n, 0) for n in op.inputs[first:first + n_tail]))
+            kept = max(0, kept - live_tail)
+        segment = min(max(plan.segment, plan.tail_segment), steps)
+        if plan.tail:       # a long tail: its buffers hold every segment's tape; only unaliased rows added
+            kept = segment * batched_bytes(batched_rows(unaliased, backward, attrs["tape"], once=sizer.live_only), rows)
+            kept += 0 if from_alls else plan.max_stored() * sum(states) - taken
+            # the step being re-run: its state and tape values before they are copied into the tail's rows
+            kept += _tape_bytes(sizer, attrs["step"], attrs["tape"], [], states, rows, from_alls) if plan.tail < steps else 0
         held = max(held, sizer.block_bytes(attrs["step"], rows)) + kept
         outer = op.inputs[n_seq + n_state + int(bool(attrs["has_lengths"])):][:int(attrs["n_outer"])]
         held += _input_rows_bytes(op, outer, steps, rows, int(attrs["budget"]))
@@ -202,7 +218,7 @@ def _rnn_grad_holds(sizer: Sizer, op, live) -> tuple[int, list[int]]:
         if from_alls and not attrs["shape_only"] and rows_batchable(step, attrs, outer):   # steps at once
             per_step = row_bytes(step, step.ops, rows)
             held += rows_chunk(steps, int(attrs["budget"]), per_step) * per_step
-        held += min(plan.segment, steps) * _output_rows_bytes(op, outer, rows)
+        held += segment * _output_rows_bytes(op, outer, rows)
     else:                             # store-all: the time-batched buffers span all steps
         held += _time_batches(sizer, op, rows, steps)
     outs = [sizer.of(name) for name in op.outputs]    # (an input may be a shape stand-in: policies.py)

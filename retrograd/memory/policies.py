@@ -1,7 +1,7 @@
 """Recompute policies of the memory budget: which memory a budget frees first, and what a
 budgeted recurrence keeps beyond its checkpoints.
 
-Three measures, cheapest first (each measured on the language models of ``retrograd train``:
+Four measures, cheapest first (each measured on the language models of ``retrograd train``:
 ``benchmarks/memory_vs_torch.py``, ``benchmarks/results/memory_vs_torch.md``):
 
 * **shape reads first** (``"shape_reads"``): before anything is recomputed, a budget that
@@ -34,9 +34,24 @@ Three measures, cheapest first (each measured on the language models of ``retrog
   is live from the end of the sweep to the backward, which the planner (``peak.py``) counts at
   the planned length: at a longer run-time length (where the values that grow with it are live
   beside the tail) and at the least budgets the recurrence keeps none (``budget.py``).
+* **a long tail** (``"long_tail"``): the forward keeps the tape of as many *last* steps as the
+  recurrence's budget holds, not one segment's (``schedules.long_tail_plan``); the backward
+  reverses them without re-running them, then the steps before them in segments re-run into the
+  tail's buffers. A reversed step's time-batched rows (an LSTM's gate gradients, the ``D`` of
+  ``dW = h^T D``) are written into its tape rows once its backward has read them (the same row
+  shape and dtype, the tape value no product's operand: ``rnn_budget.into_tape``), so the tail
+  is one segment, its products one GEMM each, and it costs only its tape. Taken where it re-runs
+  fewer steps (and advances) than the one-segment tail; not when another op (a second
+  gradient) reads the tail. The LSTM LM at the issue's size: 1.26x -> 1.05x at 50% of store-all's
+  activations, 1.32x -> 1.20x at 25% (``benchmarks/results/memory_vs_torch.md``, "LSTM LM:
+  tape_first"). It spends the room a budget leaves, so its measured peak, always within the
+  budget, is not always non-increasing as the budget falls (+1.5% once in the LSTM sweep of
+  ``tests/memory/test_budget_sweep.py``: where the recurrence stops keeping its states tensors,
+  the tail copies ``h``, which the output layer keeps anyway): not the default.
 
-Policies (``POLICIES``): ``"cheap_first"`` (the default: all three), ``"keep_tail"`` (the tail
-only), ``"checkpoints"`` (none: what every budget did before). The policy is read when
+Policies (``POLICIES``): ``"cheap_first"`` (the default: shape reads first, single values, the
+tail), ``"tape_first"`` (``cheap_first`` with the long tail), ``"keep_tail"`` (the tail only),
+``"checkpoints"`` (none: what every budget did before). The policy is read when
 ``append_backward(..., memory_budget=)`` (or ``recurrent(..., recompute=<bytes>)``) builds the
 backward, and what it chose is recorded on the ops, so a built program runs the same whatever
 the policy is later.
@@ -50,6 +65,8 @@ Example:
         assert not rg.memory.policies.keeps_tail()
     assert rg.memory.policies.keeps_tail() and rg.memory.policies.frees_shape_reads()
     assert rg.memory.policies.recomputes_selectively()
+    with rg.memory.policies.policy("tape_first"):
+        assert rg.memory.policies.keeps_long_tail()
     ```
 """
 from __future__ import annotations
@@ -63,6 +80,7 @@ POLICIES = {
     "checkpoints": frozenset(),
     "keep_tail": frozenset({"tail"}),
     "cheap_first": frozenset({"tail", "shape_reads", "selective"}),
+    "tape_first": frozenset({"tail", "shape_reads", "selective", "long_tail"}),
 }
 DEFAULT = "cheap_first"
 
@@ -99,3 +117,8 @@ def recomputes_selectively() -> bool:
 def frees_shape_reads() -> bool:
     """True when the policy in force tries store-all with the shape-only reads freed first."""
     return "shape_reads" in POLICIES[current()]
+
+
+def keeps_long_tail() -> bool:
+    """True when the policy in force keeps the tape of as many last steps as the budget holds."""
+    return "long_tail" in POLICIES[current()]

@@ -91,7 +91,7 @@ def test_keep_tail_reruns_the_last_segment_no_more(share):
         rnn = _recurrent(built[0])
         schedule = exe.run(built[0], feed=FEED, fetch_list=built[2] + [rnn.outputs[-1]])[-1]
         runs[policy] = (exe.last_stats.ops_run, [int(v) for v in schedule])
-    (tail_ops, (steps, segment, slots, _)), (ckpt_ops, ckpt_schedule) = runs["keep_tail"], runs["checkpoints"]
+    (tail_ops, (steps, segment, slots, *_)), (ckpt_ops, ckpt_schedule) = runs["keep_tail"], runs["checkpoints"]
     assert ckpt_schedule[:3] == [steps, segment, slots] and segment < steps     # the same schedule
     step_ops = len(rnn.attrs["step"].ops) - 1      # the input projection runs per chunk of steps
     # (and with few checkpoints, the advance to the last segment's start is not run either)
@@ -143,7 +143,7 @@ def test_keep_tail_never_raises_the_least_budget():
     """A kept tail is live between the forward and the backward: at the least budgets the
     recurrences keep none, so every policy names the same least budget, and that budget runs."""
     least = {}
-    for policy in ("cheap_first", "keep_tail", "checkpoints"):
+    for policy in ("cheap_first", "keep_tail", "checkpoints", "tape_first"):
         with pytest.raises(rg.ProgramError, match="the least budget that fits is") as info:
             _lm(1000, policy)
         least[policy] = int(re.search(r"the least budget that fits is (\d+) bytes", str(info.value)).group(1))
@@ -152,5 +152,70 @@ def test_keep_tail_never_raises_the_least_budget():
     ref, _ = _run(_lm(None))
     out, exe = _run(built)
     assert exe.last_stats.peak_bytes <= least["keep_tail"]
+    for got, want in zip(out, ref):
+        np.testing.assert_allclose(got, want, rtol=1e-9, atol=1e-13)
+
+
+@pytest.mark.parametrize("share", [0.6, 0.3])
+def test_tape_first_gradients_equal_store_all_within_the_budget(backend, share):
+    """float64 on every backend: with a long kept tail (at 60% the forward keeps 37 of 40 steps'
+    tape) and a short one (30%), the gradients are store-all's and the measured peak is within the
+    budget."""
+    ref, _ = _run(_lm(None), backend)
+    budget = int(share * _store_all_peak())
+    built = _lm(budget, "tape_first")
+    rnn = _recurrent(built[0])
+    assert rnn.attrs["budget_long_tail"]
+    out, exe = _run(built, backend)
+    assert exe.last_stats.peak_bytes <= budget, (exe.last_stats.peak_bytes, budget)
+    for got, want in zip(out, ref):
+        np.testing.assert_allclose(got, want, rtol=1e-9, atol=1e-13)
+    steps, segment, _, _, tail, _ = (int(v) for v in exe.run(built[0], feed=FEED, fetch_list=[rnn.outputs[-1]])[0])
+    assert steps == STEPS and (tail > STEPS // 2 if share > 0.5 else tail >= 0), (segment, tail)
+
+
+def test_tape_first_second_gradient_keeps_the_one_segment_tail():
+    """A second gradient op reads the same tail: the backward may then neither write time-batched
+    rows into the tail's rows nor re-run steps into its buffers, so the forward keeps the
+    one-segment tail of keep_tail (schedule tail 0); the first gradient's long tail comes back
+    without the second. Gradients are store-all's either way."""
+    budget = int(0.6 * _store_all_peak())
+    for second, long in ((True, False), (False, True)):
+        ref, _ = _run(_lm(None, second_gradient=second))
+        built = _lm(budget, "tape_first", second_gradient=second)
+        out, exe = _run(built)
+        rnn = _recurrent(built[0])
+        assert (int(exe.run(built[0], feed=FEED, fetch_list=[rnn.outputs[-1]])[0][4]) > 0) == long
+        assert exe.last_stats.peak_bytes <= budget
+        for got, want in zip(out, ref):
+            np.testing.assert_allclose(got, want, rtol=1e-9, atol=1e-13)
+
+
+@pytest.mark.parametrize("share", [0.7, 0.35])
+def test_tape_first_gru_writes_each_gradient_row_into_a_tape_row(share):
+    """A GRU step's backward batches two gradients over time (its input projection's and the
+    recurrent half's); each is written into a tape row of its shape once the step's backward
+    has read it (``rnn_budget.into_tape``): the gradients stay store-all's, within the budget,
+    with a tail of most steps (70%) and of a few (35%; its one state, read by the output layer,
+    is kept whole)."""
+    def gru_lm(budget):
+        main, startup = Program(random_seed=0), Program(random_seed=0)
+        with rg.memory.policies.policy("tape_first"), rg.program_guard(main, startup):
+            ids = rg.data("ids", [-1, -1], dtype="int64")
+            labels = rg.data("labels", [-1, -1], dtype="int64")
+            h_all, _ = rg.layers.gru(rg.layers.embedding(ids, VOCAB, 8, name="emb", dtype="float64"), 12, name="gru")
+            loss = rg.mean(rg.softmax_cross_entropy(rg.layers.fc(h_all, VOCAB, name="out"), labels))
+            pairs = rg.append_backward(loss, memory_budget=budget, feed_shapes=SHAPES if budget else None)
+        return main, startup, [loss] + [g for _, g in pairs]
+
+    ref, exe = _run(gru_lm(None))
+    budget = int(share * exe.last_stats.peak_bytes)
+    built = gru_lm(budget)
+    rnn = _recurrent(built[0])
+    assert len(rnn.attrs["budget_into_tape"]) == 2 and not rnn.attrs["budget_batched_unaliased"]
+    out, exe = _run(built)
+    assert exe.last_stats.peak_bytes <= budget
+    schedule = [int(v) for v in exe.run(built[0], feed=FEED, fetch_list=[rnn.outputs[-1]])[0]]
+    assert schedule[3] == 1 and 0 < schedule[4] and (schedule[4] > STEPS // 2) == (share > 0.5), schedule
     for got, want in zip(out, ref):
         np.testing.assert_allclose(got, want, rtol=1e-9, atol=1e-13)

@@ -140,3 +140,64 @@ def test_budget_plan_fits_and_recomputes_least(steps, fraction):
 def test_budget_plan_at_t1000_five_percent_needs_no_advances():
     plan = sc.budget_plan(1000, int(0.05 * 1000 * 4 * 1000), 1000, 4 * 1000)
     assert plan.advances == 0 and plan.recomputed_steps() == 1000
+
+
+# --- a long kept tail (policies.py, "tape_first") ------------------------------------------------
+
+class _TailToy(_Toy):
+    """The toy whose forward kept the tape of steps ``first..T-1``: a reversal in there starts from
+    the kept state and runs nothing again."""
+
+    def __init__(self, steps, first):
+        super().__init__(steps)
+        self.first = first
+
+    def reverse(self, state, start, stop):
+        if start >= self.first:
+            assert state is None and stop <= len(self.truth) - 1
+            self.reversed += list(range(stop - 1, start - 1, -1))
+            return
+        super().reverse(state, start, stop)
+
+
+@pytest.mark.parametrize("steps,segment,slots,tail", [(10, 2, 1, 6), (40, 16, 0, 40), (37, 5, 2, 13),
+                                                      (128, 16, 4, 62), (20, 3, 0, 7)])
+def test_long_plans_reverse_every_step_once_and_rerun_only_the_first_steps(steps, segment, slots, tail):
+    plan = sc.make_long_plan(steps, segment, slots, tail)
+    toy = _TailToy(steps, steps - tail)
+    checkpoints = {0: toy.truth[0]}
+    for t in plan.sweep_stores:
+        assert t < steps - tail                   # no checkpoint inside the kept tail
+        checkpoints[t] = toy.keep(toy.truth[t])
+    sc.run_backward(plan, checkpoints, toy)
+    assert toy.reversed == list(range(steps - 1, -1, -1))
+    assert toy.taped == steps - tail and toy.advanced == plan.advances
+    assert toy.peak_kept == plan.max_stored() <= slots and toy.kept == 0
+    assert all(b - a <= segment for a, b in (x for x in plan.actions() if isinstance(x, sc.Reverse)))
+
+
+@pytest.mark.parametrize("steps,from_alls", [(128, True), (128, False), (300, False), (40, True)])
+@pytest.mark.parametrize("fraction", [0.2, 0.5, 0.9])
+def test_long_tail_plan_fits_its_budget_and_keeps_the_longest_tail(steps, from_alls, fraction):
+    state, kept, batched = 32768, 65536 + (0 if from_alls else 32768), 131072
+    budget = int(fraction * steps * (kept + batched))
+    plan = sc.long_tail_plan(steps, budget, state, kept, batched, from_alls)
+    segment = min(steps, sc.LONG_SEGMENT)
+    if plan is None:
+        assert budget - segment * batched < segment * kept + (0 if from_alls else state)
+        return
+    memory = plan.tail * kept + (0 if from_alls else state) + plan.segment * batched
+    memory += 0 if from_alls else plan.max_stored() * state
+    assert memory <= budget and plan.segment == segment and segment <= plan.tail <= steps
+    if from_alls:       # every segment start is in the states tensors: a tail as long as fits, no advances
+        assert plan.advances == 0 and (plan.tail + 1) * kept + segment * batched > budget or plan.tail == steps
+    if plan.tail < steps:       # one step more of tail: over the budget, or more advances
+        longer = sc.make_long_plan(steps, segment, plan.slots, plan.tail + 1)
+        more = (plan.tail + 1) * kept + segment * batched
+        more += 0 if from_alls else state + longer.max_stored() * state
+        assert more > budget or longer.advances > plan.advances
+
+
+def test_long_tail_plan_is_none_where_one_segment_does_not_fit():
+    assert sc.long_tail_plan(100, 16 * (100 + 200) - 1, 10, 100, 200, True) is None
+    assert sc.long_tail_plan(100, 16 * (100 + 200), 10, 100, 200, True).tail == 16

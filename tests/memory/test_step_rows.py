@@ -99,7 +99,7 @@ def test_input_projection_runs_per_chunk_and_its_gradients_per_segment(store_all
     rnn = _recurrent(main)
     assert not rnn.attrs.get("budget_keep_states") and not all(rnn.attrs["budget_all"])
     ops_run = exe.last_stats.ops_run
-    total, segment, slots, _ = exe.run(main, feed=_feed(), fetch_list=[rnn.outputs[-1]])[0]
+    total, segment, slots, _ = exe.run(main, feed=_feed(), fetch_list=[rnn.outputs[-1]])[0][:4]
     plan = make_plan(int(total), int(segment), int(slots), align_end=True)
     # sweep, tape, advances; the last segment's tape the forward kept (memory/policies.py, keep_tail)
     assert rnn.attrs["budget_tail"]
@@ -125,7 +125,7 @@ def test_a_larger_budget_keeps_the_states_and_reruns_segments_at_once(store_all)
     assert abs(planned - measured) <= 0.1 * measured, (planned, measured)
     step = rnn.attrs["step"]
     chunk = rows_chunk(T, main.memory_plan.activation_budget, row_bytes(step, step.ops, N))
-    _, segment, _, from_alls = exe.run(main, feed=_feed(), fetch_list=[rnn.outputs[-1]])[0]
+    _, segment, _, from_alls = exe.run(main, feed=_feed(), fetch_list=[rnn.outputs[-1]])[0][:4]
     segments = -(-T // int(segment))
     at_once = 3 * (-(-T // chunk) + segments)       # a chunk's projection, MatMul and LSTMUnit
     at_once += -(-T // rows_chunk(T, main.memory_plan.activation_budget, N * 4 * H * 8))   # the sweep's projection
@@ -179,3 +179,31 @@ def test_gru_step_is_row_wise():
     rnn = _recurrent(main)
     outer = rnn.inputs[len(rnn.attrs["inputs_t"]) + len(rnn.attrs["states"]):]
     assert rows_batchable(rnn.attrs["step"], rnn.attrs, outer)
+
+
+@pytest.mark.parametrize("share", [0.6, 0.25])    # the states tensors kept; checkpoints
+def test_tape_first_keeps_a_long_tail_reruns_less_and_matches_pytorch(store_all, share):
+    """memory/policies.py, "tape_first": the forward keeps the tape of as many last steps as the
+    budget holds (more than one segment), the backward re-runs only the steps before them, and the
+    gradients are store-all's and PyTorch's, within the budget."""
+    params, expected, peak, _, names = store_all
+    budget = int(share * peak)
+    runs = {}
+    for policy in ("tape_first", "cheap_first"):
+        with rg.memory.policies.policy(policy):
+            main, exe, out, _ = _run(budget, params)
+        runs[policy] = (exe.last_stats.ops_run, exe.last_stats.peak_bytes)
+        rnn = _recurrent(main)
+        assert rnn.attrs["budget_long_tail"] == (policy == "tape_first")
+        schedule = [int(v) for v in exe.run(main, feed=_feed(), fetch_list=[rnn.outputs[-1]])[0]]
+        assert exe.last_stats.peak_bytes <= budget, (policy, exe.last_stats.peak_bytes, budget)
+        for got, want in zip(out, expected):
+            np.testing.assert_allclose(got, want, rtol=1e-9, atol=1e-13, err_msg=policy)
+        if policy == "tape_first":
+            total, segment, _, from_alls, tail, _ = schedule
+            assert total == T and tail >= segment and tail > T // 5 and from_alls == (share > 0.5), schedule
+            loss, grads = _torch_grads(params)
+            np.testing.assert_allclose(out[0], loss, rtol=1e-10)
+            for name, got in zip(names, out[1:]):
+                np.testing.assert_allclose(got, grads[name], rtol=1e-8, atol=1e-12, err_msg=name)
+    assert runs["tape_first"][0] < runs["cheap_first"][0], runs       # fewer steps re-run

@@ -51,13 +51,13 @@ from ...ops.core.lowering import lowers
 from ...ops.recurrent.network_onnx import backward_loop_onnx, forward_loop_onnx
 from ...ops.core.registry import GradCtx, append_op, defop
 from ..recompute import seen_from
-from .schedules import (Advance, Plan, Restore, Reverse, StepRunner, budget_plan, make_plan, minimum_budget,
-                        run_backward)
+from .schedules import (Advance, Plan, Restore, Reverse, StepRunner, budget_plan, long_tail_plan, make_long_plan,
+                        make_plan, minimum_budget, run_backward)
 from .. import policies
 from .step_rows import (BatchedSteps, InputRows, OutputRows, input_row_ops, output_row_ops,
                         row_bytes, rows_batchable, rows_chunk)
 
-SCHEDULE_LEN = 4          # [T, segment, slots, from_alls]
+SCHEDULE_LEN = 6          # [T, segment, slots, from_alls, tail steps (long_tail_plan; 0: none), tail_segment]
 
 
 def output_specs(inits: list[Var], attrs: dict) -> list:
@@ -100,8 +100,41 @@ def tail_kept(attrs: dict, steps: int) -> bool:
         steps <= int(attrs.get("budget_tail_steps", steps)))
 
 
+def long_tail(op: Op) -> bool:
+    """Does the forward keep a long tail (``policies.py``, "tape_first")? Not when an op other than
+    one gradient reads its tail (a second gradient of the same forward): the backward then writes
+    no time-batched rows into the tail's rows, nor re-runs steps into its buffers."""
+    if not op.attrs.get("budget_long_tail"):
+        return False
+    n_state = len(op.attrs["states"])
+    names = set(op.outputs[2 * n_state:len(op.outputs) - n_state - 1])
+    readers = [other for other in op.block.ops if other is not op and names & set(op_reads(other))]
+    return len(readers) <= 1
+
+
+def into_tape(bstep, step: Block) -> dict:
+    """The time-batched ``d`` rows a reversed segment can write into a tape value's rows, each once
+    its step's backward has read that row: the same row shape and dtype, the tape value no batched
+    product's operand. ``{d name: tape name}``."""
+    operands = {ref for _, kind, ref, _ in bstep.batched if kind == "value"}
+    into: dict = {}
+    for _, _, _, d in bstep.batched:
+        dvar = bstep.block.find_var(d)
+        if d in into or dvar is None:
+            continue
+        for name in bstep.saved:
+            tvar = step.var(name)
+            if (name not in operands and name not in into.values() and tuple(tvar.shape) == tuple(dvar.shape)
+                    and tvar.dtype == dvar.dtype):
+                into[d] = name
+                break
+    return into
+
+
 def tail_range(plan: Plan) -> tuple[int, int]:
-    """The steps of the segment the backward reverses first (the schedule's last segment)."""
+    """The steps whose tape the forward keeps: the schedule's last segment, or a long plan's tail."""
+    if plan.tail:
+        return plan.steps - plan.tail, plan.steps
     first = next((a for a in plan.actions() if isinstance(a, Reverse)), None)
     return (first.start, first.stop) if first is not None else (plan.steps, plan.steps)
 
@@ -179,16 +212,29 @@ def _nbytes(arrays) -> int:
 
 
 def checkpoint_plan(steps: int, budget: int, state_bytes: int, tape_bytes: int, from_alls: bool,
-                    align_end: bool = False) -> Plan:
+                    align_end: bool = False, batched: int | None = None, unaliased: int = 0) -> Plan:
     """The schedule a budgeted RecurrentNetwork runs (its kernels and the planner, ``peak.py``, ask
     here alike): with every state kept (``from_alls``), segments of as many steps as the budget holds;
-    else ``schedules.budget_plan``. Raises ProgramError when one step does not fit.
+    else ``schedules.budget_plan``. Raises ProgramError when one step does not fit. With ``batched``
+    (the bytes of ``tape_bytes`` that are time-batched rows, of which ``unaliased`` are not written
+    into the tape's rows, ``into_tape``; the forward keeps its tail under the "tape_first" policy,
+    ``policies.py``): ``schedules.long_tail_plan`` where one segment's tail fits.
 
     Example::
 
         plan = checkpoint_plan(1000, 200_000, state_bytes=1000, tape_bytes=4000, from_alls=False)
         len(plan.sweep_stores)          # the checkpoints the forward keeps
     """
+    if batched is not None:     # the long tail where it re-runs fewer steps than the one-segment tail
+        plan = long_tail_plan(steps, budget, state_bytes, tape_bytes - batched, unaliased, from_alls)
+        if plan is not None:
+            try:
+                other = checkpoint_plan(steps, budget, state_bytes, tape_bytes, from_alls, align_end)
+            except ProgramError:
+                return plan
+            if _reruns(plan) <= _reruns(other):
+                return plan
+            return other
     if from_alls:
         if budget < tape_bytes:
             budget_plan(steps, budget, state_bytes, tape_bytes)   # raises with the minimum
@@ -198,10 +244,18 @@ def checkpoint_plan(steps: int, budget: int, state_bytes: int, tape_bytes: int, 
     return make_plan(plan.steps, plan.segment, plan.slots, True) if align_end else plan
 
 
-def _plan(op: Op, steps: int, budget: int, state_bytes: int, tape_bytes: int, from_alls: bool) -> Plan:
+def _reruns(plan: Plan) -> int:
+    """Steps the backward runs again: those outside the kept tail (the last segment, or a long
+    plan's tail), and the advances."""
+    first, stop = tail_range(plan)
+    return plan.steps - (stop - first) + plan.advances
+
+
+def _plan(op: Op, steps: int, budget: int, state_bytes: int, tape_bytes: int, from_alls: bool,
+          batched: int | None = None, unaliased: int = 0) -> Plan:
     try:
-        return checkpoint_plan(steps, budget, state_bytes, tape_bytes, from_alls,
-                               bool(tail_vars(op.attrs, op.attrs["states"])))   # as the backward's n_tail > 0
+        return checkpoint_plan(steps, budget, state_bytes, tape_bytes, from_alls,     # align: as n_tail > 0
+                               bool(tail_vars(op.attrs, op.attrs["states"])), batched, unaliased)
     except ProgramError as exc:
         error = ExecutionError(f"{op.where()}: {exc}")
         error.least_budget = getattr(exc, "least_budget", None)
@@ -245,8 +299,13 @@ def forward_kernel(k, *arrays):
         if measure:
             state_bytes = _nbytes(inits)
             tape_bytes = _nbytes(extra) + (0 if from_alls else state_bytes)   # kept states are not taped
-            tape_bytes += _batched_bytes(attrs.get("budget_batched", ()), inits)
-            plan = _plan(op, steps, int(attrs["recompute"]), state_bytes, tape_bytes, from_alls)
+            batched = _batched_bytes(attrs.get("budget_batched", ()), inits)
+            tape_bytes += batched
+            if k.cached is None:
+                k.cached = long_tail(op)
+            plan = _plan(op, steps, int(attrs["recompute"]), state_bytes, tape_bytes, from_alls,
+                         batched if tail is not None and k.cached else None,
+                         _batched_bytes(attrs.get("budget_batched_unaliased", ()), inits))
             if not from_alls:
                 where = {s: j for j, s in enumerate(plan.sweep_stores)}
                 ckpts = [held.add(xp.empty((len(where),) + tuple(v.shape), dtype=v.dtype)) for v in inits]
@@ -276,7 +335,8 @@ def forward_kernel(k, *arrays):
             ckpts = [_empty(xp, v) for v in inits]
         outputs += tail.outputs(inits) if tail is not None else _empty_tail(k, attrs, inits)
         outputs += ckpts
-        outputs.append(xp.asarray([steps, plan.segment, plan.slots, int(from_alls)], dtype=xp.int64))
+        outputs.append(xp.asarray([steps, plan.segment, plan.slots, int(from_alls), plan.tail, plan.tail_segment],
+                                  dtype=xp.int64))
     held.release()
     return tuple(outputs)
 
@@ -293,13 +353,15 @@ class _Tail:
         self.n_tape = len(attrs.get("budget_tape", ()))
         self.first = self.stop = -1
         self.rows = 0
+        self.long = False
         self.tape: list = [None] * self.n_tape
         self.states: list = []
         self.attrs = attrs
 
     def start(self, plan: Plan, steps: int) -> None:
         self.first, self.stop = tail_range(plan)
-        self.rows = max(1, min(plan.segment, steps))
+        self.rows = max(1, self.stop - self.first)
+        self.long = bool(plan.tail)
 
     def covers(self, t: int) -> bool:
         return self.first <= t < self.stop
@@ -310,6 +372,12 @@ class _Tail:
             if self.tape[j] is None:
                 self.tape[j] = self.held.add(xp.empty((self.rows,) + tuple(value.shape), dtype=value.dtype))
             elif tuple(self.tape[j].shape[1:]) != tuple(value.shape):   # a step value's shape changed:
+                if self.long:       # the backward has no checkpoint inside a long tail to re-run it from
+                    raise ExecutionError(f"{self.k.op.where()}: step value '{self.attrs['budget_tape'][j]}' "
+                                         f"changes shape over time ({list(self.tape[j].shape[1:])} then "
+                                         f"{list(value.shape)}); the \"tape_first\" memory policy keeps a "
+                                         "tail of one shape: build the backward under another policy "
+                                         "(rg.memory.policies.policy(\"cheap_first\"))")
                 self.drop()                                           # the backward re-runs the segment
                 return
             self.tape[j][row, ...] = value
@@ -440,6 +508,13 @@ def grad_maker(g: GradCtx) -> list[Var | None]:
         # The recompute policy in force (policies.py): keep the last segment's tape from the forward.
         attrs["budget_tail"] = policies.keeps_tail() and not bstep.saved_shape
         attrs["budget_tail_states"] = attrs["budget_tail"] and not all(attrs["budget_all"])
+        # ... and as many of the last steps' tape as the budget holds ("tape_first"), the backward
+        # writing time-batched rows into the tape's rows where it can (into_tape)
+        attrs["budget_long_tail"] = attrs["budget_tail"] and policies.keeps_long_tail()
+        into = into_tape(bstep, attrs["step"]) if attrs["budget_long_tail"] else {}
+        attrs["budget_into_tape"] = into
+        attrs["budget_batched_unaliased"] = batched_rows([e for e in bstep.batched if e[3] not in into],
+                                                         bstep.block, bstep.saved)
         prefix = op.outputs[0]
         inits = [block.var(n) for n in op.inputs[lay.n_seq:lay.n_seq + k]]
         for var in tail_vars(attrs, inits):
@@ -472,7 +547,8 @@ def grad_maker(g: GradCtx) -> list[Var | None]:
         "dall_given": [d is not None for d in d_all], "dlast_given": [d is not None for d in d_last],
         "dnext": bstep.dnext, "fetch_seq": bstep.fetch_seq, "fetch_state": bstep.fetch_state,
         "fetch_outer": bstep.fetch_outer, "batched": bstep.batched, "grad_of": grad_of,
-        "budget": int(attrs["recompute"]), "n_tail": n_tail,
+        "budget": int(attrs["recompute"]), "n_tail": n_tail, "long_tail": bool(attrs.get("budget_long_tail")),
+        "into_tape": dict(attrs.get("budget_into_tape") or {}),
     }
     streams.copy_stream(attrs, grad_attrs)   # re-run steps draw the forward's random numbers
     outs = append_op("RecurrentNetworkBudgetGrad", inputs, grad_attrs, name="rnn_grad")
@@ -548,14 +624,15 @@ def _budget_grad_kernel(k, *arrays):
     seqs, inits, lengths, outers = lay.fwd.split(fwd)
     steps = time_steps(op, seqs)
     # The schedule steers this kernel's host-side loop: one explicit transfer of its few ints.
-    total, segment, slots, from_alls = (int(v) for v in k.backend.to_numpy(schedule).reshape(-1))
+    total, segment, slots, from_alls, tail, tail_segment = (int(v) for v in k.backend.to_numpy(schedule).reshape(-1))
     if total != steps:
         raise ExecutionError(f"{op.where()}: the forward planned {total} steps, the sequences have {steps}")
     if from_alls and (len(alls) != lay.fwd.n_state or any(int(a.shape[0]) != steps for a in alls)):
         raise ExecutionError(f"{op.where()}: the forward kept its states tensors for this backward, but it "
                              f"received {[list(a.shape) for a in alls]} for {steps} steps (a stand-in "
                              "of an output the forward's plan did not keep)")
-    plan = make_plan(steps, max(segment, 1), slots, align_end=lay.n_tail > 0)
+    plan = (make_long_plan(steps, max(segment, 1), slots, tail, tail_segment) if tail
+            else make_plan(steps, max(segment, 1), slots, align_end=lay.n_tail > 0))
     checkpoints = {0: list(inits)}
     for j, t in enumerate(plan.sweep_stores):
         checkpoints[t] = [a[t - 1] for a in alls] if from_alls else [c[j] for c in ckpts]
@@ -622,29 +699,28 @@ class _Backward(StepRunner):
         self.seg_tape: list = [None] * len(self.tape)
         self.stand_ins: dict = {}
         self.tail: tuple[int, int] | None = None     # the steps whose tape the forward kept
-        self.tail_start: list = []
-        self.tail_tape = self.tail_states = None     # the tail's buffers when another op reads them too
+        self.tail_bufs: tuple[list, list] = ([], [])  # its buffers: tape rows, state rows (row 0: its start)
+        self.reuse = False                           # the other segments' tape goes into them
+        self.own = False                             # the other segments' buffers are set up
+        self.into: dict = {}                         # d rows written into tape rows (into_tape)
         self.at_once = self._batched_steps(k, seqs, int(attrs["budget"]))
 
     def take_tail(self, tails: list, plan: Plan, reuse: bool) -> list:
-        """Use the forward's last-segment tape (``_Tail``) as this segment's tape and, with ``reuse``
-        (no other op reads it), as the buffers of the others; the plan's actions, without those that
-        only led to that segment's start."""
+        """Use the forward's tape of its last steps (``_Tail``: the last segment, or a long plan's
+        tail) as the tape of the segments in it and, with ``reuse`` (no other op reads it), as the
+        buffers of the others; the plan's actions, without those that only led to its start."""
         actions = plan.actions()
         n_tape = len(self.tape)
         if not tails or any(int(b.shape[0]) == 0 for b in tails) or (
                 self.alls is None and len(tails) != n_tape + len(self.inits)):
+            if plan.tail:
+                raise ExecutionError(f"{self.k.op.where()}: the forward planned to keep the tape of its last "
+                                     f"{plan.tail} steps but kept none")
             return actions
         self.tail = tail_range(plan)
-        self.seg_tape = list(tails[:n_tape])
-        self.tail_tape = None if reuse else self.seg_tape
-        first = self.tail[0]
-        if self.alls is None:
-            self.seg_states = [b[1:] for b in tails[n_tape:]]
-            self.tail_states = None if reuse else self.seg_states
-            self.tail_start = [b[0] for b in tails[n_tape:]]
-        else:
-            self.tail_start = list(self.inits) if first == 0 else [a[first - 1] for a in self.alls]
+        self.tail_bufs = (list(tails[:n_tape]), list(tails[n_tape:]) if self.alls is None else [])
+        self.reuse = reuse
+        self.into = dict(self.attrs.get("into_tape") or {}) if plan.tail else {}
         r = next(i for i, a in enumerate(actions) if isinstance(a, Reverse))
         if all(isinstance(a, (Restore, Advance)) for a in actions[:r]):
             actions = actions[r:]          # nothing to advance to: the tail holds the segment
@@ -671,19 +747,20 @@ class _Backward(StepRunner):
         self.steps.release(state)
 
     def reverse(self, state, start: int, stop: int) -> None:
-        if (start, stop) == self.tail:         # kept by the forward sweep (policies.py, "keep_tail")
-            state, self.tail = self.tail_start, None
+        if self.tail is not None and self.tail[0] <= start and stop <= self.tail[1]:
+            state = self._from_tail(start)     # kept by the forward sweep (policies.py, "keep_tail")
         else:
-            if self.tail_tape is not None and self.seg_tape is self.tail_tape:   # read by another op too
-                self.seg_tape = [None] * len(self.tape)
-            if self.tail_states is not None and self.seg_states is self.tail_states:
-                self.seg_states = [None] * len(self.seg_states)
+            self._own_buffers()
             self._tape(state, start, stop)
         n = stop - start
         collect = TimeBatches(self.xp, Held(self.k.run.meter), n, self.attrs["batched"], self.fetch_seq, self.tape)
+        for d, name in self.into.items():      # each d row goes where its step's tape row was read
+            collect.buffers[d] = self.seg_tape[self.tape.index(name)][:n]
         dseq = [None if d is None else d[start:stop] for d in self.dseq]
         for t in range(stop - 1, start - 1, -1):
             values = self._backward_step(t, start, state)
+            if t == stop - 1 and self.into:
+                self._check_into(collect, values)
             collect.store(t - start, values, self.index, dseq)
         alls = [a[start:stop] for a in self.alls] if self.alls is not None else [s[:n] for s in self.seg_states]
         saved = [s[:n] for s in self.seg_tape]
@@ -698,6 +775,37 @@ class _Backward(StepRunner):
         collect.held.release()
 
     # -- one segment ---------------------------------------------------------------------------
+    def _check_into(self, collect, values) -> None:
+        for d in self.into:
+            value, rows = values[self.index[d]], collect.buffers[d]
+            if tuple(value.shape) != tuple(rows.shape[1:]) or value.dtype != rows.dtype:
+                raise ExecutionError(f"{self.k.op.where()}: the time-batched value '{d}' {list(value.shape)} "
+                                     f"{value.dtype} was to be written into the rows of the tape value "
+                                     f"'{self.into[d]}' {list(rows.shape[1:])} {rows.dtype}; build the "
+                                     "backward under another memory policy (rg.memory.policies)")
+
+    def _from_tail(self, start: int) -> list:
+        """Point the segment's tape (and states) at the tail's rows from step ``start``; the state
+        the segment starts from."""
+        tape, states = self.tail_bufs
+        row = start - self.tail[0]
+        self.seg_tape = [b[row:] for b in tape]
+        if self.alls is None:
+            self.seg_states = [b[row + 1:] for b in states]
+            return [b[row] for b in states]
+        return list(self.inits) if start == 0 else [a[start - 1] for a in self.alls]
+
+    def _own_buffers(self) -> None:
+        """Before the first segment the tail does not hold: its tape goes into the tail's buffers
+        (``reuse``) or into buffers of its own."""
+        if self.own:
+            return
+        self.own = True
+        tape, states = self.tail_bufs
+        reuse = self.reuse and self.tail is not None
+        self.seg_tape = list(tape) if reuse else [None] * len(self.tape)
+        self.seg_states = [b[1:] for b in states] if reuse and states else [None] * len(self.seg_states)
+
     def _batched_steps(self, k, seqs, budget: int) -> BatchedSteps | None:
         """With every state kept by the forward and a row-wise step (``step_rows.rows_batchable``),
         a segment's steps re-run as one block run over their rows (in chunks): no recurrence."""

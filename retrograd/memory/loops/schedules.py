@@ -154,6 +154,8 @@ class Plan:
     sweep_stores: list[int] = field(default_factory=list)
     advances: int = 0                            # forward steps the backward runs without tape
     _actions: list = field(default_factory=list, repr=False)
+    tail: int = 0                                # steps the forward keeps with tape (``long_tail_plan``)
+    tail_segment: int = 0                        # ... reversed in segments of this many steps
 
     @property
     def segments(self) -> int:
@@ -418,6 +420,94 @@ def budget_plan(steps: int, budget_bytes: int, state_bytes: int, tape_bytes: int
             best = (cost, segment, slots)
     _, segment, slots = best
     return make_plan(steps, segment, slots)
+
+
+# --- a long kept tail (policies.py, "tape_first") ------------------------------------------------
+
+LONG_SEGMENT = 16        # steps per segment where each reversed segment adds time-batched rows
+
+
+def make_long_plan(steps: int, segment: int, slots: int, tail: int, tail_segment: int | None = None) -> Plan:
+    """A plan whose forward keeps the tape of the last ``tail`` steps: the backward reverses them in
+    segments of ``tail_segment`` (default ``segment``) from the end without re-running them, then
+    the first ``steps - tail`` steps by ``make_plan(steps - tail, segment, slots, align_end=True)``
+    (its checkpoints, its advances, each segment re-run with tape).
+
+    Example:
+        ```python
+        import numpy as np
+        import retrograd as rg
+        from retrograd.memory.loops.schedules import Reverse, make_long_plan
+
+        plan = make_long_plan(10, 2, 1, tail=6)
+        print(plan.actions())   # [Reverse(start=8, stop=10), Reverse(start=6, stop=8), Reverse(start=4, stop=6), Restore(step=2), Reverse(start=2, stop=4), Drop(step=2), Restore(step=0), Reverse(start=0, stop=2)]
+        assert make_long_plan(10, 4, 1, tail=6, tail_segment=6).actions()[0] == Reverse(4, 10)
+        ```
+    """
+    tail = max(0, min(int(tail), steps))
+    by = max(1, int(tail_segment or segment))
+    prefix = make_plan(steps - tail, segment, slots, align_end=True)
+    reverses = [Reverse(max(stop - by, steps - tail), stop) for stop in range(steps, steps - tail, -by)]
+    return Plan(steps, segment, slots, list(prefix.sweep_stores), prefix.advances, reverses + prefix.actions(),
+                tail, by if tail else 0)
+
+
+def long_tail_plan(steps: int, budget: int, state_bytes: int, kept_bytes: int, batched_bytes: int,
+                   from_alls: bool) -> Plan | None:
+    """The plan re-running the fewest steps when the forward keeps its last steps' tape (``kept_bytes``
+    a step: the tape, and the new states unless ``from_alls``, one state more), as many as
+    ``budget`` holds; the first steps under ``make_plan`` with the checkpoints that still fit (none
+    ``from_alls``: the states tensors hold every segment's start), their segments re-run into the
+    tail's buffers. ``batched_bytes``: the time-batched rows a reversed step adds beyond its tape
+    (0 where they are written into the tape's rows as the backward consumes them,
+    ``rnn_budget.into_tape``): with none the tail is one segment and the first steps' segments as
+    long as it; else every segment has ``LONG_SEGMENT`` steps. None when not even one such segment
+    fits (the one-segment tail of ``make_plan(align_end=True)`` then).
+
+    Memory: ``tail * kept_bytes (+ state_bytes) + segment * batched_bytes + checkpoints * state_bytes``.
+
+    Example:
+        ```python
+        import numpy as np
+        import retrograd as rg
+        from retrograd.memory.loops.schedules import long_tail_plan
+
+        plan = long_tail_plan(128, 9_000_000, 32768, 65536, 131072, from_alls=True)
+        assert (plan.segment, plan.tail, plan.advances) == (16, 105, 0)
+        plan = long_tail_plan(128, 6_000_000, 32768, 65536, 0, from_alls=True)     # d rows into the tape's
+        assert (plan.tail, plan.tail_segment, plan.segment) == (91, 91, 37)
+        ```
+    """
+    if steps <= 0:
+        return None
+    whole = batched_bytes <= 0
+    segment = max(1, min(steps, LONG_SEGMENT))
+    extra = 0 if from_alls else state_bytes          # the state the tail starts from
+    room = budget - (0 if whole else segment * batched_bytes) - extra
+    most = min(steps, room // kept_bytes) if kept_bytes > 0 else steps
+    if most < (1 if whole else segment):
+        return None
+
+    def plan_for(tail: int, slots: int | None) -> Plan:
+        by = max(1, min(tail, steps - tail)) if whole else segment
+        n = -(-(steps - tail) // by)
+        return make_long_plan(steps, by, n if slots is None else min(max(n - 1, 0), slots), tail,
+                              tail if whole else segment)
+
+    if most == steps or from_alls:
+        return plan_for(most, None)
+    best = None
+    for tail in range(most, 0 if whole else segment - 1, -1):     # the longest tail whose first steps re-run once
+        left = room - tail * kept_bytes
+        plan = plan_for(tail, left // state_bytes if state_bytes > 0 else steps)
+        if plan.max_stored() * state_bytes > left:
+            continue
+        cost = steps - tail + plan.advances
+        if best is None or cost < best[0]:
+            best = (cost, plan)
+        if plan.advances == 0:                    # a shorter tail only re-runs more
+            break
+    return None if best is None else best[1]
 
 
 # --- running a plan ------------------------------------------------------------------------------
