@@ -91,33 +91,66 @@ def lifetimes(block: Block, keep: frozenset[str]) -> Lifetimes:
     """Ops a run fetching ``keep`` needs, and when each value dies: after the last op that
     reads it (sub-block reads count), or as it is written when nothing reads it, unless it is
     kept or persistable."""
-    ops = needed_ops(block, keep)
-    reads = [op_reads(op) for op in ops]
+    persistable = _Persistable(block)
+    ops, reads = _needed(block, keep, persistable)       # each op's reads asked once (10,000-op plans)
     last_read: dict[str, int] = {}
     for i, names in enumerate(reads):
         for name in names:
             last_read[name] = i
     timed = []
     for i, op in enumerate(ops):
-        candidates = dict.fromkeys(list(reads[i]) + list(op.outputs))
+        candidates = dict.fromkeys(reads[i] + op.outputs)
         dead = tuple(n for n in candidates
-                     if last_read.get(n, -1) <= i and n not in keep and not _persistable(block, n))
+                     if last_read.get(n, -1) <= i and n not in keep and not persistable(n))
         live = frozenset(j for j, n in enumerate(op.outputs) if n not in dead)
         timed.append(OpLifetime(op, i, dead, live))
-    writes = list(dict.fromkeys(n for op in ops for n in op.outputs if _persistable(block, n)))
-    return Lifetimes(timed, free_reads_of_ops(ops), writes)
+    writes = list(dict.fromkeys(n for op in ops for n in op.outputs if persistable(n)))
+    return Lifetimes(timed, _free_reads(ops, reads), writes)
 
 
 def needed_ops(block: Block, keep: frozenset[str]) -> list[Op]:
     """Ops whose results are fetched or persist (directly or through later ops): the rest are skipped."""
+    return _needed(block, keep, _Persistable(block))[0]
+
+
+def _needed(block: Block, keep, persistable) -> tuple[list[Op], list[list[str]]]:
+    """``needed_ops`` and each one's ``op_reads``."""
     needed = set(keep)
-    kept = []
+    kept, reads = [], []
     for op in reversed(block.ops):
-        if any(n in needed or _persistable(block, n) for n in op.outputs):
+        if any(n in needed or persistable(n) for n in op.outputs):
+            names = op_reads(op)
             kept.append(op)
-            needed.update(op_reads(op))
+            reads.append(names)
+            needed.update(names)
     kept.reverse()
-    return kept
+    reads.reverse()
+    return kept, reads
+
+
+def _free_reads(ops, reads) -> list[str]:
+    """``free_reads_of_ops(ops)`` given each op's reads."""
+    written: set[str] = set()
+    found: dict[str, None] = {}
+    for op, names in zip(ops, reads):
+        for name in names:
+            if name not in written:
+                found.setdefault(name)
+        written.update(op.outputs)
+    return list(found)
+
+
+class _Persistable:
+    """``_persistable(block, name)``, each name looked up once."""
+
+    def __init__(self, block: Block):
+        self.block, self.known = block, {}
+
+    def __call__(self, name: str) -> bool:
+        found = self.known.get(name)
+        if found is None:
+            found = self.known[name] = _persistable(self.block, name)
+        return found
 
 
 def _persistable(block: Block, name: str) -> bool:

@@ -532,6 +532,7 @@ class _Search:
         if self.model_peaks is True:
             block = self.program.global_block()
             self.model_peaks = ChainPeak.of(block, self.info, self.units, self.keep, self.shapes)
+            self.model_version = self.program.version
         return self.model_peaks or None
 
     def forget_model(self) -> None:
@@ -599,6 +600,8 @@ class _Search:
     def _configure(self, program: Program, activation: int) -> int:
         """Give ``program`` (this program or a copy) the loop budgets and FF schedule of ``activation``."""
         block = program.global_block()
+        modelled = (isinstance(self.model_peaks, ChainPeak) and program is self.program
+                    and program.version == self.model_version)
         for op in block.ops:
             if op.type in LOOP_TYPES and op.attrs.get("recompute") == _PLACEHOLDER:
                 op.attrs["recompute"] = activation
@@ -608,7 +611,10 @@ class _Search:
         if self.units.count < 2 or activation >= self.model.store_all:
             return 0
         plan = budget_plan(self.units.count, max(activation, self.tape_bytes), self.state_bytes, self.tape_bytes)
-        apply_binomial(block, ForwardValues.of(block, self.n_forward), self.units, plan)
+        if modelled:        # the program the chain model read, unchanged since: its reads serve the rewrite
+            apply_binomial(block, self.info, self.units, plan, self.model_peaks.chain)
+        else:
+            apply_binomial(block, ForwardValues.of(block, self.n_forward), self.units, plan)
         return self.units.count
 
     def best(self, budget: int) -> tuple[int, int] | None:
