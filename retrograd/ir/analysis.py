@@ -47,6 +47,8 @@ def op_reads(op: Op) -> list[str]:
     between the sub-block and the op's block are inner to the op, not reads.
     """
     names = list(op.inputs)
+    if not op.attrs:            # most ops (no attribute, no sub-block): asked for every op of every plan
+        return names
     for sub in op.sub_blocks():
         inner = _declared_below(sub, op.block)
         names.extend(n for n in free_reads(sub) if n not in inner)

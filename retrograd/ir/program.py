@@ -268,7 +268,9 @@ class Op:
             if isinstance(value, Block):
                 found.append(value)
             elif isinstance(value, (list, tuple)):
-                found.extend(v for v in value if isinstance(v, Block))
+                for v in value:
+                    if isinstance(v, Block):
+                        found.append(v)
         return found
 
     def index(self) -> int:

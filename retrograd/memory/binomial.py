@@ -148,7 +148,7 @@ def _chosen(chain: ChainOps, start: int, stop: int, wanted: set[str]) -> list[in
     inside = set().union(*chain.temporaries[start:stop])
     chosen, need = [], set(wanted)
     for i in range(last - 1, first - 1, -1):
-        if chain.recomputable[i] and any(n in need for n in chain.outputs[i]):
+        if chain.recomputable[i] and not need.isdisjoint(chain.outputs[i]):
             chosen.append(i)
             need.update(n for n in chain.reads[i] if n in inside)
     return chosen[::-1]
@@ -157,7 +157,7 @@ def _chosen(chain: ChainOps, start: int, stop: int, wanted: set[str]) -> list[in
 def _first_reader(chain: ChainOps, start: int, names: set[str]) -> int:
     reads = chain.reads
     for i in range(start, len(reads)):
-        if any(n in names for n in reads[i]):
+        if not names.isdisjoint(reads[i]):
             return i
     return start
 
