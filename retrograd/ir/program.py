@@ -131,7 +131,10 @@ class Var:
                  is_data: bool = False):
         self.block = block
         self.name = name
-        self.shape = tuple(as_ints(shape, f"the shape of '{name}'"))
+        if type(shape) is tuple and all(type(d) is int for d in shape):     # another Var's shape: as is
+            self.shape = shape
+        else:
+            self.shape = tuple(as_ints(shape, f"the shape of '{name}'"))
         self.dtype = canonical(dtype)
         self.persistable = persistable
         self.trainable = trainable
@@ -475,6 +478,8 @@ class Block:
             assert body.sees(x) and not main.global_block().sees(inner)
             ```
         """
+        if var.block is self:        # the common case: no walk up the blocks
+            return True
         return any(block is var.block for block in self.ancestors())
 
     def home_of(self, var: Var) -> str:

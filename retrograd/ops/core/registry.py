@@ -287,6 +287,16 @@ def append_op(type: str, inputs: Sequence[Var], attrs: dict | None = None, *,
 
 
 def _snake(type: str) -> str:
+    found = _SNAKE.get(type)
+    if found is None:
+        found = _SNAKE[type] = _snake_case(type)
+    return found
+
+
+_SNAKE: dict[str, str] = {}         # op type -> its snake-case name prefix (asked once per op built)
+
+
+def _snake_case(type: str) -> str:
     out = []
     for i, ch in enumerate(type):
         if ch.isupper() and i and not type[i - 1].isupper():
