@@ -391,8 +391,12 @@ def planned_peak(block: Block, keep, feed_shapes: Mapping | None = None, shapes:
     sizer.live = held_now
     total = peak = sum(held_now.values())
     for step in timed.ops:
-        sizer.dying = step.dead
-        held, outs = _holds(sizer, step.op, step.live_outputs)
+        op = step.op
+        if op.attrs or op.type in HOLDS:
+            sizer.dying = step.dead
+            held, outs = _holds(sizer, op, step.live_outputs)
+        else:           # no attribute, no sub-block, no rule of its own (most ops): its outputs alone
+            held, outs = 0, [sizer.of(n) for n in op.outputs]
         peak = max(peak, total + held + sum(outs))
         for name, size in zip(step.op.outputs, outs):
             total += size - held_now.get(name, 0)

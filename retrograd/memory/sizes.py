@@ -68,7 +68,7 @@ def resolve_shapes(block: Block, feed_shapes: Mapping[str, Sequence[int]] | None
             scan_shapes(op, shapes, values, resolve_shapes)
         elif op.type == "WhileBudgetGrad":
             budget_grad_shapes(op, shapes, resolve_shapes)
-        if op.sub_blocks():
+        if op.attrs and op.sub_blocks():
             _carried_shapes(op, block, shapes)
     return shapes
 
