@@ -93,34 +93,34 @@ def lifetimes(block: Block, keep: frozenset[str]) -> Lifetimes:
     """Ops a run fetching ``keep`` needs, and when each value dies: after the last op that
     reads it (sub-block reads count), or as it is written when nothing reads it, unless it is
     kept or persistable."""
-    persistable = _Persistable(block)
+    persistable = _persistable_names(block)
     ops, reads = _needed(block, keep, persistable)       # each op's reads asked once (10,000-op plans)
     last_read: dict[str, int] = {}
     for i, names in enumerate(reads):
         for name in names:
             last_read[name] = i
+    kept = persistable | frozenset(keep)
     timed = []
     for i, op in enumerate(ops):
         candidates = dict.fromkeys(reads[i] + op.outputs)
-        dead = tuple(n for n in candidates
-                     if last_read.get(n, -1) <= i and n not in keep and not persistable(n))
+        dead = tuple(n for n in candidates if last_read.get(n, -1) <= i and n not in kept)
         live = frozenset(j for j, n in enumerate(op.outputs) if n not in dead)
         timed.append(OpLifetime(op, i, dead, live))
-    writes = list(dict.fromkeys(n for op in ops for n in op.outputs if persistable(n)))
+    writes = list(dict.fromkeys(n for op in ops for n in op.outputs if n in persistable))
     return Lifetimes(timed, _free_reads(ops, reads), writes)
 
 
 def needed_ops(block: Block, keep: frozenset[str]) -> list[Op]:
     """Ops whose results are fetched or persist (directly or through later ops): the rest are skipped."""
-    return _needed(block, keep, _Persistable(block))[0]
+    return _needed(block, keep, _persistable_names(block))[0]
 
 
-def _needed(block: Block, keep, persistable) -> tuple[list[Op], list[list[str]]]:
-    """``needed_ops`` and each one's ``op_reads``."""
-    needed = set(keep)
+def _needed(block: Block, keep, persistable: frozenset[str]) -> tuple[list[Op], list[list[str]]]:
+    """``needed_ops`` and each one's ``op_reads`` (``persistable``: ``_persistable_names``)."""
+    needed = set(keep) | persistable
     kept, reads = [], []
     for op in reversed(block.ops):
-        if any(n in needed or persistable(n) for n in op.outputs):
+        if not needed.isdisjoint(op.outputs):
             names = op_reads(op)
             kept.append(op)
             reads.append(names)
@@ -142,17 +142,14 @@ def _free_reads(ops, reads) -> list[str]:
     return list(found)
 
 
-class _Persistable:
-    """``_persistable(block, name)``, each name looked up once."""
-
-    def __init__(self, block: Block):
-        self.block, self.known = block, {}
-
-    def __call__(self, name: str) -> bool:
-        found = self.known.get(name)
-        if found is None:
-            found = self.known[name] = _persistable(self.block, name)
-        return found
+def _persistable_names(block: Block) -> frozenset[str]:
+    """The names of ``block``'s ops that ``_persistable(block, name)`` is true of, for set lookups
+    in per-op loops: the global block's persistable variables; in a nested block, those of the
+    names its ops mention (its ancestors' variables may be many)."""
+    if block.parent_idx < 0:
+        return frozenset(name for name, var in block.vars.items() if var.persistable)
+    names = {name for op in block.ops for name in (*op_reads(op), *op.outputs)}
+    return frozenset(name for name in names if _persistable(block, name))
 
 
 def _persistable(block: Block, name: str) -> bool:
