@@ -58,7 +58,7 @@ class ChainPeak:
         sizer = Sizer(block, shapes)
         names = {n for reads in chain.reads for n in reads} | {n for outs in chain.outputs for n in outs}
         sizes = {n: sizer.of(n) for n in names}
-        held = [op_holds(sizer, op, frozenset())[0] if op.sub_blocks() else 0 for op in block.ops]
+        held = [op_holds(sizer, op, frozenset())[0] if op.attrs and op.sub_blocks() else 0 for op in block.ops]
         if sizer.unknown:
             return None
         ops = list(zip(chain.reads, chain.outputs, held))
