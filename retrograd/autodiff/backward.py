@@ -190,6 +190,8 @@ class _Backward:
 
 def _named_in_attrs(name: str, ops: list[Op]) -> bool:
     """Whether an attribute mentions ``name`` (then renaming it is not safe)."""
+    if not any(op.attrs for op in ops):
+        return False            # the common case: no attribute to look through
     def mentions(value) -> bool:
         if isinstance(value, str):
             return value == name

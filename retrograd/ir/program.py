@@ -766,7 +766,10 @@ class Program:
             assert main.has_name("x") and not main.has_name("y")
             ```
         """
-        return any(name in block.vars for block in self.blocks)
+        for block in self.blocks:
+            if name in block.vars:
+                return True
+        return False
 
     def unique_name(self, prefix: str) -> str:
         """A variable name not used anywhere in the program: ``prefix_N``.
