@@ -89,6 +89,9 @@ class Lifetimes:
     persistable_writes: list[str]  # written back to the scope after a run
 
 
+_LIVE, _NOT_LIVE = frozenset((0,)), frozenset()       # live_outputs of an op with one output
+
+
 def lifetimes(block: Block, keep: frozenset[str]) -> Lifetimes:
     """Ops a run fetching ``keep`` needs, and when each value dies: after the last op that
     reads it (sub-block reads count), or as it is written when nothing reads it, unless it is
@@ -104,7 +107,10 @@ def lifetimes(block: Block, keep: frozenset[str]) -> Lifetimes:
     for i, op in enumerate(ops):
         candidates = dict.fromkeys(reads[i] + op.outputs)
         dead = tuple(n for n in candidates if last_read.get(n, -1) <= i and n not in kept)
-        live = frozenset(j for j, n in enumerate(op.outputs) if n not in dead)
+        if len(op.outputs) == 1:                # most ops: one of two sets, shared
+            live = _NOT_LIVE if op.outputs[0] in dead else _LIVE
+        else:
+            live = frozenset(j for j, n in enumerate(op.outputs) if n not in dead)
         timed.append(OpLifetime(op, i, dead, live))
     writes = list(dict.fromkeys(n for op in ops for n in op.outputs if n in persistable))
     return Lifetimes(timed, _free_reads(ops, reads), writes)
