@@ -133,6 +133,8 @@ class Var:
         self.name = name
         if type(shape) is tuple and all(type(d) is int for d in shape):     # another Var's shape: as is
             self.shape = shape
+        elif type(shape) is list and all(type(d) is int for d in shape):    # what shape rules answer
+            self.shape = tuple(shape)
         else:
             self.shape = tuple(as_ints(shape, f"the shape of '{name}'"))
         self.dtype = canonical(dtype)
