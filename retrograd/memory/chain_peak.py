@@ -126,9 +126,10 @@ class ChainPeak:
         last: dict = {}                              # name -> its last reader, counted from the end
         first_read: dict = {}                        # name -> its first use is a read
         kept = []
+        read_later = last.keys()                     # (a live view)
         for op in reversed(ops):
             reads, outs = op[0], op[1]
-            if protected.isdisjoint(outs) and last.keys().isdisjoint(outs):
+            if read_later.isdisjoint(outs) and protected.isdisjoint(outs):
                 continue
             k = len(kept)
             kept.append(op)
