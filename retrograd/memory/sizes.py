@@ -49,9 +49,13 @@ def resolve_shapes(block: Block, feed_shapes: Mapping[str, Sequence[int]] | None
     if known is not None:
         shapes.update(known)
     rules: dict[tuple, list | None] = {}     # what rules without attributes said for input shapes
+    sized: dict[str, bool] = {}     # op type -> has a size_values rule
     for op in block.ops:
-        _size_values(op, shapes, values)
-        if known is not None and all(name in known for name in op.outputs):
+        if op.type not in sized:
+            sized[op.type] = get_op_def(op.type).extra.get("size_values") is not None
+        if sized[op.type]:
+            _size_values(op, shapes, values)
+        if known is not None and all(map(known.__contains__, op.outputs)):
             continue
         if all(name in shapes and min(shapes[name], default=0) >= 0 for name in op.outputs):
             inferred = None         # nothing to learn: every output's size is known already
