@@ -145,14 +145,14 @@ class _Backward:
     def add_op_grads(self, op: Op, grad_ops: list[Op], in_grad_names: list[str | None], needs: set[str]) -> None:
         """Name the gradient maker's results after the forward inputs, place its ops, collect them."""
         made_here = {n for grad_op in grad_ops for n in grad_op.outputs}
-        uses = Counter(in_grad_names)
         names: list[str | None] = []
         gradient_of: dict[str, str] = {}
         for name, grad_name in zip(op.inputs, in_grad_names):
             if grad_name is None or name not in needs:
                 names.append(None)
                 continue
-            if grad_name in made_here and uses[grad_name] == 1 and not _named_in_attrs(grad_name, grad_ops):
+            if (grad_name in made_here and in_grad_names.count(grad_name) == 1
+                    and not _named_in_attrs(grad_name, grad_ops)):
                 new = self._display_name(name) if self.counts[name] == 1 else self._part_name(name)
                 grad_name = _rename_new(self.block.var(grad_name), new, grad_ops)
             names.append(grad_name)
@@ -190,6 +190,8 @@ class _Backward:
 
 def _named_in_attrs(name: str, ops: list[Op]) -> bool:
     """Whether an attribute mentions ``name`` (then renaming it is not safe)."""
+    if not any(op.attrs for op in ops):
+        return False            # the common case: no attribute to look through
     def mentions(value) -> bool:
         if isinstance(value, str):
             return value == name

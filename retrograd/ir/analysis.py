@@ -47,6 +47,8 @@ def op_reads(op: Op) -> list[str]:
     between the sub-block and the op's block are inner to the op, not reads.
     """
     names = list(op.inputs)
+    if not op.attrs:            # most ops (no attribute, no sub-block): asked for every op of every plan
+        return names
     for sub in op.sub_blocks():
         inner = _declared_below(sub, op.block)
         names.extend(n for n in free_reads(sub) if n not in inner)
@@ -87,37 +89,73 @@ class Lifetimes:
     persistable_writes: list[str]  # written back to the scope after a run
 
 
+_LIVE, _NOT_LIVE = frozenset((0,)), frozenset()       # live_outputs of an op with one output
+
+
 def lifetimes(block: Block, keep: frozenset[str]) -> Lifetimes:
     """Ops a run fetching ``keep`` needs, and when each value dies: after the last op that
     reads it (sub-block reads count), or as it is written when nothing reads it, unless it is
     kept or persistable."""
-    ops = needed_ops(block, keep)
-    reads = [op_reads(op) for op in ops]
+    persistable = _persistable_names(block)
+    ops, reads = _needed(block, keep, persistable)       # each op's reads asked once (10,000-op plans)
     last_read: dict[str, int] = {}
     for i, names in enumerate(reads):
         for name in names:
             last_read[name] = i
+    kept = persistable | frozenset(keep)
     timed = []
     for i, op in enumerate(ops):
-        candidates = dict.fromkeys(list(reads[i]) + list(op.outputs))
-        dead = tuple(n for n in candidates
-                     if last_read.get(n, -1) <= i and n not in keep and not _persistable(block, n))
-        live = frozenset(j for j, n in enumerate(op.outputs) if n not in dead)
+        candidates = dict.fromkeys(reads[i] + op.outputs)
+        dead = tuple(n for n in candidates if last_read.get(n, -1) <= i and n not in kept)
+        if len(op.outputs) == 1:                # most ops: one of two sets, shared
+            live = _NOT_LIVE if op.outputs[0] in dead else _LIVE
+        else:
+            live = frozenset(j for j, n in enumerate(op.outputs) if n not in dead)
         timed.append(OpLifetime(op, i, dead, live))
-    writes = list(dict.fromkeys(n for op in ops for n in op.outputs if _persistable(block, n)))
-    return Lifetimes(timed, free_reads_of_ops(ops), writes)
+    writes = list(dict.fromkeys(n for op in ops for n in op.outputs if n in persistable))
+    return Lifetimes(timed, _free_reads(ops, reads), writes)
 
 
 def needed_ops(block: Block, keep: frozenset[str]) -> list[Op]:
     """Ops whose results are fetched or persist (directly or through later ops): the rest are skipped."""
-    needed = set(keep)
-    kept = []
+    return _needed(block, keep, _persistable_names(block))[0]
+
+
+def _needed(block: Block, keep, persistable: frozenset[str]) -> tuple[list[Op], list[list[str]]]:
+    """``needed_ops`` and each one's ``op_reads`` (``persistable``: ``_persistable_names``)."""
+    needed = set(keep) | persistable
+    kept, reads = [], []
     for op in reversed(block.ops):
-        if any(n in needed or _persistable(block, n) for n in op.outputs):
+        if not needed.isdisjoint(op.outputs):
+            names = op_reads(op)
             kept.append(op)
-            needed.update(op_reads(op))
+            reads.append(names)
+            needed.update(names)
     kept.reverse()
-    return kept
+    reads.reverse()
+    return kept, reads
+
+
+def _free_reads(ops, reads) -> list[str]:
+    """``free_reads_of_ops(ops)`` given each op's reads."""
+    written: set[str] = set()
+    found: dict[str, None] = {}
+    for op, names in zip(ops, reads):
+        for name in names:
+            if name not in written:
+                found.setdefault(name)
+        written.update(op.outputs)
+    return list(found)
+
+
+def _persistable_names(block: Block) -> frozenset[str]:
+    """The names of ``block``'s ops that ``_persistable(block, name)`` is true of, for set lookups
+    in per-op loops: the global block's persistable variables; in a nested block, those of the
+    names its ops mention (its ancestors' variables may be many)."""
+    if block.parent_idx < 0:
+        return frozenset(name for name, var in block.vars.items() if var.persistable)
+    names = {name for op in block.ops for name in (*op_reads(op), *op.outputs)}
+    return frozenset(name for name in names if _persistable(block, name))
 
 
 def _persistable(block: Block, name: str) -> bool:

@@ -131,7 +131,12 @@ class Var:
                  is_data: bool = False):
         self.block = block
         self.name = name
-        self.shape = tuple(as_ints(shape, f"the shape of '{name}'"))
+        if type(shape) is tuple and all(type(d) is int for d in shape):     # another Var's shape: as is
+            self.shape = shape
+        elif type(shape) is list and all(type(d) is int for d in shape):    # what shape rules answer
+            self.shape = tuple(shape)
+        else:
+            self.shape = tuple(as_ints(shape, f"the shape of '{name}'"))
         self.dtype = canonical(dtype)
         self.persistable = persistable
         self.trainable = trainable
@@ -268,7 +273,9 @@ class Op:
             if isinstance(value, Block):
                 found.append(value)
             elif isinstance(value, (list, tuple)):
-                found.extend(v for v in value if isinstance(v, Block))
+                for v in value:
+                    if isinstance(v, Block):
+                        found.append(v)
         return found
 
     def index(self) -> int:
@@ -473,6 +480,8 @@ class Block:
             assert body.sees(x) and not main.global_block().sees(inner)
             ```
         """
+        if var.block is self:        # the common case: no walk up the blocks
+            return True
         return any(block is var.block for block in self.ancestors())
 
     def home_of(self, var: Var) -> str:
@@ -759,7 +768,10 @@ class Program:
             assert main.has_name("x") and not main.has_name("y")
             ```
         """
-        return any(name in block.vars for block in self.blocks)
+        for block in self.blocks:
+            if name in block.vars:
+                return True
+        return False
 
     def unique_name(self, prefix: str) -> str:
         """A variable name not used anywhere in the program: ``prefix_N``.

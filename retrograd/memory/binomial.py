@@ -23,7 +23,7 @@ alive because copies read them.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Callable
 
 from ..ir.analysis import op_reads
@@ -62,6 +62,9 @@ class ChainOps:
     outputs: list[list[str]]
     recomputable: list[bool]              # per forward op
     temporaries: list[set[str]]           # per unit
+    # (kind, start, stop) -> what an action over those units copies: a function of the block alone,
+    # asked again by every schedule the search tries (each reverses every unit).
+    memo: dict = field(default_factory=dict)
 
     @staticmethod
     def of(block: Block, info: ForwardValues, units: Units) -> "ChainOps":
@@ -72,9 +75,10 @@ class ChainOps:
         return chain
 
 
-def apply_binomial(block: Block, info: ForwardValues, units: Units, plan: Plan) -> int:
-    """Rewrite the backward after ``block.ops[:info.n_forward]`` to follow ``plan``; return copies made."""
-    chain = ChainOps.of(block, info, units)
+def apply_binomial(block: Block, info: ForwardValues, units: Units, plan: Plan, chain: ChainOps | None = None) -> int:
+    """Rewrite the backward after ``block.ops[:info.n_forward]`` to follow ``plan``; return copies made.
+    ``chain``: ``ChainOps.of(block, info, units)`` when the caller has it (the block unchanged since)."""
+    chain = chain if chain is not None else ChainOps.of(block, info, units)
 
     def copy(indices: list[int], current: dict[str, str]) -> tuple[list[Op], dict[str, str]]:
         return copy_ops(block, [block.ops[i] for i in indices], dict(current))
@@ -98,23 +102,39 @@ def plan_groups(chain: ChainOps, plan: Plan, copy: Callable) -> list[tuple[int, 
         if isinstance(action, Restore):
             current = dict(stored[action.step])
         elif isinstance(action, Advance):
-            wanted = set(units.states[action.stop])
-            copies, mapping = copy(_chosen(chain, action.start, action.stop, wanted), current)
+            copies, mapping = copy(_advanced(chain, action.start, action.stop), current)
             pending += copies
             current = {n: mapping.get(n, n) for n in units.states[action.stop]}
         elif isinstance(action, Store):
             stored[action.step] = dict(current)
         elif isinstance(action, Reverse):
-            values = set().union(*chain.temporaries[action.start:action.stop])
-            values -= set(units.states[action.stop])
-            wanted = {n for n in values if n in info.backward_reads}
-            copies, mapping = copy(_chosen(chain, action.start, action.stop, wanted), current)
+            chosen, wanted = _reversed(chain, action.start, action.stop)
+            copies, mapping = copy(chosen, current)
             register = {n: current.get(n, n) for n in units.states[action.start]}
             register.update({n: mapping[n] for n in wanted if n in mapping})
             at = _first_reader(chain, at, set(register) | wanted)
             groups.append((at, pending + copies, register))
             pending = []
     return groups
+
+
+def _advanced(chain: ChainOps, start: int, stop: int) -> list[int]:
+    """The ops ``Advance(start, stop)`` copies: those leading to the state at cut ``stop``."""
+    key = ("advance", start, stop)
+    if key not in chain.memo:
+        chain.memo[key] = _chosen(chain, start, stop, set(chain.units.states[stop]))
+    return chain.memo[key]
+
+
+def _reversed(chain: ChainOps, start: int, stop: int) -> tuple[list[int], set[str]]:
+    """What ``Reverse(start, stop)`` copies (op indices) and the values the backward reads of it."""
+    key = ("reverse", start, stop)
+    if key not in chain.memo:
+        values = set().union(*chain.temporaries[start:stop])
+        values -= set(chain.units.states[stop])
+        wanted = {n for n in values if n in chain.info.backward_reads}
+        chain.memo[key] = _chosen(chain, start, stop, wanted), wanted
+    return chain.memo[key]
 
 
 def _unit_values(info: ForwardValues, units: Units, u: int) -> set[str]:
@@ -128,7 +148,7 @@ def _chosen(chain: ChainOps, start: int, stop: int, wanted: set[str]) -> list[in
     inside = set().union(*chain.temporaries[start:stop])
     chosen, need = [], set(wanted)
     for i in range(last - 1, first - 1, -1):
-        if chain.recomputable[i] and any(n in need for n in chain.outputs[i]):
+        if chain.recomputable[i] and not need.isdisjoint(chain.outputs[i]):
             chosen.append(i)
             need.update(n for n in chain.reads[i] if n in inside)
     return chosen[::-1]
@@ -137,7 +157,7 @@ def _chosen(chain: ChainOps, start: int, stop: int, wanted: set[str]) -> list[in
 def _first_reader(chain: ChainOps, start: int, names: set[str]) -> int:
     reads = chain.reads
     for i in range(start, len(reads)):
-        if any(n in names for n in reads[i]):
+        if not names.isdisjoint(reads[i]):
             return i
     return start
 

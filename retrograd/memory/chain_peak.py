@@ -58,7 +58,7 @@ class ChainPeak:
         sizer = Sizer(block, shapes)
         names = {n for reads in chain.reads for n in reads} | {n for outs in chain.outputs for n in outs}
         sizes = {n: sizer.of(n) for n in names}
-        held = [op_holds(sizer, op, frozenset())[0] if op.sub_blocks() else 0 for op in block.ops]
+        held = [op_holds(sizer, op, frozenset())[0] if op.attrs and op.sub_blocks() else 0 for op in block.ops]
         if sizer.unknown:
             return None
         ops = list(zip(chain.reads, chain.outputs, held))
@@ -126,9 +126,10 @@ class ChainPeak:
         last: dict = {}                              # name -> its last reader, counted from the end
         first_read: dict = {}                        # name -> its first use is a read
         kept = []
+        read_later = last.keys()                     # (a live view)
         for op in reversed(ops):
             reads, outs = op[0], op[1]
-            if protected.isdisjoint(outs) and last.keys().isdisjoint(outs):
+            if read_later.isdisjoint(outs) and protected.isdisjoint(outs):
                 continue
             k = len(kept)
             kept.append(op)

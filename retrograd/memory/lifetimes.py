@@ -31,10 +31,16 @@ class ForwardValues:
                 info.readers.setdefault(name, []).append(i)
             for name in op.outputs:
                 info.writers.setdefault(name, []).append(i)
+        inputs: dict[str, bool] = {}      # name -> _is_input, asked once per name
         for op in block.ops[n_forward:]:
             for name in dict.fromkeys(op_reads(op)):
-                if name in info.writers or _is_input(block, name):
-                    info.backward_reads[name] = info.backward_reads.get(name, 0) + 1
+                if name not in info.writers:
+                    found = inputs.get(name)
+                    if found is None:
+                        found = inputs[name] = _is_input(block, name)
+                    if not found:
+                        continue
+                info.backward_reads[name] = info.backward_reads.get(name, 0) + 1
         return info
 
     def producer(self, name: str) -> int | None:

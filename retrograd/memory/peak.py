@@ -34,6 +34,17 @@ from .loops.trip_counts import unbounded_loops
 
 
 
+_ITEMSIZES: dict[str, int] = {}
+
+
+def _itemsize(dtype: str) -> int:
+    """``np.dtype(dtype).itemsize``, asked once per dtype (planning asks per value)."""
+    size = _ITEMSIZES.get(dtype)
+    if size is None:
+        size = _ITEMSIZES[dtype] = np.dtype(dtype).itemsize
+    return size
+
+
 class Sizer:
     """Bytes of values at resolved shapes; -1 dims inside loop bodies take the batch ``rows``.
     ``live``: a budgeted loop's segment counts what is live at once rather than what its
@@ -44,21 +55,21 @@ class Sizer:
         self.stand_ins = stand_in_names(block)
         self.unknown: list[str] = []
         self.live: dict[str, int] = {}       # bytes of the values live at the op being planned
-        self.dying: frozenset = frozenset()  # the values dying after the op being planned
+        self.dying: tuple = ()               # the values dying after the op being planned
 
     def of(self, name: str, block: Block | None = None) -> int:
         var = (block or self.block).find_var(name)
         if var is None:
             return 0
         if name in self.stand_ins:
-            return np.dtype(var.dtype).itemsize
+            return _itemsize(var.dtype)
         shape = self.shapes.get(name, var.shape) if block is None else var.shape
         if 0 in shape:          # empty whatever its other sizes (a TensorArray not written yet)
             return 0
-        if any(d < 0 for d in shape):
+        if shape and min(shape) < 0:
             self.unknown.append(name)
             shape = tuple(max(d, 1) for d in shape)
-        return int(math.prod(shape)) * np.dtype(var.dtype).itemsize
+        return int(math.prod(shape)) * _itemsize(var.dtype)
 
     def var_bytes(self, var: Var, rows: int, steps: int = 1) -> int:
         """A loop body's value with -1 taken as the batch ``rows`` (where its loop did not resolve
@@ -396,8 +407,12 @@ def planned_peak(block: Block, keep, feed_shapes: Mapping | None = None, shapes:
     sizer.live = held_now
     total = peak = sum(held_now.values())
     for step in timed.ops:
-        sizer.dying = frozenset(step.dead)
-        held, outs = _holds(sizer, step.op, step.live_outputs)
+        op = step.op
+        if op.attrs or op.type in HOLDS:
+            sizer.dying = step.dead
+            held, outs = _holds(sizer, op, step.live_outputs)
+        else:           # no attribute, no sub-block, no rule of its own (most ops): its outputs alone
+            held, outs = 0, [sizer.of(n) for n in op.outputs]
         peak = max(peak, total + held + sum(outs))
         for name, size in zip(step.op.outputs, outs):
             total += size - held_now.get(name, 0)

@@ -91,11 +91,14 @@ def bind_shape_stand_ins(block: Block, n_forward: int, positions=None) -> int:
     last_other_read: dict[str, int] = {}
     for i, op in enumerate(block.ops):
         only = (positions or shape_only_positions)(op) if i >= n_forward else frozenset()
-        for j, name in enumerate(op.inputs):
-            if j in only:
-                shape_reads.setdefault(name, []).append((op, j))
-                last_shape_read[name] = i
-        others = [n for j, n in enumerate(op.inputs) if j not in only] + op_reads(op)[len(op.inputs):]
+        if not only:                    # most ops: every read a real one
+            others = op_reads(op)
+        else:
+            for j, name in enumerate(op.inputs):
+                if j in only:
+                    shape_reads.setdefault(name, []).append((op, j))
+                    last_shape_read[name] = i
+            others = [n for j, n in enumerate(op.inputs) if j not in only] + op_reads(op)[len(op.inputs):]
         for name in others:
             last_other_read[name] = i
     chosen = [name for name in shape_reads if _worth_a_stand_in(info, name)

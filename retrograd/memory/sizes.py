@@ -48,11 +48,19 @@ def resolve_shapes(block: Block, feed_shapes: Mapping[str, Sequence[int]] | None
     values: dict[str, int] = {}       # int scalars whose value the planner knows (a Dim's size)
     if known is not None:
         shapes.update(known)
+    rules: dict[tuple, list | None] = {}     # what rules without attributes said for input shapes
+    sized: dict[str, bool] = {}     # op type -> has a size_values rule
     for op in block.ops:
-        _size_values(op, shapes, values)
-        if known is not None and all(name in known for name in op.outputs):
+        if op.type not in sized:
+            sized[op.type] = get_op_def(op.type).extra.get("size_values") is not None
+        if sized[op.type]:
+            _size_values(op, shapes, values)
+        if known is not None and all(map(known.__contains__, op.outputs)):
             continue
-        inferred = _infer(op, block, shapes)
+        if all(name in shapes and min(shapes[name], default=0) >= 0 for name in op.outputs):
+            inferred = None         # nothing to learn: every output's size is known already
+        else:
+            inferred = _infer(op, block, shapes, rules)
         if inferred is not None:
             for name, shape in zip(op.outputs, inferred):
                 declared = shapes.get(name, ())
@@ -64,7 +72,7 @@ def resolve_shapes(block: Block, feed_shapes: Mapping[str, Sequence[int]] | None
             scan_shapes(op, shapes, values, resolve_shapes)
         elif op.type == "WhileBudgetGrad":
             budget_grad_shapes(op, shapes, resolve_shapes)
-        if op.sub_blocks():
+        if op.attrs and op.sub_blocks():
             _carried_shapes(op, block, shapes)
     return shapes
 
@@ -99,18 +107,28 @@ def _size_values(op, shapes: Shapes, values: dict[str, int]) -> None:
         shapes[name] = tuple(shape)
 
 
-def _infer(op, block: Block, shapes: Shapes) -> list[tuple[int, ...]] | None:
-    """The op's shape rule on concrete input shapes; None when the rule cannot say more."""
+def _infer(op, block: Block, shapes: Shapes, rules: dict | None = None) -> list[tuple[int, ...]] | None:
+    """The op's shape rule on concrete input shapes; None when the rule cannot say more.
+    ``rules``: answers of rules of ops without attributes, by (type, input shapes and dtypes): a
+    deep chain asks the same few thousands of times."""
     ins = [block.find_var(n) for n in op.inputs]
     if any(v is None for v in ins) or all(shapes.get(v.name) == v.shape for v in ins):
         return None  # nothing more known than what is declared
+    key = None
+    if rules is not None and not op.attrs:
+        key = (op.type, *((shapes.get(v.name, v.shape), v.dtype) for v in ins))
+        if key in rules:
+            return rules[key]
     probes = [Var(v.block, v.name, shapes.get(v.name, v.shape), v.dtype) for v in ins]
     try:
         specs = get_op_def(op.type).infer(probes, op.attrs)
     except (ProgramError, KeyError, IndexError, TypeError, ValueError):
         # A rule that cannot handle the probe leaves the declared shapes in place.
-        return None
-    return [tuple(int(d) for d in shape) for shape, _ in specs]
+        specs = None
+    found = None if specs is None else [tuple(int(d) for d in shape) for shape, _ in specs]
+    if key is not None:
+        rules[key] = found
+    return found
 
 
 def value_bytes(var: Var, shapes: Shapes | None = None) -> int | None:

@@ -46,7 +46,8 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
 from ...errors import ProgramError, ShapeError
-from ...ir.builder import capture_ops, current_block, emit
+from ...ir.analysis import op_reads
+from ...ir.builder import block_guard, capture_ops, current_block, emit
 from ...ir.location import here, located
 from ...ir.program import Block, Op, Var
 from ...ir.verify import OpSchema, register_op_schema
@@ -295,6 +296,16 @@ def append_op(type: str, inputs: Sequence[Var], attrs: dict | None = None, *,
 
 
 def _snake(type: str) -> str:
+    found = _SNAKE.get(type)
+    if found is None:
+        found = _SNAKE[type] = _snake_case(type)
+    return found
+
+
+_SNAKE: dict[str, str] = {}         # op type -> its snake-case name prefix (asked once per op built)
+
+
+def _snake_case(type: str) -> str:
     out = []
     for i, ch in enumerate(type):
         if ch.isupper() and i and not type[i - 1].isupper():
@@ -380,7 +391,6 @@ def make_grad_ops(op: Op, out_grad_names: Sequence[str | None], block: Block | N
     if opdef.grad is None:
         raise ProgramError(f"{op.where()} has no gradient maker; it cannot be on the path to the loss "
                            f"(inputs: {', '.join(op.inputs)})")
-    from ...ir.builder import block_guard
     out_grads = [None if n is None else block.var(n) for n in out_grad_names]
     # The gradient's ops point at the line that built the forward op.
     with block_guard(block), capture_ops() as grad_ops, located(op.location):
@@ -398,6 +408,8 @@ def make_grad_ops(op: Op, out_grad_names: Sequence[str | None], block: Block | N
 
 def _forget_outputs_of_dropped(built: list[Op], kept: list[Op], block: Block) -> None:
     """Undeclare the Vars that only dropped ops wrote, so no dangling names remain."""
+    if len(kept) == len(built):
+        return                  # nothing dropped (most makers)
     kept_ids = {id(op) for op in kept}
     still_written = {n for op in kept for n in op.outputs}
     for op in built:
@@ -412,11 +424,10 @@ def _forget_outputs_of_dropped(built: list[Op], kept: list[Op], block: Block) ->
 
 def _ops_leading_to(ops: list[Op], needed: set[str]) -> list[Op]:
     """The ops among ``ops`` that (transitively) write a name in ``needed``."""
-    from ...ir.analysis import op_reads
     kept = []
     needed = set(needed)
     for op in reversed(ops):
-        if any(n in needed for n in op.outputs):
+        if not needed.isdisjoint(op.outputs):
             kept.append(op)
             needed.update(op_reads(op))
     kept.reverse()

@@ -26,6 +26,8 @@ def broadcast_dim(a: int, b: int) -> int:
 
 def broadcast_shapes(*shapes: Sequence[int]) -> tuple[int, ...]:
     """NumPy broadcasting, with -1 for unknown dimensions."""
+    if len(shapes) == 2 and tuple(shapes[0]) == tuple(shapes[1]):
+        return tuple(shapes[0])         # the common case (the same shape twice): as the loop would answer
     rank = max((len(s) for s in shapes), default=0)
     result = [1] * rank
     for shape in shapes:
