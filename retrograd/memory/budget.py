@@ -358,10 +358,10 @@ def _stored_recomputing_cheap(loss: Var, feed_shapes, build, budget: int, total:
     block = scratch.global_block()
     pairs, n_forward = build(block.var(loss.name), real=False)
     try:
-        chosen = fewest_freed(block, n_forward, [loss.name] + [g.name for _, g in pairs], feed_shapes, budget)
+        names, peak = _freed_in(block, n_forward, [loss.name] + [g.name for _, g in pairs], feed_shapes, budget,
+                                resolve_shapes(block, feed_shapes))
     except ProgramError:        # a size feed_shapes leaves open: the schedules below say which
         return None, None
-    names, peak = chosen
     if names is None:
         return None, peak
     pairs, n_forward = build()
@@ -377,12 +377,32 @@ def _recompute_cheap_in_place(block: Block, n_forward: int, keep: list[str], fee
     planned peak it reaches when not done)."""
     if not policies.recomputes_selectively() or n_forward > SELECTIVE_MAX_OPS:
         return False, None
-    names, peak = fewest_freed(block, n_forward, keep, feed_shapes, budget, shapes)
+    names, peak = _freed_in(block, n_forward, keep, feed_shapes, budget, shapes)
     if names is None:
         return False, peak
-    apply_selective(ForwardValues.of(block, n_forward), set(names))
     _record(block.program, BudgetPlan(total, peak + reserve, store_all + reserve, None, recomputed=len(names)))
     return True, None
+
+
+def _freed_in(block: Block, n_forward: int, keep: list[str], feed_shapes, budget: int,
+              shapes) -> tuple[list[str] | None, int | None]:
+    """The fewest values to free that fit (``selective.fewest_freed``), freed in ``block``: (names,
+    planned peak); else ``(None, the least planned peak reached)`` with ``block`` unchanged. The
+    model's peak is checked against the rewritten block's own: should they differ, the block is
+    put back and searched with a copy per trial."""
+    names, peak = fewest_freed(block, n_forward, keep, feed_shapes, budget, shapes)
+    if names is None:
+        return None, peak
+    undo = _Undo(block.program)
+    apply_selective(ForwardValues.of(block, n_forward), set(names))
+    known = resolve_shapes(block, feed_shapes, known=shapes)
+    if planned_peak(block, keep, feed_shapes, shapes=known) == peak:
+        return names, peak
+    undo.restore()
+    names, peak = fewest_freed(block, n_forward, keep, feed_shapes, budget, shapes, modelled=False)
+    if names is not None:
+        apply_selective(ForwardValues.of(block, n_forward), set(names))
+    return names, peak
 
 
 def _plan_tails(block: Block, feed_shapes) -> None:

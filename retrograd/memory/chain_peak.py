@@ -119,44 +119,48 @@ class ChainPeak:
         return stream
 
     def _walk(self, ops: list, sizes: dict) -> int:
-        """``planned_peak``'s walk over ``lifetimes(keep)`` of the records. One backward pass finds
-        the needed ops (``ir.analysis.needed_ops``), each value's last read (counted from the end)
-        and the free reads (a value whose first use is a read); one forward pass adds and drops bytes."""
-        protected = self.keep | self.persistable     # needed, never freed
-        last: dict = {}                              # name -> its last reader, counted from the end
-        first_read: dict = {}                        # name -> its first use is a read
-        kept = []
-        read_later = last.keys()                     # (a live view)
-        for op in reversed(ops):
-            reads, outs = op[0], op[1]
-            if read_later.isdisjoint(outs) and protected.isdisjoint(outs):
-                continue
-            k = len(kept)
-            kept.append(op)
-            for name in outs:
-                first_read[name] = False
-            for name in reads:
-                if name not in last:
-                    last[name] = k
-                first_read[name] = True
-        held_now = {name: sizes[name] for name, read in first_read.items() if read}
-        total = peak = sum(held_now.values())
-        end = len(kept)
-        for j in range(end - 1, -1, -1):             # forward order: j ops after this one
-            reads, outs, held = kept[j]
-            made = total + held                      # what is held while the op runs
-            for name in outs:
-                size = sizes[name]
-                made += size
-                total += size - held_now.get(name, 0)
-                if last.get(name, end) >= j and name not in protected:     # read by nothing later
-                    held_now.pop(name, None)
-                    total -= size
-                else:
-                    held_now[name] = size
-            if made > peak:
-                peak = made
-            for name in reads:                       # dead after the op (a second pop finds nothing)
-                if last[name] >= j and name not in protected:
-                    total -= held_now.pop(name, 0)
-        return peak
+        return walk_peak(ops, sizes, self.keep | self.persistable)
+
+
+def walk_peak(ops: list, sizes: dict, protected: frozenset) -> int:
+    """``planned_peak``'s walk over ``lifetimes(keep)`` of records ``(reads, outputs, held bytes)``
+    (``protected``: the kept and persistable names, needed and never freed). One backward pass finds
+    the needed ops (``ir.analysis.needed_ops``), each value's last read (counted from the end) and
+    the free reads (a value whose first use is a read); one forward pass adds and drops bytes."""
+    last: dict = {}                              # name -> its last reader, counted from the end
+    first_read: dict = {}                        # name -> its first use is a read
+    kept = []
+    read_later = last.keys()                     # (a live view)
+    for op in reversed(ops):
+        reads, outs = op[0], op[1]
+        if read_later.isdisjoint(outs) and protected.isdisjoint(outs):
+            continue
+        k = len(kept)
+        kept.append(op)
+        for name in outs:
+            first_read[name] = False
+        for name in reads:
+            if name not in last:
+                last[name] = k
+            first_read[name] = True
+    held_now = {name: sizes[name] for name, read in first_read.items() if read}
+    total = peak = sum(held_now.values())
+    end = len(kept)
+    for j in range(end - 1, -1, -1):             # forward order: j ops after this one
+        reads, outs, held = kept[j]
+        made = total + held                      # what is held while the op runs
+        for name in outs:
+            size = sizes[name]
+            made += size
+            total += size - held_now.get(name, 0)
+            if last.get(name, end) >= j and name not in protected:     # read by nothing later
+                held_now.pop(name, None)
+                total -= size
+            else:
+                held_now[name] = size
+        if made > peak:
+            peak = made
+        for name in reads:                       # dead after the op (a second pop finds nothing)
+            if last[name] >= j and name not in protected:
+                total -= held_now.pop(name, 0)
+    return peak

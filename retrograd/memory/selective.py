@@ -47,6 +47,7 @@ Example:
 from __future__ import annotations
 
 import heapq
+import itertools
 import math
 from dataclasses import dataclass
 
@@ -55,7 +56,8 @@ from ..ir.program import Op
 from ..ops.core.registry import get_op_def
 from .lifetimes import ForwardValues
 from .recompute import copy_ops, recomputable, rename_reads
-from .peak import planned_peak
+from .chain_peak import walk_peak
+from .peak import HOLDS, Sizer, op_holds, planned_peak
 from .sizes import Shapes, estimated_bytes, resolve_shapes
 
 MAX_CLOSURE = 8         # ops re-run to make one value again, at most (a layer, not a chain of layers)
@@ -206,20 +208,76 @@ MAX_SHARE = 0.75        # recompute at most this share of the forward's estimate
                         # checkpoint schedule (one whole forward re-run, far less kept) is near
 
 
+@dataclass
+class FreedPeak:
+    """The planned peak of ``apply_selective(info, freed)``'s program for any ``freed``, without
+    rewriting it: the block's ops read once as records ``(reads, outputs, held bytes)``, the rewrite
+    replayed on them (copies reading the current names, writing fresh ones of their original's
+    size) and walked as ``planned_peak`` walks (``chain_peak.walk_peak``)."""
+    info: ForwardValues
+    ops: list[tuple[list, list, int]]
+    sizes: dict
+    protected: frozenset
+
+    @staticmethod
+    def of(block, info: ForwardValues, keep, shapes: Shapes) -> "FreedPeak | None":
+        """The model; None when an op's held bytes follow a rule of its own (``peak.HOLDS``) or a
+        size is unknown (trials then plan copies)."""
+        if any(op.type in HOLDS for op in block.ops):
+            return None
+        sizer = Sizer(block, shapes)
+        ops = [(op_reads(op), list(op.outputs), op_holds(sizer, op, frozenset())[0] if op.sub_blocks() else 0)
+               for op in block.ops]
+        names = {n for reads, outs, _ in ops for n in reads + outs}
+        sizes = {n: sizer.of(n) for n in names}
+        if sizer.unknown:
+            return None
+        persistable = {n for n in names if (var := block.find_var(n)) is not None and var.persistable}
+        return FreedPeak(info, ops, sizes, frozenset(keep) | persistable)
+
+    def peak(self, freed: set[str]) -> int:
+        closures = _Closures(self.info, {})
+        closures.freed = freed
+        sizes, fresh = dict(self.sizes), itertools.count()
+        n_forward = self.info.n_forward
+        stream, current = list(self.ops[:n_forward]), {}
+        for reads, outs, held in self.ops[n_forward:]:
+            wanted = [n for n in dict.fromkeys(reads) if n in freed and n not in current]
+            for index in sorted(closures.of(wanted, limit=math.inf)) if wanted else ():
+                copy_reads, copy_outs, copy_held = self.ops[index]
+                if all(name in current for name in copy_outs):
+                    continue
+                copy_reads = [current.get(n, n) for n in copy_reads]
+                for name in copy_outs:
+                    current[name] = new = next(fresh)
+                    sizes[new] = sizes[name]
+                stream.append((copy_reads, [current[n] for n in copy_outs], copy_held))
+            if not freed.isdisjoint(reads):
+                reads = [current[n] if n in freed else n for n in reads]
+            stream.append((reads, outs, held))
+        return walk_peak(stream, sizes, self.protected)
+
+
 def fewest_freed(block, n_forward: int, keep: list[str], feed_shapes, budget: int,
-                 shapes: Shapes | None = None) -> tuple[list[str] | None, int | None]:
+                 shapes: Shapes | None = None, modelled: bool = True) -> tuple[list[str] | None, int | None]:
     """The shortest prefix of ``price_values``' order whose rewrite of a copy of ``block``'s program
     plans within ``budget`` (within ``MAX_SHARE`` of the forward's cost): (names, planned peak);
     ``(None, the lowest planned peak a prefix reaches)`` when none fits (``(None, None)``: no value
-    can be freed)."""
+    can be freed). Each trial's peak comes from ``FreedPeak`` (``modelled``, where it applies), else
+    from a copy of the program rewritten and planned."""
     shapes = shapes if shapes is not None else resolve_shapes(block, feed_shapes)
     info = ForwardValues.of(block, n_forward)
     limit = MAX_SHARE * forward_cost(info, shapes)
     names = [p.name for p in price_values(info, shapes) if p.total <= limit]
+    model = FreedPeak.of(block, info, keep, shapes) if modelled and names else None
     peaks: dict[int, int] = {}
 
     def peak(k: int) -> int:
-        if k not in peaks:
+        if k in peaks:
+            return peaks[k]
+        if model is not None:
+            peaks[k] = model.peak(set(names[:k]))
+        else:
             copy = block.program.clone()
             apply_selective(ForwardValues.of(copy.blocks[block.idx], n_forward), set(names[:k]))
             peaks[k] = planned_peak(copy.blocks[block.idx], keep, feed_shapes)

@@ -152,3 +152,62 @@ def test_budgets_below_what_freeing_values_reaches_take_the_checkpoint_schedule(
         assert exe.last_stats.peak_bytes <= budget
         for got, want in zip(out, ref):
             np.testing.assert_array_equal(got, want)        # float64, the same ops on the same values
+
+
+def _built(body, shapes):
+    main = Program(random_seed=0)
+    with rg.program_guard(main, Program(random_seed=0)):
+        loss = body()
+        n_forward = len(main.global_block().ops)
+        pairs = rg.append_backward(loss)
+    return main, n_forward, [loss.name] + [g.name for _, g in pairs]
+
+
+@pytest.mark.parametrize("model", ["transformer", "mlp"])
+def test_the_freed_peak_model_is_the_rewritten_programs_planned_peak(model):
+    """``FreedPeak`` replays the rewrite on records of the ops: its peak for every prefix of the
+    order equals ``planned_peak`` of a copy rewritten by ``apply_selective``."""
+    from retrograd.memory.selective import FreedPeak
+
+    def transformer():
+        ids = rg.data("ids", [-1, LENGTH], dtype="int64")
+        labels = rg.data("labels", [-1, LENGTH], dtype="int64")
+        x = rg.layers.embedding(ids, VOCAB, WIDTH, name="emb")
+        for i in range(2):
+            x = rg.layers.transformer_block(x, num_heads=2, dropout=0.1, name=f"blk{i}")
+        return rg.mean(rg.softmax_cross_entropy(rg.layers.fc(x, VOCAB, name="head"), labels))
+
+    def mlp():
+        h = rg.data("x", [-1, 32])
+        for i in range(8):
+            h = rg.layers.fc(h, 32, act=["tanh", "relu", "sigmoid"][i % 3], name=f"fc{i}")
+        return rg.mean(h * h)
+
+    shapes = SHAPES if model == "transformer" else {"x": (64, 32)}
+    main, n_forward, keep = _built(transformer if model == "transformer" else mlp, shapes)
+    block = main.global_block()
+    info = ForwardValues.of(block, n_forward)
+    resolved = resolve_shapes(block, shapes)
+    names = [p.name for p in price_values(info, resolved)]
+    freed_peak = FreedPeak.of(block, info, keep, resolved)
+    assert len(names) > 4 and freed_peak is not None
+    for k in range(len(names) + 1):
+        copy = main.clone()
+        apply_selective(ForwardValues.of(copy.global_block(), n_forward), set(names[:k]))
+        assert freed_peak.peak(set(names[:k])) == planned_peak(copy.global_block(), keep, shapes), k
+
+
+def test_a_wrong_freed_peak_model_is_caught_and_the_search_plans_copies(monkeypatch, mm):
+    """A model that plans too low is caught by the rewritten program's own planned peak: the program
+    is put back and searched with a copy per trial, giving the plan the copies give."""
+    from retrograd.memory.selective import FreedPeak
+    planned, kept = _store_all()
+    budget = int(planned - 0.2 * kept)
+    monkeypatch.setattr(FreedPeak, "of", staticmethod(lambda *args: None))
+    reference = _transformer(budget)[0]
+    monkeypatch.undo()
+    true_peak = FreedPeak.peak
+    monkeypatch.setattr(FreedPeak, "peak", lambda self, freed: true_peak(self, freed) // 2)
+    main = _transformer(budget)[0]
+    assert main.memory_plan == reference.memory_plan and main.memory_plan.recomputed > 0
+    assert main.to_json() == reference.to_json()
