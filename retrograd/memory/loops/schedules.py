@@ -224,9 +224,11 @@ class Plan:
         return peak
 
     def own_states(self) -> int:
-        """The most states the backward makes and holds at once: the sweep's checkpoints are rows
-        of the forward's checkpoint tensors, which live until the backward ends, so ``Drop`` of one
-        frees nothing and a ``Store`` in its slot is new memory. Counted: the checkpoints an
+        """The most states the backward makes and holds at once, beside the sweep's checkpoints.
+
+        The sweep's checkpoints are rows of the forward's checkpoint tensors, which live until the
+        backward ends, so ``Drop`` of one frees nothing and a ``Store`` in its slot is new memory
+        (``peak.py`` counts these states on top of those rows). Counted: the checkpoints an
         ``Advance`` made, the current state when an ``Advance`` made it and no checkpoint keeps it,
         and during an ``Advance`` of 2+ steps the previous step's state (the next one being made
         is the step's own value).
