@@ -204,14 +204,16 @@ def _rnn_grad_holds(sizer: Sizer, op, live) -> tuple[int, list[int]]:
         plan = checkpoint_plan(steps, int(attrs["budget"]), sum(states), tape, from_alls,
                                batched=batched_bytes(rows_batched, rows) if long else None,
                                unaliased=batched_bytes(batched_rows(unaliased, backward, attrs["tape"]), rows))
-        taken = 0 if from_alls else len(plan.sweep_stores) * sum(states)    # inputs: live already
+        # The sweep's checkpoints are rows of inputs, live already (dropping one frees nothing): the
+        # states the backward holds besides them are those it makes (``Plan.own_states``).
+        own = 0 if from_alls else plan.own_states() * sum(states)
         if sizer.live_only:     # the schedule reserves a shared batched row per use; it is one buffer
             tape = _tape_bytes(sizer, attrs["step"], attrs["tape"],
                                batched_rows(attrs["batched"], backward, attrs["tape"], once=True), states, rows,
                                from_alls)
         # A step re-runs (advance, tape) and backward steps (reverse) take turns: one body at a time.
         # From the kept states tensors, the plan's checkpoints are views of them: only the tape.
-        kept = min(plan.segment, steps) * tape if from_alls else plan.peak_bytes(sum(states), tape) - taken
+        kept = min(plan.segment, steps) * tape + own
         # The forward's tail (policies.py, "keep_tail") is an input, live already: its buffers are
         # the segments' tape.
         if n_tail and not tail_shared(op):      # (an empty tail, budget_tail_off, subtracts nothing)
@@ -219,7 +221,7 @@ def _rnn_grad_holds(sizer: Sizer, op, live) -> tuple[int, list[int]]:
         segment = min(max(plan.segment, plan.tail_segment), steps)
         if plan.tail:       # a long tail: its buffers hold every segment's tape; only unaliased rows added
             kept = segment * batched_bytes(batched_rows(unaliased, backward, attrs["tape"], once=sizer.live_only), rows)
-            kept += 0 if from_alls else plan.max_stored() * sum(states) - taken
+            kept += own
             # the step being re-run: its state and tape values before they are copied into the tail's rows
             kept += _tape_bytes(sizer, attrs["step"], attrs["tape"], [], states, rows, from_alls) if plan.tail < steps else 0
         held = max(held, sizer.block_bytes(attrs["step"], rows)) + kept

@@ -223,6 +223,49 @@ class Plan:
                 held.discard(action.step)
         return peak
 
+    def own_states(self) -> int:
+        """The most states the backward makes and holds at once, beside the sweep's checkpoints.
+
+        The sweep's checkpoints are rows of the forward's checkpoint tensors, which live until the
+        backward ends, so ``Drop`` of one frees nothing and a ``Store`` in its slot is new memory
+        (``peak.py`` counts these states on top of those rows). Counted: the checkpoints an
+        ``Advance`` made, the current state when an ``Advance`` made it and no checkpoint keeps it,
+        and during an ``Advance`` of 2+ steps the previous step's state (the next one being made
+        is the step's own value).
+
+        Returns:
+            A count of states (each all the recurrent states of one step).
+
+        Example:
+            ```python
+            import numpy as np
+            import retrograd as rg
+
+            plan = rg.memory.make_plan(40, 1, 8)
+            assert plan.max_stored() == 8 and plan.own_states() == 7   # beside the 8 sweep rows
+            ```
+        """
+        kept: dict = {}                 # step -> the advance that made its state (None: the sweep's)
+        current, owned, made, peak = None, False, 0, 0
+
+        def held() -> int:
+            return len({m for m in kept.values() if m is not None} | ({current} if owned else set()))
+        for action in self._actions:
+            if isinstance(action, Restore):
+                current, owned = kept.get(action.step), False
+            elif isinstance(action, Advance):
+                peak = max(peak, held() + (action.stop - action.start > 1))
+                made += 1
+                current, owned = made, True
+            elif isinstance(action, Store):
+                kept[action.step] = current
+            elif isinstance(action, Drop):
+                kept.pop(action.step, None)
+            elif isinstance(action, Reverse):
+                peak = max(peak, held())
+                current, owned = None, False
+        return peak
+
     def recomputed_steps(self) -> int:
         """Forward steps the backward runs (taped and not).
 
