@@ -190,12 +190,11 @@ def _micro_batch(program: Program, block: Block, ops: list[Op], feed_axes: dict[
     return mapping
 
 
-def _join(program: Program, block: Block, parts: list[str], region: Region) -> list[Op]:
+def _join(program: Program, block: Block, parts: list[str], region: Region, location) -> list[Op]:
     """Ops putting the micro-batches' pieces back into ``region.joined``, in its order: joined along
     the batch axis; rows ordered (group, batch element) are regrouped first,
     ``[G * n, ...] -> [G, n, ...]``, joined along the batch and folded back."""
     axis, groups = region.joined_layout
-    location = block.ops[region.ops[-1]].location if block.ops else None
     joined = block.var(region.joined)
     if groups == 1:
         return [Op(JOIN, parts, [region.joined], {"axis": axis}, location=location)]
@@ -313,7 +312,7 @@ def accumulate_micro_batches(program: Program, block: Block, region: Region, chu
                 grad = result.grads.get(name)
                 if grad is not None:
                     grads[name] = grad if name not in grads else grads[name] + grad
-    for op in _join(program, block, parts, region):
+    for op in _join(program, block, parts, region, block_ops[last].location):
         block.append_op(op)
     for index in region.ops:            # the feeders' values stay: the ops before the region make them
         for name in block_ops[index].outputs:

@@ -186,7 +186,7 @@ def apply_selective(info: ForwardValues, freed: set[str]) -> int:
     for op in block.ops[info.n_forward:]:
         wanted = [n for n in dict.fromkeys(op_reads(op)) if n in freed and n not in current]
         if wanted:
-            made = closures.of(wanted, limit=math.inf)
+            made = closures.of(wanted, limit=math.inf) or ()     # (never None for names priced)
             todo = [block.ops[i] for i in sorted(made) if not all(o in current for o in block.ops[i].outputs)]
             copies, current = copy_ops(block, todo, current)
             for copy in copies:
@@ -243,7 +243,7 @@ class FreedPeak:
         stream, current = list(self.ops[:n_forward]), {}
         for reads, outs, held in self.ops[n_forward:]:
             wanted = [n for n in dict.fromkeys(reads) if n in freed and n not in current]
-            for index in sorted(closures.of(wanted, limit=math.inf)) if wanted else ():
+            for index in sorted(closures.of(wanted, limit=math.inf) or ()) if wanted else ():
                 copy_reads, copy_outs, copy_held = self.ops[index]
                 if all(name in current for name in copy_outs):
                     continue
@@ -253,7 +253,7 @@ class FreedPeak:
                     sizes[new] = sizes[name]
                 stream.append((copy_reads, [current[n] for n in copy_outs], copy_held))
             if not freed.isdisjoint(reads):
-                reads = [current[n] if n in freed else n for n in reads]
+                reads = [current.get(n, n) if n in freed else n for n in reads]
             stream.append((reads, outs, held))
         return walk_peak(stream, sizes, self.protected)
 
