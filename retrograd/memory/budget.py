@@ -360,7 +360,9 @@ def _stored_recomputing_cheap(loss: Var, feed_shapes, build, budget: int, total:
     try:
         names, peak = _freed_in(block, n_forward, [loss.name] + [g.name for _, g in pairs], feed_shapes, budget,
                                 resolve_shapes(block, feed_shapes))
-    except ProgramError:        # a size feed_shapes leaves open: the schedules below say which
+    except ProgramError as exc:     # a size feed_shapes leaves open: the schedules below say which
+        if getattr(exc, "declaration", False):
+            raise
         return None, None
     if names is None:
         return None, peak

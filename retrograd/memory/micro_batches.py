@@ -44,6 +44,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ..errors import ProgramError
 from ..ir.analysis import op_reads
 from ..ir.program import Block, Op, Program, Var
 from ..ops.core.registry import ROW_WISE_ELEMENTWISE, get_op_def
@@ -144,7 +145,16 @@ def _separable(block: Block, op: Op, batch: dict, shapes: Shapes, rows: int) -> 
     moves = opdef.extra.get("batch_axis")          # a layout op moving the batch axis (registry.py)
     if moves is not None and len(op.inputs) == 1:
         (axis, groups), var = batch[op.inputs[0]], block.var(op.inputs[0])
-        return moves(axis, shapes.get(var.name, var.shape), var.shape, op.attrs) if groups == 1 else None
+        if groups != 1:
+            return None
+        try:
+            return moves(axis, shapes.get(var.name, var.shape), var.shape, op.attrs)
+        except Exception as exc:      # a user's declaration: named, not passed through bare
+            error = ProgramError(f"{op.where()}: its defop(batch_axis=) declaration failed on '{var.name}' "
+                                 f"{shapes.get(var.name, var.shape)} (batch axis {axis}): "
+                                 f"{type(exc).__name__}: {exc}")
+            error.declaration = True     # not a size the budget may plan around: raised
+            raise error from exc
     layouts = {batch[n] for n in op.inputs if n in batch}
     if len(layouts) != 1 or next(iter(layouts))[0] != 0:
         return None                   # rows along axis 0, all batch inputs alike

@@ -51,6 +51,7 @@ import itertools
 import math
 from dataclasses import dataclass
 
+from ..errors import ProgramError
 from ..ir.analysis import op_reads
 from ..ir.program import Op
 from ..ops.core.registry import get_op_def
@@ -91,8 +92,11 @@ def op_cost(op: Op, info: ForwardValues, shapes: Shapes) -> float:
     if flops is not None:
         try:
             return float(flops([_known(s) for s in ins], [_known(s) for s in outs], op.attrs))
-        except (KeyError, IndexError, TypeError, ValueError):
-            pass        # an unusual layout: priced by its bytes below
+        except Exception as exc:      # a user's declaration: named, not passed through bare or ignored
+            error = ProgramError(f"{op.where()}: its defop(flops=) declaration failed on input shapes "
+                                 f"{ins}: {type(exc).__name__}: {exc}")
+            error.declaration = True     # not a size the budget may plan around: raised
+            raise error from exc
     moved = sum(estimated_bytes(block.var(n), shapes) for n in list(op.inputs) + list(op.outputs)
                 if block.find_var(n) is not None)
     return float(moved * FLOPS_PER_BYTE)

@@ -39,9 +39,9 @@ def _feed(rows=B):
     return {"ids": rng.randint(0, V, (rows, L)), "labels": rng.randint(0, V, (rows, L))}
 
 
-def _run(built, params=None, feed=None):
+def _run(built, params=None, feed=None, backend=None):
     main, startup, fetch, names = built
-    exe = rg.Executor()
+    exe = rg.Executor() if backend is None else backend.executor()
     exe.run(startup)
     for name, value in (params or {}).items():
         exe.scope.set(name, value)
@@ -170,7 +170,8 @@ def _time_major(budget=None, backward=True):
 TIME_MAJOR = {"ids": (L, B), "labels": (L, B)}
 
 
-def test_time_major_windows_run_in_micro_batches_with_store_alls_gradients_and_rows():
+@pytest.mark.engine
+def test_time_major_windows_run_in_micro_batches_with_store_alls_gradients_and_rows(backend):
     """The batch on axis 1: the fed windows split along it, the transposes carry it, and the loss's
     rows (time step, batch element) come back in their order; gradients are PyTorch's."""
     feed = {name: value.T.copy() for name, value in _feed().items()}
@@ -178,7 +179,7 @@ def test_time_major_windows_run_in_micro_batches_with_store_alls_gradients_and_r
     budget = int(0.4 * store_peak)
     built = _time_major(budget)
     plan = built[0].memory_plan
-    out, peak, _ = _run(built, params, feed=feed)
+    out, peak, _ = _run(built, params, feed=feed, backend=backend)
     assert plan.micro_batches > 1 and plan.units == 0 and plan.recomputed == 0
     assert peak <= budget
     splits = [op for op in built[0].global_block().ops if op.type == "Split"]
@@ -232,3 +233,35 @@ def test_learned_positions_get_their_gradient_in_micro_batches():
     assert peak <= int(0.5 * store_peak)
     for name, got, want in zip(["loss"] + built[3], out, ref):
         np.testing.assert_allclose(got, want, rtol=1e-10, atol=1e-14, err_msg=name)
+
+
+@pytest.fixture
+def broken_axis_op():
+    """A layout op whose batch_axis declaration fails, registered for one test."""
+    from retrograd.ops.core.registry import OPS
+
+    def batch_axis(axis, shape, declared, attrs):
+        raise KeyError("perm")
+
+    rg.defop("TestBrokenAxis", infer=lambda ins, attrs: [(ins[0].shape, ins[0].dtype)], nondiff=(0,),
+             batch_axis=batch_axis)(lambda k, x: x)
+    yield
+    del OPS["TestBrokenAxis"]
+
+
+def test_a_batch_axis_declaration_that_fails_is_a_program_error_naming_the_op(broken_axis_op):
+    def build(budget):
+        main = rg.Program()
+        with rg.program_guard(main, rg.Program()):
+            ids = rg.data("ids", [-1, L], dtype="int64")
+            labels = rg.data("labels", [-1, L], dtype="int64")
+            moved, = rg.append_op("TestBrokenAxis", [ids])
+            x = rg.layers.embedding(moved, V, D, name="emb", dtype="float64")
+            x = rg.layers.transformer_block(x, num_heads=HEADS, name="blk0")
+            loss = rg.mean(rg.softmax_cross_entropy(rg.layers.fc(x, V, name="head"), labels))
+            rg.append_backward(loss, memory_budget=budget, feed_shapes=SHAPES)
+        return main
+
+    store_all = build(1 << 40).memory_plan.planned_peak
+    with pytest.raises(rg.ProgramError, match=r"TestBrokenAxis.*defop\(batch_axis=\) declaration failed on 'ids'"):
+        build(int(0.4 * store_all))
